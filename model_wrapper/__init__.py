@@ -1,0 +1,8 @@
+"""Everything that turns a step's tensors into logits: loading, models, the forward batch, attention."""
+
+from model_wrapper.config import ModelConfig
+from model_wrapper.errors import ModelErrorCode, ModelLoadError
+from model_wrapper.forward_batch import ForwardBatch, ForwardMode
+from model_wrapper.model_wrapper import ModelWrapper
+
+__all__ = ["ForwardBatch", "ForwardMode", "ModelConfig", "ModelErrorCode", "ModelLoadError", "ModelWrapper"]

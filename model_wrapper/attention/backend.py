@@ -1,0 +1,60 @@
+"""The attention-backend interface: what a layer may ask of paged attention.
+
+Per step the model wrapper calls `plan(batch)` once; each layer then calls `write_kv` (this
+step's K/V into the caller's cache at batch.slots) and `run` (attention of the new tokens over
+their request's paged K/V). A backend knows nothing of the model beyond head counts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from model_wrapper.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    name = "abstract"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5 if scale is None else scale
+
+    @abstractmethod
+    def plan(self, batch: ForwardBatch) -> None:
+        """Build this step's attention metadata once; every layer's run() reuses it."""
+
+    @abstractmethod
+    def run(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        window: int | None,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """q [T, num_heads, head_dim] -> [T, num_heads, head_dim] in q's dtype.
+
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], already holding this
+        step's K/V. window: a token sees the last `window` keys (itself included), or all.
+        """
+
+    def write_kv(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> None:
+        """Write k, v [T, num_kv_heads, head_dim] at batch.slots; tokens with slot -1 write nothing."""
+        idx = batch.write_token_index
+        slots = batch.write_slots
+        if idx is not None:
+            k, v = k.index_select(0, idx), v.index_select(0, idx)
+        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v.to(v_cache.dtype))

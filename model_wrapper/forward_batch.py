@@ -1,0 +1,153 @@
+"""ForwardBatch: one step's tensors, built once from forward_tensor's validated arguments.
+
+The generator validates the caller's flat tensors, then the model wrapper builds one ForwardBatch;
+the attention backend plans from it once and every layer reads it. Host copies (`*_cpu`) of the
+small per-request arrays travel beside the device tensors, so planning needs no device sync.
+
+Token layout (requests one after another, q_len_r new tokens each; L_r = input_length):
+
+    request r:  | cached tokens 0 .. L_r-q_r-1 | new tokens L_r-q_r .. L_r-1 |
+    input_ids:  [ r0 new tokens | r1 new tokens | ... ]      qo_indptr = [0, q_0, q_0+q_1, ...]
+    new token i of request r has kv index L_r - q_r + i and is written at slots[t]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import torch
+
+
+class ForwardMode(IntEnum):
+    EXTEND = 1  # every request brings prompt (or prompt-chunk) tokens
+    DECODE = 2  # every request brings decode token(s): q_len 1, or several for speculation
+    MIXED = 3  # prefill chunks and single-token decodes in one call
+
+
+@dataclass
+class ForwardBatch:
+    """Per-step metadata shared by all layers. B = batch, T = num_tokens.
+
+    mode:            EXTEND / DECODE / MIXED
+    input_ids:       [T] int64, device
+    positions:       [T] int64, device; rotary positions (trees: cached_len + depth)
+    slots:           [T] int64, device; flat KV slot of each new token, -1 = write nothing
+    write_slots:     [W] int64, device; the slots that are written (slots without the -1s)
+    write_token_index: [W] int64, device; tokens whose K/V is written, or None for all tokens
+    block_size:      tokens per KV block
+    q_lens_cpu:      [B] int32, host; new tokens per request
+    seq_lens_cpu:    [B] int32, host; KV length after this step (input_lengths)
+    qo_indptr_cpu:   [B+1] int32, host; token offsets of each request in input_ids
+    block_tables_cpu:[B, W] int32, host; padding past ceil(L/block_size) never read
+    block_tables:    [B, W] int32, device copy of block_tables_cpu
+    token_req:       [T] int64, device; request index of each token
+    token_kv_index:  [T] int64, device; kv index of each new token (L - q + i)
+    lm_head_indices: [num_out] int64, device, or None for every token
+    spec_mask:       [T, max_q] bool, device (True = attend) or None
+    atten_mask:      [T, max_kv] bool, device (True = attend) or None
+    max_q, max_kv:   host ints
+    lora:            adapters' per-step mapping (adapters.LoraBatch) or None
+    extras:          per-feature metadata a backend or feature adds (e.g. CUDA-graph state)
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    write_slots: torch.Tensor
+    write_token_index: torch.Tensor | None
+    block_size: int
+    q_lens_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    qo_indptr_cpu: torch.Tensor
+    block_tables_cpu: torch.Tensor
+    block_tables: torch.Tensor
+    token_req: torch.Tensor
+    token_kv_index: torch.Tensor
+    lm_head_indices: torch.Tensor | None
+    spec_mask: torch.Tensor | None
+    atten_mask: torch.Tensor | None
+    max_q: int
+    max_kv: int
+    lora: Any = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.q_lens_cpu.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def prefix_lens_cpu(self) -> torch.Tensor:
+        """[B] int32: tokens of each request already in the cache before this step."""
+        return self.seq_lens_cpu - self.q_lens_cpu
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        is_prefill: bool,
+        block_size: int,
+        q_lens_cpu: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        block_tables_cpu: torch.Tensor,
+        lm_head_indices: torch.Tensor | None,
+        spec_mask: torch.Tensor | None,
+        atten_mask: torch.Tensor | None,
+        device: torch.device,
+    ) -> "ForwardBatch":
+        """All host inputs are validated, int32 and on the CPU; token tensors may be anywhere."""
+        q = q_lens_cpu.to(torch.int64)
+        L = seq_lens_cpu.to(torch.int64)
+        qo_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
+        torch.cumsum(q_lens_cpu, 0, out=qo_indptr[1:])
+        num_tokens = int(qo_indptr[-1])
+        req = torch.repeat_interleave(torch.arange(q.shape[0]), q, output_size=num_tokens)
+        # kv index of token t = (L_r - q_r) + (t - qo_indptr[r])
+        kv_index = torch.arange(num_tokens) - qo_indptr[:-1].to(torch.int64)[req] + (L - q)[req]
+        if not is_prefill:
+            mode = ForwardMode.DECODE
+        elif bool(((q == 1) & (L > 1)).any()):
+            mode = ForwardMode.MIXED
+        else:
+            mode = ForwardMode.EXTEND
+        non_blocking = device.type == "cuda"
+        slots = slots.to(torch.int64)
+        if slots.device.type == "cpu" and bool((slots < 0).any()):
+            written = torch.nonzero(slots >= 0).flatten()
+            write_slots, write_token_index = slots[written], written
+        else:
+            write_slots, write_token_index = slots, None
+
+        def dev(x):
+            return None if x is None else x.to(device, non_blocking=non_blocking)
+
+        return cls(
+            mode=mode,
+            input_ids=dev(input_ids.to(torch.int64)),
+            positions=dev(positions.to(torch.int64)),
+            slots=dev(slots),
+            write_slots=dev(write_slots),
+            write_token_index=dev(write_token_index),
+            block_size=block_size,
+            q_lens_cpu=q_lens_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+            qo_indptr_cpu=qo_indptr,
+            block_tables_cpu=block_tables_cpu,
+            block_tables=dev(block_tables_cpu),
+            token_req=dev(req),
+            token_kv_index=dev(kv_index),
+            lm_head_indices=dev(lm_head_indices),
+            spec_mask=dev(spec_mask),
+            atten_mask=dev(atten_mask),
+            max_q=int(q.max()) if q.numel() else 0,
+            max_kv=int(L.max()) if L.numel() else 0,
+        )

@@ -1,0 +1,1 @@
+"""Layers of the shared decoder, one small file per kind."""

@@ -1,0 +1,126 @@
+"""Checkpoint loading: a Hugging Face folder (config.json + *.safetensors) into a CausalLM.
+
+Reads one file or the shards listed in model.safetensors.index.json, with a tqdm bar over
+shards; casts to the requested dtype; fills the fused qkv_proj / gate_up_proj from the
+checkpoint's separate projections; ties lm_head to the embedding when the config says so.
+Never touches a hub: a path that is not a local folder is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from loguru import logger
+from safetensors import safe_open
+from tqdm import tqdm
+
+from model_wrapper.config import ModelConfig
+from model_wrapper.errors import ModelErrorCode, ModelLoadError
+from model_wrapper.models.decoder import CausalLM
+
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+def _shard_files(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        raise ModelLoadError(
+            ModelErrorCode.MISSING_FILE, f"checkpoint path: expected a local folder, got {path!r}"
+        )
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ModelLoadError(ModelErrorCode.MISSING_FILE, f"no *.safetensors weights in {path!r}")
+    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise ModelLoadError(
+            ModelErrorCode.MISSING_FILE, f"shards listed in the index are missing from {path!r}: {missing}"
+        )
+    return [os.path.join(path, f) for f in files]
+
+
+def _row_ranges(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
+    if fused.endswith("qkv_proj"):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
+    n = cfg.intermediate_size
+    return [(0, n), (n, 2 * n)]
+
+
+def _target(cfg: ModelConfig, name: str):
+    """HF tensor name -> (our parameter name, row range or None), or None to skip."""
+    for hf, (ours, part) in _FUSED.items():
+        marker = f".{hf}."
+        if marker in name:
+            return name.replace(marker, f".{ours}."), _row_ranges(cfg, ours)[part]
+    return name, None
+
+
+def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    files = _shard_files(path)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    params = dict(model.named_parameters())
+    if cfg.tie_word_embeddings:
+        params.pop("lm_head.weight", None)
+    # every (parameter, row range) that must be filled; fused ones by parts
+    pending: set[tuple[str, tuple[int, int] | None]] = set()
+    for name, p in params.items():
+        parts = None
+        for _, (ours, _) in _FUSED.items():
+            if f".{ours}." in name:
+                parts = _row_ranges(cfg, ours)
+        pending.update((name, r) for r in parts) if parts else pending.add((name, None))
+
+    for file in tqdm(files, desc="loading shards", unit="shard", disable=len(files) < 2):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for hf_name in f.keys():
+                name, rows = _target(cfg, hf_name)
+                if name not in params:
+                    if not (cfg.tie_word_embeddings and name == "lm_head.weight"):
+                        logger.debug("ignoring checkpoint tensor {}", hf_name)
+                    continue
+                param = params[name]
+                dst = param.data if rows is None else param.data[rows[0] : rows[1]]
+                t = f.get_tensor(hf_name)
+                if tuple(t.shape) != tuple(dst.shape):
+                    raise ModelLoadError(
+                        ModelErrorCode.MISSHAPEN_TENSOR,
+                        f"{hf_name} in {os.path.basename(file)}: expected shape {tuple(dst.shape)}, "
+                        f"got {tuple(t.shape)}",
+                    )
+                with torch.no_grad():
+                    dst.copy_(t.to(dtype))
+                pending.discard((name, rows))
+    if pending:
+        names = sorted(_hf_name(n, r, cfg) for n, r in pending)
+        raise ModelLoadError(
+            ModelErrorCode.MISSING_TENSOR,
+            f"checkpoint {path!r} lacks {len(names)} tensor(s), e.g. {names[:5]}",
+        )
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval().requires_grad_(False)
+
+
+def _hf_name(name: str, rows, cfg: ModelConfig) -> str:
+    if rows is None:
+        return name
+    for hf, (ours, part) in _FUSED.items():
+        if f".{ours}." in name and _row_ranges(cfg, ours)[part] == rows:
+            return name.replace(f".{ours}.", f".{hf}.")
+    return name

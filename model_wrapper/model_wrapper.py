@@ -1,0 +1,98 @@
+"""ModelWrapper: turns one step's ForwardBatch and the caller's kv_cache into logits.
+
+Owns the loaded model, the attention backend and the rotary frequencies. Per step: plan the
+backend once, compute cos/sin once, run the decoder (every layer shares both).
+"""
+
+from __future__ import annotations
+
+import torch
+from loguru import logger
+
+from kv_manager import KVCacheSpec
+from model_wrapper.attention import AttentionBackend, TorchAttentionBackend
+from model_wrapper.config import ModelConfig
+from model_wrapper.errors import ModelErrorCode, ModelLoadError
+from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.layers.rotary import inv_frequencies, rotary_cos_sin
+from model_wrapper.loader import load_model
+from model_wrapper.models.decoder import CausalLM
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        d = _DTYPES.get(cfg.dtype_name.replace("torch.", ""), torch.float32)
+        # fp32 checkpoints run in bf16 on GPUs, as vLLM's dtype="auto" does
+        return torch.bfloat16 if (device.type == "cuda" and d == torch.float32) else d
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ModelLoadError(
+        ModelErrorCode.UNSUPPORTED_FEATURE, f"dtype: expected one of {sorted(_DTYPES)} or a torch.dtype, got {dtype!r}"
+    )
+
+
+def make_backend(name: str, cfg: ModelConfig, device: torch.device) -> AttentionBackend:
+    args = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    if name == "auto":
+        name = "flashinfer" if device.type == "cuda" and _flashinfer_available() else "torch"
+    if name == "torch":
+        return TorchAttentionBackend(*args)
+    if name == "flashinfer":
+        if device.type != "cuda" or not _flashinfer_available():
+            raise ModelLoadError(
+                ModelErrorCode.BACKEND_UNAVAILABLE,
+                f"attention_backend='flashinfer' needs CUDA and flashinfer-python (device={device})",
+            )
+        from model_wrapper.attention.flashinfer_backend import FlashInferAttentionBackend
+
+        return FlashInferAttentionBackend(*args, device=device)
+    raise ModelLoadError(
+        ModelErrorCode.BACKEND_UNAVAILABLE,
+        f"attention_backend: expected 'auto', 'torch' or 'flashinfer', got {name!r}",
+    )
+
+
+def _flashinfer_available() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return False
+    return True
+
+
+class ModelWrapper:
+    def __init__(self, model: CausalLM, cfg: ModelConfig, backend: AttentionBackend,
+                 device: torch.device, dtype: torch.dtype):
+        self.model, self.cfg, self.backend = model, cfg, backend
+        self.device, self.dtype = device, dtype
+        self.inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto"):
+        cfg = ModelConfig.from_pretrained(path)
+        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = resolve_dtype(dtype, cfg, device)
+        model = load_model(path, cfg, dtype=dtype, device=device)
+        backend = make_backend(attention_backend, cfg, device)
+        logger.info("loaded {} ({} layers) on {} as {}, attention backend {}",
+                    cfg.architecture, cfg.num_layers, device, dtype, backend.name)
+        return cls(model, cfg, backend, device, dtype)
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
+        """-> float32 logits [num_out, vocab_size] on the model's device."""
+        self.backend.plan(batch)
+        cos, sin = rotary_cos_sin(batch.positions, self.inv_freq, self.dtype)
+        return self.model(batch, kv_cache, self.backend, cos, sin)

@@ -1,0 +1,111 @@
+"""The one decoder all families share: embed -> N x (attention, MLP) -> norm -> lm_head.
+
+Weights are fused where that saves launches (q/k/v in qkv_proj, gate/up in gate_up_proj); the
+loader fills the fused tensors from the checkpoint's separate ones. A family changes only the
+flags in ModelConfig (biases, q/k norm, per-layer sliding windows). The model owns no cache
+bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carries it, adds
+its deltas through `batch.lora.apply(layer, module, x, y)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_wrapper.config import ModelConfig
+from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.layers.norm import RMSNorm
+from model_wrapper.layers.rotary import apply_rotary
+
+
+def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str):
+    y = F.linear(x, linear.weight, linear.bias)
+    if batch.lora is not None:
+        y = batch.lora.apply(layer, name, x, y)
+    return y
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.window = cfg.layer_windows[layer] if cfg.layer_windows else None
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, kv, backend):
+        """x [T, hidden] -> [T, hidden]; writes this step's K/V into kv = (k_cache, v_cache)."""
+        T = x.shape[0]
+        qkv = _project(self.qkv_proj, x, batch, self.layer, "qkv")
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(T, self.num_heads, self.head_dim)
+        k = k.reshape(T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        backend.write_kv(kv[0], kv[1], k, v, batch)
+        o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch)
+        return _project(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o")
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x, batch: ForwardBatch):
+        gate, up = _project(self.gate_up_proj, x, batch, self.layer, "gate_up").split(self.inter, dim=-1)
+        return _project(self.down_proj, F.silu(gate) * up, batch, self.layer, "down")
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, layer)
+
+    def forward(self, h, cos, sin, batch, kv, backend):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, kv, backend)
+        return h + self.mlp(self.post_attention_layernorm(h), batch)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Parameter names mirror Hugging Face's, but for the fused qkv_proj and gate_up_proj."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = DecoderModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def tie_weights(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, batch: ForwardBatch, kv_cache, backend, cos, sin) -> torch.Tensor:
+        """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
+        h = self.model.embed_tokens(batch.input_ids)
+        for layer, kv in zip(self.model.layers, kv_cache):
+            h = layer(h, cos, sin, batch, kv, backend)
+        if batch.lm_head_indices is not None:
+            h = h.index_select(0, batch.lm_head_indices)
+        return self.lm_head(self.model.norm(h)).float()

@@ -1,0 +1,123 @@
+"""Fixtures: tiny random checkpoints saved with transformers' save_pretrained, and a paged harness.
+
+The oracle for every numeric test is transformers' own model class loaded from the same folder
+(`hf_model`); the library under test loads the folder through TextGenerator.from_pretrained.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import transformers
+
+TINY = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    initializer_range=0.08, rms_norm_eps=1e-5, tie_word_embeddings=False,
+)
+
+# family name -> (config class, model class, extra config)
+FAMILY_SPECS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_theta=10000.0)),
+    "llama31": ("LlamaConfig", "LlamaForCausalLM", dict(
+        rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=64))),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=6)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+}
+FAMILIES = list(FAMILY_SPECS)
+
+
+def make_checkpoint(path, family: str, dtype=torch.float32, seed: int = 0, **overrides) -> str:
+    cfg_cls, model_cls, extra = FAMILY_SPECS[family]
+    kw = {**TINY, **extra, **overrides}
+    cfg = getattr(transformers, cfg_cls)(**kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(cfg).to(dtype)
+    with torch.no_grad():  # nonzero norms and biases so that every parameter matters
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+def hf_model(path: str, dtype=torch.float32):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory):
+    """family -> fp32 checkpoint folder (made once per session)."""
+    cache = {}
+
+    def get(family: str, dtype=torch.float32, **overrides):
+        key = (family, dtype, tuple(sorted(overrides.items())))
+        if key not in cache:
+            path = tmp_path_factory.mktemp(f"{family}_{str(dtype).split('.')[-1]}")
+            cache[key] = make_checkpoint(path, family, dtype, **overrides)
+        return cache[key]
+
+    return get
+
+
+class PagedHarness:
+    """A minimal test-side scheduler: shuffled non-contiguous blocks per request, flat tensors.
+
+    It is not the library's block manager (kv_manager has its own tests); it only lays out
+    block_tables / slots the way any scheduler would, so forward_tensor can be driven step by step.
+    """
+
+    def __init__(self, gen, num_blocks: int, block_size: int, seed: int = 0):
+        self.gen, self.block_size = gen, block_size
+        self.kv_cache = gen.allocate_kv_cache(num_blocks, block_size)
+        free = list(range(num_blocks))
+        random.Random(seed).shuffle(free)
+        self.free = free
+        self.tables: dict[int, list[int]] = {}
+        self.lens: dict[int, int] = {}
+
+    def ensure(self, rid: int, length: int) -> None:
+        table = self.tables.setdefault(rid, [])
+        while len(table) * self.block_size < length:
+            table.append(self.free.pop())
+
+    def slot(self, rid: int, pos: int) -> int:
+        return self.tables[rid][pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def step(self, chunks: dict[int, list[int]], *, is_prefill: bool, lm_head_indices=None,
+             max_seq_len: int = 512, **kwargs) -> torch.Tensor:
+        """chunks: request id -> new token ids (appended after what the request already has)."""
+        ids, pos, slots, lens, q_lens = [], [], [], [], []
+        for rid, toks in chunks.items():
+            start = self.lens.get(rid, 0)
+            self.ensure(rid, start + len(toks))
+            for i, t in enumerate(toks):
+                ids.append(t)
+                pos.append(start + i)
+                slots.append(self.slot(rid, start + i))
+            lens.append(start + len(toks))
+            q_lens.append(len(toks))
+        width = max(len(self.tables[r]) for r in chunks)
+        bt = torch.full((len(chunks), width), -1, dtype=torch.int32)
+        for row, rid in enumerate(chunks):
+            bt[row, : len(self.tables[rid])] = torch.tensor(self.tables[rid], dtype=torch.int32)
+        kwargs.setdefault("q_lens", q_lens)
+        out = self.gen.forward_tensor(
+            torch.tensor(ids), torch.tensor(pos), is_prefill, self.kv_cache, bt,
+            torch.tensor(slots), torch.tensor(lens, dtype=torch.int32), max_seq_len,
+            lm_head_indices, **kwargs)
+        for rid, toks in chunks.items():
+            self.lens[rid] = self.lens.get(rid, 0) + len(toks)
+        return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b| (float32)."""
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))

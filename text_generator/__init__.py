@@ -1,0 +1,6 @@
+"""The public face: TextGenerator.forward_tensor, its error codes, and the tools around it."""
+
+from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
+from text_generator.generator import TextGenerator
+
+__all__ = ["ErrorCode", "ForwardArgumentError", "GeneratorStateError", "TextGenerator"]

@@ -1,0 +1,57 @@
+"""Error codes of forward_tensor and the generator: one enum, raised at the boundary.
+
+Every rejected call raises ForwardArgumentError (a ValueError) or GeneratorStateError (a
+RuntimeError) whose `code` is an ErrorCode and whose message reads
+    "[TG_INVALID_SHAPE] slots: expected shape [num_tokens=7], got [6]"
+naming the argument, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    INVALID_TYPE = "TG_INVALID_TYPE"
+    INVALID_SHAPE = "TG_INVALID_SHAPE"
+    INVALID_DTYPE = "TG_INVALID_DTYPE"
+    INVALID_DEVICE = "TG_INVALID_DEVICE"
+    UNKNOWN_ARGUMENT = "TG_UNKNOWN_ARGUMENT"
+    TOKEN_OUT_OF_RANGE = "TG_TOKEN_OUT_OF_RANGE"
+    INVALID_LENGTH = "TG_INVALID_LENGTH"
+    MAX_SEQ_LEN_EXCEEDED = "TG_MAX_SEQ_LEN_EXCEEDED"
+    INVALID_Q_LENS = "TG_INVALID_Q_LENS"
+    POSITION_MISMATCH = "TG_POSITION_MISMATCH"
+    BLOCK_TABLE_TOO_SHORT = "TG_BLOCK_TABLE_TOO_SHORT"
+    BLOCK_OUT_OF_RANGE = "TG_BLOCK_OUT_OF_RANGE"
+    BLOCK_REPEATED = "TG_BLOCK_REPEATED"
+    SLOT_MISMATCH = "TG_SLOT_MISMATCH"
+    SLOT_CONFLICT = "TG_SLOT_CONFLICT"
+    LM_HEAD_INDEX_OUT_OF_RANGE = "TG_LM_HEAD_INDEX_OUT_OF_RANGE"
+    INVALID_MASK = "TG_INVALID_MASK"
+    KV_CACHE_MISMATCH = "TG_KV_CACHE_MISMATCH"
+    ADAPTER_IDS_TOO_LONG = "TG_ADAPTER_IDS_TOO_LONG"
+    ADAPTER_IDS_LENGTH = "TG_ADAPTER_IDS_LENGTH"
+    ADAPTER_NOT_LOADED = "TG_ADAPTER_NOT_LOADED"
+    INVALID_MAX_OUT_LEN = "TG_INVALID_MAX_OUT_LEN"
+
+
+class _Coded:
+    def _init(self, code: ErrorCode, argument: str, message: str):
+        self.code = code
+        self.argument = argument
+        return f"[{code.value}] {argument}: {message}"
+
+
+class ForwardArgumentError(ValueError, _Coded):
+    """A bad argument: nothing was computed or written."""
+
+    def __init__(self, code: ErrorCode, argument: str, message: str):
+        super().__init__(self._init(code, argument, message))
+
+
+class GeneratorStateError(RuntimeError, _Coded):
+    """The generator's state or resources refuse the call: nothing was computed or written."""
+
+    def __init__(self, code: ErrorCode, argument: str, message: str):
+        super().__init__(self._init(code, argument, message))

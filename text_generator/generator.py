@@ -1,0 +1,122 @@
+"""TextGenerator: the library's public face, and its one central call, forward_tensor.
+
+A serving scheduler calls forward_tensor once per step with flat tensors (see the contract in
+README.md). The generator validates every argument (text_generator.validation), builds the
+step's ForwardBatch once, and hands it to the ModelWrapper; nothing touches kv_cache before
+validation has passed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kv_manager import KVCacheSpec, allocate_kv_cache
+from model_wrapper import ForwardBatch, ModelConfig, ModelWrapper
+from text_generator.validation import validate_step
+
+
+class TextGenerator:
+    """Owns a ModelWrapper (model, attention backend) and the names of loaded LoRA adapters.
+
+    The KV cache is not owned here: the caller allocates it (see `allocate_kv_cache`) and its
+    block manager decides which blocks each request uses.
+    """
+
+    def __init__(self, model_wrapper: ModelWrapper):
+        self.model_wrapper = model_wrapper
+        self.lora_manager = None  # set by enable_lora(); adapter_ids need it
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto") -> "TextGenerator":
+        """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
+
+        device: "cpu", "cuda", a torch.device, or None (CUDA when available).
+        dtype: a torch.dtype, "float32" / "bfloat16" / "float16", or None (the checkpoint's own;
+               fp32 checkpoints run in bf16 on CUDA).
+        attention_backend: "auto" (FlashInfer on CUDA when installed, else torch), "torch", "flashinfer".
+        """
+        return cls(ModelWrapper.from_pretrained(path, device=device, dtype=dtype, attention_backend=attention_backend))
+
+    # -- properties a scheduler needs ------------------------------------------------------
+    @property
+    def config(self) -> ModelConfig:
+        return self.model_wrapper.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.model_wrapper.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model_wrapper.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self.model_wrapper.kv_cache_spec
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Zeroed kv_cache for this model: per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]."""
+        return allocate_kv_cache(self.kv_cache_spec, num_blocks, block_size, self.device)
+
+    def loaded_adapters(self) -> Sequence[str]:
+        return () if self.lora_manager is None else self.lora_manager.list_adapters()
+
+    # -- the call --------------------------------------------------------------------------
+    def forward_tensor(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        is_prefill: bool,
+        kv_cache: list[tuple[torch.Tensor, torch.Tensor]],
+        block_tables: torch.Tensor,
+        slots: torch.Tensor,
+        input_lengths: torch.Tensor,
+        max_seq_len: int,
+        lm_head_indices: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Run one step; return float32 logits [num_out, vocab_size] on the model's device.
+
+        input_ids      [num_tokens] int: new tokens of every request, request after request
+        position_ids   [num_tokens] int: absolute position of each new token
+        is_prefill     bool: prompt (chunk) tokens vs decode token(s)
+        kv_cache       per layer (k_cache, v_cache), each [num_blocks, block_size, kv_heads, head_dim]
+        block_tables   [batch, max_blocks] int32: each request's blocks in order; padding never read
+        slots          [num_tokens] int: block_id * block_size + offset where each token's K/V goes; -1 = none
+        input_lengths  [batch] int: KV length of each request after this step
+        max_seq_len    int: the caller's longest allowed sequence (<= the model's limit)
+        lm_head_indices [num_out] int or None: which tokens' logits to return (None: all)
+        kwargs: q_lens [batch], spec_mask [num_tokens, max(q_lens)], atten_mask
+                [num_tokens, max(input_lengths)], adapter_ids (list of str/None), max_out_len (int)
+        Raises ForwardArgumentError (ValueError) with an ErrorCode; kv_cache is then untouched.
+        """
+        cfg = self.config
+        mw = self.model_wrapper
+        step = validate_step(
+            input_ids=input_ids, position_ids=position_ids, is_prefill=is_prefill, kv_cache=kv_cache,
+            block_tables=block_tables, slots=slots, input_lengths=input_lengths, max_seq_len=max_seq_len,
+            lm_head_indices=lm_head_indices, kwargs=kwargs,
+            num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size, model_max_len=cfg.max_position_embeddings,
+            dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(),
+        )
+        batch = ForwardBatch.build(
+            input_ids=step.input_ids, positions=step.positions, slots=step.slots,
+            is_prefill=step.is_prefill, block_size=step.block_size, q_lens_cpu=step.q_lens,
+            seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
+            lm_head_indices=step.lm_head_indices, spec_mask=step.spec_mask,
+            atten_mask=step.atten_mask, device=mw.device,
+        )
+        if step.adapter_ids is not None:
+            batch.lora = self.lora_manager.make_batch(step.adapter_ids, batch)
+        return mw.forward(batch, kv_cache)

@@ -1,0 +1,308 @@
+"""Validation of forward_tensor's arguments, before anything is computed or written.
+
+Input: the caller's arguments exactly as given. Output: a StepArgs with host (CPU) copies of the
+per-request arrays and checked token tensors, ready for ForwardBatch.build. Each rule raises a
+ForwardArgumentError with its own ErrorCode; the order of the checks is the order of the
+contract's table, so the first thing wrong is the thing reported.
+
+All checks run on host copies: tensors the caller keeps on the CPU (the scheduler's usual place)
+cost no device sync; a device-resident argument is copied to the host once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from text_generator.errors import ErrorCode, ForwardArgumentError
+
+KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len"})
+_MASKED_BELOW = -1e4  # additive mask values at or below this (incl. -inf) mean "do not attend"
+
+
+@dataclass
+class StepArgs:
+    input_ids: torch.Tensor  # [T] int64 (caller's device)
+    positions: torch.Tensor  # [T] int64 host
+    slots: torch.Tensor  # [T] int64 host
+    is_prefill: bool
+    block_size: int
+    q_lens: torch.Tensor  # [B] int32 host
+    input_lengths: torch.Tensor  # [B] int32 host
+    block_tables: torch.Tensor  # [B, W] int32 host
+    lm_head_indices: torch.Tensor | None  # [num_out] int64 host
+    spec_mask: torch.Tensor | None  # [T, max_q] bool host
+    atten_mask: torch.Tensor | None  # [T, max_kv] bool host
+    adapter_ids: list[str | None] | None  # per request (length B) or None
+    max_out_len: int
+
+
+def _fail(code: ErrorCode, arg: str, msg: str):
+    raise ForwardArgumentError(code, arg, msg)
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _int_tensor(x: Any, arg: str, ndim: int, model_device: torch.device) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        _fail(ErrorCode.INVALID_TYPE, arg, f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.dtype.is_floating_point or x.dtype.is_complex:
+        _fail(ErrorCode.INVALID_DTYPE, arg, f"expected an integer dtype, got {x.dtype}")
+    if x.dim() != ndim:
+        _fail(ErrorCode.INVALID_SHAPE, arg, f"expected a {ndim}-D tensor, got shape {_shape(x)}")
+    if x.device.type != "cpu" and x.device != model_device:
+        _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the CPU or {model_device}, got {x.device}")
+    return x
+
+
+def _plain_int(x: Any, arg: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.dtype.is_floating_point and x.dtype != torch.bool:
+            return int(x.item())
+        _fail(ErrorCode.INVALID_TYPE, arg, f"expected an int, got {type(x).__name__}")
+    return int(x)
+
+
+def _first_bad(mask: torch.Tensor) -> int:
+    return int(torch.nonzero(mask.flatten())[0, 0])
+
+
+def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device) -> tuple[int, int]:
+    """-> (num_blocks, block_size) shared by every layer."""
+    if not isinstance(kv_cache, (list, tuple)):
+        _fail(ErrorCode.INVALID_TYPE, "kv_cache", f"expected a list of (k_cache, v_cache), got {type(kv_cache).__name__}")
+    if len(kv_cache) != num_layers:
+        _fail(ErrorCode.KV_CACHE_MISMATCH, "kv_cache", f"expected {num_layers} layers, got {len(kv_cache)}")
+    ref = None
+    for i, pair in enumerate(kv_cache):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            _fail(ErrorCode.INVALID_TYPE, f"kv_cache[{i}]", "expected a (k_cache, v_cache) pair")
+        for name, t in zip(("k_cache", "v_cache"), pair):
+            arg = f"kv_cache[{i}].{name}"
+            if not isinstance(t, torch.Tensor):
+                _fail(ErrorCode.INVALID_TYPE, arg, f"expected a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[2] != num_kv_heads or t.shape[3] != head_dim or t.shape[0] < 1 or t.shape[1] < 1:
+                _fail(ErrorCode.KV_CACHE_MISMATCH, arg,
+                      f"expected shape [num_blocks, block_size, {num_kv_heads}, {head_dim}], got {_shape(t)}")
+            if ref is not None and tuple(t.shape) != ref:
+                _fail(ErrorCode.KV_CACHE_MISMATCH, arg, f"expected shape {list(ref)} like layer 0, got {_shape(t)}")
+            ref = tuple(t.shape)
+            if t.dtype != dtype:
+                _fail(ErrorCode.INVALID_DTYPE, arg, f"expected the model dtype {dtype}, got {t.dtype}")
+            if t.device != device:
+                _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the model device {device}, got {t.device}")
+            if not t.is_contiguous():
+                _fail(ErrorCode.KV_CACHE_MISMATCH, arg, "expected a contiguous tensor")
+    return ref[0], ref[1]
+
+
+def _mask(x: Any, arg: str, rows: int, cols: int, model_device: torch.device) -> torch.Tensor:
+    """-> bool [rows, cols] on the host, True = attend."""
+    if not isinstance(x, torch.Tensor):
+        _fail(ErrorCode.INVALID_TYPE, arg, f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != "cpu" and x.device != model_device:
+        _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the CPU or {model_device}, got {x.device}")
+    if _shape(x) != [rows, cols]:
+        _fail(ErrorCode.INVALID_SHAPE, arg, f"expected shape [{rows}, {cols}], got {_shape(x)}")
+    x = x.cpu()
+    if x.dtype == torch.bool:
+        return x
+    if not x.dtype.is_floating_point:
+        _fail(ErrorCode.INVALID_DTYPE, arg, f"expected bool or an additive float mask, got {x.dtype}")
+    attend = x == 0
+    masked = x <= _MASKED_BELOW
+    if not bool((attend | masked).all()):
+        bad = _first_bad(~(attend | masked))
+        _fail(ErrorCode.INVALID_MASK, arg,
+              f"expected additive values 0.0 (attend) or -inf / <= {_MASKED_BELOW} (masked), "
+              f"got {x.flatten()[bad].item()} at flat index {bad}")
+    return attend
+
+
+def validate_step(
+    *,
+    input_ids, position_ids, is_prefill, kv_cache, block_tables, slots, input_lengths,
+    max_seq_len, lm_head_indices, kwargs: dict,
+    num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, model_max_len: int,
+    dtype: torch.dtype, device: torch.device, loaded_adapters: Sequence[str],
+) -> StepArgs:
+    unknown = sorted(set(kwargs) - KNOWN_KWARGS)
+    if unknown:
+        _fail(ErrorCode.UNKNOWN_ARGUMENT, unknown[0], f"expected one of {sorted(KNOWN_KWARGS)}, got {unknown}")
+
+    input_ids = _int_tensor(input_ids, "input_ids", 1, device)
+    T = input_ids.shape[0]
+    if T < 1:
+        _fail(ErrorCode.INVALID_SHAPE, "input_ids", "expected at least one token, got shape [0]")
+    position_ids = _int_tensor(position_ids, "position_ids", 1, device)
+    if position_ids.shape[0] != T:
+        _fail(ErrorCode.INVALID_SHAPE, "position_ids", f"expected shape [num_tokens={T}], got {_shape(position_ids)}")
+    if not isinstance(is_prefill, bool):
+        if isinstance(is_prefill, torch.Tensor) and is_prefill.numel() == 1 and is_prefill.dtype == torch.bool:
+            is_prefill = bool(is_prefill.item())
+        else:
+            _fail(ErrorCode.INVALID_TYPE, "is_prefill", f"expected a bool, got {type(is_prefill).__name__}")
+    num_blocks, block_size = validate_kv_cache(
+        kv_cache, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+    block_tables = _int_tensor(block_tables, "block_tables", 2, device)
+    slots = _int_tensor(slots, "slots", 1, device)
+    if slots.shape[0] != T:
+        _fail(ErrorCode.INVALID_SHAPE, "slots", f"expected shape [num_tokens={T}], got {_shape(slots)}")
+    input_lengths = _int_tensor(input_lengths, "input_lengths", 1, device)
+    B = input_lengths.shape[0]
+    if B < 1:
+        _fail(ErrorCode.INVALID_SHAPE, "input_lengths", "expected at least one request, got shape [0]")
+    if block_tables.shape[0] != B:
+        _fail(ErrorCode.INVALID_SHAPE, "block_tables", f"expected {B} rows (batch, from input_lengths), got shape {_shape(block_tables)}")
+    max_seq_len = _plain_int(max_seq_len, "max_seq_len")
+    if max_seq_len < 1 or max_seq_len > model_max_len:
+        _fail(ErrorCode.MAX_SEQ_LEN_EXCEEDED, "max_seq_len",
+              f"expected 1 <= max_seq_len <= the model's limit {model_max_len}, got {max_seq_len}")
+
+    # host copies: one transfer each
+    ids_h = input_ids.cpu()
+    if bool(((ids_h < 0) | (ids_h >= vocab_size)).any()):
+        bad = _first_bad((ids_h < 0) | (ids_h >= vocab_size))
+        _fail(ErrorCode.TOKEN_OUT_OF_RANGE, "input_ids",
+              f"expected token ids in [0, {vocab_size}), got {int(ids_h[bad])} at index {bad}")
+    L = input_lengths.cpu().to(torch.int64)
+    if bool(((L < 1) | (L > max_seq_len)).any()):
+        bad = _first_bad((L < 1) | (L > max_seq_len))
+        _fail(ErrorCode.INVALID_LENGTH, "input_lengths",
+              f"expected 1 <= input_length <= max_seq_len={max_seq_len}, got {int(L[bad])} for request {bad}")
+
+    q = _q_lens(kwargs.get("q_lens"), is_prefill, L, T, device)
+    starts = torch.cumsum(q, 0) - q
+    req = torch.repeat_interleave(torch.arange(B), q)
+    kv_index = torch.arange(T) - starts[req] + (L - q)[req]  # [T]
+
+    spec_mask = atten_mask = None
+    if kwargs.get("spec_mask") is not None and kwargs.get("atten_mask") is not None:
+        _fail(ErrorCode.INVALID_MASK, "spec_mask", "expected at most one of spec_mask and atten_mask, got both")
+    if kwargs.get("spec_mask") is not None:
+        spec_mask = _mask(kwargs["spec_mask"], "spec_mask", T, int(q.max()), device)
+    if kwargs.get("atten_mask") is not None:
+        atten_mask = _mask(kwargs["atten_mask"], "atten_mask", T, int(L.max()), device)
+
+    pos = position_ids.cpu().to(torch.int64)
+    if spec_mask is None and atten_mask is None:
+        bad_pos = pos != kv_index
+        expect = "position = cached tokens + index among the request's new tokens"
+    else:  # trees place tokens by depth: within the request's new span
+        bad_pos = (pos < (L - q)[req]) | (pos >= L[req])
+        expect = "input_length - q_len <= position < input_length"
+    if bool(bad_pos.any()):
+        t = _first_bad(bad_pos)
+        _fail(ErrorCode.POSITION_MISMATCH, "position_ids",
+              f"expected {expect}; token {t} (request {int(req[t])}, input_length {int(L[req[t]])}, "
+              f"q_len {int(q[req[t]])}) has position {int(pos[t])}")
+
+    bt = block_tables.cpu().to(torch.int64)
+    need = (L + block_size - 1) // block_size  # [B] blocks in use
+    if bt.shape[1] < int(need.max()):
+        r = int(torch.argmax(need))
+        _fail(ErrorCode.BLOCK_TABLE_TOO_SHORT, "block_tables",
+              f"expected at least {int(need[r])} columns for request {r} (input_length {int(L[r])}, "
+              f"block_size {block_size}), got {bt.shape[1]}")
+    used = torch.arange(bt.shape[1])[None, :] < need[:, None]  # [B, W]
+    bad_block = used & ((bt < 0) | (bt >= num_blocks))
+    if bool(bad_block.any()):
+        f = _first_bad(bad_block)
+        r, c = divmod(f, bt.shape[1])
+        _fail(ErrorCode.BLOCK_OUT_OF_RANGE, "block_tables",
+              f"expected block ids in [0, {num_blocks}), got {int(bt[r, c])} at [{r}, {c}]")
+    rows = torch.arange(B)[:, None].expand_as(bt)[used]
+    ids = bt[used]
+    if torch.unique(rows * num_blocks + ids).numel() != ids.numel():
+        _fail(ErrorCode.BLOCK_REPEATED, "block_tables", "expected each request's blocks to be distinct, got a block listed twice in one row")
+
+    sl = slots.cpu().to(torch.int64)
+    expected_slot = bt[req, kv_index // block_size] * block_size + kv_index % block_size
+    bad_slot = (sl != -1) & (sl != expected_slot)
+    if bool(bad_slot.any()):
+        t = _first_bad(bad_slot)
+        _fail(ErrorCode.SLOT_MISMATCH, "slots",
+              f"expected -1 or the slot of the token's kv position (request {int(req[t])}, position "
+              f"{int(kv_index[t])}: slot {int(expected_slot[t])}), got {int(sl[t])} at token {t}")
+    readers = torch.bincount(ids, minlength=num_blocks)
+    written = sl[sl >= 0] // block_size
+    shared = readers[written] > 1
+    if bool(shared.any()):
+        blk = int(written[_first_bad(shared)])
+        _fail(ErrorCode.SLOT_CONFLICT, "slots",
+              f"expected writes only into blocks no other request of the batch reads, got a write into "
+              f"block {blk}, which {int(readers[blk])} requests list (copy the block before writing)")
+
+    lm = None
+    if lm_head_indices is not None:
+        lm = _int_tensor(lm_head_indices, "lm_head_indices", 1, device).cpu().to(torch.int64)
+        if bool(((lm < 0) | (lm >= T)).any()):
+            bad = _first_bad((lm < 0) | (lm >= T))
+            _fail(ErrorCode.LM_HEAD_INDEX_OUT_OF_RANGE, "lm_head_indices",
+                  f"expected indices in [0, num_tokens={T}), got {int(lm[bad])} at {bad}")
+
+    adapter_ids = _adapter_ids(kwargs.get("adapter_ids"), B, loaded_adapters)
+    max_out_len = kwargs.get("max_out_len", 256)
+    max_out_len = _plain_int(max_out_len, "max_out_len")
+    if max_out_len < 1:
+        _fail(ErrorCode.INVALID_MAX_OUT_LEN, "max_out_len", f"expected a positive int, got {max_out_len}")
+
+    return StepArgs(
+        input_ids=input_ids, positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
+        q_lens=q.to(torch.int32), input_lengths=L.to(torch.int32), block_tables=bt.to(torch.int32),
+        lm_head_indices=lm, spec_mask=spec_mask, atten_mask=atten_mask,
+        adapter_ids=adapter_ids, max_out_len=max_out_len,
+    )
+
+
+def _q_lens(q_lens, is_prefill: bool, L: torch.Tensor, T: int, device) -> torch.Tensor:
+    B = L.shape[0]
+    if q_lens is None or (isinstance(q_lens, (list, tuple)) and len(q_lens) == 0):
+        q = L.clone() if is_prefill else torch.ones(B, dtype=torch.int64)
+        source = "default (input_lengths in prefill, 1 in decode)"
+    else:
+        if isinstance(q_lens, torch.Tensor):
+            q = _int_tensor(q_lens, "q_lens", 1, device).cpu().to(torch.int64)
+        elif isinstance(q_lens, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in q_lens):
+            q = torch.tensor(list(q_lens), dtype=torch.int64)
+        else:
+            _fail(ErrorCode.INVALID_TYPE, "q_lens", "expected a list of ints or an integer tensor")
+        source = "q_lens"
+        if q.shape[0] != B:
+            _fail(ErrorCode.INVALID_Q_LENS, "q_lens", f"expected {B} entries (batch), got {q.shape[0]}")
+        if bool(((q < 1) | (q > L)).any()):
+            r = _first_bad((q < 1) | (q > L))
+            _fail(ErrorCode.INVALID_Q_LENS, "q_lens",
+                  f"expected 1 <= q_len <= input_length ({int(L[r])}) for request {r}, got {int(q[r])}")
+    if int(q.sum()) != T:
+        _fail(ErrorCode.INVALID_Q_LENS, "q_lens",
+              f"expected new tokens per request ({source}) to sum to num_tokens={T}, got {int(q.sum())}")
+    return q
+
+
+def _adapter_ids(adapter_ids, B: int, loaded: Sequence[str]) -> list[str | None] | None:
+    if adapter_ids is None:
+        return None
+    if isinstance(adapter_ids, str) or not isinstance(adapter_ids, (list, tuple)):
+        _fail(ErrorCode.INVALID_TYPE, "adapter_ids", f"expected a list of str or None, got {type(adapter_ids).__name__}")
+    if len(adapter_ids) > B:
+        _fail(ErrorCode.ADAPTER_IDS_TOO_LONG, "adapter_ids",
+              f"expected at most batch size {B} entries, got {len(adapter_ids)}")
+    if len(adapter_ids) not in (1, B):
+        _fail(ErrorCode.ADAPTER_IDS_LENGTH, "adapter_ids",
+              f"expected 1 entry (whole batch) or {B} (one per request), got {len(adapter_ids)}")
+    names = []
+    for i, a in enumerate(adapter_ids):
+        if a is not None and not isinstance(a, str):
+            _fail(ErrorCode.INVALID_TYPE, f"adapter_ids[{i}]", f"expected str or None, got {type(a).__name__}")
+        if a is not None and a != "base" and a not in loaded:
+            _fail(ErrorCode.ADAPTER_NOT_LOADED, "adapter_ids",
+                  f"expected a loaded adapter ({sorted(loaded)} or 'base'), got {a!r} for request {i}")
+        names.append(None if a in (None, "base") else a)
+    if len(names) == 1:
+        names = names * B
+    return None if all(n is None for n in names) else names
