@@ -57,7 +57,7 @@ def checkpoint_dir(tmp_path_factory):
     cache = {}
 
     def get(family: str, dtype=torch.float32, **overrides):
-        key = (family, dtype, tuple(sorted(overrides.items())))
+        key = (family, dtype, repr(sorted(overrides.items())))
         if key not in cache:
             path = tmp_path_factory.mktemp(f"{family}_{str(dtype).split('.')[-1]}")
             cache[key] = make_checkpoint(path, family, dtype, **overrides)
@@ -119,5 +119,5 @@ class PagedHarness:
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (float32)."""
-    a, b = a.float(), b.float()
+    a, b = a.detach().float(), b.detach().float()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
