@@ -33,6 +33,7 @@ class ForwardBatch:
     mode:            EXTEND / DECODE / MIXED
     input_ids:       [T] int64, device
     positions:       [T] int64, device; rotary positions (trees: cached_len + depth)
+    positions_cpu:   [T] int64, host copy of positions (sliding windows over trees use it)
     slots:           [T] int64, device; flat KV slot of each new token, -1 = write nothing
     write_slots:     [W] int64, device; the slots that are written (slots without the -1s)
     write_token_index: [W] int64, device; tokens whose K/V is written, or None for all tokens
@@ -55,6 +56,7 @@ class ForwardBatch:
     mode: ForwardMode
     input_ids: torch.Tensor
     positions: torch.Tensor
+    positions_cpu: torch.Tensor
     slots: torch.Tensor
     write_slots: torch.Tensor
     write_token_index: torch.Tensor | None
@@ -134,6 +136,7 @@ class ForwardBatch:
             mode=mode,
             input_ids=dev(input_ids.to(torch.int64)),
             positions=dev(positions.to(torch.int64)),
+            positions_cpu=positions.to(torch.int64).cpu(),
             slots=dev(slots),
             write_slots=dev(write_slots),
             write_token_index=dev(write_token_index),

@@ -7,7 +7,9 @@ through those slots and does masked softmax attention in float32.
     key j of request b lives at slot  block_tables[b, j // block_size] * block_size + j % block_size
     new token i of request b sits at kv index  p = L_b - q_b + i
     visible(b, i, j) = j < L_b  and  (causal: j <= p | spec_mask: j < L_b - q_b or spec[t, j-(L_b-q_b)]
-                                      | atten_mask: atten[t, j])  and  (no window | p - j < window)
+                                      | atten_mask: atten[t, j])  and  (no window | pos_t - pos_j < window)
+    pos_j, the position of key j, is j for cached keys and the new token's position_id otherwise:
+    in a tree, siblings share kv span but not paths, and the window counts along the path.
 """
 
 from __future__ import annotations
@@ -43,8 +45,14 @@ class TorchAttentionBackend(AttentionBackend):
         self._kv_slot = kv_slot.to(dev)
         self._pad_index = pad_index.to(dev)
         self._unpad = torch.nonzero(row_valid.flatten()).flatten().to(dev)  # [T] into B*max_q
-        self._p = p.to(dev)
-        self._j = j.to(dev)
+        # positions of queries and keys for sliding windows
+        tok_pos = torch.cat((batch.positions_cpu, batch.positions_cpu.new_zeros(1)))
+        key_pos = j.expand(B, -1).clone()
+        req = torch.repeat_interleave(torch.arange(B), q)
+        kv_idx = torch.arange(batch.num_tokens) - batch.qo_indptr_cpu[:-1].to(torch.int64)[req] + (L - q)[req]
+        key_pos[req, kv_idx] = batch.positions_cpu
+        self._q_pos = tok_pos[pad_index].to(dev)  # [B, max_q]
+        self._key_pos = key_pos.to(dev)  # [B, max_kv]
         self._base_mask = self._visibility(batch, key_valid, p, j, q, L).to(dev)
         self._masks: dict[int | None, torch.Tensor] = {None: self._base_mask}
 
@@ -85,7 +93,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def _mask(self, window: int | None) -> torch.Tensor:
         if window not in self._masks:
-            in_window = (self._p[:, :, None] - self._j[None, None, :]) < window
+            in_window = (self._q_pos[:, :, None] - self._key_pos[:, None, :]) < window
             self._masks[window] = self._base_mask & in_window
         return self._masks[window]
 
