@@ -55,6 +55,11 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
+        if not os.path.isdir(path):
+            raise ModelLoadError(
+                ModelErrorCode.MISSING_FILE,
+                f"checkpoint path: expected a local folder (no hub access), got {path!r}",
+            )
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ModelLoadError(
