@@ -14,7 +14,8 @@ from model_wrapper.attention import AttentionBackend, TorchAttentionBackend
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.forward_batch import ForwardBatch
-from model_wrapper.layers.rotary import inv_frequencies, rotary_cos_sin
+from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
+from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
 from model_wrapper.models.decoder import CausalLM
 
@@ -73,7 +74,11 @@ class ModelWrapper:
                  device: torch.device, dtype: torch.dtype):
         self.model, self.cfg, self.backend = model, cfg, backend
         self.device, self.dtype = device, dtype
-        self.inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
+        inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
+        if backend.name == "flashinfer":  # fused kernels come with the CUDA backend
+            self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings)
+        else:
+            self.kernels = TorchKernels(inv_freq, dtype)
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto"):
@@ -94,5 +99,4 @@ class ModelWrapper:
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         """-> float32 logits [num_out, vocab_size] on the model's device."""
         self.backend.plan(batch)
-        cos, sin = rotary_cos_sin(batch.positions, self.inv_freq, self.dtype)
-        return self.model(batch, kv_cache, self.backend, cos, sin)
+        return self.model(batch, kv_cache, self.backend, self.kernels)

@@ -1,7 +1,6 @@
-"""Rotary position embedding: cos/sin built once per step from position_ids, applied per layer.
-
-Frequencies follow transformers' rope types "default", "linear" and "llama3" (Llama-3.1 scaling);
-the rotation is the non-interleaved (neox / rotate_half) form all four families use.
+"""Rotary position embedding frequencies for transformers' rope types "default", "linear" and
+"llama3" (Llama-3.1 scaling). The rotation itself (neox / rotate_half form, as all four families
+use) lives in layers/kernels.py, once per step for the tables and once per layer to apply.
 """
 
 from __future__ import annotations
@@ -31,19 +30,3 @@ def inv_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
     return inv
-
-
-def rotary_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [T] int -> (cos, sin), each [T, head_dim] in `dtype`."""
-    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim], cos/sin [T, head_dim] -> rotated x."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -16,7 +16,6 @@ from torch import nn
 from model_wrapper.config import ModelConfig
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.layers.norm import RMSNorm
-from model_wrapper.layers.rotary import apply_rotary
 
 
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str):
@@ -39,7 +38,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, kv, backend):
+    def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels):
         """x [T, hidden] -> [T, hidden]; writes this step's K/V into kv = (k_cache, v_cache)."""
         T = x.shape[0]
         qkv = _project(self.qkv_proj, x, batch, self.layer, "qkv")
@@ -48,8 +47,9 @@ class Attention(nn.Module):
         k = k.reshape(T, self.num_kv_heads, self.head_dim)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        q, k = kernels.rope(q, k, rope)
         backend.write_kv(kv[0], kv[1], k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch)
         return _project(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o")
@@ -63,9 +63,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x, batch: ForwardBatch):
-        gate, up = _project(self.gate_up_proj, x, batch, self.layer, "gate_up").split(self.inter, dim=-1)
-        return _project(self.down_proj, F.silu(gate) * up, batch, self.layer, "down")
+    def forward(self, x, batch: ForwardBatch, kernels):
+        act = kernels.silu_mul(_project(self.gate_up_proj, x, batch, self.layer, "gate_up"))
+        return _project(self.down_proj, act, batch, self.layer, "down")
 
 
 class DecoderLayer(nn.Module):
@@ -76,9 +76,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, layer)
 
-    def forward(self, h, cos, sin, batch, kv, backend):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, batch, kv, backend)
-        return h + self.mlp(self.post_attention_layernorm(h), batch)
+    def forward(self, h, residual, rope, batch, kv, backend, kernels):
+        """Pre-norm residual block in (output, residual) form so that the residual add and the
+        next norm fuse into one kernel: h_out + residual_out is the block's true output."""
+        eps = self.input_layernorm.eps
+        if residual is None:
+            residual, x = h, kernels.rms_norm(h, self.input_layernorm.weight, eps)
+        else:
+            x, residual = kernels.add_rms_norm(h, residual, self.input_layernorm.weight, eps)
+        h = self.self_attn(x, rope, batch, kv, backend, kernels)
+        x, residual = kernels.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+        return self.mlp(x, batch, kernels), residual
 
 
 class DecoderModel(nn.Module):
@@ -101,11 +109,15 @@ class CausalLM(nn.Module):
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch, kv_cache, backend, cos, sin) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv_cache, backend, kernels) -> torch.Tensor:
         """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
+        rope = kernels.rope_tables(batch.positions)  # once per step, shared by every layer
         h = self.model.embed_tokens(batch.input_ids)
+        residual = None
         for layer, kv in zip(self.model.layers, kv_cache):
-            h = layer(h, cos, sin, batch, kv, backend)
-        if batch.lm_head_indices is not None:
+            h, residual = layer(h, residual, rope, batch, kv, backend, kernels)
+        if batch.lm_head_indices is not None:  # norm and project only the rows asked for
             h = h.index_select(0, batch.lm_head_indices)
-        return self.lm_head(self.model.norm(h)).float()
+            residual = residual.index_select(0, batch.lm_head_indices)
+        h, _ = kernels.add_rms_norm(h, residual, self.model.norm.weight, self.model.norm.eps)
+        return self.lm_head(h).float()

@@ -1,0 +1,84 @@
+"""The elementwise kernels of the decoder, in two implementations with one interface.
+
+TorchKernels is the reference: the exact arithmetic of transformers' Llama-family modules (fp32
+RMSNorm statistics, cos/sin rounded to the model dtype). FlashInferKernels runs the same math
+as fused CUDA kernels (RMSNorm, residual-add + RMSNorm in place, RoPE in place from a float32
+cos/sin table); the GPU tests hold it to the torch path within bf16 bounds. The model wrapper
+picks one at load time; layers call `kernels.<op>` and never branch on the device themselves.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
+
+
+class TorchKernels:
+    name = "torch"
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
+        self.inv_freq = inv_freq  # [head_dim // 2] float32
+        self.dtype = dtype
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x [..., d] -> weight * x / rms(x), statistics in fp32, result in x's dtype."""
+        return _rms_norm_ref(x, weight, eps)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        """-> (rms_norm(residual + x), residual + x): the pre-norm residual stream in one call."""
+        residual = residual + x
+        return self.rms_norm(residual, weight, eps), residual
+
+    def rope_tables(self, positions: torch.Tensor):
+        """Per-step rotary state, built once and shared by every layer: (cos, sin) [T, head_dim]."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype), positions
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k [T, Hk, D] -> rotated (neox / rotate_half form)."""
+        cos, sin, _ = tables
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class FlashInferKernels(TorchKernels):
+    name = "flashinfer"
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, max_positions: int):
+        super().__init__(inv_freq, dtype)
+        import flashinfer
+
+        self._fi = flashinfer
+        pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+        freqs = pos[:, None] * inv_freq[None, :]
+        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
+
+    def rms_norm(self, x, weight, eps):
+        if x.dim() == 2:
+            return self._fi.rmsnorm(x, weight, eps)
+        return self._fi.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        self._fi.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
+        return x, residual
+
+    def rope_tables(self, positions):
+        return positions
+
+    def rope(self, q, k, positions):
+        T, D = q.shape[0], q.shape[-1]
+        q2, k2 = q.reshape(T, -1), k.reshape(T, -1)
+        self._fi.apply_rope_with_cos_sin_cache_inplace(positions, q2, k2, D, self.cos_sin_cache, is_neox=True)
+        return q2.view(q.shape), k2.view(k.shape)
