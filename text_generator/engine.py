@@ -1,0 +1,366 @@
+"""LLMEngine: the reference engine that drives TextGenerator.forward_tensor with continuous batching.
+
+Requests come in through `add_request` (token ids or text) and leave through the outputs of
+`step()`. One step:
+
+    Scheduler.schedule()          -> chunks: (request, token span, KV slots)   [scheduler.py]
+    flat tensors (one forward)    input_ids, position_ids, slots, block_tables, input_lengths,
+                                  q_lens, lm_head_indices (last token of chunks that sample)
+    TextGenerator.forward_tensor  -> logits [num_sampling_requests, vocab]
+    BlockManager.commit           computed tokens enter the prefix cache
+    Sampler                       -> next tokens (+ logprobs)                  [sampling.py]
+    stop checks, detokenization   -> RequestOutput per request with news
+
+Request-level problems (bad sampling parameters, a prompt longer than max_seq_len, an adapter
+that is not loaded, a request the KV pool can never hold) finish that request with
+finish_reason "error" and a message; the others go on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Sequence
+
+import torch
+from loguru import logger
+
+from kv_manager import BlockManager
+from text_generator.errors import ErrorCode, ForwardArgumentError
+from text_generator.request import Request, RequestOutput, RequestStatus
+from text_generator.sampling import Sampler, SamplingParams
+from text_generator.scheduler import ScheduledChunk, Scheduler
+from text_generator.tokenizer import decode_tokens
+
+
+class LLMEngine:
+    """Owns the KV cache, the block manager, the scheduler and every live request.
+
+    generator:   a TextGenerator (anything with its forward_tensor / allocate_kv_cache / config)
+    num_blocks:  KV blocks to allocate; block_size: tokens per block
+    max_num_seqs: running requests at most; max_num_batched_tokens: tokens per step at most
+    max_seq_len: longest prompt + output (default and limit: the model's max positions)
+    tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
+                 (then prompts are token ids and outputs carry no text)
+    eos_token_id: overrides the tokenizer's
+    speculative: reserved for a speculative decoder; must be None for now
+    """
+
+    def __init__(
+        self,
+        generator,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        enable_prefix_caching: bool = True,
+        max_seq_len: int | None = None,
+        tokenizer=None,
+        eos_token_id: int | None = None,
+        watermark: float = 0.01,
+        sampler: Sampler | None = None,
+        speculative=None,
+    ):
+        if speculative is not None:
+            raise NotImplementedError("LLMEngine: speculative decoding is not integrated yet; pass speculative=None")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"LLMEngine: expected max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
+                             f"got {max_num_seqs} and {max_num_batched_tokens}")
+        model_max = generator.max_position_embeddings
+        if max_seq_len is None:
+            max_seq_len = model_max
+        if not 2 <= max_seq_len <= model_max:
+            raise ValueError(f"LLMEngine: expected 2 <= max_seq_len <= the model's limit {model_max}, got {max_seq_len}")
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
+        self.max_seq_len = max_seq_len
+        self.block_size = block_size
+        self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size)
+        watermark_blocks = min(int(watermark * num_blocks), num_blocks - 1)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
+                                          watermark_blocks=watermark_blocks)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens)
+        self.sampler = sampler if sampler is not None else Sampler()
+        self.requests: dict[str, Request] = {}
+        self._reports: list[RequestOutput] = []  # errors / aborts to report at the next step
+        self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+        self.num_preemptions = 0
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        sampling_params: SamplingParams | dict | None = None,
+        *,
+        adapter: str | None = None,
+        request_id: str | None = None,
+        stream_callback: Callable[[RequestOutput], None] | None = None,
+    ) -> str:
+        """Queue a request; returns its id. A problem with the request itself does not raise:
+        the request finishes with finish_reason "error" in the next step's outputs. Raises
+        ValueError only for a request_id that is still live."""
+        rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise ValueError(f"add_request: request_id {rid!r} is already live")
+        req = Request(rid, [], SamplingParams(), adapter=None if adapter == "base" else adapter)
+        self.requests[rid] = req
+        if stream_callback is not None:
+            self._callbacks[rid] = stream_callback
+        try:
+            req.params = self._check_params(sampling_params)
+            req.prompt_ids = self._check_prompt(prompt, req.params)
+            self._check_adapter(req.adapter)
+        except ValueError as e:
+            self._finish(req, "error", str(e))
+            self._reports.append(req.output([], None, self.tokenizer is not None))
+            return rid
+        req.generator = req.params.make_generator(self.generator.device)
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a live request; it is reported with finish_reason "abort" at the next step.
+        Returns False if no live request has this id."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        self._finish(req, "abort")
+        self._reports.append(req.output([], None, self.tokenizer is not None))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._reports)
+
+    def _check_params(self, params) -> SamplingParams:
+        if params is None:
+            return SamplingParams()
+        if isinstance(params, dict):
+            return SamplingParams(**params)
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params: expected a SamplingParams, a dict or None, got {type(params).__name__}")
+        params.__post_init__()  # re-validate: fields may have been changed after construction
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop: stop strings need a tokenizer; the engine has none")
+        return params
+
+    def _check_prompt(self, prompt, params: SamplingParams) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: a str prompt needs a tokenizer; the engine has none (pass token ids)")
+            ids = list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+                raise ValueError(f"prompt: expected a 1-D integer tensor, got {prompt.dtype} {list(prompt.shape)}")
+            ids = prompt.tolist()
+        else:
+            ids = list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError("prompt: expected a str or a sequence of int token ids")
+        if not ids:
+            raise ValueError("prompt: expected at least one token, got none")
+        vocab = self.generator.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt: expected token ids in [0, {vocab}), got {bad[0]}")
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(f"prompt: expected at most max_seq_len - 1 = {self.max_seq_len - 1} tokens "
+                             f"(room for one output token), got {len(ids)}")
+        return ids
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is None:
+            return
+        loaded = list(self.generator.loaded_adapters())
+        if adapter not in loaded:
+            raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        self.scheduler.remove(req)
+        req.finish(reason, error)
+        del self.requests[req.request_id]
+        if error is not None:
+            logger.warning("request {} failed: {}", req.request_id, error)
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward step, sample; returns an output for every request that got
+        a token, finished, failed or was aborted since the last step."""
+        outputs, self._reports = self._reports, []
+        sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
+        for req, why in sched.failed:
+            self._finish(req, "error", why)
+            outputs.append(req.output([], None, self.tokenizer is not None))
+        if not sched.chunks:
+            self._notify(outputs)
+            return outputs
+        self.num_steps += 1
+        try:
+            logits = self._forward(sched.chunks)
+        except ForwardArgumentError as e:
+            if e.code is not ErrorCode.ADAPTER_NOT_LOADED:
+                raise
+            # An adapter was unloaded while its requests ran: fail those, retry the rest next
+            # step (nothing was committed, so they are simply scheduled again).
+            loaded = set(self.generator.loaded_adapters())
+            for c in sched.chunks:
+                if c.request.adapter is not None and c.request.adapter not in loaded and not c.request.finished:
+                    self._finish(c.request, "error", f"adapter {c.request.adapter!r} is no longer loaded")
+                    outputs.append(c.request.output([], None, self.tokenizer is not None))
+            self._notify(outputs)
+            return outputs
+        for c in sched.chunks:
+            c.request.num_computed = c.start + c.num_tokens
+            self.block_manager.commit(c.request.request_id, c.request.num_computed)
+        outputs += self._sample(logits, [c.request for c in sched.chunks if c.needs_sample])
+        self._notify(outputs)
+        return outputs
+
+    def _forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """One forward_tensor call over every chunk: flat tensors built with list concatenation
+        and vectorised index arithmetic (no per-token Python).
+
+            chunk r:      tokens [start_r, start_r + q_r) of its request
+            input_ids:    [ chunk 0 tokens | chunk 1 tokens | ... ]        T = sum(q)
+            offset_r    = q_0 + ... + q_{r-1};   position of token t = start_r + t - offset_r
+            lm_head:      offset_r + q_r - 1 for chunks that sample
+        """
+        reqs = [c.request for c in chunks]
+        ids: list[int] = []
+        for c in chunks:
+            ids += _token_span(c.request, c.start, c.start + c.num_tokens)
+        q = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
+        start = torch.tensor([c.start for c in chunks], dtype=torch.int64)
+        offset = torch.cumsum(q, 0) - q
+        T = len(ids)
+        positions = torch.arange(T) + torch.repeat_interleave(start - offset, q, output_size=T)
+        sample = torch.tensor([c.needs_sample for c in chunks])
+        adapters = [r.adapter for r in reqs]
+        kwargs = {"q_lens": q}
+        if any(a is not None for a in adapters):
+            kwargs["adapter_ids"] = adapters
+        return self.generator.forward_tensor(
+            torch.tensor(ids, dtype=torch.int64), positions,
+            not all(c.is_decode for c in chunks), self.kv_cache,
+            self.block_manager.block_tables([r.request_id for r in reqs]),
+            torch.cat([c.slots for c in chunks]), (start + q).to(torch.int32), self.max_seq_len,
+            (offset + q - 1)[sample], **kwargs)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
+        if not reqs:
+            return []
+        params = [r.params for r in reqs]
+        out = self.sampler(
+            logits, params, prompt_ids=[r.prompt_ids for r in reqs], output_ids=[r.output_ids for r in reqs],
+            generators=[r.generator for r in reqs])
+        tokens = out.token_ids.tolist()  # the step's one device -> host sync
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
+        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        outputs = []
+        for i, (req, tok) in enumerate(zip(reqs, tokens)):
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = _now()
+            req.metrics.token_times.append(_now())
+            req.output_ids.append(tok)
+            if req.params.logprobs is not None:
+                if req.logprobs is None:
+                    req.logprobs, req.top_logprobs = [], []
+                req.logprobs.append(lps[i])
+                n = req.params.logprobs
+                req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
+            outputs.append(self._after_token(req, tok))
+        return outputs
+
+    def _after_token(self, req: Request, tok: int) -> RequestOutput:
+        """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
+        stop strings, then the length limits)."""
+        p = req.params
+        reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
+        at_limit = len(req.output_ids) >= p.max_new_tokens or req.num_tokens >= self.max_seq_len
+        delta = None
+        if self.tokenizer is not None:
+            text = decode_tokens(self.tokenizer, req.output_ids[:-1] if reason else req.output_ids)
+            if reason is None and p.stop:
+                cut = _find_stop(text, p.stop, len(req.text))
+                if cut is not None:
+                    text, reason = text[:cut], "stop"
+            if reason is None and not at_limit:
+                if text.endswith("\ufffd"):
+                    text = req.text  # an incomplete UTF-8 character: wait for its other bytes
+                elif p.stop:  # hold back what may be the start of a stop string
+                    hold = max(map(len, p.stop)) - 1
+                    text = text[:max(len(req.text), len(text) - hold)]
+            delta, req.text = text[len(req.text):], text
+        if reason is None and at_limit:
+            reason = "length"
+        if reason is not None:
+            self._finish(req, reason)
+        return req.output([tok], delta, self.tokenizer is not None)
+
+    def _notify(self, outputs: list[RequestOutput]) -> None:
+        for o in outputs:
+            cb = self._callbacks.pop(o.request_id, None) if o.finished else self._callbacks.get(o.request_id)
+            if cb is not None:
+                cb(o)
+
+    # -- offline use -----------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        adapters: str | Sequence[str | None] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; returns their final outputs in prompt order."""
+        n = len(prompts)
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * n
+        adapter_list = list(adapters) if isinstance(adapters, (list, tuple)) else [adapters] * n
+        if len(params_list) != n or len(adapter_list) != n:
+            raise ValueError(f"generate: expected params and adapters for each of the {n} prompts")
+        ids = [self.add_request(p, sp, adapter=a) for p, sp, a in zip(prompts, params_list, adapter_list)]
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=n, desc="generate", unit="req")
+        wanted = set(ids)
+        while len(final) < n:
+            for o in self.step():
+                if o.finished and o.request_id in wanted:
+                    final[o.request_id] = o
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [final[i] for i in ids]
+
+
+def _token_span(req: Request, start: int, end: int) -> list[int]:
+    P = len(req.prompt_ids)
+    if end <= P:
+        return req.prompt_ids[start:end]
+    if start >= P:
+        return req.output_ids[start - P:end - P]
+    return req.prompt_ids[start:] + req.output_ids[:end - P]
+
+
+def _find_stop(text: str, stops: list[str], old_len: int) -> int | None:
+    """Index of the earliest stop string that ends in the new part of text, or None."""
+    best = None
+    for s in stops:
+        k = text.find(s, max(0, old_len - len(s) + 1))
+        if k != -1 and (best is None or k < best):
+            best = k
+    return best
+
+
+def _now() -> float:
+    return time.perf_counter()
