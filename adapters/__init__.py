@@ -1,1 +1,33 @@
-"""LoRA: loading PEFT adapters, slots and ranks, the per-token adapter mapping, batched LoRA matmuls."""
+"""LoRA: loading PEFT adapters, slots and ranks, the per-token adapter mapping, batched LoRA matmuls.
+
+    gen.enable_lora(max_loras=8, max_rank=64)       # preallocates the slot stacks once
+    gen.load_adapter("sql", "/adapters/sql")        # PEFT folder: adapter_config.json + .safetensors
+    logits = gen.forward_tensor(..., adapter_ids=["sql", None, "chat"])  # per request; None/"base" = base
+    gen.unload_adapter("sql")                       # the slot is free for the next load
+
+Prefix caching: K/V computed under an adapter differ from the base model's, so a scheduler must
+put the adapter name into the prefix-cache key:
+    block_manager.admit(seq_id, prompt_ids, extra_key=adapter_name)   # None for the base model
+Sequences with different extra_keys never share cached blocks.
+
+This package imports neither model_wrapper nor text_generator; its errors carry LoraErrorCode.
+"""
+
+from adapters.errors import LoraError, LoraErrorCode, LoraStateError
+from adapters.lora_batch import LoraBatch
+from adapters.lora_manager import LoraManager
+from adapters.peft_adapter import PeftAdapter, read_peft_adapter
+from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
+
+__all__ = [
+    "FUSED_MODULES",
+    "LoraBatch",
+    "LoraError",
+    "LoraErrorCode",
+    "LoraManager",
+    "LoraShapes",
+    "LoraStateError",
+    "PEFT_MODULES",
+    "PeftAdapter",
+    "read_peft_adapter",
+]

@@ -71,6 +71,56 @@ class TextGenerator:
     def loaded_adapters(self) -> Sequence[str]:
         return () if self.lora_manager is None else self.lora_manager.list_adapters()
 
+    # -- LoRA adapters (adapters.LoraManager; errors carry adapters.LoraErrorCode) ------------
+    def enable_lora(self, max_loras: int = 8, max_rank: int = 64, *, max_num_tokens: int | None = None,
+                    kernel: str = "auto"):
+        """Preallocate max_loras adapter slots of rank <= max_rank on the model's device; once.
+
+        max_num_tokens: preallocate the per-step mapping buffers too (for CUDA graphs).
+        kernel: "auto" (FlashInfer segment GEMM on CUDA in bf16/fp16 when installed, else torch),
+                "torch", "flashinfer". Returns the LoraManager (also self.lora_manager).
+        """
+        from adapters import LoraErrorCode, LoraManager, LoraStateError
+
+        if self.lora_manager is not None:
+            raise LoraStateError(LoraErrorCode.ALREADY_ENABLED, "enable_lora",
+                                 f"expected a first call, got LoRA already enabled with max_loras="
+                                 f"{self.lora_manager.max_loras}, max_rank={self.lora_manager.max_rank}")
+        cfg = self.config
+        self.lora_manager = LoraManager(
+            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
+            kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size,
+            max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
+            max_num_tokens=max_num_tokens, kernel=kernel)
+        return self.lora_manager
+
+    def load_adapter(self, name: str, path: str) -> int:
+        """Load a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) as `name`.
+
+        Safe between steps while other requests run; returns the slot it occupies. Needs
+        enable_lora() first. Raises LoraError / LoraStateError with a LoraErrorCode.
+        """
+        from adapters import LoraErrorCode, LoraStateError
+
+        if self.lora_manager is None:
+            raise LoraStateError(LoraErrorCode.NOT_ENABLED, f"load_adapter(name={name!r})",
+                                 "expected enable_lora() to be called first, got LoRA not enabled")
+        return self.lora_manager.load_adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Free `name`'s slot; later steps that name it are refused (TG_ADAPTER_NOT_LOADED)."""
+        from adapters import LoraError, LoraErrorCode
+
+        if self.lora_manager is None:
+            code = LoraErrorCode.UNLOAD_BASE if name in (None, "base") else LoraErrorCode.NOT_LOADED
+            raise LoraError(code, f"unload_adapter(name={name!r})",
+                            "expected a loaded adapter, got none loaded (LoRA not enabled)")
+        self.lora_manager.unload_adapter(name)
+
+    def list_adapters(self) -> list[str]:
+        """Names of the loaded adapters, in load order ([] before enable_lora)."""
+        return list(self.loaded_adapters())
+
     # -- the call --------------------------------------------------------------------------
     def forward_tensor(
         self,

@@ -1,0 +1,105 @@
+"""LoraBatch: one step's adapter mapping, and the batched LoRA matmuls every projection calls.
+
+Built once per step by LoraManager.make_batch from the per-request adapter list (host) and the
+step's token layout; the model then calls `apply(layer, module, x, y)` after each projection.
+Tokens are grouped by adapter slot once, on the host, with no device sync:
+
+    requests:   r0 (slot 2, 3 tokens)  r1 (base, 2)  r2 (slot 0, 1)  r3 (slot 2, 2)
+    token_slot: [2 2 2 -1 -1 0 2 2]                        per token, -1 = base (skipped)
+    perm:       [5 | 0 1 2 6 7]                            LoRA tokens, grouped by slot
+    segments:   slot 0 -> perm[0:1], slot 2 -> perm[1:6]   seg_indptr [0 1 6], seg_slots [0 2]
+
+For each segment, y[perm[seg], rows of sub-module] += (x[perm[seg]] @ A_slot^T) @ B_slot^T, with
+the scaling already folded into B. Two kernels compute it: "torch" (any device; a loop over the
+step's distinct adapters, each at its own rank) and "flashinfer" (CUDA, bf16/fp16; FlashInfer's
+segment GEMM over the slot stacks at max_rank, where the zero padding adds exactly nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from adapters.lora_manager import LoraManager
+
+
+@dataclass
+class LoraBatch:
+    """One step's mapping; valid until the manager's next make_batch (it may reuse the buffers).
+
+    token_slot:     [T] int64, device: adapter slot of each token, -1 = base model
+    perm:           [N] int64, device: the N tokens that use an adapter, grouped by slot
+    seg_indptr:     [S+1] int64, device: segment s is perm[seg_indptr[s]:seg_indptr[s+1]]
+    seg_slots:      [S] int64, device: the slot of each segment (ascending)
+    segments:       host (slot, start, end) per segment, the same numbers for the torch loop
+    identity:       perm is arange(T) (every token uses an adapter, already grouped): no gather
+    kernel:         "torch" or "flashinfer"
+    manager:        the LoraManager whose slot tensors hold the weights
+    """
+
+    token_slot: torch.Tensor
+    perm: torch.Tensor
+    seg_indptr: torch.Tensor
+    seg_slots: torch.Tensor
+    segments: list[tuple[int, int, int]]
+    identity: bool
+    kernel: str
+    manager: "LoraManager"
+
+    @property
+    def num_lora_tokens(self) -> int:
+        return self.segments[-1][2] if self.segments else 0
+
+    def apply(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Add the LoRA deltas of `module` ("qkv", "o", "gate_up", "down") in `layer` to y in place.
+
+        x: [T, in_features]; y: [T, out_features] (fused rows, e.g. [q | k | v]); returns y.
+        """
+        if not self.segments:
+            return y
+        if self.kernel == "flashinfer":
+            return self._apply_segment_gemm(layer, module, x, y)
+        return self._apply_torch(layer, module, x, y)
+
+    def _apply_torch(self, layer, module, x, y):
+        m = self.manager
+        R = m.max_rank
+        a_stack, b_stacks = m.lora_a[module][layer], m.lora_b[module]
+        offsets = m.shapes.out_offsets(module)
+        xs = x if self.identity else x.index_select(0, self.perm)
+        for slot, start, end in self.segments:
+            targets = m.targets(slot, layer, module)
+            if not targets:
+                continue
+            x_seg = xs[start:end]
+            for sub, r in targets:  # each at its own rank: no work on the zero padding
+                h = x_seg @ a_stack[slot, sub * R: sub * R + r].T  # [n, r]
+                delta = h @ b_stacks[sub][layer, slot, :, :r].T  # [n, out_sub]
+                rows = y[:, offsets[sub]: offsets[sub + 1]]
+                if self.identity:
+                    rows[start:end] += delta
+                else:
+                    rows.index_add_(0, self.perm[start:end], delta)
+        return y
+
+    def _apply_segment_gemm(self, layer, module, x, y):
+        m = self.manager
+        R = m.max_rank
+        gemm = m.segment_gemm()
+        xs = (x if self.identity else x.index_select(0, self.perm)).contiguous()
+        S = len(self.segments)
+        kw = dict(weight_column_major=True, seg_indptr=self.seg_indptr, weight_indices=self.seg_slots)
+        # shrink all sub-modules at once: A is [max_loras, n_sub * R, in] -> h [N, n_sub * R]
+        h = gemm.run(xs, m.lora_a[module][layer], S, **kw)
+        offsets = m.shapes.out_offsets(module)
+        for sub, b_stack in enumerate(m.lora_b[module]):
+            delta = gemm.run(h[:, sub * R: (sub + 1) * R].contiguous(), b_stack[layer], S, **kw)
+            rows = y[:, offsets[sub]: offsets[sub + 1]]
+            if self.identity:
+                rows += delta
+            else:
+                rows.index_add_(0, self.perm, delta)
+        return y

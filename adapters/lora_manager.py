@@ -1,0 +1,239 @@
+"""LoraManager: the adapter slots on the model's device, and the per-step mapping into them.
+
+Data flow: a PEFT folder -> read_peft_adapter (host, validated, scaling folded into B) -> copied
+into a free slot of the preallocated stacks here (load_adapter). Each step, the generator calls
+make_batch(adapter_ids, forward_batch) once; the LoraBatch it returns is what the model's
+projections call (LoraBatch.apply).
+
+Slot stacks, per fused module (see adapters.shapes), R = max_rank, all zeros at construction:
+
+    lora_a[m]      [num_layers, max_loras, n_sub * R, in_features]   sub-module i in rows i*R ..
+    lora_b[m][i]   [num_layers, max_loras, out_features_i, R]        one stack per sub-module
+
+An adapter of rank r < R (per module) fills rows / columns 0..r-1 and leaves zeros after them, so
+adapters of different ranks share one stack and the padded product is exact; a module the
+adapter does not target stays all zeros (and the torch kernel skips it).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from adapters.errors import LoraError, LoraErrorCode, LoraStateError
+from adapters.lora_batch import LoraBatch
+from adapters.peft_adapter import PeftAdapter, read_peft_adapter
+from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
+
+KERNELS = ("auto", "torch", "flashinfer")
+SEGMENT_GEMM_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended size
+
+
+class LoraManager:
+    """Owns max_loras adapter slots (weights on `device` in `dtype`) and the name -> slot table.
+
+    Invariants: a slot holds at most one adapter; its stack entries are exactly that adapter's
+    (scaled) weights padded with zeros; loading copies into a free slot and never reallocates, so
+    it is safe between steps while other requests keep running. The name "base" is reserved for
+    the model itself. Optional `max_num_tokens` preallocates the per-step mapping buffers (for
+    CUDA graphs); a step with more tokens is then refused.
+    """
+
+    def __init__(self, *, num_layers: int, hidden_size: int, q_size: int, kv_size: int,
+                 intermediate_size: int, max_loras: int = 8, max_rank: int = 64,
+                 device: torch.device | str, dtype: torch.dtype, max_num_tokens: int | None = None,
+                 kernel: str = "auto"):
+        for arg, value in dict(num_layers=num_layers, hidden_size=hidden_size, q_size=q_size, kv_size=kv_size,
+                               intermediate_size=intermediate_size, max_loras=max_loras,
+                               max_rank=max_rank).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg, f"expected a positive int, got {value!r}")
+        if max_num_tokens is not None and (not isinstance(max_num_tokens, int) or max_num_tokens < 1):
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "max_num_tokens",
+                            f"expected None or a positive int, got {max_num_tokens!r}")
+        self.shapes = LoraShapes(num_layers, hidden_size, q_size, kv_size, intermediate_size)
+        self.max_loras, self.max_rank = max_loras, max_rank
+        self.device, self.dtype = torch.device(device), dtype
+        self.kernel = _resolve_kernel(kernel, self.device, dtype)
+        R = max_rank
+        z = dict(device=self.device, dtype=dtype)
+        self.lora_a = {m: torch.zeros(num_layers, max_loras, len(subs) * R, self.shapes.in_features(m), **z)
+                       for m, subs in FUSED_MODULES.items()}
+        self.lora_b = {m: tuple(torch.zeros(num_layers, max_loras, out, R, **z) for out in self.shapes.out_features(m))
+                       for m in FUSED_MODULES}
+        self._slot_names: list[str | None] = [None] * max_loras
+        self._slots: dict[str, int] = {}  # name -> slot, in load order
+        # per slot: (layer, fused module) -> ((sub-module index, rank), ...) it adapts
+        self._targets: list[dict[tuple[int, str], tuple[tuple[int, int], ...]]] = [{} for _ in range(max_loras)]
+        self.max_num_tokens = max_num_tokens
+        self._buffers = None
+        if max_num_tokens is not None:
+            i64 = dict(device=self.device, dtype=torch.int64)
+            self._buffers = dict(
+                req_slot=torch.empty(max_num_tokens, **i64), token_slot=torch.empty(max_num_tokens, **i64),
+                perm=torch.empty(max_num_tokens, **i64), seg_indptr=torch.empty(max_loras + 1, **i64),
+                seg_slots=torch.empty(max_loras, **i64))
+        self._segment_gemm = None
+
+    # -- adapters ------------------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> int:
+        """Load the PEFT adapter folder `path` under `name` into a free slot; return the slot."""
+        self._check_can_add(name)  # before reading a possibly large file
+        return self.add_adapter(read_peft_adapter(name, path, self.shapes))
+
+    def add_adapter(self, adapter: PeftAdapter) -> int:
+        """Copy an adapter already in memory (e.g. read_peft_adapter's) into a free slot; return the slot.
+
+        adapter.weights must fit self.shapes (read_peft_adapter checks that); tensors may be on any device.
+        """
+        self._check_can_add(adapter.name)
+        if adapter.max_rank > self.max_rank:
+            raise LoraError(LoraErrorCode.RANK_TOO_LARGE, f"load_adapter(name={adapter.name!r})",
+                            f"expected rank <= max_rank={self.max_rank}, got {adapter.max_rank}")
+        slot = self._slot_names.index(None)
+        self._write_slot(slot, adapter)
+        self._slot_names[slot] = adapter.name
+        self._slots[adapter.name] = slot
+        return slot
+
+    def _check_can_add(self, name) -> None:
+        arg = f"load_adapter(name={name!r})"
+        if not isinstance(name, str) or not name or name == "base":
+            raise LoraError(LoraErrorCode.INVALID_NAME, arg,
+                            f"expected a non-empty str other than 'base' (the model itself), got {name!r}")
+        if name in self._slots:
+            raise LoraError(LoraErrorCode.DUPLICATE_NAME, arg,
+                            f"expected a name not loaded yet, got one loaded in slot {self._slots[name]}")
+        if None not in self._slot_names:
+            raise LoraStateError(LoraErrorCode.NO_FREE_SLOT, arg,
+                                 f"expected a free slot of max_loras={self.max_loras}, got all used by "
+                                 f"{self.list_adapters()}: unload one first")
+
+    def unload_adapter(self, name: str) -> None:
+        """Free the slot of `name`; requests that still name it are refused from the next step on."""
+        arg = f"unload_adapter(name={name!r})"
+        if name == "base" or name is None:
+            raise LoraError(LoraErrorCode.UNLOAD_BASE, arg, "expected a loaded adapter, got the base model")
+        if not isinstance(name, str) or name not in self._slots:
+            raise LoraError(LoraErrorCode.NOT_LOADED, arg,
+                            f"expected one of the loaded adapters {self.list_adapters()}, got {name!r}")
+        slot = self._slots.pop(name)
+        self._slot_names[slot] = None
+        self._targets[slot] = {}
+
+    def list_adapters(self) -> list[str]:
+        """Names of the loaded adapters, in load order."""
+        return list(self._slots)
+
+    def slot_of(self, name: str) -> int:
+        return self._slots[name]
+
+    def targets(self, slot: int, layer: int, module: str) -> tuple[tuple[int, int], ...]:
+        """((sub-module index, rank), ...) that the adapter in `slot` adapts in (layer, fused module)."""
+        return self._targets[slot].get((layer, module), ())
+
+    def _write_slot(self, slot: int, adapter: PeftAdapter) -> None:
+        R = self.max_rank
+        for m in FUSED_MODULES:  # a reused slot must not keep a former adapter's weights
+            self.lora_a[m][:, slot].zero_()
+            for b in self.lora_b[m]:
+                b[:, slot].zero_()
+        targets: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for (layer, proj), (a, b) in adapter.weights.items():
+            fused, sub = PEFT_MODULES[proj]
+            r = a.shape[0]
+            self.lora_a[fused][layer, slot, sub * R: sub * R + r].copy_(a)
+            self.lora_b[fused][sub][layer, slot, :, :r].copy_(b)
+            targets.setdefault((layer, fused), []).append((sub, r))
+        self._targets[slot] = {k: tuple(sorted(v)) for k, v in targets.items()}
+
+    # -- the per-step mapping ------------------------------------------------------------------
+    def make_batch(self, adapter_ids: Sequence[str | None], batch) -> LoraBatch:
+        """Map each token to its adapter slot and group the tokens by slot, once per step.
+
+        adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model.
+        batch: the step's ForwardBatch (duck-typed): q_lens_cpu [B] int host, token_req [T]
+               int64 device (request index of each token).
+        """
+        q = batch.q_lens_cpu.to(torch.int64)
+        B = int(q.shape[0])
+        ids = list(adapter_ids) * B if len(adapter_ids) == 1 else list(adapter_ids)
+        if len(ids) != B:
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "adapter_ids",
+                            f"expected 1 or batch size {B} entries, got {len(adapter_ids)}")
+        slots = []
+        for i, a in enumerate(ids):
+            if a is not None and a != "base" and a not in self._slots:
+                raise LoraError(LoraErrorCode.NOT_LOADED, "adapter_ids",
+                                f"expected a loaded adapter ({self.list_adapters()} or 'base'), got {a!r} for request {i}")
+            slots.append(-1 if a is None or a == "base" else self._slots[a])
+        T = int(q.sum())
+        if self._buffers is not None and T > self.max_num_tokens:
+            raise LoraStateError(LoraErrorCode.TOO_MANY_TOKENS, "make_batch",
+                                 f"expected at most max_num_tokens={self.max_num_tokens} tokens, got {T}")
+        req_slot = torch.tensor(slots, dtype=torch.int64)  # [B]
+        starts = torch.cumsum(q, 0) - q  # [B] first token of each request
+        lora = req_slot >= 0
+        order = torch.nonzero(lora).flatten()
+        order = order[torch.argsort(req_slot[order], stable=True)]  # LoRA requests grouped by slot
+        lens = q[order]
+        N = int(lens.sum())
+        # token j of the i-th grouped request sits at starts[i] + j; built without a loop
+        perm = torch.arange(N) + torch.repeat_interleave(starts[order] - (torch.cumsum(lens, 0) - lens), lens,
+                                                         output_size=N)
+        per_slot = torch.zeros(self.max_loras, dtype=torch.int64).index_add_(0, req_slot[lora], q[lora])
+        seg_slots = torch.nonzero(per_slot).flatten()
+        seg_indptr = torch.zeros(seg_slots.shape[0] + 1, dtype=torch.int64)
+        torch.cumsum(per_slot[seg_slots], 0, out=seg_indptr[1:])
+        bounds = seg_indptr.tolist()
+        segments = [(s, bounds[i], bounds[i + 1]) for i, s in enumerate(seg_slots.tolist())]
+        identity = N == T and bool((req_slot[1:] >= req_slot[:-1]).all())
+
+        token_req = batch.token_req
+        req_slot_dev = self._to_device("req_slot", req_slot)
+        token_slot = self._out("token_slot", T)
+        torch.index_select(req_slot_dev, 0, token_req, out=token_slot)
+        return LoraBatch(
+            token_slot=token_slot, perm=self._to_device("perm", perm),
+            seg_indptr=self._to_device("seg_indptr", seg_indptr), seg_slots=self._to_device("seg_slots", seg_slots),
+            segments=segments, identity=identity, kernel=self.kernel, manager=self)
+
+    def _to_device(self, key: str, host: torch.Tensor) -> torch.Tensor:
+        out = self._out(key, host.shape[0])
+        return out.copy_(host, non_blocking=True)
+
+    def _out(self, key: str, n: int) -> torch.Tensor:
+        if self._buffers is None:
+            return torch.empty(n, dtype=torch.int64, device=self.device)
+        return self._buffers[key][:n]
+
+    def segment_gemm(self):
+        """FlashInfer's SegmentGEMMWrapper, made on first use (the "flashinfer" kernel only)."""
+        if self._segment_gemm is None:
+            import flashinfer
+
+            workspace = torch.empty(SEGMENT_GEMM_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+            self._segment_gemm = flashinfer.SegmentGEMMWrapper(workspace)
+        return self._segment_gemm
+
+
+def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:
+    if kernel not in KERNELS:
+        raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "kernel", f"expected one of {KERNELS}, got {kernel!r}")
+    if kernel == "torch":
+        return kernel
+    available = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _flashinfer_imports()
+    if kernel == "flashinfer" and not available:
+        raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "kernel",
+                        f"expected 'flashinfer' only with flashinfer installed, a CUDA device and bf16/fp16, "
+                        f"got device {device}, dtype {dtype}")
+    return "flashinfer" if available else "torch"
+
+
+def _flashinfer_imports() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True
