@@ -32,9 +32,11 @@ class ForwardBatch:
 
     mode:            EXTEND / DECODE / MIXED
     input_ids:       [T] int64, device
+    input_ids_cpu:   [T] int64, host copy (validation made it; CUDA-graph replays read it)
     positions:       [T] int64, device; rotary positions (trees: cached_len + depth)
     positions_cpu:   [T] int64, host copy of positions (sliding windows over trees use it)
     slots:           [T] int64, device; flat KV slot of each new token, -1 = write nothing
+    slots_cpu:       [T] int64, host copy of slots
     write_slots:     [W] int64, device; the slots that are written (slots without the -1s)
     write_token_index: [W] int64, device; tokens whose K/V is written, or None for all tokens
     block_size:      tokens per KV block
@@ -55,9 +57,11 @@ class ForwardBatch:
 
     mode: ForwardMode
     input_ids: torch.Tensor
+    input_ids_cpu: torch.Tensor | None
     positions: torch.Tensor
     positions_cpu: torch.Tensor
     slots: torch.Tensor
+    slots_cpu: torch.Tensor | None
     write_slots: torch.Tensor
     write_token_index: torch.Tensor | None
     block_size: int
@@ -94,6 +98,7 @@ class ForwardBatch:
         cls,
         *,
         input_ids: torch.Tensor,
+        input_ids_cpu: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
         is_prefill: bool,
@@ -106,7 +111,8 @@ class ForwardBatch:
         atten_mask: torch.Tensor | None,
         device: torch.device,
     ) -> "ForwardBatch":
-        """All host inputs are validated, int32 and on the CPU; token tensors may be anywhere."""
+        """All host inputs are validated and on the CPU (positions, slots, *_cpu); input_ids may be
+        on the caller's device."""
         q = q_lens_cpu.to(torch.int64)
         L = seq_lens_cpu.to(torch.int64)
         qo_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
@@ -123,7 +129,7 @@ class ForwardBatch:
             mode = ForwardMode.EXTEND
         non_blocking = device.type == "cuda"
         slots = slots.to(torch.int64)
-        if slots.device.type == "cpu" and bool((slots < 0).any()):
+        if bool((slots < 0).any()):
             written = torch.nonzero(slots >= 0).flatten()
             write_slots, write_token_index = slots[written], written
         else:
@@ -135,9 +141,11 @@ class ForwardBatch:
         return cls(
             mode=mode,
             input_ids=dev(input_ids.to(torch.int64)),
+            input_ids_cpu=input_ids_cpu,
             positions=dev(positions.to(torch.int64)),
             positions_cpu=positions.to(torch.int64).cpu(),
             slots=dev(slots),
+            slots_cpu=slots,
             write_slots=dev(write_slots),
             write_token_index=dev(write_token_index),
             block_size=block_size,

@@ -40,7 +40,7 @@ def resolve_dtype(dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
     )
 
 
-def make_backend(name: str, cfg: ModelConfig, device: torch.device) -> AttentionBackend:
+def make_backend(name: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     args = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
     if name == "auto":
         name = "flashinfer" if device.type == "cuda" and _flashinfer_available() else "torch"
@@ -54,7 +54,7 @@ def make_backend(name: str, cfg: ModelConfig, device: torch.device) -> Attention
             )
         from model_wrapper.attention.flashinfer_backend import FlashInferAttentionBackend
 
-        return FlashInferAttentionBackend(*args, device=device)
+        return FlashInferAttentionBackend(*args, device=device, dtype=dtype, layer_windows=cfg.layer_windows)
     raise ModelLoadError(
         ModelErrorCode.BACKEND_UNAVAILABLE,
         f"attention_backend: expected 'auto', 'torch' or 'flashinfer', got {name!r}",
@@ -71,7 +71,8 @@ def _flashinfer_available() -> bool:
 
 class ModelWrapper:
     def __init__(self, model: CausalLM, cfg: ModelConfig, backend: AttentionBackend,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
+                 max_graph_batch: int = 128):
         self.model, self.cfg, self.backend = model, cfg, backend
         self.device, self.dtype = device, dtype
         inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
@@ -79,17 +80,23 @@ class ModelWrapper:
             self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings)
         else:
             self.kernels = TorchKernels(inv_freq, dtype)
+        self.graphs = None
+        if cuda_graphs and backend.name == "flashinfer":
+            from model_wrapper.cuda_graph import DecodeGraphRunner
+
+            self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto"):
+    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
+                        cuda_graphs: bool = True, max_graph_batch: int = 128):
         cfg = ModelConfig.from_pretrained(path)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)
         model = load_model(path, cfg, dtype=dtype, device=device)
-        backend = make_backend(attention_backend, cfg, device)
+        backend = make_backend(attention_backend, cfg, device, dtype)
         logger.info("loaded {} ({} layers) on {} as {}, attention backend {}",
                     cfg.architecture, cfg.num_layers, device, dtype, backend.name)
-        return cls(model, cfg, backend, device, dtype)
+        return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -98,5 +105,7 @@ class ModelWrapper:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         """-> float32 logits [num_out, vocab_size] on the model's device."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch, kv_cache)
         self.backend.plan(batch)
         return self.model(batch, kv_cache, self.backend, self.kernels)

@@ -29,15 +29,20 @@ class TextGenerator:
         self.lora_manager = None  # set by enable_lora(); adapter_ids need it
 
     @classmethod
-    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto") -> "TextGenerator":
+    def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
+                        cuda_graphs: bool = True, max_graph_batch: int = 128) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
         dtype: a torch.dtype, "float32" / "bfloat16" / "float16", or None (the checkpoint's own;
                fp32 checkpoints run in bf16 on CUDA).
         attention_backend: "auto" (FlashInfer on CUDA when installed, else torch), "torch", "flashinfer".
+        cuda_graphs: replay captured CUDA graphs for decode steps of up to max_graph_batch
+               requests (FlashInfer backend only); False runs every step eagerly.
         """
-        return cls(ModelWrapper.from_pretrained(path, device=device, dtype=dtype, attention_backend=attention_backend))
+        return cls(ModelWrapper.from_pretrained(
+            path, device=device, dtype=dtype, attention_backend=attention_backend,
+            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property
@@ -161,7 +166,7 @@ class TextGenerator:
             dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(),
         )
         batch = ForwardBatch.build(
-            input_ids=step.input_ids, positions=step.positions, slots=step.slots,
+            input_ids=step.input_ids, input_ids_cpu=step.input_ids_cpu, positions=step.positions, slots=step.slots,
             is_prefill=step.is_prefill, block_size=step.block_size, q_lens_cpu=step.q_lens,
             seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
             lm_head_indices=step.lm_head_indices, spec_mask=step.spec_mask,

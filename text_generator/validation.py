@@ -25,6 +25,7 @@ _MASKED_BELOW = -1e4  # additive mask values at or below this (incl. -inf) mean 
 @dataclass
 class StepArgs:
     input_ids: torch.Tensor  # [T] int64 (caller's device)
+    input_ids_cpu: torch.Tensor  # [T] int64 host copy
     positions: torch.Tensor  # [T] int64 host
     slots: torch.Tensor  # [T] int64 host
     is_prefill: bool
@@ -252,7 +253,7 @@ def validate_step(
         _fail(ErrorCode.INVALID_MAX_OUT_LEN, "max_out_len", f"expected a positive int, got {max_out_len}")
 
     return StepArgs(
-        input_ids=input_ids, positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
+        input_ids=input_ids, input_ids_cpu=ids_h.to(torch.int64), positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
         q_lens=q.to(torch.int32), input_lengths=L.to(torch.int32), block_tables=bt.to(torch.int32),
         lm_head_indices=lm, spec_mask=spec_mask, atten_mask=atten_mask,
         adapter_ids=adapter_ids, max_out_len=max_out_len,

@@ -1,0 +1,153 @@
+"""Paged attention on CUDA with FlashInfer: plan once per step on the host, run per layer.
+
+Dispatch per step (vLLM's split of decodes and prefills, pymllm's tensor-core heuristic):
+    pure decode, one token per request, no mask  -> BatchDecodeWithPagedKVCacheWrapper
+    prefill / chunked prefill / multi-token decode -> BatchPrefillWithPagedKVCacheWrapper, causal
+        (FlashInfer aligns causality to the end of each sequence: query i of a request with
+         q_len q and kv_len L sits at kv index L - q + i, exactly our contract)
+    mixed batch (prefill chunks + single-token decodes) -> decode rows to the decode kernel, the
+        rest to the prefill kernel; outputs written back in token order
+    spec_mask / atten_mask -> prefill kernel with a custom mask (attention/masks.py, fa2)
+    sliding window -> window_left = W - 1 (one planned wrapper per distinct window); folded into
+        the custom mask when there is one
+
+All page metadata is built from host copies (block_tables_cpu, seq_lens_cpu, q_lens_cpu), so
+planning needs no device sync:
+    pages_r = ceil(L_r / page), kv_indptr = [0, cumsum(pages)], kv_indices = used block ids,
+    last_page_len_r = L_r - (pages_r - 1) * page
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model_wrapper.attention.backend import AttentionBackend
+from model_wrapper.attention.masks import flat_custom_mask
+from model_wrapper.forward_batch import ForwardBatch, ForwardMode
+
+_CUDA_CORE_GROUPS = {1, 2, 3, 4, 6, 8, 16}  # GQA group sizes FlashInfer's CUDA-core decode kernel has
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    """Tensor-core decode when the GQA group is large (>= 4 fuses the group into the MMA tile,
+    as pymllm's should_use_tensor_core) or a size the CUDA-core kernel lacks."""
+    group = num_heads // num_kv_heads
+    return group >= 4 or group not in _CUDA_CORE_GROUPS
+
+
+def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page: int):
+    """-> (kv_indptr [B+1] int32, kv_indices [sum pages] int32, last_page_len [B] int32), on the host."""
+    L = seq_lens_cpu.to(torch.int64)
+    pages = (L + page - 1) // page
+    indptr = torch.zeros(L.shape[0] + 1, dtype=torch.int32)
+    torch.cumsum(pages, 0, out=indptr[1:])
+    used = torch.arange(block_tables_cpu.shape[1])[None, :] < pages[:, None]
+    indices = block_tables_cpu[used].to(torch.int32)
+    last = (L - (pages - 1) * page).to(torch.int32)
+    return indptr, indices, last
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, num_heads, num_kv_heads, head_dim, *, device, dtype, layer_windows=(), scale=None):
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self.kv_dtype = dtype
+        import flashinfer
+
+        self._fi = flashinfer
+        self.device = torch.device(device)
+        self.windows = sorted({w for w in layer_windows if w is not None}) or []
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.tensor_cores = use_tensor_cores(num_heads, num_kv_heads)
+        self._decode: dict[int | None, object] = {}
+        self._prefill: dict[int | None, object] = {}
+        self._masked: dict[int | None, object] = {}
+        self._plan = None
+
+    # wrappers are made lazily, one per (kind, window), and reused across steps
+    def _wrapper(self, kind: str, window):
+        fi = self._fi
+        table = {"decode": self._decode, "prefill": self._prefill, "masked": self._masked}[kind]
+        if window not in table:
+            if kind == "decode":
+                table[window] = fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
+            else:
+                table[window] = fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", backend="fa2" if kind == "masked" else "auto")
+        return table[window]
+
+    def _common(self, dtype):
+        return dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
+
+    def _plan_decode(self, window, indptr, indices, last, page, dtype):
+        w = self._wrapper("decode", window)
+        w.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, page,
+               window_left=-1 if window is None else window - 1, **self._common(dtype))
+        return w
+
+    def _plan_prefill(self, kind, window, qo_indptr, indptr, indices, last, page, dtype, mask=None):
+        w = self._wrapper(kind, window)
+        w.plan(qo_indptr, indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, page,
+               causal=mask is None, custom_mask=mask,
+               window_left=-1 if (window is None or mask is not None) else window - 1,
+               **self._common(dtype))
+        return w
+
+    def plan(self, batch: ForwardBatch) -> None:
+        dev, page = self.device, batch.block_size
+        dtype = self.kv_dtype
+        windows = [None] + self.windows
+        q = batch.q_lens_cpu
+        custom = batch.spec_mask is not None or batch.atten_mask is not None
+
+        def to_dev(x):
+            return x.to(dev, non_blocking=True)
+
+        if custom:
+            indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
+            d_indices = to_dev(indices)
+            self._plan = ("single", {
+                w: self._plan_prefill("masked", w, batch.qo_indptr_cpu, indptr, d_indices, last, page, dtype,
+                                      mask=to_dev(flat_custom_mask(batch, w)))
+                for w in windows})
+            return
+        if batch.max_q == 1:  # every request decodes one token
+            indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
+            d_indices = to_dev(indices)
+            self._plan = ("single", {w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
+            return
+        is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
+        if not bool(is_dec.any()):
+            indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
+            d_indices = to_dev(indices)
+            self._plan = ("single", {
+                w: self._plan_prefill("prefill", w, batch.qo_indptr_cpu, indptr, d_indices, last, page, dtype)
+                for w in windows})
+            return
+        # mixed: split requests; decode requests have exactly one token each
+        dec_req = torch.nonzero(is_dec).flatten()
+        pre_req = torch.nonzero(~is_dec).flatten()
+        tok_is_dec = torch.repeat_interleave(is_dec, q.to(torch.int64))
+        dec_tok = torch.nonzero(tok_is_dec).flatten()
+        pre_tok = torch.nonzero(~tok_is_dec).flatten()
+        d_ind, d_idx, d_last = page_metadata(batch.block_tables_cpu[dec_req], batch.seq_lens_cpu[dec_req], page)
+        p_ind, p_idx, p_last = page_metadata(batch.block_tables_cpu[pre_req], batch.seq_lens_cpu[pre_req], page)
+        p_qo = torch.zeros(pre_req.shape[0] + 1, dtype=torch.int32)
+        torch.cumsum(q[pre_req], 0, out=p_qo[1:])
+        d_idx, p_idx = to_dev(d_idx), to_dev(p_idx)
+        dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
+        pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
+        self._plan = ("split", dec, pre, to_dev(dec_tok), to_dev(pre_tok))
+
+    def run(self, layer, q, k_cache, v_cache, window, batch):
+        kind = self._plan[0]
+        if kind == "single":
+            return self._plan[1][window].run(q, (k_cache, v_cache))
+        _, dec, pre, dec_tok, pre_tok = self._plan
+        out = torch.empty_like(q)
+        out.index_copy_(0, dec_tok, dec[window].run(q.index_select(0, dec_tok), (k_cache, v_cache)))
+        out.index_copy_(0, pre_tok, pre[window].run(q.index_select(0, pre_tok), (k_cache, v_cache)))
+        return out
