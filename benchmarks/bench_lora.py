@@ -1,0 +1,266 @@
+"""Multi-LoRA decode cost: base model vs 1, 4, 16 distinct adapters in one batch.
+
+A Llama-3-8B-shaped model with random bf16 weights (written once as config.json + safetensors
+shards to a temp folder, loaded through TextGenerator.from_pretrained), batch 32 decoding at 2k
+context; adapters of rank 16 and 64 on all 7 projections, filled with random weights directly in
+the manager's slots. Requests use the adapters round-robin (request i -> adapter i % n). Each
+kernel ("flashinfer" segment GEMM, "torch" per-adapter loop) is timed separately.
+
+    python benchmarks/bench_lora.py                       # CUDA, the full-size model
+    python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
+
+Prints a table; writes benchmarks/results/lora.json and lora.png (if matplotlib is installed).
+Times are wall-clock per forward_tensor call (eager, no CUDA graphs), median over --steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from adapters import PEFT_MODULES, LoraManager, PeftAdapter  # noqa: E402
+from text_generator import TextGenerator  # noqa: E402
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                 rope_theta=500000.0, rms_norm_eps=1e-5)
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+            rope_theta=10000.0, rms_norm_eps=1e-5)
+
+
+def write_random_checkpoint(path: str, cfg: dict, dtype: torch.dtype) -> str:
+    """config.json + one safetensors shard per layer, uniform(-0.02, 0.02) weights, unit norms."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    os.makedirs(path, exist_ok=True)
+    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    hd = h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def rand(*shape):
+        return torch.empty(shape, dtype=dtype).uniform_(-0.02, 0.02)
+
+    save_file({"model.embed_tokens.weight": rand(cfg["vocab_size"], h), "lm_head.weight": rand(cfg["vocab_size"], h),
+               "model.norm.weight": torch.ones(h, dtype=dtype)}, os.path.join(path, "model-embed.safetensors"))
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        save_file({
+            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
+            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
+            p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
+            p + "mlp.down_proj.weight": rand(h, i),
+            p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
+            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype),
+        }, os.path.join(path, f"model-layer{layer:03d}.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                   "tie_word_embeddings": False, "torch_dtype": str(dtype).split(".")[-1], **cfg}, f)
+    return path
+
+
+def random_adapter(name: str, manager: LoraManager, rank: int, device) -> PeftAdapter:
+    """Rank-`rank` LoRA on all 7 projections of every layer, made on the device."""
+    g = torch.Generator(device=device).manual_seed(sum(name.encode()))
+    weights = {}
+    for layer in range(manager.shapes.num_layers):
+        for proj in PEFT_MODULES:
+            in_f, out_f = manager.shapes.peft_shape(proj)
+            a = torch.randn(rank, in_f, device=device, generator=g) / math.sqrt(in_f)
+            b = torch.randn(out_f, rank, device=device, generator=g) * 0.01
+            weights[(layer, proj)] = (a, b)
+    return PeftAdapter(name=name, path="<random>", weights=weights)
+
+
+def save_peft_folder(path: str, adapter: PeftAdapter, rank: int, dtype: torch.dtype) -> str:
+    """The adapter as a PEFT folder (for timing load_adapter from disk)."""
+    os.makedirs(path, exist_ok=True)
+    tensors = {}
+    for (layer, proj), (a, b) in adapter.weights.items():
+        parent = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        key = f"base_model.model.model.layers.{layer}.{parent}.{proj}"
+        tensors[key + ".lora_A.weight"] = a.to("cpu", dtype).contiguous()
+        tensors[key + ".lora_B.weight"] = b.to("cpu", dtype).contiguous()
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": sorted(PEFT_MODULES),
+                   "bias": "none"}, f)
+    return path
+
+
+class DecodeBench:
+    """A fixed decode batch at `context` tokens per request, contiguous blocks per request."""
+
+    def __init__(self, gen: TextGenerator, batch: int, context: int, block_size: int):
+        self.gen, self.B, self.L = gen, batch, context
+        bps = math.ceil(context / block_size)
+        self.kv_cache = gen.allocate_kv_cache(batch * bps, block_size)
+        self.block_tables = torch.arange(batch * bps, dtype=torch.int32).reshape(batch, bps)
+        pos = context - 1
+        dev = gen.device
+        self.input_ids = torch.randint(0, gen.vocab_size, (batch,), device=dev)
+        self.positions = torch.full((batch,), pos, dtype=torch.int64, device=dev)
+        self.slots = (self.block_tables[:, pos // block_size].long() * block_size + pos % block_size).to(dev)
+        self.input_lengths = torch.full((batch,), context, dtype=torch.int32)
+
+    def step(self, adapter_ids):
+        return self.gen.forward_tensor(self.input_ids, self.positions, False, self.kv_cache, self.block_tables,
+                                       self.slots, self.input_lengths, self.L, adapter_ids=adapter_ids)
+
+    def time(self, adapter_ids, steps: int, warmup: int) -> float:
+        """Median wall-clock ms of one decode step (the same position is rewritten each time)."""
+        sync = torch.cuda.synchronize if self.gen.device.type == "cuda" else (lambda: None)
+        times = []
+        for k in range(warmup + steps):
+            sync()
+            t0 = time.perf_counter()
+            self.step(adapter_ids)
+            sync()
+            if k >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and batch (checks the script runs)")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--context", type=int)
+    ap.add_argument("--ranks", type=int, nargs="+")
+    ap.add_argument("--adapters", type=int, nargs="+", help="distinct adapters per batch")
+    ap.add_argument("--kernels", nargs="+", help="default: flashinfer (if installed) and torch on CUDA, torch on CPU")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--model-dir", help="where the random checkpoint is written (reused if present)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    tiny = args.tiny
+    batch = args.batch or (4 if tiny else 32)
+    context = args.context or (64 if tiny else 2048)
+    ranks = args.ranks or ([4, 8] if tiny else [16, 64])
+    counts = args.adapters or ([1, 2, 4] if tiny else [1, 4, 16])
+    steps = args.steps or (3 if tiny else 20)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.kernels:
+        kernels = args.kernels
+    elif device.type == "cuda":
+        try:
+            import flashinfer  # noqa: F401
+            kernels = ["flashinfer", "torch"]
+        except ImportError:
+            kernels = ["torch"]
+    else:
+        kernels = ["torch"]
+
+    model_cfg = TINY if tiny else LLAMA3_8B
+    tmp = tempfile.TemporaryDirectory(prefix="bench_lora_")
+    model_dir = args.model_dir or os.path.join(tmp.name, "model")
+    t0 = time.perf_counter()
+    write_random_checkpoint(model_dir, model_cfg, dtype)
+    gen = TextGenerator.from_pretrained(model_dir, device=device, dtype=dtype)
+    print(f"model ready in {time.perf_counter() - t0:.1f}s on {device}", flush=True)
+    bench = DecodeBench(gen, batch, context, args.block_size)
+    cfg = gen.config
+    shapes = dict(num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
+                  kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size)
+
+    base_ms = bench.time(None, steps, args.warmup)
+    rows = [dict(kernel="-", rank=0, num_adapters=0, ms_per_step=base_ms)]
+    load_ms = {}
+    for kernel in kernels:
+        for rank in ranks:
+            manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
+                                  kernel=kernel)
+            gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
+            for a in range(max(counts)):
+                manager.add_adapter(random_adapter(f"a{a}", manager, rank, device))
+            if kernel == kernels[0]:  # load_adapter from a PEFT folder on disk, into a freed slot
+                folder = save_peft_folder(os.path.join(tmp.name, f"peft_r{rank}"),
+                                          random_adapter("disk", manager, rank, device), rank, dtype)
+                manager.unload_adapter(f"a{max(counts) - 1}")
+                sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+                sync()
+                t = time.perf_counter()
+                manager.load_adapter(f"a{max(counts) - 1}", folder)
+                sync()
+                load_ms[rank] = (time.perf_counter() - t) * 1e3
+            for n in counts:
+                ids = [f"a{i % n}" for i in range(batch)]
+                ms = bench.time(ids, steps, args.warmup)
+                rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, ms_per_step=ms))
+                print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms", flush=True)
+            gen.lora_manager = None
+            del manager
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    # the base model once more at the end: the lower of the two is the reference (warm caches, clocks)
+    base_after = bench.time(None, steps, args.warmup)
+    rows[0]["ms_per_step"] = base_ms = min(base_ms, base_after)
+    for r in rows:
+        r["tokens_per_s"] = batch / (r["ms_per_step"] / 1e3)
+        r["overhead_vs_base"] = r["ms_per_step"] / base_ms - 1.0
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"\nLoRA decode, batch {batch} at context {context}, {device_name}, {dtype}, "
+          f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections")
+    print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'ms/step':>9} {'tok/s':>9} {'vs base':>8}")
+    for r in rows:
+        print(f"{r['kernel']:>10} {r['rank'] or '-':>5} {r['num_adapters'] or 'base':>8} {r['ms_per_step']:9.2f} "
+              f"{r['tokens_per_s']:9.0f} {r['overhead_vs_base']:+8.1%}")
+    for rank, ms in load_ms.items():
+        print(f"load_adapter (rank {rank}, PEFT folder on disk): {ms:.0f} ms")
+
+    os.makedirs(args.out, exist_ok=True)
+    result = dict(benchmark="lora_decode", device=device_name, dtype=str(dtype), tiny=tiny, batch=batch,
+                  context=context, block_size=args.block_size, steps=steps, warmup=args.warmup,
+                  model={k: v for k, v in model_cfg.items()}, target_modules=sorted(PEFT_MODULES),
+                  rows=rows, load_adapter_ms={str(k): v for k, v in load_ms.items()})
+    with open(os.path.join(args.out, "lora.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot(rows, counts, os.path.join(args.out, "lora.png"), f"LoRA decode, batch {batch} @ {context} ({device_name})")
+    print(f"wrote {os.path.join(args.out, 'lora.json')}")
+    tmp.cleanup()
+
+
+def plot(rows, counts, path, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    base = rows[0]["ms_per_step"]
+    ax.axhline(base, color="gray", linestyle="--", label=f"base model ({base:.1f} ms)")
+    for kernel, rank in sorted({(r["kernel"], r["rank"]) for r in rows[1:]}):
+        pts = [(r["num_adapters"], r["ms_per_step"]) for r in rows if r["kernel"] == kernel and r["rank"] == rank]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{kernel}, rank {rank}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.set_xlabel("distinct adapters in the batch")
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
