@@ -1,0 +1,132 @@
+"""Shared benchmark helpers: random checkpoints of real model shapes, made fast on the GPU.
+
+    from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile
+    path = make_random_checkpoint("/tmp/llama3-8b", LLAMA3_8B, torch.bfloat16, device="cuda")
+    # -> a Hugging Face folder: config.json + model-0000i-of-0000N.safetensors + index;
+    #    loads with TextGenerator.from_pretrained and transformers' AutoModelForCausalLM alike
+
+make_random_checkpoint writes the weight names and shapes transformers uses for the Llama family
+(Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k norms) from a plain config dict; weights
+are drawn on `device` (seconds for 8B on a GPU, where transformers' own init takes minutes on
+the CPU) and saved shard by shard, so host memory holds one shard at a time. A folder that
+already holds a checkpoint of the same config and dtype is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+LLAMA3_8B = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+    intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+    bos_token_id=128000, eos_token_id=128001, hidden_act="silu", initializer_range=0.02,
+)
+
+
+def weight_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor of a Llama-family checkpoint described by cfg, in file order."""
+    H, V, I = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim") or H // nh
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    qkv_bias = arch.startswith("Qwen2") or cfg.get("attention_bias", False)
+    o_bias, mlp_bias = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
+    qk_norm = arch.startswith("Qwen3")
+    out = [("model.embed_tokens.weight", (V, H))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
+        for name, rows in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)):
+            out.append((p + f"self_attn.{name}.weight", (rows, H)))
+            if qkv_bias:
+                out.append((p + f"self_attn.{name}.bias", (rows,)))
+        out.append((p + "self_attn.o_proj.weight", (H, nh * hd)))
+        if o_bias:
+            out.append((p + "self_attn.o_proj.bias", (H,)))
+        if qk_norm:
+            out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+        for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+            out.append((p + f"mlp.{name}.weight", shape))
+            if mlp_bias:
+                out.append((p + f"mlp.{name}.bias", shape[:1]))
+    out.append(("model.norm.weight", (H,)))
+    if not cfg.get("tie_word_embeddings", False):
+        out.append(("lm_head.weight", (V, H)))
+    return out
+
+
+def make_random_checkpoint(
+    path: str,
+    config_dict: dict,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    max_shard_bytes: int = 4 << 30,
+) -> str:
+    """Write a random checkpoint of config_dict's shape to path (a folder) and return path.
+
+    Matrices and embeddings ~ N(0, initializer_range (default 0.02)); norm weights 1 + N(0, 0.02);
+    biases N(0, 0.02). device: where weights are drawn (default: CUDA if available).
+    """
+    cfg = dict(config_dict)
+    cfg.setdefault("architectures", ["LlamaForCausalLM"])
+    cfg.setdefault("model_type", cfg["architectures"][0].replace("ForCausalLM", "").lower())
+    cfg["torch_dtype"] = cfg["dtype"] = str(dtype).replace("torch.", "")
+    cfg_path = os.path.join(path, "config.json")
+    index_path = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(cfg_path) and os.path.isfile(index_path):
+        with open(cfg_path) as f:
+            if json.load(f) == cfg:
+                return path
+    from safetensors.torch import save_file
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    os.makedirs(path, exist_ok=True)
+    shapes = weight_shapes(cfg)
+    elem = torch.empty((), dtype=dtype).element_size()
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in shapes:
+        nbytes = elem * int(torch.Size(shape).numel())
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    std = float(cfg.get("initializer_range", 0.02))
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name, shape in shard:
+            t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(std if len(shape) > 1 else 0.02)
+            if name.endswith("norm.weight"):
+                t.add_(1.0)
+            tensors[name] = t.to(dtype).cpu()
+            weight_map[name] = fname
+        save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
+        del tensors
+    total = elem * sum(int(torch.Size(s).numel()) for _, s in shapes)
+    with open(index_path, "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    with open(cfg_path, "w") as f:  # last: its presence marks a complete folder
+        json.dump(cfg, f, indent=1)
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated q-th percentile (0..100); nan for no values."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
