@@ -166,7 +166,8 @@ class LoraManager:
         for i, a in enumerate(ids):
             if a is not None and a != "base" and a not in self._slots:
                 raise LoraError(LoraErrorCode.NOT_LOADED, "adapter_ids",
-                                f"expected a loaded adapter ({self.list_adapters()} or 'base'), got {a!r} for request {i}")
+                                f"expected a loaded adapter ({self.list_adapters()} or 'base'), "
+                                f"got {a!r} for request {i}")
             slots.append(-1 if a is None or a == "base" else self._slots[a])
         T = int(q.sum())
         if self._buffers is not None and T > self.max_num_tokens:

@@ -127,6 +127,21 @@ def test_mixed_batch_matches_peft_prefill_decode_multi_token(setup, family):
         assert rel_err(oracle_logits(s, name, seq), oracle_logits(s, None, seq)) > 1e-2, name
 
 
+def test_chunked_prefill_mixed_with_decode(setup):
+    s = setup("qwen2")
+    g = torch.Generator().manual_seed(7)
+    seqs = {0: torch.randint(0, 96, (8,), generator=g).tolist(), 1: torch.randint(0, 96, (6,), generator=g).tolist(),
+            2: torch.randint(0, 96, (5,), generator=g).tolist()}
+    ids = ["b4rs", None, "d_pat"]
+    full = [oracle_logits(s, a, seqs[i]) for i, a in enumerate(ids)]
+    h = PagedHarness(s.gen, num_blocks=16, block_size=4, seed=2)
+    out = h.step({0: seqs[0][:3], 1: seqs[1][:5], 2: seqs[2][:4]}, is_prefill=True, adapter_ids=ids)
+    check(out, [full[0][:3], full[1][:5], full[2][:4]], "first chunks")
+    # MIXED: request 0 brings its second prompt chunk, requests 1 and 2 one decode token each
+    out = h.step({0: seqs[0][3:8], 1: seqs[1][5:6], 2: seqs[2][4:5]}, is_prefill=True, adapter_ids=ids)
+    check(out, [full[0][3:8], full[1][5:6], full[2][4:5]], "chunk + decodes")
+
+
 def test_one_adapter_id_applies_to_the_whole_batch(setup):
     s = setup("llama")
     requests = [("d_pat", 4), ("d_pat", 6), ("d_pat", 3)]
