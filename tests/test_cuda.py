@@ -1,0 +1,210 @@
+"""GPU tests (`pytest -m cuda`): the FlashInfer backend, fused kernels and decode CUDA graphs
+against the torch backend and transformers on the same random checkpoints.
+
+bf16 bound (the oracle's own rounding): our error against transformers in fp32 may be at most
+twice transformers' own bf16 error against its fp32, plus a small floor. head_dim is 64 or 128,
+the sizes the prebuilt kernel pack holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PagedHarness, make_checkpoint, rel_err
+
+pytestmark = pytest.mark.cuda
+
+if not torch.cuda.is_available():  # pragma: no cover - CPU machines
+    pytest.skip("needs CUDA", allow_module_level=True)
+flashinfer = pytest.importorskip("flashinfer")
+
+import transformers  # noqa: E402
+
+from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels  # noqa: E402
+from model_wrapper.layers.rotary import inv_frequencies  # noqa: E402
+from model_wrapper.config import RopeConfig  # noqa: E402
+from text_generator import TextGenerator  # noqa: E402
+from test_forward_parity import _script, run_scenario  # noqa: E402
+from test_masks import path as tree_path, tree_rows  # noqa: E402
+
+GPU_TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=64, vocab_size=96, max_position_embeddings=1024)
+GPU_FAMILIES = {
+    "llama": dict(GPU_TINY),
+    "llama31": dict(GPU_TINY, num_attention_heads=8, hidden_size=512),  # group 4: tensor-core decode
+    "qwen2": dict(GPU_TINY),
+    "qwen3": dict(GPU_TINY, head_dim=128, num_key_value_heads=1),
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_ckpt(tmp_path_factory):
+    made = {}
+
+    def get(family, **extra):
+        key = (family, repr(sorted(extra.items())))
+        if key not in made:
+            made[key] = make_checkpoint(tmp_path_factory.mktemp(family), family, **{**GPU_FAMILIES.get(family, GPU_TINY), **extra})
+        return made[key]
+
+    return get
+
+
+def hf_cuda(path, dtype):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").cuda().eval()
+
+
+def _reference(path, full):
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        m = hf_cuda(path, dtype)
+        with torch.no_grad():
+            out[dtype] = {r: m(torch.tensor([t], device="cuda")).logits[0].float() for r, t in full.items()}
+        del m
+    return out
+
+
+def _err(outputs, ref):
+    got = torch.stack([o for _, _, o in outputs])
+    want = torch.stack([ref[r][p] for r, p, _ in outputs])
+    return rel_err(got, want)
+
+
+@pytest.mark.parametrize("family", list(GPU_FAMILIES))
+def test_flashinfer_matches_torch_backend_and_transformers(gpu_ckpt, family):
+    path = gpu_ckpt(family)
+    full, steps = _script(seed=4)
+    ref = _reference(path, full)
+    fi = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    tb = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, attention_backend="torch")
+    assert fi.model_wrapper.backend.name == "flashinfer" and fi.model_wrapper.kernels.name == "flashinfer"
+    for block_size in (16, 1):
+        out_fi = run_scenario(fi, full, steps, block_size)
+        out_tb = run_scenario(tb, full, steps, block_size)
+        oracle = _err([(r, p, ref[torch.bfloat16][r][p]) for r, p, _ in out_fi], ref[torch.float32])
+        e_fi, e_tb = _err(out_fi, ref[torch.float32]), _err(out_tb, ref[torch.float32])
+        assert e_fi <= 2 * oracle + 2e-3, (block_size, e_fi, oracle)
+        assert e_tb <= 2 * oracle + 2e-3, (block_size, e_tb, oracle)
+
+
+def test_sliding_window_on_flashinfer(gpu_ckpt):
+    path = gpu_ckpt("mistral", sliding_window=6)
+    full, steps = _script(seed=9)
+    ref = _reference(path, full)
+    fi = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    out = run_scenario(fi, full, steps, 4)
+    oracle = _err([(r, p, ref[torch.bfloat16][r][p]) for r, p, _ in out], ref[torch.float32])
+    assert _err(out, ref[torch.float32]) <= 2 * oracle + 2e-3
+
+
+@pytest.mark.parametrize("kind", ["spec", "atten"])
+def test_tree_masks_on_flashinfer(gpu_ckpt, kind):
+    path = gpu_ckpt("llama")
+    fi = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    tb = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, attention_backend="torch")
+    parents = [-1, 0, 0, 1, 1, 2, 5]
+    ctx = list(range(3, 40))
+    toks = [50, 51, 52, 53, 54, 55, 56]
+    m, depth = tree_rows(parents)
+    outs = []
+    for gen in (fi, tb):
+        h = PagedHarness(gen, 16, 16)
+        h.step({0: ctx}, is_prefill=True)
+        h.ensure(0, len(ctx) + len(toks))
+        L = len(ctx) + len(toks)
+        kw = {"spec_mask": m} if kind == "spec" else {
+            "atten_mask": torch.cat((torch.ones(len(toks), len(ctx), dtype=torch.bool), m), 1)}
+        outs.append(gen.forward_tensor(
+            torch.tensor(toks), torch.tensor([len(ctx) + d for d in depth]), False, h.kv_cache,
+            torch.tensor([h.tables[0]], dtype=torch.int32), torch.tensor([h.slot(0, len(ctx) + i) for i in range(len(toks))]),
+            torch.tensor([L]), 256, q_lens=[len(toks)], **kw))
+    ref32 = hf_cuda(path, torch.float32)
+    ref16 = hf_cuda(path, torch.bfloat16)
+    for i in range(len(toks)):
+        seq = torch.tensor([ctx + [toks[j] for j in tree_path(parents, i)]], device="cuda")
+        with torch.no_grad():
+            w32, w16 = ref32(seq).logits[0, -1].float(), ref16(seq).logits[0, -1].float()
+        bound = 2 * rel_err(w16, w32) + 2e-3
+        assert rel_err(outs[0][i], w32) <= bound and rel_err(outs[1][i], w32) <= bound
+
+
+def test_fused_kernels_match_torch():
+    torch.manual_seed(0)
+    dev, dt = "cuda", torch.bfloat16
+    inv = inv_frequencies(RopeConfig(theta=5e5, rope_type="llama3", factor=8.0, original_max_position_embeddings=64), 128).to(dev)
+    ref, fused = TorchKernels(inv, dt), FlashInferKernels(inv, dt, 4096)
+    x = torch.randn(37, 512, device=dev, dtype=dt)
+    r = torch.randn(37, 512, device=dev, dtype=dt)
+    w = torch.randn(512, device=dev, dtype=dt)
+    torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), rtol=2e-2, atol=2e-2)
+    a, ra = ref.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
+    b, rb = fused.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
+    torch.testing.assert_close(rb, ra, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+    pos = torch.randint(0, 4000, (37,), device=dev)
+    qkv = torch.randn(37, (8 + 2 * 2) * 128, device=dev, dtype=dt)  # rotate views of a fused qkv
+    q = qkv[:, : 8 * 128].view(37, 8, 128)
+    k = qkv[:, 8 * 128 : 10 * 128].view(37, 2, 128)
+    qr, kr = ref.rope(q.clone(), k.clone(), ref.rope_tables(pos))
+    qf, kf = fused.rope(q, k, fused.rope_tables(pos))
+    torch.testing.assert_close(qf.float(), qr.float(), rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(kf.float(), kr.float(), rtol=3e-2, atol=3e-2)
+
+
+def _decode_run(gen, prompts, n_steps, block_size=16, num_blocks=64):
+    """Greedy decode through forward_tensor; -> (per-step logits, kv_cache, harness)."""
+    h = PagedHarness(gen, num_blocks, block_size, seed=3)
+    last = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
+    logits = h.step({r: p for r, p in enumerate(prompts)}, is_prefill=True, lm_head_indices=last)
+    steps = []
+    for _ in range(n_steps):
+        nxt = logits.argmax(-1).tolist()
+        logits = h.step({r: [t] for r, t in enumerate(nxt)}, is_prefill=False)
+        steps.append(logits)
+    return steps, h
+
+
+@pytest.mark.parametrize("batch", [3, 8, 17])
+def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch):
+    path = gpu_ckpt("llama31")
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
+    eager = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    a, ha = _decode_run(eager, prompts, 6)
+    b, hb = _decode_run(graph, prompts, 6)
+    assert graph.model_wrapper.graphs._graphs, "no graph was captured"
+    for x, y in zip(a, b):
+        assert rel_err(y, x) < 2e-2
+        assert torch.equal(x.argmax(-1), y.argmax(-1))
+    used = {blk for t in hb.tables.values() for blk in t}
+    for k, _ in hb.kv_cache:
+        untouched = [i for i in range(k.shape[0]) if i not in used]
+        assert torch.count_nonzero(k[untouched]) == 0, "a graph replay wrote outside the named slots"
+
+
+def test_padding_slots_under_graphs(gpu_ckpt):
+    """A decode row with slot -1 writes nothing, in graph replay as in eager mode."""
+    gen = TextGenerator.from_pretrained(gpu_ckpt("llama"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    kv = gen.allocate_kv_cache(8, 16)
+    bt = torch.tensor([[2], [5]], dtype=torch.int32)
+    out = gen.forward_tensor(torch.tensor([4, 9]), torch.tensor([0, 0]), False, kv, bt, torch.tensor([32, -1]),
+                             torch.tensor([1, 1]), 64)
+    assert out.shape == (2, 96) and gen.model_wrapper.graphs._graphs
+    assert all(torch.count_nonzero(k[5]) == 0 and torch.count_nonzero(v[5]) == 0 for k, v in kv)
+    assert all(torch.count_nonzero(k[2, 0]) > 0 for k, _ in kv)
+
+
+def test_no_host_device_sync_in_replayed_decode(gpu_ckpt):
+    gen = TextGenerator.from_pretrained(gpu_ckpt("llama31"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    h = PagedHarness(gen, 64, 16)
+    h.step({0: list(range(20)), 1: list(range(5))}, is_prefill=True)
+    h.step({0: [1], 1: [2]}, is_prefill=False)  # captures
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t in range(3):
+            h.step({0: [3 + t], 1: [4 + t]}, is_prefill=False)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
