@@ -1,7 +1,7 @@
 """Multi-LoRA decode cost: base model vs 1, 4, 16 distinct adapters in one batch.
 
-A Llama-3-8B-shaped model with random bf16 weights (written once as config.json + safetensors
-shards to a temp folder, loaded through TextGenerator.from_pretrained), batch 32 decoding at 2k
+A Llama-3-8B-shaped model with random bf16 weights (benchmarks.common.make_random_checkpoint,
+drawn on the GPU, loaded through TextGenerator.from_pretrained), batch 32 decoding at 2k
 context; adapters of rank 16 and 64 on all 7 projections, filled with random weights directly in
 the manager's slots. Requests use the adapters round-robin (request i -> adapter i % n). Each
 kernel ("flashinfer" segment GEMM, "torch" per-adapter loop) is timed separately.
@@ -30,44 +30,13 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from adapters import PEFT_MODULES, LoraManager, PeftAdapter  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                 rope_theta=500000.0, rms_norm_eps=1e-5)
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-            rope_theta=10000.0, rms_norm_eps=1e-5)
-
-
-def write_random_checkpoint(path: str, cfg: dict, dtype: torch.dtype) -> str:
-    """config.json + one safetensors shard per layer, uniform(-0.02, 0.02) weights, unit norms."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    os.makedirs(path, exist_ok=True)
-    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    hd = h // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-
-    def rand(*shape):
-        return torch.empty(shape, dtype=dtype).uniform_(-0.02, 0.02)
-
-    save_file({"model.embed_tokens.weight": rand(cfg["vocab_size"], h), "lm_head.weight": rand(cfg["vocab_size"], h),
-               "model.norm.weight": torch.ones(h, dtype=dtype)}, os.path.join(path, "model-embed.safetensors"))
-    for layer in range(L):
-        p = f"model.layers.{layer}."
-        save_file({
-            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
-            p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
-            p + "mlp.down_proj.weight": rand(h, i),
-            p + "input_layernorm.weight": torch.ones(h, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=dtype),
-        }, os.path.join(path, f"model-layer{layer:03d}.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-                   "tie_word_embeddings": False, "torch_dtype": str(dtype).split(".")[-1], **cfg}, f)
-    return path
+TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=128,
+            intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            hidden_act="silu")
 
 
 def random_adapter(name: str, manager: LoraManager, rank: int, device) -> PeftAdapter:
@@ -170,7 +139,7 @@ def main(argv=None):
     tmp = tempfile.TemporaryDirectory(prefix="bench_lora_")
     model_dir = args.model_dir or os.path.join(tmp.name, "model")
     t0 = time.perf_counter()
-    write_random_checkpoint(model_dir, model_cfg, dtype)
+    make_random_checkpoint(model_dir, model_cfg, dtype, device=device)
     gen = TextGenerator.from_pretrained(model_dir, device=device, dtype=dtype)
     print(f"model ready in {time.perf_counter() - t0:.1f}s on {device}", flush=True)
     bench = DecodeBench(gen, batch, context, args.block_size)
