@@ -1,0 +1,244 @@
+"""Speculative decoding: tokens per target forward and wall-clock speedup over plain decoding.
+
+Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written once as
+config.json + safetensors shards to a temp folder, loaded with TextGenerator.from_pretrained).
+Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
+and a small draft model (2 layers, same vocabulary) proposing a greedy chain.
+
+Scenarios, and why there is an "echo" model:
+  random / random-model   random prompt. A random model's greedy output has no reason to repeat
+                          its prompt; whatever n-gram hits it gets come from its own loops.
+  copy / random-model     a prompt made of one random 64-token segment repeated. Same model, so
+                          same caveat: reported honestly, whatever the acceptance is.
+  copy / echo-model       a random model cannot copy, so copy-heavy acceptance is measured on a
+                          model that provably continues its prompt: the residual branches are
+                          switched off (o_proj = down_proj = 0, so every layer still runs its full
+                          attention and MLP FLOPs but the hidden state stays the token's
+                          embedding) and lm_head rows are the embedding rows permuted so that the
+                          argmax after token x is f(x), f a fixed cyclic permutation of C =
+                          prompt_len / 2 tokens. The prompt is two turns of that cycle, so the
+                          output repeats the prompt exactly: the upper bound a copy-heavy workload
+                          (code edits, RAG quoting) approaches. Its draft model is echo-modified
+                          with the same f, hence a perfect drafter.
+The cost per forward is the real 8B cost in every scenario; only acceptance differs.
+
+    python benchmarks/bench_speculative.py                       # CUDA, the full-size model
+    python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
+
+Prints a table; writes benchmarks/results/speculative.json and speculative.png (if matplotlib is
+installed). tokens/forward counts decode forwards only (the prefill forward and its token are
+left out); speedup is plain decoding's wall time over the method's, both for the whole
+generate() call (prefill included, prefix caching off), median of --repeats runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kv_manager import BlockManager  # noqa: E402
+from text_generator import TextGenerator  # noqa: E402
+from text_generator.speculative import DraftModelDrafter, NgramDrafter, SpeculativeDecoder  # noqa: E402
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                 rope_theta=500000.0, rms_norm_eps=1e-5)
+DRAFT_8B = dict(LLAMA3_8B, hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
+                num_attention_heads=8, num_key_value_heads=8)
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+            rope_theta=10000.0, rms_norm_eps=1e-5)
+DRAFT_TINY = dict(TINY, hidden_size=64, intermediate_size=128, num_hidden_layers=1)
+
+
+def write_random_checkpoint(path: str, cfg: dict, dtype: torch.dtype, device: str, seed: int) -> str:
+    """config.json + one safetensors shard per layer, uniform(-0.02, 0.02) weights, unit norms."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return path
+    os.makedirs(path, exist_ok=True)
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    hd = h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def rand(*shape):
+        return torch.empty(shape, dtype=dtype, device=device).uniform_(-0.02, 0.02, generator=g).cpu()
+
+    def ones(n):
+        return torch.ones(n, dtype=dtype)
+
+    save_file({"model.embed_tokens.weight": rand(cfg["vocab_size"], h), "lm_head.weight": rand(cfg["vocab_size"], h),
+               "model.norm.weight": ones(h)}, os.path.join(path, "model-embed.safetensors"))
+    for layer in range(L):
+        p = f"model.layers.{layer}."
+        save_file({
+            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
+            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
+            p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
+            p + "mlp.down_proj.weight": rand(h, i),
+            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+        }, os.path.join(path, f"model-layer{layer:03d}.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                   "tie_word_embeddings": False, "torch_dtype": str(dtype).split(".")[-1], **cfg}, f)
+    return path
+
+
+def make_echo(gen: TextGenerator, perm: torch.Tensor) -> None:
+    """In place: hidden state = the token's embedding in every layer; argmax after x is perm[x]."""
+    model = gen.model_wrapper.model
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+        model.lm_head.weight.copy_(emb[inv.to(emb.device)])  # row y = e_{f^-1(y)}: best y = f(x)
+
+
+def cyclic_perm(vocab: int, cycle: int, g: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+    """f: a single cycle over `cycle` random tokens, identity elsewhere; -> (f, the cycle order)."""
+    members = torch.randperm(vocab, generator=g)[:cycle]
+    perm = torch.arange(vocab)
+    perm[members] = torch.roll(members, -1)
+    return perm, members.tolist()
+
+
+def timed_generate(gen, kv, drafter_fn, prompt, new_tokens, max_seq_len, block_size, sync):
+    bm = BlockManager(kv[0][0].shape[0], block_size, enable_prefix_caching=False)
+    drafter = drafter_fn()
+    dec = SpeculativeDecoder(gen, kv, bm, drafter, max_seq_len=max_seq_len)
+    sync()
+    t0 = time.perf_counter()
+    out = dec.generate([prompt], new_tokens)[0]
+    sync()
+    return time.perf_counter() - t0, out, dec.stats
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompt-len", type=int, default=None, help="default 512 (tiny: 128)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 256 (tiny: 48)")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_speculative"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "speculative.json"))
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    device = args.device
+    prompt_len = args.prompt_len or (128 if args.tiny else 512)
+    new_tokens = args.new_tokens or (48 if args.tiny else 256)
+    cfg, dcfg = (TINY, DRAFT_TINY) if args.tiny else (LLAMA3_8B, DRAFT_8B)
+    if device == "cpu":
+        torch.set_num_threads(1)  # small matmuls: extra threads only spin on a shared CPU
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    tag = "tiny" if args.tiny else "8b"
+    target_path = write_random_checkpoint(os.path.join(args.workdir, f"target_{tag}_{args.dtype}"), cfg, dtype, device, 0)
+    draft_path = write_random_checkpoint(os.path.join(args.workdir, f"draft_{tag}_{args.dtype}"), dcfg, dtype, device, 1)
+    load = dict(device=device, dtype=dtype, attention_backend=args.attention_backend)
+    gen = TextGenerator.from_pretrained(target_path, **load)
+    draft = TextGenerator.from_pretrained(draft_path, **load)
+    max_seq_len = prompt_len + new_tokens + 8
+    bs = args.block_size
+    num_blocks = (max_seq_len + 64) // bs + 4
+    kv = gen.allocate_kv_cache(num_blocks, bs)
+    dkv = draft.allocate_kv_cache(num_blocks, bs)
+
+    g = torch.Generator().manual_seed(0)
+    V = cfg["vocab_size"]
+    random_prompt = torch.randint(V, (prompt_len,), generator=g).tolist()
+    seg = torch.randint(V, (64,), generator=g).tolist()
+    copy_prompt = (seg * (prompt_len // 64 + 1))[:prompt_len]
+    perm, cycle = cyclic_perm(V, prompt_len // 2, g)
+    echo_prompt = (cycle * 3)[:prompt_len]
+
+    methods = {
+        "plain": lambda: None,
+        "ngram chain d4": lambda: NgramDrafter(max_ngram=3, depth=4, branches=1),
+        "ngram chain d8": lambda: NgramDrafter(max_ngram=3, depth=8, branches=1),
+        "ngram tree 4x4": lambda: NgramDrafter(max_ngram=3, depth=4, branches=4),
+        "draft model k4": lambda: DraftModelDrafter(
+            draft, dkv, BlockManager(num_blocks, bs, enable_prefix_caching=False), k=4, max_seq_len=max_seq_len),
+    }
+    scenarios = [("random / random-model", random_prompt, False), ("copy / random-model", copy_prompt, False),
+                 ("copy / echo-model", echo_prompt, True)]
+    rows = []
+    print(f"device={device} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} dtype={args.dtype} "
+          f"prompt={prompt_len} new_tokens={new_tokens} batch=1 backend={gen.model_wrapper.backend.name}")
+    print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
+    for scen, prompt, echo in scenarios:
+        if echo:
+            make_echo(gen, perm.to(device))
+            make_echo(draft, perm.to(device))
+        base_time, base_out = None, None
+        for name, fn in methods.items():
+            timed_generate(gen, kv, fn, prompt, min(16, new_tokens), max_seq_len, bs, sync)  # warm-up
+            runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync) for _ in range(args.repeats)]
+            t = statistics.median(r[0] for r in runs)
+            _, out, st = runs[0]
+            if name == "plain":
+                base_time, base_out = t, out
+            decode_fwd = max(1, st.forwards - 1)
+            row = dict(scenario=scen, method=name, tokens_per_forward=(st.emitted - 1) / decode_fwd,
+                       acceptance=st.accepted / max(1, st.drafted), forwards=st.forwards, seconds=t,
+                       tokens_per_s=len(out) / t, speedup=base_time / t, same_output=out == base_out)
+            rows.append(row)
+            print(f"{scen:24s} {name:16s} {row['tokens_per_forward']:8.2f} {row['acceptance']:7.2f} {t:8.3f} "
+                  f"{row['tokens_per_s']:8.1f} {row['speedup']:7.2f}x {str(row['same_output']):>8s}")
+    result = dict(device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", dtype=args.dtype,
+                  prompt_len=prompt_len, new_tokens=new_tokens, batch=1, block_size=bs,
+                  attention_backend=gen.model_wrapper.backend.name, repeats=args.repeats, rows=rows)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    plot(rows, args.out[: -len(".json")] + ".png", f"speculative decoding, batch 1 ({result['model']}, {result['device']})")
+    print(f"wrote {args.out}")
+
+
+def plot(rows, path, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(methods)
+    for ax, key, label in ((axes[0], "tokens_per_forward", "tokens per target forward"),
+                           (axes[1], "speedup", "wall-clock speedup over plain decoding")):
+        for m_i, m in enumerate(methods):
+            vals = [next(r[key] for r in rows if r["scenario"] == s and r["method"] == m) for s in scenarios]
+            ax.bar([s_i + m_i * width for s_i in range(len(scenarios))], vals, width, label=m)
+        ax.set_xticks([s_i + 0.4 - width / 2 for s_i in range(len(scenarios))], scenarios, fontsize=8)
+        ax.set_ylabel(label)
+        ax.axhline(1.0, color="gray", lw=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
