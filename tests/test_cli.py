@@ -123,6 +123,9 @@ def test_generate_greedy_from_a_file_and_token_ids(run_main, tmp_path):
     code, out, err = run_main(["generate", "--file", str(f), "--temperature", "0", "--max-new-tokens", "3"])
     assert code == 0, err
     assert "'first prompt'" in out and "'second'" in out and out.count("=== [") == 2
+    code, spec_out, err = run_main(["generate", "--file", str(f), "--temperature", "0", "--max-new-tokens", "3",
+                                    "--speculative"])
+    assert code == 0 and spec_out == out, err  # speculative greedy decoding: the same text
     code, out, err = run_main(["generate", "72,105", "--token-ids", "--temperature", "0", "--max-new-tokens", "3"])
     assert code == 0 and "[72, 105]" in out, err
 
@@ -130,7 +133,6 @@ def test_generate_greedy_from_a_file_and_token_ids(run_main, tmp_path):
 @pytest.mark.parametrize("args,fragment", [
     (["generate"], "give prompts"),
     (["generate", "x", "--lora", "nameonly"], "NAME=PATH"),
-    (["generate", "x", "--speculative"], "speculative"),
     (["generate", "x", "--top-p", "0"], "SamplingParams.top_p"),
     (["generate", "x", "--model", "/nonexistent/folder"], "/nonexistent/folder"),
     (["bench", "--num-prompts", "0"], "--num-prompts"),

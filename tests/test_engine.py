@@ -150,8 +150,10 @@ def test_prefix_cache_hits_skip_cached_tokens_and_keep_the_output(gen, reference
 # preemption ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_small_pool_preempts_and_every_request_finishes_with_the_same_output(gen, reference, block_size):
+@pytest.mark.parametrize("block_size,speculative", [(4, False), (16, False), (4, True)])
+def test_small_pool_preempts_and_every_request_finishes_with_the_same_output(gen, reference, block_size, speculative):
+    from text_generator.speculative import NgramDrafter
+
     rng = random.Random(7)
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randrange(5, 30))] for _ in range(8)]
     params = [greedy_params(24) if i % 2 else SamplingParams(temperature=1.0, seed=100 + i, max_new_tokens=24)
@@ -161,7 +163,8 @@ def test_small_pool_preempts_and_every_request_finishes_with_the_same_output(gen
     assert big.num_preemptions == 0
     # room for about two requests at a time, and growth forces preemption
     need = max(-(-(len(p) + 24) // block_size) for p in prompts)
-    small = LLMEngine(gen, num_blocks=need * 2 + 1, block_size=block_size, watermark=0.0)
+    small = LLMEngine(gen, num_blocks=need * 2 + 1, block_size=block_size, watermark=0.0,
+                      speculative=NgramDrafter(depth=3) if speculative else None)
     got = small.generate(prompts, params, use_tqdm=False)
     assert small.num_preemptions > 0
     for w, g, p, sp in zip(want, got, prompts, params):
@@ -339,5 +342,47 @@ def test_engine_arguments_are_checked(gen):
         LLMEngine(gen, num_blocks=8, max_seq_len=10**6)
     with pytest.raises(ValueError, match="max_num_seqs"):
         LLMEngine(gen, num_blocks=8, max_num_seqs=0)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="drafter"):
         LLMEngine(gen, num_blocks=8, speculative=object())
+
+
+# speculative decoding ---------------------------------------------------------------------------
+
+
+def test_speculative_decoding_keeps_greedy_outputs_and_saves_forwards(gen, reference):
+    from text_generator.speculative import NgramDrafter
+
+    rng = random.Random(3)
+    motif = [rng.randrange(VOCAB) for _ in range(5)]
+    prompts = [motif * 4 + [rng.randrange(VOCAB) for _ in range(n)] for n in (0, 1, 3)] + make_prompts()[:4]
+    params = [greedy_params(20) for _ in prompts]
+    params[1] = SamplingParams(temperature=1.0, seed=5, max_new_tokens=20)  # samples: never drafts
+    params[2] = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[reference(tuple(prompts[2]), 20)[9]])
+    plain = LLMEngine(gen, num_blocks=256, block_size=4)
+    want = plain.generate(prompts, params, use_tqdm=False)
+    spy = SpyGenerator(gen)
+    spec = LLMEngine(spy, num_blocks=256, block_size=4, speculative=NgramDrafter(max_ngram=3, depth=4, branches=2))
+    steps_with_news = [0] * len(prompts)
+    got = [None] * len(prompts)
+
+    def on_output(i):
+        def cb(o):
+            steps_with_news[i] += 1
+            if o.finished:
+                got[i] = o
+        return cb
+
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        spec.add_request(p, sp, stream_callback=on_output(i))
+    while spec.has_unfinished():
+        spec.step()
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason, i
+        if params[i].greedy and not params[i].stop_token_ids:
+            assert g.token_ids == reference(tuple(prompts[i]), 20)
+    assert spec.num_accepted_tokens > 0 and spec.num_draft_tokens >= spec.num_accepted_tokens
+    # the repeating prompt's request got several tokens from some forward steps
+    assert steps_with_news[0] < len(got[0].token_ids)
+    assert steps_with_news[1] == len(got[1].token_ids)  # the sampled one: one token per step
+    assert any(c["num_out"] is None and max(c["q_lens"]) > 1 for c in spy.calls)  # tree steps ran
+    assert spec.block_manager.num_used_blocks == 0 and not spec._drafting

@@ -35,7 +35,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="load a PEFT LoRA adapter (repeatable)")
     p.add_argument("--adapter", default=None, help="adapter NAME every prompt runs under (default: base model)")
-    p.add_argument("--speculative", action="store_true", help="speculative decoding (if this build has it)")
+    p.add_argument("--speculative", action="store_true",
+                   help="speculative decoding with n-gram prompt lookup (greedy requests: --temperature 0)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -73,8 +74,6 @@ def _load_model(args):
     from text_generator import TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
-    if args.speculative:
-        raise CLIError("--speculative: speculative decoding is not integrated into the engine in this build")
     if args.model is None:
         from text_generator.demo import ensure_demo_checkpoint
 
@@ -92,12 +91,20 @@ def _load_model(args):
 def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
     from text_generator.engine import LLMEngine
 
+    drafter = None
+    if args.speculative:
+        from text_generator.speculative import NgramDrafter
+
+        drafter = NgramDrafter()
+        if args.temperature != 0:
+            print("note: --speculative drafts for greedy requests only (--temperature 0)", file=sys.stderr)
     max_seq_len = min(gen.max_position_embeddings, max_len)
     num_blocks = args.num_blocks or _default_num_blocks(gen, args.block_size, max_seq_len,
                                                         min(num_seqs, args.max_num_seqs))
     return LLMEngine(gen, num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                      max_num_batched_tokens=args.max_num_batched_tokens,
-                     enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok)
+                     enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok,
+                     speculative=drafter)
 
 
 def _default_num_blocks(gen, block_size: int, max_seq_len: int, num_seqs: int) -> int:
@@ -216,6 +223,7 @@ def cmd_bench(args) -> int:
         raise CLIError(f"bench: {len(errors)} requests failed, first: {errors[0]}")
     res = summarize(outs, elapsed)
     res.update(num_steps=engine.num_steps, num_preemptions=engine.num_preemptions,
+               num_draft_tokens=engine.num_draft_tokens, num_accepted_tokens=engine.num_accepted_tokens,
                config={k: v for k, v in vars(args).items() if k not in ("func", "json_path")},
                device=str(gen.device), dtype=str(gen.dtype).replace("torch.", ""))
     print(f"{res['num_requests']} requests in {elapsed:.2f} s: {res['requests_per_s']:.2f} req/s, "

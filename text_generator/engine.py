@@ -43,7 +43,9 @@ class LLMEngine:
     tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
                  (then prompts are token ids and outputs carry no text)
     eos_token_id: overrides the tokenizer's
-    speculative: reserved for a speculative decoder; must be None for now
+    speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
+                 anything with start / propose / update / finish) for speculative decoding of
+                 greedy requests in decode-only steps (engine_speculative.py); None: off
     """
 
     def __init__(
@@ -62,8 +64,9 @@ class LLMEngine:
         sampler: Sampler | None = None,
         speculative=None,
     ):
-        if speculative is not None:
-            raise NotImplementedError("LLMEngine: speculative decoding is not integrated yet; pass speculative=None")
+        if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
+            raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
+                             f"got {type(speculative).__name__}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"LLMEngine: expected max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
                              f"got {max_num_seqs} and {max_num_batched_tokens}")
@@ -88,8 +91,12 @@ class LLMEngine:
         self._reports: list[RequestOutput] = []  # errors / aborts to report at the next step
         self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
         self._ids = itertools.count()
+        self.drafter = speculative
+        self._drafting: set[str] = set()  # requests the drafter has started
         self.num_steps = 0
         self.num_preemptions = 0
+        self.num_draft_tokens = 0  # proposed by the drafter and run through the model
+        self.num_accepted_tokens = 0
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -180,6 +187,9 @@ class LLMEngine:
             raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        if req.request_id in self._drafting:
+            self._drafting.discard(req.request_id)
+            self.drafter.finish(req.request_id)
         self.scheduler.remove(req)
         req.finish(reason, error)
         del self.requests[req.request_id]
@@ -200,6 +210,14 @@ class LLMEngine:
             self._notify(outputs)
             return outputs
         self.num_steps += 1
+        if self.drafter is not None and all(c.is_decode for c in sched.chunks):
+            from text_generator.engine_speculative import speculative_step
+
+            spec = speculative_step(self, sched.chunks)
+            if spec is not None:
+                outputs += spec
+                self._notify(outputs)
+                return outputs
         try:
             logits = self._forward(sched.chunks)
         except ForwardArgumentError as e:
@@ -264,22 +282,46 @@ class LLMEngine:
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
         outputs = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = _now()
-            req.metrics.token_times.append(_now())
-            req.output_ids.append(tok)
             if req.params.logprobs is not None:
                 if req.logprobs is None:
                     req.logprobs, req.top_logprobs = [], []
                 req.logprobs.append(lps[i])
                 n = req.params.logprobs
                 req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
-            outputs.append(self._after_token(req, tok))
+            outputs.append(self._emit(req, [tok]))
         return outputs
 
-    def _after_token(self, req: Request, tok: int) -> RequestOutput:
+    def _emit(self, req: Request, toks: list[int]) -> RequestOutput:
+        """Append new tokens (one, or a speculative step's accepted run) with their stop checks;
+        tokens after the one that finishes the request are dropped."""
+        now = _now()
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        new: list[int] = []
+        delta = "" if self.tokenizer is not None else None
+        reason = None
+        for tok in toks:
+            req.output_ids.append(tok)
+            req.metrics.token_times.append(now)
+            new.append(tok)
+            reason, d = self._check_token(req, tok)
+            if d:
+                delta += d
+            if reason is not None:
+                break
+        if reason is not None:
+            self._finish(req, reason)
+        elif self.drafter is not None:
+            rid = req.request_id
+            if rid not in self._drafting:
+                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
+                self._drafting.add(rid)
+            self.drafter.update(rid, new)
+        return req.output(new, delta, self.tokenizer is not None)
+
+    def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
-        stop strings, then the length limits)."""
+        stop strings, then the length limits) -> (finish reason or None, new text or None)."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
         at_limit = len(req.output_ids) >= p.max_new_tokens or req.num_tokens >= self.max_seq_len
@@ -299,9 +341,7 @@ class LLMEngine:
             delta, req.text = text[len(req.text):], text
         if reason is None and at_limit:
             reason = "length"
-        if reason is not None:
-            self._finish(req, reason)
-        return req.output([tok], delta, self.tokenizer is not None)
+        return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
         for o in outputs:
