@@ -1,7 +1,8 @@
 """Speculative decoding: tokens per target forward and wall-clock speedup over plain decoding.
 
-Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written once as
-config.json + safetensors shards to a temp folder, loaded with TextGenerator.from_pretrained).
+Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written once by
+benchmarks.common.make_random_checkpoint to a temp folder, loaded with
+TextGenerator.from_pretrained).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
 and a small draft model (2 layers, same vocabulary) proposing a greedy chain.
 
@@ -42,56 +43,21 @@ import tempfile
 import time
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
 from kv_manager import BlockManager  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from text_generator.speculative import DraftModelDrafter, NgramDrafter, SpeculativeDecoder  # noqa: E402
 
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                 rope_theta=500000.0, rms_norm_eps=1e-5)
 DRAFT_8B = dict(LLAMA3_8B, hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
                 num_attention_heads=8, num_key_value_heads=8)
-TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-            rope_theta=10000.0, rms_norm_eps=1e-5)
+TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=128,
+            intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            hidden_act="silu", initializer_range=0.02)
 DRAFT_TINY = dict(TINY, hidden_size=64, intermediate_size=128, num_hidden_layers=1)
-
-
-def write_random_checkpoint(path: str, cfg: dict, dtype: torch.dtype, device: str, seed: int) -> str:
-    """config.json + one safetensors shard per layer, uniform(-0.02, 0.02) weights, unit norms."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    os.makedirs(path, exist_ok=True)
-    g = torch.Generator(device=device).manual_seed(seed)
-    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    hd = h // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-
-    def rand(*shape):
-        return torch.empty(shape, dtype=dtype, device=device).uniform_(-0.02, 0.02, generator=g).cpu()
-
-    def ones(n):
-        return torch.ones(n, dtype=dtype)
-
-    save_file({"model.embed_tokens.weight": rand(cfg["vocab_size"], h), "lm_head.weight": rand(cfg["vocab_size"], h),
-               "model.norm.weight": ones(h)}, os.path.join(path, "model-embed.safetensors"))
-    for layer in range(L):
-        p = f"model.layers.{layer}."
-        save_file({
-            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
-            p + "mlp.gate_proj.weight": rand(i, h), p + "mlp.up_proj.weight": rand(i, h),
-            p + "mlp.down_proj.weight": rand(h, i),
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-        }, os.path.join(path, f"model-layer{layer:03d}.safetensors"))
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-                   "tie_word_embeddings": False, "torch_dtype": str(dtype).split(".")[-1], **cfg}, f)
-    return path
 
 
 def make_echo(gen: TextGenerator, perm: torch.Tensor) -> None:
@@ -149,8 +115,8 @@ def main(argv=None):
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     tag = "tiny" if args.tiny else "8b"
-    target_path = write_random_checkpoint(os.path.join(args.workdir, f"target_{tag}_{args.dtype}"), cfg, dtype, device, 0)
-    draft_path = write_random_checkpoint(os.path.join(args.workdir, f"draft_{tag}_{args.dtype}"), dcfg, dtype, device, 1)
+    target_path = make_random_checkpoint(os.path.join(args.workdir, f"target_{tag}"), cfg, dtype, device=device, seed=0)
+    draft_path = make_random_checkpoint(os.path.join(args.workdir, f"draft_{tag}"), dcfg, dtype, device=device, seed=1)
     load = dict(device=device, dtype=dtype, attention_backend=args.attention_backend)
     gen = TextGenerator.from_pretrained(target_path, **load)
     draft = TextGenerator.from_pretrained(draft_path, **load)

@@ -11,18 +11,18 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
+from peft import LoraConfig, get_peft_model
 from scipy.stats import chi2
 
 from conftest import hf_model, rel_err
 from kv_manager import BlockManager
 from text_generator import TextGenerator
 from text_generator.speculative import (
-    DraftModelDrafter, DraftTree, NgramDrafter, SamplingParams, SpeculativeDecoder,
+    DraftModelDrafter, DraftTree, NgramDrafter, SamplingParams, SpeculativeDecoder, Verdict,
     build_tree_batch, commit_accepted, compact_accepted_kv, target_probs, verify,
 )
 from text_generator.spec_verify import verify_greedy, verify_sampling
-
-from peft import LoraConfig, get_peft_model
 
 VOCAB = 96
 FAMS = ["llama", "qwen3"]
@@ -504,3 +504,34 @@ def test_lora_applies_to_every_tree_token(checkpoint_dir, tmp_path):
     dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3))
     assert dec.generate(prompts, 16, adapter_ids=["ad", None]) == ref
     assert dec.stats.accepted > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_commit_accepted_moves_any_path_into_place(data):
+    """Property: for any tree, cache position and accepted path, the block manager ends with
+    committed prefix + path and every path node's K/V sits at its depth's slot."""
+    bs = data.draw(st.integers(1, 5), label="block_size")
+    n = data.draw(st.integers(1, 12), label="tree size")
+    parents = [-1] + [data.draw(st.integers(0, i - 1)) for i in range(1, n)]
+    tree = DraftTree(list(range(100, 100 + n)), parents)
+    path = tree.path(data.draw(st.integers(0, n - 1), label="accepted node"))
+    prompt = list(range(data.draw(st.integers(1, 11), label="prompt")))
+    bm = BlockManager(64, bs)
+    bm.admit("s", prompt + [tree.tokens[0]])
+    bm.commit("s", len(prompt))
+    bm.append("s", tree.tokens[1:])
+    c = len(prompt)
+    slots = bm.slots("s", c, c + n)
+    kv = [(torch.zeros(64, bs, 1, 2), torch.zeros(64, bs, 1, 2))]
+    for k, v in kv:  # node i's K/V = (i, -i)
+        k.view(-1, 1, 2)[slots] = torch.arange(n, dtype=torch.float32).view(n, 1, 1).expand(n, 1, 2)
+        v.view(-1, 1, 2)[slots] = -k.view(-1, 1, 2)[slots]
+    verdict = Verdict(path, [tree.tokens[i] for i in path[1:]] + [7])
+    commit_accepted(kv, bm, "s", c, tree, verdict, slots)
+    assert bm.token_ids("s") == prompt + [tree.tokens[i] for i in path] + [7]
+    assert bm.num_computed_tokens("s") == c + len(path)
+    dst = bm.slots("s", c, c + len(path))
+    k, v = kv[0]
+    assert k.view(-1, 1, 2)[dst][:, 0, 0].tolist() == [float(i) for i in path]
+    assert torch.equal(v.view(-1, 1, 2)[dst], -k.view(-1, 1, 2)[dst])
