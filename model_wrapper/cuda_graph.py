@@ -105,8 +105,8 @@ class DecodeGraphRunner:
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
         one = torch.ones(bucket.size, dtype=torch.int32)
         return ForwardBatch(
-            mode=ForwardMode.DECODE, input_ids=bucket.input_ids, positions=bucket.positions,
-            positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.write_slots,
+            mode=ForwardMode.DECODE, input_ids=bucket.input_ids, input_ids_cpu=None, positions=bucket.positions,
+            positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.write_slots, slots_cpu=None,
             write_slots=bucket.write_slots, write_token_index=bucket.write_src, block_size=block_size,
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32), block_tables=None,

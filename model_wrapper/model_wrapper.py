@@ -74,6 +74,9 @@ class ModelWrapper:
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
                  max_graph_batch: int = 128):
         self.model, self.cfg, self.backend = model, cfg, backend
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.dtype = device, dtype
         inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
         if backend.name == "flashinfer":  # fused kernels come with the CUDA backend
