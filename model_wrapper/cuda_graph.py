@@ -32,12 +32,14 @@ class _Bucket:
         import flashinfer
 
         self.size = size
-        i64 = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(size, **i64)
-        self.positions = torch.zeros(size, **i64)
-        self.write_slots = torch.zeros(size, **i64)
-        self.write_src = torch.zeros(size, **i64)
+        # static inputs: token ids, positions, write slots, write source rows; one copy per replay
+        self.inputs = torch.zeros(4, size, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.write_slots, self.write_src = self.inputs.unbind(0)
         self.staging = torch.zeros(4, size, dtype=torch.int64).pin_memory()
+        # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
+        # with a blocking copy, device ones without
+        self.indices_staging = torch.zeros(size * max_pages, dtype=torch.int32).pin_memory()
+        self.indices = torch.zeros(size * max_pages, dtype=torch.int32, device=device)
         self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
         self.wrappers = {}
         for w in windows:
@@ -96,9 +98,12 @@ class DecodeGraphRunner:
         lens = torch.ones(b, dtype=torch.int32)
         lens[:B] = seq_lens_cpu
         indptr, indices, last = page_metadata(tables, lens, page)
+        n = indices.numel()
+        bucket.indices_staging[:n] = indices
+        bucket.indices[:n].copy_(bucket.indices_staging[:n], non_blocking=True)
         be = self.mw.backend
         for w, wrapper in bucket.wrappers.items():
-            wrapper.plan(indptr, indices, last, be.num_heads, be.num_kv_heads, be.head_dim, page,
+            wrapper.plan(indptr, bucket.indices[:n], last, be.num_heads, be.num_kv_heads, be.head_dim, page,
                          window_left=-1 if w is None else w - 1, q_data_type=self.mw.dtype,
                          kv_data_type=self.mw.dtype, sm_scale=be.scale)
 
@@ -164,8 +169,7 @@ class DecodeGraphRunner:
         st[3] = first
         st[3, :B] = torch.where(written, torch.arange(B), first)
         self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
-        for dst, row in zip((bucket.input_ids, bucket.positions, bucket.write_slots, bucket.write_src), st):
-            dst.copy_(row, non_blocking=True)
+        bucket.inputs.copy_(st, non_blocking=True)
         bucket.copied.record()
         bucket.graph.replay()
         if batch.lm_head_indices is not None:

@@ -44,12 +44,10 @@ class ForwardBatch:
     seq_lens_cpu:    [B] int32, host; KV length after this step (input_lengths)
     qo_indptr_cpu:   [B+1] int32, host; token offsets of each request in input_ids
     block_tables_cpu:[B, W] int32, host; padding past ceil(L/block_size) never read
-    block_tables:    [B, W] int32, device copy of block_tables_cpu
     token_req:       [T] int64, device; request index of each token
-    token_kv_index:  [T] int64, device; kv index of each new token (L - q + i)
     lm_head_indices: [num_out] int64, device, or None for every token
-    spec_mask:       [T, max_q] bool, device (True = attend) or None
-    atten_mask:      [T, max_kv] bool, device (True = attend) or None
+    spec_mask:       [T, max_q] bool, host (True = attend) or None; backends plan from it
+    atten_mask:      [T, max_kv] bool, host (True = attend) or None
     max_q, max_kv:   host ints
     lora:            adapters' per-step mapping (adapters.LoraBatch) or None
     extras:          per-feature metadata a backend or feature adds (e.g. CUDA-graph state)
@@ -69,9 +67,7 @@ class ForwardBatch:
     seq_lens_cpu: torch.Tensor
     qo_indptr_cpu: torch.Tensor
     block_tables_cpu: torch.Tensor
-    block_tables: torch.Tensor
     token_req: torch.Tensor
-    token_kv_index: torch.Tensor
     lm_head_indices: torch.Tensor | None
     spec_mask: torch.Tensor | None
     atten_mask: torch.Tensor | None
@@ -119,46 +115,61 @@ class ForwardBatch:
         torch.cumsum(q_lens_cpu, 0, out=qo_indptr[1:])
         num_tokens = int(qo_indptr[-1])
         req = torch.repeat_interleave(torch.arange(q.shape[0]), q, output_size=num_tokens)
-        # kv index of token t = (L_r - q_r) + (t - qo_indptr[r])
-        kv_index = torch.arange(num_tokens) - qo_indptr[:-1].to(torch.int64)[req] + (L - q)[req]
         if not is_prefill:
             mode = ForwardMode.DECODE
         elif bool(((q == 1) & (L > 1)).any()):
             mode = ForwardMode.MIXED
         else:
             mode = ForwardMode.EXTEND
-        non_blocking = device.type == "cuda"
         slots = slots.to(torch.int64)
+        write_slots, write_token_index = slots, None
         if bool((slots < 0).any()):
-            written = torch.nonzero(slots >= 0).flatten()
-            write_slots, write_token_index = slots[written], written
-        else:
-            write_slots, write_token_index = slots, None
-
-        def dev(x):
-            return None if x is None else x.to(device, non_blocking=non_blocking)
+            write_token_index = torch.nonzero(slots >= 0).flatten()
+            write_slots = slots[write_token_index]
+        # every int64 array the device needs, moved in one pinned host-to-device copy
+        parts = {"positions": positions.to(torch.int64), "slots": slots, "write_slots": write_slots,
+                 "token_req": req}
+        if input_ids.device.type == "cpu":
+            parts["input_ids"] = input_ids.to(torch.int64)
+        if write_token_index is not None:
+            parts["write_token_index"] = write_token_index
+        if lm_head_indices is not None:
+            parts["lm_head_indices"] = lm_head_indices.to(torch.int64)
+        on_dev = _to_device(parts, device)
+        if "input_ids" not in on_dev:
+            on_dev["input_ids"] = input_ids.to(torch.int64)
 
         return cls(
             mode=mode,
-            input_ids=dev(input_ids.to(torch.int64)),
+            input_ids=on_dev["input_ids"],
             input_ids_cpu=input_ids_cpu,
-            positions=dev(positions.to(torch.int64)),
-            positions_cpu=positions.to(torch.int64).cpu(),
-            slots=dev(slots),
+            positions=on_dev["positions"],
+            positions_cpu=positions.to(torch.int64),
+            slots=on_dev["slots"],
             slots_cpu=slots,
-            write_slots=dev(write_slots),
-            write_token_index=dev(write_token_index),
+            write_slots=on_dev["write_slots"],
+            write_token_index=on_dev.get("write_token_index"),
             block_size=block_size,
             q_lens_cpu=q_lens_cpu,
             seq_lens_cpu=seq_lens_cpu,
             qo_indptr_cpu=qo_indptr,
             block_tables_cpu=block_tables_cpu,
-            block_tables=dev(block_tables_cpu),
-            token_req=dev(req),
-            token_kv_index=dev(kv_index),
-            lm_head_indices=dev(lm_head_indices),
-            spec_mask=dev(spec_mask),
-            atten_mask=dev(atten_mask),
+            token_req=on_dev["token_req"],
+            lm_head_indices=on_dev.get("lm_head_indices"),
+            spec_mask=spec_mask,
+            atten_mask=atten_mask,
             max_q=int(q.max()) if q.numel() else 0,
             max_kv=int(L.max()) if L.numel() else 0,
         )
+
+
+def _to_device(parts: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host int64 tensors -> views of one device tensor, filled by a single non-blocking copy
+    from pinned memory (on the CPU: the tensors themselves)."""
+    if device.type == "cpu":
+        return parts
+    sizes = [t.numel() for t in parts.values()]
+    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)
+    torch.cat(list(parts.values()), out=host)
+    flat = host.to(device, non_blocking=True)
+    return dict(zip(parts, flat.split(sizes)))

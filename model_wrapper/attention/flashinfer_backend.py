@@ -103,8 +103,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         q = batch.q_lens_cpu
         custom = batch.spec_mask is not None or batch.atten_mask is not None
 
-        def to_dev(x):
-            return x.to(dev, non_blocking=True)
+        def to_dev(x):  # pinned, so that the copy does not block the host
+            return x.pin_memory().to(dev, non_blocking=True)
 
         if custom:
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
