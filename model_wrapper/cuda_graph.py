@@ -6,10 +6,12 @@ fill pinned staging buffers (token ids, positions, write slots, page metadata), 
 FlashInfer decode wrapper (it copies its indptrs into its fixed buffers), copy the staging
 buffers into the graph's static inputs, replay. No host-device sync.
 
-Padding, without writing anywhere the caller did not name:
-    rows B..b-1 (and real rows with slot -1) write the K/V of the first written row to that
-    row's own slot: duplicate writes of identical bytes, so the order does not matter;
-    padding requests read one page (the first page of request 0) and their logits are dropped.
+Batch sizes up to 32 get a graph of their own (no padding: K/V rows go straight to their
+slots); larger ones replay the next multiple of 8 and pad, without writing anywhere the caller
+did not name: rows B..b-1 (and real rows with slot -1) write the K/V of the first written row to
+that row's own slot, duplicate writes of identical bytes whose order does not matter; padding
+requests read one page (the first page of request 0) and their logits are dropped. A batch with
+a -1 slot and an exact-size graph runs eagerly.
 Graphs capture the caller's kv_cache tensors by address: a different cache (or block size)
 drops the graphs and captures again. Warm-up runs write only into a scratch cache.
 """
@@ -22,7 +24,8 @@ from loguru import logger
 from model_wrapper.attention.backend import AttentionBackend
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+EXACT_UP_TO = 32
+DEFAULT_BUCKETS = tuple(range(1, EXACT_UP_TO + 1)) + tuple(range(EXACT_UP_TO + 8, 257, 8))
 
 
 class _Bucket:
@@ -32,6 +35,7 @@ class _Bucket:
         import flashinfer
 
         self.size = size
+        self.padded = size > EXACT_UP_TO  # exact-size graphs write rows directly
         # static inputs: token ids, positions, write slots, write source rows; one copy per replay
         self.inputs = torch.zeros(4, size, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.write_slots, self.write_src = self.inputs.unbind(0)
@@ -80,9 +84,11 @@ class DecodeGraphRunner:
         self._pool = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
+        B = batch.batch_size
         return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
-                and batch.atten_mask is None and batch.lora is None and batch.batch_size <= self.max_batch
-                and batch.write_slots.numel() > 0)
+                and batch.atten_mask is None and batch.lora is None and B <= self.max_batch
+                and batch.write_slots.numel() > 0
+                and (B > EXACT_UP_TO or batch.write_token_index is None))
 
     def _cache_key(self, kv_cache, block_size):
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
@@ -112,7 +118,8 @@ class DecodeGraphRunner:
         return ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=bucket.input_ids, input_ids_cpu=None, positions=bucket.positions,
             positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.write_slots, slots_cpu=None,
-            write_slots=bucket.write_slots, write_token_index=bucket.write_src, block_size=block_size,
+            write_slots=bucket.write_slots, write_token_index=bucket.write_src if bucket.padded else None,
+            block_size=block_size,
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32), block_tables=None,
             token_req=None, token_kv_index=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
