@@ -258,3 +258,20 @@ def test_flashinfer_sampling_on_cuda_respects_the_allowed_set_and_greedy():
     for r, p in enumerate(params):
         got = set(toks[r * reps:(r + 1) * reps].tolist())
         assert got <= allowed_set(base[r].tolist(), p), (r, got)
+
+
+@pytest.mark.cuda
+def test_seeded_rows_on_cuda_take_the_torch_path_and_reproduce():
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 1000) * 2).cuda()
+    params = [SamplingParams(temperature=0.9, top_p=0.8, seed=7), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.0, top_k=50)]
+
+    def run():
+        gens = [params[0].make_generator("cuda"), None, None]
+        return [Sampler()(logits, params, generators=gens).token_ids.cpu() for _ in range(4)]
+
+    a, b = run(), run()
+    assert [t[0].item() for t in a] == [t[0].item() for t in b]
+    assert all(t[1].item() == logits[1].argmax().item() for t in a)
+    assert all(t[0].item() in allowed_set(logits[0].cpu().tolist(), params[0]) for t in a)
