@@ -1,0 +1,93 @@
+"""Sizing the KV cache: blocks for a byte budget, and profiling free CUDA memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kv_manager import (
+    KVArgumentError,
+    KVCacheError,
+    KVCacheSpec,
+    KVErrorCode,
+    allocate_kv_cache,
+    num_blocks_for_budget,
+    profile_num_blocks,
+)
+
+# 2 (K, V) * 2 layers * 2 heads * 8 dims * 2 bytes = 128 bytes a token, 2048 a 16-token block.
+SPEC = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float16)
+
+
+def test_budget_is_divided_into_whole_blocks():
+    assert SPEC.bytes_per_block(16) == 2048
+    assert num_blocks_for_budget(SPEC, 16, 10_000) == 4
+    assert num_blocks_for_budget(SPEC, 16, 2048) == 1
+    assert num_blocks_for_budget(SPEC, 1, 10_000) == 78
+
+
+def test_budget_must_fit_one_sequence_of_max_seq_len():
+    assert num_blocks_for_budget(SPEC, 16, 10_000, max_seq_len=64) == 4  # exactly 4 blocks
+    with pytest.raises(KVCacheError) as err:
+        num_blocks_for_budget(SPEC, 16, 10_000, max_seq_len=65)
+    assert isinstance(err.value, RuntimeError)
+    assert err.value.code is KVErrorCode.INSUFFICIENT_MEMORY
+    assert str(err.value) == (
+        "[KV_INSUFFICIENT_MEMORY] num_blocks_for_budget: one sequence of 65 tokens needs 5 "
+        "blocks of 2048 bytes (10240 bytes), got a budget of 10000 bytes (4 blocks)"
+    )
+    with pytest.raises(KVCacheError, match=r"one block needs 1 blocks .* got a budget of 2047"):
+        num_blocks_for_budget(SPEC, 16, 2047)
+
+
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        ((0, 100), "got block_size=0"),
+        ((16, -1), "budget_bytes=-1"),
+    ],
+)
+def test_budget_arguments_are_checked(args, text):
+    with pytest.raises(KVArgumentError, match=text) as err:
+        num_blocks_for_budget(SPEC, *args)
+    assert err.value.code is KVErrorCode.INVALID_ARGUMENT
+    with pytest.raises(KVArgumentError, match="expected max_seq_len >= 1 or None, got 0"):
+        num_blocks_for_budget(SPEC, 16, 10_000, max_seq_len=0)
+
+
+def test_profiling_on_cpu_asks_for_an_explicit_size():
+    with pytest.raises(KVArgumentError) as err:
+        profile_num_blocks(SPEC, 16, device="cpu")
+    assert isinstance(err.value, ValueError)
+    assert "expected a CUDA device to profile, got device='cpu'" in str(err.value)
+    assert "explicit num_blocks" in str(err.value) and "num_blocks_for_budget" in str(err.value)
+
+
+def test_profiling_takes_a_fraction_of_free_cuda_memory(monkeypatch):
+    free, total = 1_000_000, 4_000_000
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    assert profile_num_blocks(SPEC, 16, device="cuda:0") == 900_000 // 2048
+    assert profile_num_blocks(SPEC, 16, device="cuda", memory_fraction=0.5) == 500_000 // 2048
+    assert calls[:2] == ["sync", "empty"]  # cached-but-unused allocator memory counts as free
+    with pytest.raises(KVCacheError) as err:
+        profile_num_blocks(SPEC, 16, device="cuda", max_seq_len=16 * 500)
+    assert err.value.code is KVErrorCode.INSUFFICIENT_MEMORY
+    with pytest.raises(KVArgumentError, match="expected 0 < memory_fraction <= 1, got 1.5"):
+        profile_num_blocks(SPEC, 16, device="cuda", memory_fraction=1.5)
+
+
+@pytest.mark.cuda
+def test_profiled_cache_fits_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    spec = KVCacheSpec(num_layers=4, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    num_blocks = profile_num_blocks(spec, 16, device="cuda", memory_fraction=0.5)
+    free_before, _ = torch.cuda.mem_get_info()
+    cache = allocate_kv_cache(spec, num_blocks, 16, device="cuda")
+    free_after, _ = torch.cuda.mem_get_info()
+    used = free_before - free_after
+    assert 0.45 * free_before <= used <= 0.5 * free_before + 64 * 2**20  # allocator rounding
+    del cache
