@@ -2,16 +2,13 @@
 
 A decode step with one token per request, no masks and no LoRA, whose batch fits the largest
 bucket, replays a graph captured for the smallest bucket >= batch. Per replay, on the host only:
-fill pinned staging buffers (token ids, positions, write slots, page metadata), plan the bucket's
+fill pinned staging buffers (token ids, positions, write slots, page indices), plan the bucket's
 FlashInfer decode wrapper (it copies its indptrs into its fixed buffers), copy the staging
 buffers into the graph's static inputs, replay. No host-device sync.
 
-Batch sizes up to 32 get a graph of their own (no padding: K/V rows go straight to their
-slots); larger ones replay the next multiple of 8 and pad, without writing anywhere the caller
-did not name: rows B..b-1 (and real rows with slot -1) write the K/V of the first written row to
-that row's own slot, duplicate writes of identical bytes whose order does not matter; padding
-requests read one page (the first page of request 0) and their logits are dropped. A batch with
-a -1 slot and an exact-size graph runs eagerly.
+Padding rows carry slot -1, which the K/V store kernel skips (layers/triton_ops.py), so a replay
+writes nowhere the caller did not name; padding requests read one page (the first page of
+request 0) and their logits are dropped.
 Graphs capture the caller's kv_cache tensors by address: a different cache (or block size)
 drops the graphs and captures again. Warm-up runs write only into a scratch cache.
 """
@@ -24,8 +21,7 @@ from loguru import logger
 from model_wrapper.attention.backend import AttentionBackend
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
-EXACT_UP_TO = 32
-DEFAULT_BUCKETS = tuple(range(1, EXACT_UP_TO + 1)) + tuple(range(EXACT_UP_TO + 8, 257, 8))
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32) + tuple(range(40, 257, 8))
 
 
 class _Bucket:
@@ -35,11 +31,10 @@ class _Bucket:
         import flashinfer
 
         self.size = size
-        self.padded = size > EXACT_UP_TO  # exact-size graphs write rows directly
-        # static inputs: token ids, positions, write slots, write source rows; one copy per replay
-        self.inputs = torch.zeros(4, size, dtype=torch.int64, device=device)
-        self.input_ids, self.positions, self.write_slots, self.write_src = self.inputs.unbind(0)
-        self.staging = torch.zeros(4, size, dtype=torch.int64).pin_memory()
+        # static inputs: token ids, positions, K/V slots (-1 = padding); one copy per replay
+        self.inputs = torch.zeros(3, size, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slots = self.inputs.unbind(0)
+        self.staging = torch.zeros(3, size, dtype=torch.int64).pin_memory()
         # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
         # with a blocking copy, device ones without
         self.indices_staging = torch.zeros(size * max_pages, dtype=torch.int32).pin_memory()
@@ -64,10 +59,13 @@ class _GraphAttention(AttentionBackend):
 
     def __init__(self, backend, bucket: _Bucket):
         super().__init__(backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale)
-        self.bucket = bucket
+        self.backend, self.bucket = backend, bucket
 
     def plan(self, batch):  # planned by DecodeGraphRunner outside the graph
         pass
+
+    def write_kv(self, k_cache, v_cache, k, v, batch):
+        self.backend.write_kv(k_cache, v_cache, k, v, batch)  # skips the -1 slots of padding
 
     def run(self, layer, q, k_cache, v_cache, window, batch):
         return self.bucket.wrappers[window].run(q, (k_cache, v_cache))
@@ -84,11 +82,9 @@ class DecodeGraphRunner:
         self._pool = None
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        B = batch.batch_size
         return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
-                and batch.atten_mask is None and batch.lora is None and B <= self.max_batch
-                and batch.write_slots.numel() > 0
-                and (B > EXACT_UP_TO or batch.write_token_index is None))
+                and batch.atten_mask is None and batch.lora is None
+                and batch.batch_size <= self.max_batch)
 
     def _cache_key(self, kv_cache, block_size):
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
@@ -117,12 +113,11 @@ class DecodeGraphRunner:
         one = torch.ones(bucket.size, dtype=torch.int32)
         return ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=bucket.input_ids, input_ids_cpu=None, positions=bucket.positions,
-            positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.write_slots, slots_cpu=None,
-            write_slots=bucket.write_slots, write_token_index=bucket.write_src if bucket.padded else None,
-            block_size=block_size,
+            positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.slots, slots_cpu=None,
+            write_slots=bucket.slots, write_token_index=None, block_size=block_size,
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
-            block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32), block_tables=None,
-            token_req=None, token_kv_index=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
+            block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
+            token_req=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
             max_q=1, max_kv=1)
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
@@ -134,6 +129,7 @@ class DecodeGraphRunner:
         # plan: every padding request reads page 0 of the scratch cache during warm-up
         self._plan(bucket, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), block_size)
         scratch = [(torch.zeros_like(k[:1]), torch.zeros_like(v[:1])) for k, v in kv_cache]
+        bucket.slots.fill_(-1)  # warm-up writes nothing
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -165,16 +161,11 @@ class DecodeGraphRunner:
         bucket = self._graphs[size]
         st = bucket.staging
         bucket.copied.synchronize()
-        slots = batch.slots_cpu
-        written = slots >= 0
-        first = int(torch.nonzero(written)[0, 0])
-        st.zero_()
+        st[:2].zero_()
+        st[2].fill_(-1)
         st[0, :B] = batch.input_ids_cpu
         st[1, :B] = batch.positions_cpu
-        st[2] = slots[first]
-        st[2, :B] = torch.where(written, slots, slots[first])
-        st[3] = first
-        st[3, :B] = torch.where(written, torch.arange(B), first)
+        st[2, :B] = batch.slots_cpu
         self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
         bucket.inputs.copy_(st, non_blocking=True)
         bucket.copied.record()

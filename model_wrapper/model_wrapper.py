@@ -84,7 +84,8 @@ class ModelWrapper:
         else:
             self.kernels = TorchKernels(inv_freq, dtype)
         self.graphs = None
-        if cuda_graphs and backend.name == "flashinfer":
+        # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton)
+        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch)

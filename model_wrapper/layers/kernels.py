@@ -61,6 +61,11 @@ class FlashInferKernels(TorchKernels):
         import flashinfer
 
         self._fi = flashinfer
+        try:
+            from model_wrapper.layers import triton_ops
+        except ImportError:  # no Triton: torch's silu and mul
+            triton_ops = None
+        self._triton = triton_ops
         pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
         self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
@@ -76,6 +81,11 @@ class FlashInferKernels(TorchKernels):
 
     def rope_tables(self, positions):
         return positions
+
+    def silu_mul(self, gate_up):
+        if self._triton is None:
+            return super().silu_mul(gate_up)
+        return self._triton.silu_and_mul(gate_up)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]
