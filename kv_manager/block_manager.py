@@ -18,6 +18,7 @@ reuses every block found instead of recomputing it.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -281,8 +282,11 @@ class BlockManager:
             raise _arg_error(
                 f"block_tables: expected width >= {longest} (the longest table), got {width}"
             )
-        rows = [t + [pad] * (width - len(t)) for t in tables]
-        return torch.tensor(rows, dtype=torch.int32).reshape(len(rows), width)
+        flat: list[int] = []
+        for t in tables:
+            flat += t
+            flat += [pad] * (width - len(t))
+        return _tensor(flat, "i", torch.int32).view(len(tables), width)
 
     def slots(self, seq_id: Hashable, start: int, end: int) -> torch.Tensor:
         """Slots of tokens [start, end) of the sequence, int64 `[end - start]` (e.g. a prompt's
@@ -411,7 +415,15 @@ class BlockManager:
         for i in range(start // bs, self._blocks_for(end)):
             base = (seq.blocks[i] - i) * bs
             out.extend(range(base + max(start, i * bs), base + min(end, (i + 1) * bs)))
-        return torch.tensor(out, dtype=torch.int64)
+        return _tensor(out, "q", torch.int64)
+
+
+def _tensor(values: list[int], typecode: str, dtype: torch.dtype) -> torch.Tensor:
+    # Through array: the list converts at C speed, ~3x faster than torch.tensor(list), which
+    # matters for the tables and slots built every step. The tensor keeps the array alive.
+    if not values:
+        return torch.empty(0, dtype=dtype)  # frombuffer refuses an empty buffer
+    return torch.frombuffer(array(typecode, values), dtype=dtype)
 
 
 def _as_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
