@@ -155,7 +155,7 @@ class BlockManager:
         if num_tokens < 0:
             raise _arg_error(f"can_append: expected num_tokens >= 0, got {num_tokens}")
         need = self._blocks_for(len(seq.tokens) + num_tokens) - len(seq.blocks)
-        return need <= len(self._free) + len(self._evictable)
+        return need <= self._available()
 
     def append(self, seq_id: Hashable, token_ids: Sequence[int]) -> torch.Tensor:
         """Add tokens (a decode token, speculative drafts) and return their slots, int64
@@ -165,7 +165,7 @@ class BlockManager:
         new = _as_list(token_ids)
         start, end = len(seq.tokens), len(seq.tokens) + len(new)
         need = self._blocks_for(end) - len(seq.blocks)
-        available = len(self._free) + len(self._evictable)
+        available = self._available()
         if need > available:
             raise KVCacheError(
                 KVErrorCode.OUT_OF_BLOCKS,
@@ -228,7 +228,7 @@ class BlockManager:
             )
         shared = parent.num_computed // self.block_size
         need = len(parent.blocks) - shared
-        available = len(self._free) + len(self._evictable)
+        available = self._available()
         if need > available:
             raise KVCacheError(
                 KVErrorCode.OUT_OF_BLOCKS,
@@ -355,9 +355,9 @@ class BlockManager:
             parent = self._entry[b]
         return hits
 
-    def _available(self, hits: list[int]) -> int:
-        """Blocks an admission with these hits could allocate: free plus evictable, minus the
-        evictable hits themselves (they are reused, not evicted)."""
+    def _available(self, hits: Sequence[int] = ()) -> int:
+        """Blocks an allocation could take: free plus evictable, minus the evictable cache hits
+        the same call reuses (they are taken out of the LRU, not evicted)."""
         reused_evictable = sum(1 for b in hits if self._ref[b] == 0)
         return len(self._free) + len(self._evictable) - reused_evictable
 
