@@ -1,6 +1,9 @@
 """The public face: TextGenerator.forward_tensor, its error codes, and the tools around it."""
 
+from text_generator.engine import LLMEngine
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
 from text_generator.generator import TextGenerator
+from text_generator.sampling import Sampler, SamplingParams
 
-__all__ = ["ErrorCode", "ForwardArgumentError", "GeneratorStateError", "TextGenerator"]
+__all__ = ["ErrorCode", "ForwardArgumentError", "GeneratorStateError", "LLMEngine", "Sampler",
+           "SamplingParams", "TextGenerator"]
