@@ -72,7 +72,7 @@ def _flashinfer_available() -> bool:
 class ModelWrapper:
     def __init__(self, model: CausalLM, cfg: ModelConfig, backend: AttentionBackend,
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
-                 max_graph_batch: int = 128):
+                 max_graph_batch: int = 256):
         self.model, self.cfg, self.backend = model, cfg, backend
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
@@ -92,7 +92,7 @@ class ModelWrapper:
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
-                        cuda_graphs: bool = True, max_graph_batch: int = 128):
+                        cuda_graphs: bool = True, max_graph_batch: int = 256):
         cfg = ModelConfig.from_pretrained(path)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)

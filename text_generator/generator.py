@@ -30,7 +30,7 @@ class TextGenerator:
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
-                        cuda_graphs: bool = True, max_graph_batch: int = 128) -> "TextGenerator":
+                        cuda_graphs: bool = True, max_graph_batch: int = 256) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
