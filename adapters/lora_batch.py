@@ -10,9 +10,12 @@ Tokens are grouped by adapter slot once, on the host, with no device sync:
     segments:   slot 0 -> perm[0:1], slot 2 -> perm[1:6]   seg_indptr [0 1 6], seg_slots [0 2]
 
 For each segment, y[perm[seg], rows of sub-module] += (x[perm[seg]] @ A_slot^T) @ B_slot^T, with
-the scaling already folded into B. Two kernels compute it: "torch" (any device; a loop over the
-step's distinct adapters, each at its own rank) and "flashinfer" (CUDA, bf16/fp16; FlashInfer's
-segment GEMM over the slot stacks at max_rank, where the zero padding adds exactly nothing).
+the scaling already folded into B. Three kernels compute it: "torch" (any device; a loop over the
+step's distinct adapters, each at its own rank), "flashinfer" (CUDA, bf16/fp16; FlashInfer's
+segment GEMM over the slot stacks at max_rank, where the zero padding adds exactly nothing) and
+"triton" (CUDA; adapters.triton_kernels: one shrink and one expand launch per fused module that
+read only token_slot on the device, so a CUDA graph can replay them with new slots: see
+LoraManager.make_graph_batch).
 """
 
 from __future__ import annotations
@@ -30,27 +33,34 @@ if TYPE_CHECKING:
 class LoraBatch:
     """One step's mapping; valid until the manager's next make_batch (it may reuse the buffers).
 
-    token_slot:     [T] int64, device: adapter slot of each token, -1 = base model
+    token_slot:     [T] int32, device: adapter slot of each token, -1 = base model; in a graph
+                    batch the runner's static buffer ([max tokens], read as [:T], rewritten before
+                    each replay)
     perm:           [N] int64, device: the N tokens that use an adapter, grouped by slot
-    seg_indptr:     [S+1] int64, device: segment s is perm[seg_indptr[s]:seg_indptr[s+1]]
-    seg_slots:      [S] int64, device: the slot of each segment (ascending)
-    segments:       host (slot, start, end) per segment, the same numbers for the torch loop
+                    (None in a graph batch, and for "triton" when identity)
+    seg_indptr:     [S+1] int64, device: segment s is perm[seg_indptr[s]:seg_indptr[s+1]] ("flashinfer" only)
+    seg_slots:      [S] int64, device: the slot of each segment, ascending ("flashinfer" only)
+    segments:       host (slot, start, end) per segment, the same numbers for the torch loop;
+                    None = not known on the host (a graph batch): apply() always launches
     identity:       perm is arange(T) (every token uses an adapter, already grouped): no gather
-    kernel:         "torch" or "flashinfer"
+    kernel:         "torch", "flashinfer" or "triton"
     manager:        the LoraManager whose slot tensors hold the weights
     """
 
     token_slot: torch.Tensor
-    perm: torch.Tensor
-    seg_indptr: torch.Tensor
-    seg_slots: torch.Tensor
-    segments: list[tuple[int, int, int]]
+    perm: torch.Tensor | None
+    seg_indptr: torch.Tensor | None
+    seg_slots: torch.Tensor | None
+    segments: list[tuple[int, int, int]] | None
     identity: bool
     kernel: str
     manager: "LoraManager"
 
     @property
-    def num_lora_tokens(self) -> int:
+    def num_lora_tokens(self) -> int | None:
+        """Tokens that use an adapter (None in a graph batch: only the device knows)."""
+        if self.segments is None:
+            return None
         return self.segments[-1][2] if self.segments else 0
 
     def apply(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -58,11 +68,23 @@ class LoraBatch:
 
         x: [T, in_features]; y: [T, out_features] (fused rows, e.g. [q | k | v]); returns y.
         """
-        if not self.segments:
+        if self.segments is not None and not self.segments:
             return y
+        if self.kernel == "triton":
+            return self._apply_triton(layer, module, x, y)
         if self.kernel == "flashinfer":
             return self._apply_segment_gemm(layer, module, x, y)
         return self._apply_torch(layer, module, x, y)
+
+    def _apply_triton(self, layer, module, x, y):
+        from adapters.triton_kernels import lora_expand_add, lora_shrink
+
+        m = self.manager
+        a, b, ranks, offsets = m.layer_weights(layer, module)
+        slots = self.token_slot[: x.shape[0]]
+        rows = None if self.identity else self.perm  # the LoRA tokens, grouped by slot; None = all
+        s = lora_shrink(x, a, slots, ranks, m.max_rank, rows=rows)
+        return lora_expand_add(s, b, slots, ranks, m.max_rank, y, offsets, rows=rows)
 
     def _apply_torch(self, layer, module, x, y):
         m = self.manager

@@ -9,10 +9,17 @@ Slot stacks, per fused module (see adapters.shapes), R = max_rank, all zeros at 
 
     lora_a[m]      [num_layers, max_loras, n_sub * R, in_features]   sub-module i in rows i*R ..
     lora_b[m][i]   [num_layers, max_loras, out_features_i, R]        one stack per sub-module
+    lora_rank[m]   [num_layers, max_loras, n_sub] int32              true rank per sub-module, 0 = none
 
 An adapter of rank r < R (per module) fills rows / columns 0..r-1 and leaves zeros after them, so
 adapters of different ranks share one stack and the padded product is exact; a module the
-adapter does not target stays all zeros (and the torch kernel skips it).
+adapter does not target stays all zeros (the torch kernel skips it, the triton kernel masks it
+out through lora_rank).
+
+CUDA graphs (kernel "triton" only): a runner owns a static [max tokens] int32 buffer, gets a
+LoraBatch reading it from make_graph_batch(buffer) once (at capture), and before each replay
+writes slots_for(adapter_ids) (-1 for padding rows) into it. Loading or unloading adapters between
+replays is seen by the graph: the stacks are written in place, never reallocated.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from adapters.lora_batch import LoraBatch
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 
-KERNELS = ("auto", "torch", "flashinfer")
+KERNELS = ("auto", "torch", "flashinfer", "triton")
 SEGMENT_GEMM_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended size
 
 
@@ -62,6 +69,9 @@ class LoraManager:
                        for m, subs in FUSED_MODULES.items()}
         self.lora_b = {m: tuple(torch.zeros(num_layers, max_loras, out, R, **z) for out in self.shapes.out_features(m))
                        for m in FUSED_MODULES}
+        self.lora_rank = {m: torch.zeros(num_layers, max_loras, len(subs), dtype=torch.int32, device=self.device)
+                          for m, subs in FUSED_MODULES.items()}
+        self._layer_weights: dict[tuple[int, str], tuple] = {}
         self._slot_names: list[str | None] = [None] * max_loras
         self._slots: dict[str, int] = {}  # name -> slot, in load order
         # per slot: (layer, fused module) -> ((sub-module index, rank), ...) it adapts
@@ -71,7 +81,7 @@ class LoraManager:
         if max_num_tokens is not None:
             i64 = dict(device=self.device, dtype=torch.int64)
             self._buffers = dict(
-                req_slot=torch.empty(max_num_tokens, **i64), token_slot=torch.empty(max_num_tokens, **i64),
+                token_slot=torch.empty(max_num_tokens, device=self.device, dtype=torch.int32),
                 perm=torch.empty(max_num_tokens, **i64), seg_indptr=torch.empty(max_loras + 1, **i64),
                 seg_slots=torch.empty(max_loras, **i64))
         self._segment_gemm = None
@@ -121,6 +131,8 @@ class LoraManager:
         slot = self._slots.pop(name)
         self._slot_names[slot] = None
         self._targets[slot] = {}
+        for ranks in self.lora_rank.values():
+            ranks[:, slot] = 0
 
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order."""
@@ -128,6 +140,15 @@ class LoraManager:
 
     def slot_of(self, name: str) -> int:
         return self._slots[name]
+
+    def layer_weights(self, layer: int, module: str):
+        """(A [max_loras, n_sub * R, in], (B_i [max_loras, out_i, R], ...), ranks [max_loras, n_sub] int32,
+        out_offsets) of one layer: views of the stacks, made once."""
+        key = (layer, module)
+        if key not in self._layer_weights:
+            self._layer_weights[key] = (self.lora_a[module][layer], tuple(b[layer] for b in self.lora_b[module]),
+                                        self.lora_rank[module][layer], self.shapes.out_offsets(module))
+        return self._layer_weights[key]
 
     def targets(self, slot: int, layer: int, module: str) -> tuple[tuple[int, int], ...]:
         """((sub-module index, rank), ...) that the adapter in `slot` adapts in (layer, fused module)."""
@@ -139,22 +160,43 @@ class LoraManager:
             self.lora_a[m][:, slot].zero_()
             for b in self.lora_b[m]:
                 b[:, slot].zero_()
+        ranks = {m: torch.zeros(r.shape[0], r.shape[2], dtype=torch.int32) for m, r in self.lora_rank.items()}
         targets: dict[tuple[int, str], list[tuple[int, int]]] = {}
         for (layer, proj), (a, b) in adapter.weights.items():
             fused, sub = PEFT_MODULES[proj]
             r = a.shape[0]
             self.lora_a[fused][layer, slot, sub * R: sub * R + r].copy_(a)
             self.lora_b[fused][sub][layer, slot, :, :r].copy_(b)
+            ranks[fused][layer, sub] = r
             targets.setdefault((layer, fused), []).append((sub, r))
+        for m, r in ranks.items():
+            self.lora_rank[m][:, slot].copy_(r)
         self._targets[slot] = {k: tuple(sorted(v)) for k, v in targets.items()}
 
     # -- the per-step mapping ------------------------------------------------------------------
+    def slots_for(self, adapter_ids: Sequence[str | None]) -> list[int]:
+        """Host: the slot of each adapter name, -1 for None / "base"; raises NOT_LOADED for others.
+
+        For a CUDA-graph runner filling make_graph_batch's buffer (one entry per decode token)."""
+        slots = []
+        for i, a in enumerate(adapter_ids):
+            if a is None or a == "base":
+                slots.append(-1)
+            elif isinstance(a, str) and a in self._slots:
+                slots.append(self._slots[a])
+            else:
+                raise LoraError(LoraErrorCode.NOT_LOADED, "adapter_ids",
+                                f"expected a loaded adapter ({self.list_adapters()} or 'base'), "
+                                f"got {a!r} for request {i}")
+        return slots
+
     def make_batch(self, adapter_ids: Sequence[str | None], batch) -> LoraBatch:
         """Map each token to its adapter slot and group the tokens by slot, once per step.
 
         adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model.
-        batch: the step's ForwardBatch (duck-typed): q_lens_cpu [B] int host, token_req [T]
-               int64 device (request index of each token).
+        batch: the step's ForwardBatch (duck-typed): q_lens_cpu [B] int host, tokens laid out
+               request after request.
+        Everything is computed on the host and copied to the device without a sync.
         """
         q = batch.q_lens_cpu.to(torch.int64)
         B = int(q.shape[0])
@@ -162,13 +204,7 @@ class LoraManager:
         if len(ids) != B:
             raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "adapter_ids",
                             f"expected 1 or batch size {B} entries, got {len(adapter_ids)}")
-        slots = []
-        for i, a in enumerate(ids):
-            if a is not None and a != "base" and a not in self._slots:
-                raise LoraError(LoraErrorCode.NOT_LOADED, "adapter_ids",
-                                f"expected a loaded adapter ({self.list_adapters()} or 'base'), "
-                                f"got {a!r} for request {i}")
-            slots.append(-1 if a is None or a == "base" else self._slots[a])
+        slots = self.slots_for(ids)
         T = int(q.sum())
         if self._buffers is not None and T > self.max_num_tokens:
             raise LoraStateError(LoraErrorCode.TOO_MANY_TOKENS, "make_batch",
@@ -191,22 +227,46 @@ class LoraManager:
         segments = [(s, bounds[i], bounds[i + 1]) for i, s in enumerate(seg_slots.tolist())]
         identity = N == T and bool((req_slot[1:] >= req_slot[:-1]).all())
 
-        token_req = batch.token_req
-        req_slot_dev = self._to_device("req_slot", req_slot)
-        token_slot = self._out("token_slot", T)
-        torch.index_select(req_slot_dev, 0, token_req, out=token_slot)
+        token_slot = torch.repeat_interleave(req_slot.to(torch.int32), q, output_size=T)
+        segment_kernel = self.kernel != "triton"  # the triton kernel needs token_slot (and perm) only
         return LoraBatch(
-            token_slot=token_slot, perm=self._to_device("perm", perm),
-            seg_indptr=self._to_device("seg_indptr", seg_indptr), seg_slots=self._to_device("seg_slots", seg_slots),
+            token_slot=self._to_device("token_slot", token_slot),
+            perm=None if self.kernel == "triton" and identity else self._to_device("perm", perm),
+            seg_indptr=self._to_device("seg_indptr", seg_indptr) if segment_kernel else None,
+            seg_slots=self._to_device("seg_slots", seg_slots) if segment_kernel else None,
             segments=segments, identity=identity, kernel=self.kernel, manager=self)
 
+    def make_graph_batch(self, token_slot_buffer: torch.Tensor) -> LoraBatch:
+        """A LoraBatch for a CUDA-graph runner, made once per captured graph (kernel "triton").
+
+        token_slot_buffer: [max tokens] int32 on this manager's device, owned by the runner, which
+        writes the slot of each token (slots_for(adapter_ids); -1 for the base model and padding
+        rows) into its first T entries before each replay. apply() reads buffer[:T] on the device
+        only (T = the rows of x): no host value of the mapping is captured, so one graph serves
+        any mix of adapters, including none.
+        """
+        arg = "make_graph_batch(token_slot_buffer)"
+        buf = token_slot_buffer
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.int32 or buf.dim() != 1 \
+                or buf.device != self.device:
+            got = (f"{buf.dtype} {list(buf.shape)} on {buf.device}" if isinstance(buf, torch.Tensor)
+                   else type(buf).__name__)
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg,
+                            f"expected a 1-D int32 tensor on {self.device}, got {got}")
+        if not _triton_runs(self.device, self.dtype):
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg,
+                            f"expected triton installed, a CUDA device and bf16/fp16/fp32 (graph batches run "
+                            f"the triton kernel), got device {self.device}, dtype {self.dtype}")
+        return LoraBatch(token_slot=buf, perm=None, seg_indptr=None, seg_slots=None, segments=None,
+                         identity=False, kernel="triton", manager=self)
+
     def _to_device(self, key: str, host: torch.Tensor) -> torch.Tensor:
-        out = self._out(key, host.shape[0])
+        out = self._out(key, host.shape[0], host.dtype)
         return out.copy_(host, non_blocking=True)
 
-    def _out(self, key: str, n: int) -> torch.Tensor:
+    def _out(self, key: str, n: int, dtype: torch.dtype) -> torch.Tensor:
         if self._buffers is None:
-            return torch.empty(n, dtype=torch.int64, device=self.device)
+            return torch.empty(n, dtype=dtype, device=self.device)
         return self._buffers[key][:n]
 
     def segment_gemm(self):
@@ -220,21 +280,36 @@ class LoraManager:
 
 
 def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:
+    """"auto": triton where it runs, else flashinfer where it runs, else torch."""
     if kernel not in KERNELS:
         raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "kernel", f"expected one of {KERNELS}, got {kernel!r}")
     if kernel == "torch":
         return kernel
-    available = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _flashinfer_imports()
-    if kernel == "flashinfer" and not available:
+    if kernel == "triton" and not _triton_runs(device, dtype):
+        raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "kernel",
+                        f"expected 'triton' only with triton installed, a CUDA device and bf16/fp16/fp32, "
+                        f"got device {device}, dtype {dtype}")
+    if kernel == "flashinfer" and not _flashinfer_runs(device, dtype):
         raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "kernel",
                         f"expected 'flashinfer' only with flashinfer installed, a CUDA device and bf16/fp16, "
                         f"got device {device}, dtype {dtype}")
-    return "flashinfer" if available else "torch"
+    if kernel == "auto":
+        return ("triton" if _triton_runs(device, dtype) else
+                "flashinfer" if _flashinfer_runs(device, dtype) else "torch")
+    return kernel
 
 
-def _flashinfer_imports() -> bool:
+def _triton_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16, torch.float32) and _imports("triton")
+
+
+def _flashinfer_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _imports("flashinfer")
+
+
+def _imports(module: str) -> bool:
     try:
-        import flashinfer  # noqa: F401
+        __import__(module)
     except ImportError:
         return False
     return True

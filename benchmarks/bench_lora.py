@@ -4,7 +4,8 @@ A Llama-3-8B-shaped model with random bf16 weights (benchmarks.common.make_rando
 drawn on the GPU, loaded through TextGenerator.from_pretrained), batch 32 decoding at 2k
 context; adapters of rank 16 and 64 on all 7 projections, filled with random weights directly in
 the manager's slots. Requests use the adapters round-robin (request i -> adapter i % n). Each
-kernel ("flashinfer" segment GEMM, "torch" per-adapter loop) is timed separately.
+kernel ("triton" Punica-style shrink/expand, "flashinfer" segment GEMM, "torch" per-adapter loop)
+is timed separately.
 
     python benchmarks/bench_lora.py                       # CUDA, the full-size model
     python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
@@ -16,6 +17,7 @@ Times are wall-clock per forward_tensor call (eager, no CUDA graphs), median ove
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -109,7 +111,8 @@ def main(argv=None):
     ap.add_argument("--context", type=int)
     ap.add_argument("--ranks", type=int, nargs="+")
     ap.add_argument("--adapters", type=int, nargs="+", help="distinct adapters per batch")
-    ap.add_argument("--kernels", nargs="+", help="default: flashinfer (if installed) and torch on CUDA, torch on CPU")
+    ap.add_argument("--kernels", nargs="+",
+                    help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=16)
@@ -127,11 +130,7 @@ def main(argv=None):
     if args.kernels:
         kernels = args.kernels
     elif device.type == "cuda":
-        try:
-            import flashinfer  # noqa: F401
-            kernels = ["flashinfer", "torch"]
-        except ImportError:
-            kernels = ["torch"]
+        kernels = [k for k in ("triton", "flashinfer") if importlib.util.find_spec(k) is not None] + ["torch"]
     else:
         kernels = ["torch"]
 

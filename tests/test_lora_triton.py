@@ -1,0 +1,353 @@
+"""The triton LoRA kernels (adapters.triton_kernels) and the "triton" LoraBatch, against exact references.
+
+Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors); the
+module is skipped where triton is not installed (CI installs only `.[test]`). The interpreter
+computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so the blocked
+schedule (tl.dot) is checked in fp32 / fp16 there and in bf16 only on CUDA. Oracles: the
+per-token product written out with einsum over gathered slot weights, and the "torch" kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated (at import) and launched
+    from triton.runtime import interpreter as _interpreter
+    from triton.runtime.jit import JITFunction
+
+    import adapters.triton_kernels as tk
+
+    # Triton's own jit helpers (tl.sum, tl.zeros, tl.cdiv, ...) were made for compilation where
+    # triton was imported before the variable was set (transformers and peft import it): have the
+    # interpreter run them as it runs its own functions.
+    _interpreted: dict = {}
+
+    def _call_interpreted(self, *args, **kwargs):
+        if self.fn not in _interpreted:
+            _interpreted[self.fn] = _interpreter.InterpretedFunction(self.fn)
+        return _interpreted[self.fn](*args, **kwargs)
+
+    JITFunction.__call__ = _call_interpreted
+    # Triton 3.6's interpreter turns a loop bound into an int with int() of a 1-element array,
+    # which NumPy >= 2.4 refuses; read the element instead (upstream fixed it the same way)
+    _patch_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        _patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_lang_tensor
+else:
+    import adapters.triton_kernels as tk
+
+import adapters.lora_manager as lora_manager_module  # noqa: E402
+from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, PeftAdapter  # noqa: E402
+from conftest import PagedHarness, rel_err  # noqa: E402
+from text_generator import TextGenerator  # noqa: E402
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+
+
+def reference(x, a, bs, token_slot, ranks, R, offsets, y):
+    """y + the LoRA delta of every token, in float64 (float32 on CUDA), one token at a time in effect."""
+    f = torch.float64 if x.device.type == "cpu" else torch.float32
+    out = y.to(f).clone()
+    use = token_slot >= 0
+    s = token_slot.clamp_min(0).long()
+    h = torch.einsum("tk,trk->tr", x.to(f), a[s].to(f))
+    r = torch.arange(R, device=x.device)
+    for i, b in enumerate(bs):
+        keep = (r[None, :] < ranks[s, i][:, None]).to(f)
+        delta = torch.einsum("tr,tnr->tn", h[:, i * R:(i + 1) * R] * keep, b[s].to(f))
+        out[:, offsets[i]:offsets[i + 1]] += delta * use[:, None]
+    return out
+
+
+def random_case(T, K, outs, R, num_slots, dtype, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, K, generator=g).to(device, dtype)
+    a = (torch.randn(num_slots, len(outs) * R, K, generator=g) / math.sqrt(K)).to(device, dtype)
+    bs = tuple(torch.randn(num_slots, n, R, generator=g).to(device, dtype) for n in outs)
+    ranks = torch.randint(0, R + 1, (num_slots, len(outs)), generator=g, dtype=torch.int32)
+    ranks[0] = R  # slot 0 at full rank, the others padded (rank 0 = a sub-module not adapted)
+    token_slot = torch.randint(-1, num_slots, (T,), generator=g, dtype=torch.int32)
+    token_slot[:2] = torch.tensor([0, -1])
+    y = torch.randn(T, sum(outs), generator=g).to(device, dtype)
+    offsets = [0]
+    for n in outs:
+        offsets.append(offsets[-1] + n)
+    return x, a, bs, ranks.to(device), token_slot.to(device), y, tuple(offsets)
+
+
+def run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, rows=None, blocked=None):
+    s = tk.lora_shrink(x, a, token_slot, ranks, R, rows=rows, blocked=blocked)
+    assert s.dtype == torch.float32 and s.shape[1:] == (x.shape[0], a.shape[1])
+    return tk.lora_expand_add(s, bs, token_slot, ranks, R, y, offsets, rows=rows, blocked=blocked)
+
+
+def check_case(dtype, outs, blocked, grouped, T=37, K=80, R=8, tol=None, seed=0):
+    x, a, bs, ranks, token_slot, y, offsets = random_case(T, K, outs, R, 5, dtype, seed=seed)
+    rows = None
+    if grouped:  # only the LoRA tokens, grouped by slot (LoraBatch.perm)
+        rows = torch.argsort(token_slot.cpu(), stable=True)[int((token_slot < 0).sum()):].to(x.device)
+    y0 = y.clone()
+    got = run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, rows=rows, blocked=blocked)
+    assert got.data_ptr() == y.data_ptr()  # in place
+    want = reference(x, a, bs, token_slot, ranks, R, offsets, y0)
+    base = token_slot < 0
+    assert torch.equal(got[base], y0[base]), "rows without an adapter must stay bit for bit"
+    tol = tol or {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
+    err = rel_err(got.to(want.dtype) - y0.to(want.dtype), want - y0.to(want.dtype))
+    assert err < tol, f"rel err of the delta {err:.2e}"
+
+
+# -- the kernels ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("outs", [(48,), (40, 24), (64, 16, 16)], ids=["one", "gate_up", "qkv"])
+@pytest.mark.parametrize("blocked, grouped", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["rowwise", "rowwise-rows", "blocked", "blocked-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_shrink_expand_match_per_token_reference(dtype, outs, blocked, grouped):
+    if INTERPRET and blocked and dtype == torch.bfloat16:
+        pytest.skip("the interpreter's tl.dot is wrong for bf16 (checked on CUDA)")
+    check_case(dtype, outs, blocked, grouped)
+
+
+def test_split_k_partials_add_up_and_ranks_mask_the_padding(monkeypatch):
+    monkeypatch.setattr(tk, "PROGRAMS_PER_SM", 64)
+    R = 8
+    x, a, bs, ranks, token_slot, y, offsets = random_case(9, 300, (24, 8, 8), R, 3, torch.float32)
+    s = tk.lora_shrink(x, a, token_slot, ranks, R)
+    assert s.shape[0] > 1  # K = 300 in several splits
+    slot = token_slot.clamp_min(0).long()
+    h = torch.einsum("tk,trk->tr", x.double(), a[slot].double())
+    keep = torch.arange(3 * R) % R < ranks[slot].repeat_interleave(R, 1)
+    used = token_slot >= 0
+    assert torch.allclose(s.sum(0)[used].double(), (h * keep)[used], atol=1e-4)
+    want = reference(x, a, bs, token_slot, ranks, R, offsets, y)
+    for sl in range(3):  # what lies beyond each true rank is never read
+        for i, b in enumerate(bs):
+            a[sl, i * R + int(ranks[sl, i]):(i + 1) * R] = float("nan")
+            b[sl, :, int(ranks[sl, i]):] = float("nan")
+    got = run_kernels(x, a, bs, ranks, token_slot, y.clone(), offsets, R)
+    assert torch.allclose(got.double(), want, atol=1e-4)
+
+
+def test_a_fused_module_is_one_shrink_and_one_expand_launch(monkeypatch):
+    launches = []
+
+    class Count:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append((self.name, grid))
+            return self.kernel[grid]
+
+    for name in ("_shrink_rowwise", "_expand_rowwise", "_shrink_blocked", "_expand_blocked"):
+        monkeypatch.setattr(tk, name, Count(name, getattr(tk, name)))
+    x, a, bs, ranks, token_slot, y, offsets = random_case(5, 32, (32, 16, 16), 4, 2, torch.float32)
+    run_kernels(x, a, bs, ranks, token_slot, y, offsets, 4)
+    assert [n for n, _ in launches] == ["_shrink_rowwise", "_expand_rowwise"]
+    # expand grid: one program per token and output column block of q, k and v together
+    assert launches[1][1][0] == 5
+
+
+# -- LoraManager / LoraBatch with kernel "triton" -------------------------------------------------
+
+SHAPES = dict(num_layers=2, hidden_size=32, q_size=32, kv_size=16, intermediate_size=48)
+
+
+def random_adapter(name, manager, rank, modules=tuple(PEFT_MODULES), layers=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in layers if layers is not None else range(manager.shapes.num_layers):
+        for proj in modules:
+            in_f, out_f = manager.shapes.peft_shape(proj)
+            weights[(layer, proj)] = (torch.randn(rank, in_f, generator=g) / math.sqrt(in_f),
+                                      torch.randn(out_f, rank, generator=g) * 0.1)
+    return PeftAdapter(name=name, path="<random>", weights=weights)
+
+
+def loaded_manager(device="cpu", dtype=torch.float32, **kw):
+    m = LoraManager(**SHAPES, max_loras=4, max_rank=8, device=device, dtype=dtype, **kw)
+    m.add_adapter(random_adapter("r8", m, 8, seed=1))
+    m.add_adapter(random_adapter("r2_qv", m, 2, modules=("q_proj", "v_proj"), seed=2))
+    m.add_adapter(random_adapter("r5_l1", m, 5, modules=("k_proj", "gate_proj", "down_proj", "o_proj"), layers=[1],
+                                 seed=3))
+    return m
+
+
+def fake_batch(q_lens):
+    return SimpleNamespace(q_lens_cpu=torch.tensor(q_lens, dtype=torch.int32))
+
+
+def assert_same_deltas(m, got_batch, want_batch, T, tol=1e-5, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(T)
+    for module in ("qkv", "o", "gate_up", "down"):
+        x = torch.randn(T, m.shapes.in_features(module), generator=g).to(device, dtype)
+        y = torch.randn(T, m.shapes.out_offsets(module)[-1], generator=g).to(device, dtype)
+        for layer in range(m.shapes.num_layers):
+            got = got_batch.apply(layer, module, x, y.clone())
+            want = want_batch.apply(layer, module, x, y.clone())
+            assert rel_err(got - y, want - y) < tol, (module, layer)
+
+
+def test_manager_tracks_true_ranks_per_sub_module():
+    m = loaded_manager()
+    s = {n: m.slot_of(n) for n in m.list_adapters()}
+    assert m.lora_rank["qkv"][0, s["r2_qv"]].tolist() == [2, 0, 2]
+    assert m.lora_rank["qkv"][0, s["r5_l1"]].tolist() == [0, 0, 0]
+    assert m.lora_rank["gate_up"][1, s["r5_l1"]].tolist() == [5, 0]
+    assert m.lora_rank["down"][:, s["r8"]].flatten().tolist() == [8, 8]
+    m.unload_adapter("r8")
+    assert all(int(r[:, s["r8"]].abs().sum()) == 0 for r in m.lora_rank.values())
+
+
+@pytest.mark.parametrize("schedule", ["rowwise", "blocked"])
+def test_triton_batch_matches_torch_kernel(schedule, monkeypatch):
+    if schedule == "blocked":
+        monkeypatch.setattr(tk, "ROWWISE_MAX_ROWS", 0)
+    m = loaded_manager()
+    for ids, q_lens in [(["r2_qv", None, "r8", "r5_l1", "base", "r8"], [3, 2, 4, 1, 2, 5]),
+                        (["r8"], [2, 3]), (["r5_l1", "r8", "r8"], [2, 1, 3])]:
+        want = m.make_batch(ids, fake_batch(q_lens))
+        got = dataclasses.replace(want, kernel="triton", seg_indptr=None, seg_slots=None,
+                                  perm=None if want.identity else want.perm)
+        assert_same_deltas(m, got, want, sum(q_lens))
+
+
+def test_make_batch_for_triton_copies_int32_slots_into_the_preallocated_buffer(monkeypatch):
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="triton", max_num_tokens=16)
+    assert m.kernel == "triton"
+    s = {n: m.slot_of(n) for n in m.list_adapters()}
+    lb = m.make_batch(["r8", None, "r2_qv"], fake_batch([2, 1, 3]))
+    assert lb.token_slot.dtype == torch.int32
+    assert lb.token_slot.tolist() == [s["r8"]] * 2 + [-1] + [s["r2_qv"]] * 3
+    assert lb.token_slot.data_ptr() == m._buffers["token_slot"].data_ptr()
+    assert (s["r8"], s["r2_qv"]) == (0, 1) and lb.perm.tolist() == [0, 1, 3, 4, 5]  # grouped by slot
+    assert lb.seg_indptr is None and lb.seg_slots is None  # the segment GEMM's, not needed here
+    one = m.make_batch(["r8"], fake_batch([3]))
+    assert one.identity and one.perm is None
+    assert m.slots_for(["r5_l1", None, "base"]) == [s["r5_l1"], -1, -1]
+    with pytest.raises(LoraError) as e:
+        m.slots_for(["r8", "nope"])
+    assert e.value.code == LoraErrorCode.NOT_LOADED and "'nope'" in str(e.value)
+
+
+def test_auto_picks_triton_only_where_it_runs(monkeypatch):
+    assert loaded_manager().kernel == "torch"  # CPU
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    assert loaded_manager().kernel == "triton"
+    assert loaded_manager(kernel="torch").kernel == "torch"
+
+
+def test_graph_batch_reads_the_runners_buffer_at_every_apply(monkeypatch):
+    """What a CUDA graph replays: apply() on a fixed buffer whose contents change between calls."""
+    with pytest.raises(LoraError) as e:
+        loaded_manager().make_graph_batch(torch.zeros(8, dtype=torch.int32))
+    assert e.value.code == LoraErrorCode.INVALID_ARGUMENT  # CPU: no triton kernel to run
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="torch")  # its make_batch is the oracle; graph batches are triton anyway
+    for bad in (torch.zeros(8, dtype=torch.int64), torch.zeros(2, 4, dtype=torch.int32), [0, 1]):
+        with pytest.raises(LoraError) as e:
+            m.make_graph_batch(bad)
+        assert e.value.code == LoraErrorCode.INVALID_ARGUMENT
+    buf = torch.full((12,), 7, dtype=torch.int32)  # stale values beyond T must not matter
+    gb = m.make_graph_batch(buf)
+    assert gb.kernel == "triton" and gb.num_lora_tokens is None
+    for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], ["r5_l1"] * 8, [None] * 8):
+        buf[:8] = torch.tensor(m.slots_for(ids), dtype=torch.int32)
+        assert_same_deltas(m, gb, m.make_batch(ids, fake_batch([1] * 8)), 8)
+    # a slot reloaded with another adapter between replays: the graph batch sees the new weights
+    m.unload_adapter("r2_qv")
+    m.add_adapter(random_adapter("new", m, 3, seed=9))
+    ids = ["new", "r8", None, "new", "new", "r5_l1", None, "r8"]
+    buf[:8] = torch.tensor(m.slots_for(ids), dtype=torch.int32)
+    assert_same_deltas(m, gb, m.make_batch(ids, fake_batch([1] * 8)), 8)
+
+
+def test_forward_tensor_with_triton_kernel_matches_torch_kernel(checkpoint_dir, monkeypatch):
+    """Prefill then decode of a mixed batch through the whole model (interpreter on CPU)."""
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    dtype = torch.float32 if INTERPRET else torch.bfloat16
+    base = checkpoint_dir("llama") if INTERPRET else checkpoint_dir("llama", hidden_size=256,
+                                                                    intermediate_size=512, head_dim=64)
+    outs = []
+    for kernel in ("triton", "torch"):
+        gen = TextGenerator.from_pretrained(base, device=DEVICE, dtype=dtype)
+        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel)
+        m.add_adapter(random_adapter("r8", m, 8, seed=1))
+        m.add_adapter(random_adapter("r2_qv", m, 2, modules=("q_proj", "v_proj"), seed=2))
+        m.add_adapter(random_adapter("r5_l1", m, 5, modules=("k_proj", "up_proj", "o_proj"), layers=[1], seed=3))
+        assert m.kernel == kernel
+        h = PagedHarness(gen, num_blocks=32, block_size=4)
+        ids = ["r8", None, "r2_qv", "r5_l1", "r8"]
+        g = torch.Generator().manual_seed(0)
+        prompts = {i: torch.randint(0, 96, (n,), generator=g).tolist() for i, n in enumerate([5, 3, 4, 2, 6])}
+        steps = [h.step(prompts, is_prefill=True, adapter_ids=ids)]
+        for _ in range(2):
+            steps.append(h.step({i: [7 + i] for i in prompts}, is_prefill=False, adapter_ids=ids))
+        outs.append(torch.cat(steps))
+    assert rel_err(outs[0], outs[1]) < (1e-5 if INTERPRET else 2e-2)
+
+
+# -- CUDA ------------------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("blocked", [False, True], ids=["rowwise", "blocked"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_kernels_on_cuda_at_larger_shapes(dtype, blocked):
+    for seed, (T, K, outs, R) in enumerate([(300, 512, (512, 128, 128), 16), (33, 1000, (700,), 64),
+                                            (100, 256, (384, 384), 8)]):
+        check_case(dtype, outs, blocked, grouped=seed % 2 == 1, T=T, K=K, R=R, seed=seed)
+
+
+@pytest.mark.cuda
+def test_graph_batch_under_cuda_graph_replays_with_new_slots():
+    m = loaded_manager(device="cuda", dtype=torch.bfloat16)
+    assert m.kernel == "triton"
+    T = 8
+    buf = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    gb = m.make_graph_batch(buf)
+    xs = {mod: torch.randn(T, m.shapes.in_features(mod), device="cuda", dtype=torch.bfloat16) for mod in m.lora_a}
+    ys = {mod: torch.randn(T, m.shapes.out_offsets(mod)[-1], device="cuda", dtype=torch.bfloat16)
+          for mod in m.lora_a}
+    out = {}
+
+    def step():
+        for layer in range(m.shapes.num_layers):
+            for mod in xs:
+                out[(layer, mod)] = gb.apply(layer, mod, xs[mod], ys[mod].clone())
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], [None] * 8, ["r5_l1"] * 7 + ["r8"]):
+        buf[:T].copy_(torch.tensor(m.slots_for(ids), dtype=torch.int32))
+        graph.replay()
+        want = dataclasses.replace(m.make_batch(ids, fake_batch([1] * T)), kernel="torch")
+        for (layer, mod), got in out.items():
+            if not any(ids):
+                assert torch.equal(got, ys[mod])
+                continue
+            expect = want.apply(layer, mod, xs[mod], ys[mod].clone())
+            assert rel_err(got.float() - ys[mod].float(), expect.float() - ys[mod].float()) < 2e-2, (ids, layer, mod)
