@@ -37,7 +37,10 @@ def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
 
 
 def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page: int):
-    """-> (kv_indptr [B+1] int32, kv_indices [sum pages] int32, last_page_len [B] int32), on the host."""
+    """-> (kv_indptr [B+1] int32, kv_indices [sum pages] int32, last_page_len [B] int32), on the host.
+
+    indptr and last_page_len come back in pinned memory: plan() copies them to the device, and a
+    copy from pageable memory would make CUDA wait for the stream, serialising host and GPU."""
     L = seq_lens_cpu.to(torch.int64)
     pages = (L + page - 1) // page
     indptr = torch.zeros(L.shape[0] + 1, dtype=torch.int32)
@@ -45,7 +48,7 @@ def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, pa
     used = torch.arange(block_tables_cpu.shape[1])[None, :] < pages[:, None]
     indices = block_tables_cpu[used].to(torch.int32)
     last = (L - (pages - 1) * page).to(torch.int32)
-    return indptr, indices, last
+    return indptr.pin_memory(), indices, last.pin_memory()
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -114,8 +117,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         if custom:
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
+            qo = batch.qo_indptr_cpu.pin_memory()
             self._plan = ("single", {
-                w: self._plan_prefill("masked", w, batch.qo_indptr_cpu, indptr, d_indices, last, page, dtype,
+                w: self._plan_prefill("masked", w, qo, indptr, d_indices, last, page, dtype,
                                       mask=to_dev(flat_custom_mask(batch, w)))
                 for w in windows})
             return
@@ -128,8 +132,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         if not bool(is_dec.any()):
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
+            qo = batch.qo_indptr_cpu.pin_memory()
             self._plan = ("single", {
-                w: self._plan_prefill("prefill", w, batch.qo_indptr_cpu, indptr, d_indices, last, page, dtype)
+                w: self._plan_prefill("prefill", w, qo, indptr, d_indices, last, page, dtype)
                 for w in windows})
             return
         # mixed: split requests; decode requests have exactly one token each
@@ -142,6 +147,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         p_ind, p_idx, p_last = page_metadata(batch.block_tables_cpu[pre_req], batch.seq_lens_cpu[pre_req], page)
         p_qo = torch.zeros(pre_req.shape[0] + 1, dtype=torch.int32)
         torch.cumsum(q[pre_req], 0, out=p_qo[1:])
+        p_qo = p_qo.pin_memory()
         d_idx, p_idx = to_dev(d_idx), to_dev(p_idx)
         dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
         pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
