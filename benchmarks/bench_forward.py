@@ -24,9 +24,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llama8b import LLAMA3_8B, random_hf_model, random_text_generator, tiny  # noqa: E402
+from benchmarks.common import LLAMA3_8B, random_hf_model, random_text_generator, tiny  # noqa: E402
 
 
 def timed(fn, *, iters: int, warmup: int = 2, device="cuda") -> float:

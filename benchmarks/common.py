@@ -1,6 +1,8 @@
 """Shared benchmark helpers: random checkpoints of real model shapes, made fast on the GPU.
 
     from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile
+    gen = random_text_generator(LLAMA3_8B, device="cuda")   # same weights law, built in GPU memory
+    hf = random_hf_model(LLAMA3_8B, device="cuda")          # transformers' own model, likewise
     path = make_random_checkpoint("/tmp/llama3-8b", LLAMA3_8B, torch.bfloat16, device="cuda")
     # -> a Hugging Face folder: config.json + model-0000i-of-0000N.safetensors + index;
     #    loads with TextGenerator.from_pretrained and transformers' AutoModelForCausalLM alike
@@ -130,3 +132,51 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# -- in-memory random models (no disk): the forward benchmark and the profiler --------------
+
+def tiny(cfg: dict) -> dict:
+    """The same architecture shrunk for a CPU smoke run of a benchmark script."""
+    return dict(cfg, vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                bos_token_id=1, eos_token_id=2)
+
+
+def _fill(module: torch.nn.Module, seed: int = 0) -> None:
+    g = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+
+
+def random_text_generator(raw_cfg: dict, *, device="cuda", dtype=torch.bfloat16, attention_backend="auto",
+                          cuda_graphs: bool = True, max_graph_batch: int = 128):
+    from model_wrapper import ModelConfig, ModelWrapper
+    from model_wrapper.model_wrapper import make_backend
+    from model_wrapper.models.decoder import CausalLM
+    from text_generator import TextGenerator
+
+    device = torch.device(device)
+    cfg = ModelConfig.from_dict(raw_cfg)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    _fill(model)
+    model.eval().requires_grad_(False)
+    backend = make_backend(attention_backend, cfg, device, dtype)
+    mw = ModelWrapper(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch)
+    return TextGenerator(mw)
+
+
+def random_hf_model(raw_cfg: dict, *, device="cuda", dtype=torch.bfloat16, attn_implementation="sdpa"):
+    """transformers' own LlamaForCausalLM, built (and randomly initialised) on the device."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in raw_cfg.items() if k not in ("architectures", "model_type", "dtype")})
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval().requires_grad_(False)

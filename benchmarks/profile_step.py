@@ -13,9 +13,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from llama8b import LLAMA3_8B, random_text_generator  # noqa: E402
+from benchmarks.common import LLAMA3_8B, random_text_generator  # noqa: E402
 
 
 def step_args(B, ctx, bs, vocab):
