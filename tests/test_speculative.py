@@ -19,7 +19,7 @@ from conftest import hf_model, rel_err
 from kv_manager import BlockManager
 from text_generator import TextGenerator
 from text_generator.speculative import (
-    DraftModelDrafter, DraftTree, NgramDrafter, SamplingParams, SpeculativeDecoder, Verdict,
+    DraftModelDrafter, DraftTree, NgramDrafter, TreeSampling, SpeculativeDecoder, Verdict,
     build_tree_batch, commit_accepted, compact_accepted_kv, target_probs, verify,
 )
 from text_generator.spec_verify import verify_greedy, verify_sampling
@@ -226,7 +226,7 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chi2.sf(stat, int(keep.sum()) - 1))
 
 
-@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.3, top_p=0.8)])
+@pytest.mark.parametrize("params", [TreeSampling(1.0), TreeSampling(0.7, top_k=5), TreeSampling(1.3, top_p=0.8)])
 def test_rejection_sampling_emits_the_target_distribution(params):
     V, trials = 8, 6000
     g = torch.Generator().manual_seed(0)
@@ -257,14 +257,14 @@ def test_rejection_sampling_emits_the_target_distribution(params):
 
 def test_target_probs_top_k_top_p():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
-    p = target_probs(logits, SamplingParams(1.0, top_k=2))
+    p = target_probs(logits, TreeSampling(1.0, top_k=2))
     assert (p[0, 2:] == 0).all() and torch.allclose(p.sum(), torch.tensor(1.0))
     full = torch.softmax(logits, -1)[0]  # ~[.64, .24, .09, .03, .01]
-    p = target_probs(logits, SamplingParams(1.0, top_p=0.8))
+    p = target_probs(logits, TreeSampling(1.0, top_p=0.8))
     assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()
     assert torch.allclose(p[0, :2], full[:2] / full[:2].sum())
     with pytest.raises(ValueError):
-        verify(DraftTree([0], [-1]), logits, SamplingParams(1.0))  # no generator
+        verify(DraftTree([0], [-1]), logits, TreeSampling(1.0))  # no generator
 
 
 # -- KV compaction ----------------------------------------------------------------------------
@@ -472,7 +472,7 @@ def test_sampled_generation_is_reproducible_and_seed_dependent(models):
 
     def run(seed):
         kv, bm = gen.allocate_kv_cache(64, 4), BlockManager(64, 4)
-        dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3), sampling=SamplingParams(0.8, top_p=0.9), seed=seed)
+        dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3), sampling=TreeSampling(0.8, top_p=0.9), seed=seed)
         return dec.generate([prompt, prompt[:9]], 16)
 
     a = run(0)

@@ -31,7 +31,7 @@ from text_generator.spec_tree import DraftTree
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class TreeSampling:
     """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off."""
 
     temperature: float = 0.0
@@ -40,7 +40,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams: expected temperature >= 0, top_k >= 0, 0 < top_p <= 1, got {self}")
+            raise ValueError(f"TreeSampling: expected temperature >= 0, top_k >= 0, 0 < top_p <= 1, got {self}")
 
     @property
     def greedy(self) -> bool:
@@ -56,7 +56,7 @@ class Verdict:
     tokens: list[int]
 
 
-def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, params: TreeSampling) -> torch.Tensor:
     """[n, V] logits -> [n, V] float32 probabilities after temperature, top-k and top-p."""
     x = logits.float() / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
@@ -111,7 +111,7 @@ def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Gener
         node = nxt
 
 
-def verify(tree: DraftTree, logits: torch.Tensor, params: SamplingParams,
+def verify(tree: DraftTree, logits: torch.Tensor, params: TreeSampling,
            generator: torch.Generator | None = None) -> Verdict:
     """Greedy or rejection-sampling verification of one request's tree (see the module doc)."""
     if params.greedy:

@@ -28,10 +28,10 @@ import torch
 from kv_manager import BlockManager
 from text_generator.spec_drafters import DraftModelDrafter, Drafter, NgramDrafter
 from text_generator.spec_tree import DraftTree, TreeBatch, build_tree_batch
-from text_generator.spec_verify import SamplingParams, Verdict, target_probs, verify
+from text_generator.spec_verify import TreeSampling, Verdict, target_probs, verify
 
 __all__ = [
-    "DraftModelDrafter", "DraftTree", "Drafter", "NgramDrafter", "SamplingParams", "SpecStats",
+    "DraftModelDrafter", "DraftTree", "Drafter", "NgramDrafter", "TreeSampling", "SpecStats",
     "SpeculativeDecoder", "TreeBatch", "Verdict", "build_tree_batch", "commit_accepted",
     "compact_accepted_kv",
     "target_probs", "verify",
@@ -121,7 +121,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, generator, kv_cache, block_manager: BlockManager, drafter: Drafter | None,
-                 *, sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                 *, sampling: TreeSampling = TreeSampling(), seed: int = 0,
                  max_seq_len: int | None = None, max_tree_nodes: int = 64):
         self.gen, self.kv_cache, self.bm = generator, kv_cache, block_manager
         self.drafter = drafter if drafter is not None else _NoDraft()
