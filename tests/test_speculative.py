@@ -535,3 +535,22 @@ def test_commit_accepted_moves_any_path_into_place(data):
     k, v = kv[0]
     assert k.view(-1, 1, 2)[dst][:, 0, 0].tolist() == [float(i) for i in path]
     assert torch.equal(v.view(-1, 1, 2)[dst], -k.view(-1, 1, 2)[dst])
+
+
+def test_commit_accepted_refuses_before_changing_anything_when_the_bonus_token_has_no_block():
+    """A fully accepted chain needs one more slot for the bonus token: with no free block,
+    commit_accepted raises OUT_OF_BLOCKS and leaves the sequence exactly as it was."""
+    from kv_manager import BlockManager
+    from kv_manager.errors import KVCacheError, KVErrorCode
+
+    bm = BlockManager(2, 4, enable_prefix_caching=False)
+    bm.admit("s", [1, 2, 3, 4])  # block 0 full
+    bm.commit("s", 4)
+    tree = DraftTree([5, 6, 7, 8], [-1, 0, 1, 2])
+    slots = bm.append("s", tree.tokens)  # block 1 full: the pool is exhausted
+    verdict = Verdict(path=[0, 1, 2, 3], tokens=[6, 7, 8, 9])
+    before = (bm.num_tokens("s"), bm.num_computed_tokens("s"), bm.block_table("s"), bm.token_ids("s"))
+    with pytest.raises(KVCacheError) as info:
+        commit_accepted([], bm, "s", 4, tree, verdict, slots)
+    assert info.value.code == KVErrorCode.OUT_OF_BLOCKS
+    assert (bm.num_tokens("s"), bm.num_computed_tokens("s"), bm.block_table("s"), bm.token_ids("s")) == before

@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from kv_manager import BlockManager
+from kv_manager.errors import KVCacheError, KVErrorCode
 from text_generator.spec_drafters import DraftModelDrafter, Drafter, NgramDrafter
 from text_generator.spec_tree import DraftTree, TreeBatch, build_tree_batch
 from text_generator.spec_verify import TreeSampling, Verdict, target_probs, verify
@@ -66,6 +67,12 @@ def commit_accepted(kv_cache, block_manager: BlockManager, seq_id: Hashable, cac
     tree_slots [tree.size] the slots the nodes were written at. After: cached + m + 1 committed
     (root and accepted drafts) + 1 uncommitted (verdict.tokens[-1]); rejected nodes are gone.
     """
+    grow = len(verdict.path) + 1 - tree.size  # tokens beyond what the tree already holds
+    if grow > 0 and not block_manager.can_append(seq_id, grow):
+        # refuse before touching anything: the caller can preempt and retry
+        raise KVCacheError(KVErrorCode.OUT_OF_BLOCKS,
+                           f"commit_accepted: need {grow} more token slot(s) for the bonus token of "
+                           f"{seq_id!r}, no free block")
     src = tree_slots[verdict.path]
     # ids only: the nodes' K/V stays in place until the copy below, even in blocks this frees
     block_manager.truncate(seq_id, cached)
