@@ -9,6 +9,10 @@ buffers into the graph's static inputs, replay. No host-device sync.
 Padding rows carry slot -1, which the K/V store kernel skips (layers/triton_ops.py), so a replay
 writes nowhere the caller did not name; padding requests read one page (the first page of
 request 0) and their logits are dropped.
+
+With LoRA enabled on the Triton kernel (attach_lora), every graph carries the LoRA kernels; they
+read a static per-token adapter-slot buffer (-1 = base model, and padding), filled per replay,
+so one graph serves any mix of adapters, including none.
 Graphs capture the caller's kv_cache tensors by address: a different cache (or block size)
 drops the graphs and captures again. Warm-up runs write only into a scratch cache.
 """
@@ -35,6 +39,8 @@ class _Bucket:
         self.inputs = torch.zeros(3, size, dtype=torch.int64, device=device)
         self.input_ids, self.positions, self.slots = self.inputs.unbind(0)
         self.staging = torch.zeros(3, size, dtype=torch.int64).pin_memory()
+        self.token_slot = torch.full((size,), -1, dtype=torch.int32, device=device)  # LoRA slots
+        self.token_slot_staging = torch.full((size,), -1, dtype=torch.int32).pin_memory()
         # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
         # with a blocking copy, device ones without
         self.indices_staging = torch.zeros(size * max_pages, dtype=torch.int32).pin_memory()
@@ -80,11 +86,18 @@ class DecodeGraphRunner:
         self._graphs: dict[int, _Bucket] = {}
         self._key = None
         self._pool = None
+        self.lora = None  # a LoraManager whose kernels the graphs carry
+
+    def attach_lora(self, manager) -> None:
+        """Capture LoRA into the graphs from now on when its kernel is graph-safe (Triton);
+        otherwise steps with adapters run eagerly. Drops graphs captured without it."""
+        self.lora = manager if getattr(manager, "kernel", None) == "triton" else None
+        self._graphs, self._key, self._pool = {}, None, None
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
-                and batch.atten_mask is None and batch.lora is None
-                and batch.batch_size <= self.max_batch)
+                and batch.atten_mask is None and batch.batch_size <= self.max_batch
+                and (batch.lora is None or self.lora is not None))
 
     def _cache_key(self, kv_cache, block_size):
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
@@ -118,7 +131,7 @@ class DecodeGraphRunner:
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
             token_req=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
-            max_q=1, max_kv=1)
+            max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot))
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
         mw = self.mw
@@ -168,6 +181,12 @@ class DecodeGraphRunner:
         st[2, :B] = batch.slots_cpu
         self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
         bucket.inputs.copy_(st, non_blocking=True)
+        if self.lora is not None:  # (staging buffers are refilled only after `copied`)
+            ids = batch.extras.get("adapter_ids") if batch.lora is not None else None
+            bucket.token_slot_staging.fill_(-1)
+            if ids is not None:
+                bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)
+            bucket.token_slot.copy_(bucket.token_slot_staging, non_blocking=True)
         bucket.copied.record()
         bucket.graph.replay()
         if batch.lm_head_indices is not None:

@@ -97,6 +97,8 @@ class TextGenerator:
             kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
             max_num_tokens=max_num_tokens, kernel=kernel)
+        if self.model_wrapper.graphs is not None:  # decode graphs now carry the LoRA kernels
+            self.model_wrapper.graphs.attach_lora(self.lora_manager)
         return self.lora_manager
 
     def load_adapter(self, name: str, path: str) -> int:
@@ -174,4 +176,5 @@ class TextGenerator:
         )
         if step.adapter_ids is not None:
             batch.lora = self.lora_manager.make_batch(step.adapter_ids, batch)
+            batch.extras["adapter_ids"] = step.adapter_ids  # per request, for a graph replay
         return mw.forward(batch, kv_cache)
