@@ -154,6 +154,8 @@ def main(argv=None):
             manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
                                   kernel=kernel)
             gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
+            if gen.model_wrapper.graphs is not None:  # graphs carry LoRA when the kernel allows (triton)
+                gen.model_wrapper.graphs.attach_lora(manager)
             for a in range(max(counts)):
                 manager.add_adapter(random_adapter(f"a{a}", manager, rank, device))
             if kernel == kernels[0]:  # load_adapter from a PEFT folder on disk, into a freed slot
@@ -172,6 +174,8 @@ def main(argv=None):
                 rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, ms_per_step=ms))
                 print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms", flush=True)
             gen.lora_manager = None
+            if gen.model_wrapper.graphs is not None:
+                gen.model_wrapper.graphs.attach_lora(None)
             del manager
             if device.type == "cuda":
                 torch.cuda.empty_cache()
