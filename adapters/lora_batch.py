@@ -20,6 +20,7 @@ LoraManager.make_graph_batch).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,10 +37,11 @@ class LoraBatch:
     token_slot:     [T] int32, device: adapter slot of each token, -1 = base model; in a graph
                     batch the runner's static buffer ([max tokens], read as [:T], rewritten before
                     each replay)
-    perm:           [N] int64, device: the N tokens that use an adapter, grouped by slot
-                    (None in a graph batch, and for "triton" when identity)
-    seg_indptr:     [S+1] int64, device: segment s is perm[seg_indptr[s]:seg_indptr[s+1]] ("flashinfer" only)
-    seg_slots:      [S] int64, device: the slot of each segment, ascending ("flashinfer" only)
+    perm:           [N] int64, device: the N tokens that use an adapter, grouped by slot (None in a graph batch)
+    seg_indptr:     [S+1] int64, device: segment s is perm[seg_indptr[s]:seg_indptr[s+1]] (not for "triton")
+    seg_slots:      [S] int64, device: the slot of each segment, ascending (not for "triton")
+    slot_indptr:    [max_loras+1] int32, device: slot s's tokens are perm[slot_indptr[s]:slot_indptr[s+1]]
+                    ("triton" only, None in a graph batch)
     segments:       host (slot, start, end) per segment, the same numbers for the torch loop;
                     None = not known on the host (a graph batch): apply() always launches
     identity:       perm is arange(T) (every token uses an adapter, already grouped): no gather
@@ -55,6 +57,7 @@ class LoraBatch:
     identity: bool
     kernel: str
     manager: "LoraManager"
+    slot_indptr: torch.Tensor | None = None
 
     @property
     def num_lora_tokens(self) -> int | None:
@@ -82,9 +85,17 @@ class LoraBatch:
         m = self.manager
         a, b, ranks, offsets = m.layer_weights(layer, module)
         slots = self.token_slot[: x.shape[0]]
-        rows = None if self.identity else self.perm  # the LoRA tokens, grouped by slot; None = all
-        s = lora_shrink(x, a, slots, ranks, m.max_rank, rows=rows)
-        return lora_expand_add(s, b, slots, ranks, m.max_rank, y, offsets, rows=rows)
+        s = lora_shrink(x, a, slots, ranks, m.max_rank, self._triton_segments)
+        return lora_expand_add(s, b, slots, ranks, m.max_rank, y, offsets, self._triton_segments)
+
+    @functools.cached_property
+    def _triton_segments(self):
+        """The host's grouping for the triton kernels; None in a graph batch (they scan token_slot)."""
+        from adapters.triton_kernels import LoraSegments
+
+        if self.segments is None:
+            return None
+        return LoraSegments(self.perm, self.slot_indptr, max(end - start for _, start, end in self.segments))
 
     def _apply_torch(self, layer, module, x, y):
         m = self.manager

@@ -83,7 +83,8 @@ class LoraManager:
             self._buffers = dict(
                 token_slot=torch.empty(max_num_tokens, device=self.device, dtype=torch.int32),
                 perm=torch.empty(max_num_tokens, **i64), seg_indptr=torch.empty(max_loras + 1, **i64),
-                seg_slots=torch.empty(max_loras, **i64))
+                seg_slots=torch.empty(max_loras, **i64),
+                slot_indptr=torch.empty(max_loras + 1, device=self.device, dtype=torch.int32))
         self._segment_gemm = None
 
     # -- adapters ------------------------------------------------------------------------------
@@ -228,13 +229,15 @@ class LoraManager:
         identity = N == T and bool((req_slot[1:] >= req_slot[:-1]).all())
 
         token_slot = torch.repeat_interleave(req_slot.to(torch.int32), q, output_size=T)
-        segment_kernel = self.kernel != "triton"  # the triton kernel needs token_slot (and perm) only
+        triton = self.kernel == "triton"
+        slot_indptr = torch.zeros(self.max_loras + 1, dtype=torch.int32)
+        slot_indptr[1:] = torch.cumsum(per_slot, 0)
         return LoraBatch(
-            token_slot=self._to_device("token_slot", token_slot),
-            perm=None if self.kernel == "triton" and identity else self._to_device("perm", perm),
-            seg_indptr=self._to_device("seg_indptr", seg_indptr) if segment_kernel else None,
-            seg_slots=self._to_device("seg_slots", seg_slots) if segment_kernel else None,
-            segments=segments, identity=identity, kernel=self.kernel, manager=self)
+            token_slot=self._to_device("token_slot", token_slot), perm=self._to_device("perm", perm),
+            seg_indptr=None if triton else self._to_device("seg_indptr", seg_indptr),
+            seg_slots=None if triton else self._to_device("seg_slots", seg_slots),
+            segments=segments, identity=identity, kernel=self.kernel, manager=self,
+            slot_indptr=self._to_device("slot_indptr", slot_indptr) if triton else None)
 
     def make_graph_batch(self, token_slot_buffer: torch.Tensor) -> LoraBatch:
         """A LoraBatch for a CUDA-graph runner, made once per captured graph (kernel "triton").
@@ -248,7 +251,7 @@ class LoraManager:
         arg = "make_graph_batch(token_slot_buffer)"
         buf = token_slot_buffer
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.int32 or buf.dim() != 1 \
-                or buf.device != self.device:
+                or buf.device.type != self.device.type or self.device.index not in (None, buf.device.index):
             got = (f"{buf.dtype} {list(buf.shape)} on {buf.device}" if isinstance(buf, torch.Tensor)
                    else type(buf).__name__)
             raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg,
@@ -300,7 +303,8 @@ def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> st
 
 
 def _triton_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16, torch.float32) and _imports("triton")
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and _imports("adapters.triton_kernels"))  # triton with griddepcontrol (3.3 and later)
 
 
 def _flashinfer_runs(device: torch.device, dtype: torch.dtype) -> bool:

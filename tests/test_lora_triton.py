@@ -2,9 +2,9 @@
 
 Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors); the
 module is skipped where triton is not installed (CI installs only `.[test]`). The interpreter
-computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so the blocked
-schedule (tl.dot) is checked in fp32 / fp16 there and in bf16 only on CUDA. Oracles: the
-per-token product written out with einsum over gathered slot weights, and the "torch" kernel.
+computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so the kernels are
+checked in fp32 / fp16 there and in bf16 only on CUDA. Oracles: the per-token product written
+out with einsum over gathered slot weights, and the "torch" kernel.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def random_case(T, K, outs, R, num_slots, dtype, device=DEVICE, seed=0):
     ranks = torch.randint(0, R + 1, (num_slots, len(outs)), generator=g, dtype=torch.int32)
     ranks[0] = R  # slot 0 at full rank, the others padded (rank 0 = a sub-module not adapted)
     token_slot = torch.randint(-1, num_slots, (T,), generator=g, dtype=torch.int32)
-    token_slot[:2] = torch.tensor([0, -1])
+    token_slot[:2] = torch.tensor([0, -1])[:T]
     y = torch.randn(T, sum(outs), generator=g).to(device, dtype)
     offsets = [0]
     for n in outs:
@@ -91,19 +91,27 @@ def random_case(T, K, outs, R, num_slots, dtype, device=DEVICE, seed=0):
     return x, a, bs, ranks.to(device), token_slot.to(device), y, tuple(offsets)
 
 
-def run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, rows=None, blocked=None):
-    s = tk.lora_shrink(x, a, token_slot, ranks, R, rows=rows, blocked=blocked)
+def run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, segments=None):
+    s = tk.lora_shrink(x, a, token_slot, ranks, R, segments)
     assert s.dtype == torch.float32 and s.shape[1:] == (x.shape[0], a.shape[1])
-    return tk.lora_expand_add(s, bs, token_slot, ranks, R, y, offsets, rows=rows, blocked=blocked)
+    return tk.lora_expand_add(s, bs, token_slot, ranks, R, y, offsets, segments)
 
 
-def check_case(dtype, outs, blocked, grouped, T=37, K=80, R=8, tol=None, seed=0):
-    x, a, bs, ranks, token_slot, y, offsets = random_case(T, K, outs, R, 5, dtype, seed=seed)
-    rows = None
-    if grouped:  # only the LoRA tokens, grouped by slot (LoraBatch.perm)
-        rows = torch.argsort(token_slot.cpu(), stable=True)[int((token_slot < 0).sum()):].to(x.device)
+def grouped(token_slot, num_slots):
+    """The host's grouping of the tokens by slot, as LoraManager.make_batch builds it."""
+    slots = token_slot.cpu().long()
+    perm = torch.argsort(slots, stable=True)[int((slots < 0).sum()):]
+    counts = torch.bincount(slots[slots >= 0], minlength=num_slots)
+    indptr = torch.zeros(num_slots + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(counts, 0)
+    return tk.LoraSegments(perm.to(token_slot.device), indptr.to(token_slot.device), int(counts.max()))
+
+
+def check_case(dtype, outs, segmented, T=37, K=80, R=8, num_slots=5, tol=None, seed=0):
+    x, a, bs, ranks, token_slot, y, offsets = random_case(T, K, outs, R, num_slots, dtype, seed=seed)
+    segments = grouped(token_slot, num_slots) if segmented else None
     y0 = y.clone()
-    got = run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, rows=rows, blocked=blocked)
+    got = run_kernels(x, a, bs, ranks, token_slot, y, offsets, R, segments)
     assert got.data_ptr() == y.data_ptr()  # in place
     want = reference(x, a, bs, token_slot, ranks, R, offsets, y0)
     base = token_slot < 0
@@ -116,13 +124,17 @@ def check_case(dtype, outs, blocked, grouped, T=37, K=80, R=8, tol=None, seed=0)
 # -- the kernels ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("outs", [(48,), (40, 24), (64, 16, 16)], ids=["one", "gate_up", "qkv"])
-@pytest.mark.parametrize("blocked, grouped", [(False, False), (False, True), (True, False), (True, True)],
-                         ids=["rowwise", "rowwise-rows", "blocked", "blocked-rows"])
+@pytest.mark.parametrize("segmented", [False, True], ids=["scan", "segmented"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_shrink_expand_match_per_token_reference(dtype, outs, blocked, grouped):
-    if INTERPRET and blocked and dtype == torch.bfloat16:
+def test_shrink_expand_match_per_token_reference(dtype, outs, segmented):
+    if INTERPRET and dtype == torch.bfloat16:
         pytest.skip("the interpreter's tl.dot is wrong for bf16 (checked on CUDA)")
-    check_case(dtype, outs, blocked, grouped)
+    check_case(dtype, outs, segmented)
+
+
+@pytest.mark.parametrize("segmented", [False, True], ids=["scan", "segmented"])
+def test_many_tokens_take_several_chunks_per_slot(segmented):
+    check_case(torch.float32, (24, 8, 8), segmented, T=150, K=40, R=4, num_slots=2)
 
 
 def test_split_k_partials_add_up_and_ranks_mask_the_padding(monkeypatch):
@@ -156,13 +168,13 @@ def test_a_fused_module_is_one_shrink_and_one_expand_launch(monkeypatch):
             launches.append((self.name, grid))
             return self.kernel[grid]
 
-    for name in ("_shrink_rowwise", "_expand_rowwise", "_shrink_blocked", "_expand_blocked"):
+    for name in ("_shrink", "_expand"):
         monkeypatch.setattr(tk, name, Count(name, getattr(tk, name)))
-    x, a, bs, ranks, token_slot, y, offsets = random_case(5, 32, (32, 16, 16), 4, 2, torch.float32)
+    x, a, bs, ranks, token_slot, y, offsets = random_case(5, 32, (256, 128, 128), 4, 2, torch.float32)
     run_kernels(x, a, bs, ranks, token_slot, y, offsets, 4)
-    assert [n for n, _ in launches] == ["_shrink_rowwise", "_expand_rowwise"]
-    # expand grid: one program per token and output column block of q, k and v together
-    assert launches[1][1][0] == 5
+    assert [n for n, _ in launches] == ["_shrink", "_expand"]
+    # expand grid: (slot, chunk of its tokens, output column block of q, k and v together)
+    assert launches[1][1] == (2, 1, 2 + 1 + 1)
 
 
 # -- LoraManager / LoraBatch with kernel "triton" -------------------------------------------------
@@ -216,16 +228,16 @@ def test_manager_tracks_true_ranks_per_sub_module():
     assert all(int(r[:, s["r8"]].abs().sum()) == 0 for r in m.lora_rank.values())
 
 
-@pytest.mark.parametrize("schedule", ["rowwise", "blocked"])
+@pytest.mark.parametrize("schedule", ["segmented", "scan"])
 def test_triton_batch_matches_torch_kernel(schedule, monkeypatch):
-    if schedule == "blocked":
-        monkeypatch.setattr(tk, "ROWWISE_MAX_ROWS", 0)
-    m = loaded_manager()
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="triton")
     for ids, q_lens in [(["r2_qv", None, "r8", "r5_l1", "base", "r8"], [3, 2, 4, 1, 2, 5]),
                         (["r8"], [2, 3]), (["r5_l1", "r8", "r8"], [2, 1, 3])]:
-        want = m.make_batch(ids, fake_batch(q_lens))
-        got = dataclasses.replace(want, kernel="triton", seg_indptr=None, seg_slots=None,
-                                  perm=None if want.identity else want.perm)
+        got = m.make_batch(ids, fake_batch(q_lens))
+        want = dataclasses.replace(got, kernel="torch")
+        if schedule == "scan":  # what a graph batch does: no host grouping
+            got = dataclasses.replace(got, segments=None, perm=None, slot_indptr=None)
         assert_same_deltas(m, got, want, sum(q_lens))
 
 
@@ -239,9 +251,9 @@ def test_make_batch_for_triton_copies_int32_slots_into_the_preallocated_buffer(m
     assert lb.token_slot.tolist() == [s["r8"]] * 2 + [-1] + [s["r2_qv"]] * 3
     assert lb.token_slot.data_ptr() == m._buffers["token_slot"].data_ptr()
     assert (s["r8"], s["r2_qv"]) == (0, 1) and lb.perm.tolist() == [0, 1, 3, 4, 5]  # grouped by slot
+    assert lb.slot_indptr.tolist() == [0, 2, 5, 5, 5]  # slot s: perm[indptr[s]:indptr[s+1]]
+    assert lb.slot_indptr.data_ptr() == m._buffers["slot_indptr"].data_ptr()
     assert lb.seg_indptr is None and lb.seg_slots is None  # the segment GEMM's, not needed here
-    one = m.make_batch(["r8"], fake_batch([3]))
-    assert one.identity and one.perm is None
     assert m.slots_for(["r5_l1", None, "base"]) == [s["r5_l1"], -1, -1]
     with pytest.raises(LoraError) as e:
         m.slots_for(["r8", "nope"])
@@ -308,12 +320,12 @@ def test_forward_tensor_with_triton_kernel_matches_torch_kernel(checkpoint_dir, 
 # -- CUDA ------------------------------------------------------------------------------------------
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("blocked", [False, True], ids=["rowwise", "blocked"])
+@pytest.mark.parametrize("segmented", [False, True], ids=["scan", "segmented"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_kernels_on_cuda_at_larger_shapes(dtype, blocked):
-    for seed, (T, K, outs, R) in enumerate([(300, 512, (512, 128, 128), 16), (33, 1000, (700,), 64),
-                                            (100, 256, (384, 384), 8)]):
-        check_case(dtype, outs, blocked, grouped=seed % 2 == 1, T=T, K=K, R=R, seed=seed)
+def test_kernels_on_cuda_at_larger_shapes(dtype, segmented):
+    for seed, (T, K, outs, R, num_slots) in enumerate([(300, 512, (512, 128, 128), 16, 5), (33, 1000, (700,), 64, 3),
+                                                       (100, 256, (384, 384), 8, 16), (1, 4096, (4096,), 16, 16)]):
+        check_case(dtype, outs, segmented, T=T, K=K, R=R, num_slots=num_slots, seed=seed)
 
 
 @pytest.mark.cuda
