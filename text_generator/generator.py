@@ -82,8 +82,9 @@ class TextGenerator:
         """Preallocate max_loras adapter slots of rank <= max_rank on the model's device; once.
 
         max_num_tokens: preallocate the per-step mapping buffers too (for CUDA graphs).
-        kernel: "auto" (FlashInfer segment GEMM on CUDA in bf16/fp16 when installed, else torch),
-                "torch", "flashinfer". Returns the LoraManager (also self.lora_manager).
+        kernel: "auto" (on CUDA: Triton when installed, which also runs inside the decode CUDA
+                graphs, else FlashInfer segment GEMM; torch elsewhere), "triton", "flashinfer",
+                "torch". Returns the LoraManager (also self.lora_manager).
         """
         from adapters import LoraErrorCode, LoraManager, LoraStateError
 
