@@ -130,7 +130,7 @@ class DecodeGraphRunner:
             write_slots=bucket.slots, write_token_index=None, block_size=block_size,
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
-            token_req=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
+            token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
             max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot))
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:

@@ -45,6 +45,8 @@ class ForwardBatch:
     qo_indptr_cpu:   [B+1] int32, host; token offsets of each request in input_ids
     block_tables_cpu:[B, W] int32, host; padding past ceil(L/block_size) never read
     token_req:       [T] int64, device; request index of each token
+    token_req_cpu:   [T] int64, host copy
+    token_kv_index_cpu: [T] int64, host; kv index of each new token (L - q + i)
     lm_head_indices: [num_out] int64, device, or None for every token
     spec_mask:       [T, max_q] bool, host (True = attend) or None; backends plan from it
     atten_mask:      [T, max_kv] bool, host (True = attend) or None
@@ -68,6 +70,8 @@ class ForwardBatch:
     qo_indptr_cpu: torch.Tensor
     block_tables_cpu: torch.Tensor
     token_req: torch.Tensor
+    token_req_cpu: torch.Tensor | None
+    token_kv_index_cpu: torch.Tensor | None
     lm_head_indices: torch.Tensor | None
     spec_mask: torch.Tensor | None
     atten_mask: torch.Tensor | None
@@ -106,6 +110,8 @@ class ForwardBatch:
         spec_mask: torch.Tensor | None,
         atten_mask: torch.Tensor | None,
         device: torch.device,
+        token_req_cpu: torch.Tensor | None = None,
+        token_kv_index_cpu: torch.Tensor | None = None,
     ) -> "ForwardBatch":
         """All host inputs are validated and on the CPU (positions, slots, *_cpu); input_ids may be
         on the caller's device."""
@@ -114,7 +120,12 @@ class ForwardBatch:
         qo_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
         torch.cumsum(q_lens_cpu, 0, out=qo_indptr[1:])
         num_tokens = int(qo_indptr[-1])
-        req = torch.repeat_interleave(torch.arange(q.shape[0]), q, output_size=num_tokens)
+        req = token_req_cpu
+        if req is None:
+            req = torch.repeat_interleave(torch.arange(q.shape[0]), q, output_size=num_tokens)
+        kv_index = token_kv_index_cpu
+        if kv_index is None:
+            kv_index = torch.arange(num_tokens) - qo_indptr[:-1].to(torch.int64)[req] + (L - q)[req]
         if not is_prefill:
             mode = ForwardMode.DECODE
         elif bool(((q == 1) & (L > 1)).any()):
@@ -155,6 +166,8 @@ class ForwardBatch:
             qo_indptr_cpu=qo_indptr,
             block_tables_cpu=block_tables_cpu,
             token_req=on_dev["token_req"],
+            token_req_cpu=req,
+            token_kv_index_cpu=kv_index,
             lm_head_indices=on_dev.get("lm_head_indices"),
             spec_mask=spec_mask,
             atten_mask=atten_mask,

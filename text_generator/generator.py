@@ -174,6 +174,7 @@ class TextGenerator:
             seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
             lm_head_indices=step.lm_head_indices, spec_mask=step.spec_mask,
             atten_mask=step.atten_mask, device=mw.device,
+            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index,
         )
         if step.adapter_ids is not None:
             batch.lora = self.lora_manager.make_batch(step.adapter_ids, batch)

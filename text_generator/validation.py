@@ -26,6 +26,8 @@ _MASKED_BELOW = -1e4  # additive mask values at or below this (incl. -inf) mean 
 class StepArgs:
     input_ids: torch.Tensor  # [T] int64 (caller's device)
     input_ids_cpu: torch.Tensor  # [T] int64 host copy
+    token_req: torch.Tensor  # [T] int64 host: request of each token
+    token_kv_index: torch.Tensor  # [T] int64 host: kv index of each token (L - q + i)
     positions: torch.Tensor  # [T] int64 host
     slots: torch.Tensor  # [T] int64 host
     is_prefill: bool
@@ -253,7 +255,8 @@ def validate_step(
         _fail(ErrorCode.INVALID_MAX_OUT_LEN, "max_out_len", f"expected a positive int, got {max_out_len}")
 
     return StepArgs(
-        input_ids=input_ids, input_ids_cpu=ids_h.to(torch.int64), positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
+        input_ids=input_ids, input_ids_cpu=ids_h.to(torch.int64), token_req=req, token_kv_index=kv_index,
+        positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
         q_lens=q.to(torch.int32), input_lengths=L.to(torch.int32), block_tables=bt.to(torch.int32),
         lm_head_indices=lm, spec_mask=spec_mask, atten_mask=atten_mask,
         adapter_ids=adapter_ids, max_out_len=max_out_len,

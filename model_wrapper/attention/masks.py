@@ -18,11 +18,8 @@ from model_wrapper.forward_batch import ForwardBatch
 
 def token_geometry(batch: ForwardBatch):
     """Host tensors: req [T] request of each token, kv_index [T], key_valid [T, max_kv]."""
-    q = batch.q_lens_cpu.to(torch.int64)
-    L = batch.seq_lens_cpu.to(torch.int64)
-    req = torch.repeat_interleave(torch.arange(q.shape[0]), q, output_size=batch.num_tokens)
-    kv_index = torch.arange(batch.num_tokens) - batch.qo_indptr_cpu[:-1].to(torch.int64)[req] + (L - q)[req]
-    key_valid = torch.arange(batch.max_kv)[None, :] < L[req][:, None]
+    req, kv_index = batch.token_req_cpu, batch.token_kv_index_cpu
+    key_valid = torch.arange(batch.max_kv)[None, :] < batch.seq_lens_cpu.to(torch.int64)[req][:, None]
     return req, kv_index, key_valid
 
 

@@ -35,6 +35,7 @@ class TorchAttentionBackend(AttentionBackend):
         row_valid = i[None, :] < q[:, None]  # [B, max_q]
         # padded (b, i) -> token index; padding rows point at an extra all-zero row (index T)
         pad_index = torch.where(row_valid, batch.qo_indptr_cpu[:-1, None].to(torch.int64) + i, batch.num_tokens)
+        self._pad_index_cpu = pad_index
         self._pad_index = pad_index.to(dev)
         self._unpad = torch.nonzero(row_valid.flatten()).flatten().to(dev)  # [T] into B*max_q
         self._batch = batch
@@ -45,7 +46,7 @@ class TorchAttentionBackend(AttentionBackend):
         if window not in self._masks:
             vis = token_visibility(self._batch, window)
             vis = torch.cat((vis, vis.new_zeros(1, vis.shape[1])))
-            self._masks[window] = vis[self._pad_index.cpu()].to(self._pad_index.device)
+            self._masks[window] = vis[self._pad_index_cpu].to(self._pad_index.device)
         return self._masks[window]
 
     def run(self, layer, q, k_cache, v_cache, window, batch):

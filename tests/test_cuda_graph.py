@@ -1,0 +1,31 @@
+"""The parts of the decode CUDA-graph runner that need no GPU: the bucket choice and the static
+batch a graph is captured with (a ForwardBatch whose fields track the real one's)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from model_wrapper.cuda_graph import DEFAULT_BUCKETS, DecodeGraphRunner
+from model_wrapper.forward_batch import ForwardBatch, ForwardMode
+
+
+def test_static_batch_is_a_complete_forward_batch():
+    runner = object.__new__(DecodeGraphRunner)
+    runner.lora = None
+    z = torch.zeros(8, dtype=torch.int64)
+    bucket = SimpleNamespace(size=8, input_ids=z, positions=z, slots=z.clone(),
+                             token_slot=torch.full((8,), -1, dtype=torch.int32))
+    batch = runner._static_batch(bucket, block_size=16)
+    assert isinstance(batch, ForwardBatch) and batch.mode == ForwardMode.DECODE
+    assert batch.batch_size == 8 and batch.num_tokens == 8 and batch.max_q == 1
+    assert batch.slots is bucket.slots and batch.write_token_index is None and batch.lora is None
+
+
+def test_buckets_cover_every_batch_size_up_to_256():
+    assert DEFAULT_BUCKETS[0] == 1 and DEFAULT_BUCKETS[-1] == 256
+    assert list(DEFAULT_BUCKETS) == sorted(set(DEFAULT_BUCKETS))
+    for b in range(1, 257):  # the padding a batch pays is under 8 rows above 8
+        size = next(s for s in DEFAULT_BUCKETS if s >= b)
+        assert size - b < max(8, b // 2 + 1)
