@@ -3,7 +3,9 @@
 Reads one file or the shards listed in model.safetensors.index.json, with a tqdm bar over
 shards; casts to the requested dtype; fills the fused qkv_proj / gate_up_proj from the
 checkpoint's separate projections; ties lm_head to the embedding when the config says so.
-Never touches a hub: a path that is not a local folder is an error.
+Never touches a hub: a path that is not a local folder is an error. Under tensor parallelism
+(a TPGroup of world > 1) each rank reads only its slice of each sharded tensor (safetensors
+get_slice; rules in model_wrapper/parallel.py) into a model built with its own sizes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tqdm import tqdm
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.models.decoder import CausalLM
+from model_wrapper.parallel import TPGroup, TPShard
 
 _FUSED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0),
@@ -52,7 +55,8 @@ def _shard_files(path: str) -> list[str]:
     return [os.path.join(path, f) for f in files]
 
 
-def _row_ranges(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
+def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]:
+    """Rows of each part in a fused parameter; a TPShard gives this rank's (local) sizes."""
     if fused.endswith("qkv_proj"):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
@@ -60,7 +64,7 @@ def _row_ranges(cfg: ModelConfig, fused: str) -> list[tuple[int, int]]:
     return [(0, n), (n, 2 * n)]
 
 
-def _target(cfg: ModelConfig, name: str):
+def _target(cfg: ModelConfig | TPShard, name: str):
     """HF tensor name -> (our parameter name, row range or None), or None to skip."""
     for hf, (ours, part) in _FUSED.items():
         marker = f".{hf}."
@@ -69,11 +73,40 @@ def _target(cfg: ModelConfig, name: str):
     return name, None
 
 
-def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
+    """This rank's part of checkpoint tensor hf_name, and the part of dst it fills."""
+    sl = f.get_slice(hf_name)
+    shape = tuple(sl.get_shape())
+    rng = shard.source_range(hf_name)
+    if rng is None:
+        want = tuple(dst.shape)
+    else:
+        dim, start, length, total = rng
+        want = tuple(total if i == dim else n for i, n in enumerate(dst.shape))
+    if shape != want:
+        raise ModelLoadError(
+            ModelErrorCode.MISSHAPEN_TENSOR,
+            f"{hf_name} in {os.path.basename(file)}: expected shape {want}, got {shape}",
+        )
+    if rng is None:
+        return sl[:], dst
+    index = tuple(slice(start, start + length) if i == dim else slice(None) for i in range(len(shape)))
+    return sl[index], dst.narrow(dim, 0, length)
+
+
+def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device,
+               tp: TPGroup | None = None) -> CausalLM:
     files = _shard_files(path)
+    tp = tp if tp is not None else TPGroup.single()
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, tp)
     model = model.to_empty(device=device).to(dtype)
+    shard = model.shard
+    sizes = shard if tp.enabled else cfg
+    if tp.enabled:  # the last vocabulary shard's padding rows are never read: keep them finite
+        with torch.no_grad():
+            model.model.embed_tokens.weight.zero_()
+            model.lm_head.weight.zero_()
     params = dict(model.named_parameters())
     if cfg.tie_word_embeddings:
         params.pop("lm_head.weight", None)
@@ -83,20 +116,23 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         parts = None
         for _, (ours, _) in _FUSED.items():
             if f".{ours}." in name:
-                parts = _row_ranges(cfg, ours)
+                parts = _row_ranges(sizes, ours)
         pending.update((name, r) for r in parts) if parts else pending.add((name, None))
 
     for file in tqdm(files, desc="loading shards", unit="shard", disable=len(files) < 2):
         with safe_open(file, framework="pt", device="cpu") as f:
             for hf_name in f.keys():
-                name, rows = _target(cfg, hf_name)
+                name, rows = _target(sizes, hf_name)
                 if name not in params:
                     if not (cfg.tie_word_embeddings and name == "lm_head.weight"):
                         logger.debug("ignoring checkpoint tensor {}", hf_name)
                     continue
                 param = params[name]
                 dst = param.data if rows is None else param.data[rows[0] : rows[1]]
-                t = f.get_tensor(hf_name)
+                if tp.enabled:
+                    t, dst = _read_shard(f, hf_name, dst, shard, file)
+                else:
+                    t = f.get_tensor(hf_name)
                 if tuple(t.shape) != tuple(dst.shape):
                     raise ModelLoadError(
                         ModelErrorCode.MISSHAPEN_TENSOR,
@@ -107,7 +143,7 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                     dst.copy_(t.to(dtype))
                 pending.discard((name, rows))
     if pending:
-        names = sorted(_hf_name(n, r, cfg) for n, r in pending)
+        names = sorted(_hf_name(n, r, sizes) for n, r in pending)
         raise ModelLoadError(
             ModelErrorCode.MISSING_TENSOR,
             f"checkpoint {path!r} lacks {len(names)} tensor(s), e.g. {names[:5]}",
@@ -117,7 +153,7 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     return model.eval().requires_grad_(False)
 
 
-def _hf_name(name: str, rows, cfg: ModelConfig) -> str:
+def _hf_name(name: str, rows, cfg: ModelConfig | TPShard) -> str:
     if rows is None:
         return name
     for hf, (ours, part) in _FUSED.items():

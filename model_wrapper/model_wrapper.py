@@ -1,7 +1,9 @@
 """ModelWrapper: turns one step's ForwardBatch and the caller's kv_cache into logits.
 
 Owns the loaded model, the attention backend and the rotary frequencies. Per step: plan the
-backend once, compute cos/sin once, run the decoder (every layer shares both).
+backend once, compute cos/sin once, run the decoder (every layer shares both). Under tensor
+parallelism (tp_group of world > 1) the model, backend and KV-cache spec are this rank's: local
+q / kv heads (model_wrapper/parallel.py); the logits are the full vocabulary on every rank.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
 from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
 from model_wrapper.models.decoder import CausalLM
+from model_wrapper.parallel import TPGroup, TPShard
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -40,8 +43,11 @@ def resolve_dtype(dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
     )
 
 
-def make_backend(name: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    args = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+def make_backend(name: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                 shard: TPShard | None = None) -> AttentionBackend:
+    """shard: this rank's head counts under tensor parallelism (None: the whole model's)."""
+    heads = shard if shard is not None else cfg
+    args = (heads.num_heads, heads.num_kv_heads, cfg.head_dim)
     if name == "auto":
         name = "flashinfer" if device.type == "cuda" and _flashinfer_available() else "torch"
     if name == "torch":
@@ -74,6 +80,7 @@ class ModelWrapper:
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
                  max_graph_batch: int = 256):
         self.model, self.cfg, self.backend = model, cfg, backend
+        self.tp: TPGroup = model.tp
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
             device = torch.device("cuda", torch.cuda.current_device())
@@ -84,27 +91,30 @@ class ModelWrapper:
         else:
             self.kernels = TorchKernels(inv_freq, dtype)
         self.graphs = None
-        # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton)
-        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None:
+        # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
+        # under TP they would capture collectives, which is untested: TP steps run eagerly
+        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None and not self.tp.enabled:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch)
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
-                        cuda_graphs: bool = True, max_graph_batch: int = 256):
+                        cuda_graphs: bool = True, max_graph_batch: int = 256, tp_group: TPGroup | None = None):
         cfg = ModelConfig.from_pretrained(path)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)
-        model = load_model(path, cfg, dtype=dtype, device=device)
-        backend = make_backend(attention_backend, cfg, device, dtype)
-        logger.info("loaded {} ({} layers) on {} as {}, attention backend {}",
-                    cfg.architecture, cfg.num_layers, device, dtype, backend.name)
+        tp = tp_group if tp_group is not None else TPGroup.single()
+        model = load_model(path, cfg, dtype=dtype, device=device, tp=tp)
+        backend = make_backend(attention_backend, cfg, device, dtype, model.shard)
+        logger.info("loaded {} ({} layers) on {} as {}, attention backend {}, tensor parallel rank {} of {}",
+                    cfg.architecture, cfg.num_layers, device, dtype, backend.name, tp.rank, tp.world_size)
         return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch)
 
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, self.dtype)
+        """This rank's cache: its own kv heads (all of them without tensor parallelism)."""
+        return KVCacheSpec(self.cfg.num_layers, self.model.shard.num_kv_heads, self.cfg.head_dim, self.dtype)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:

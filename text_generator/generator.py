@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from kv_manager import KVCacheSpec, allocate_kv_cache
-from model_wrapper import ForwardBatch, ModelConfig, ModelWrapper
+from model_wrapper import ForwardBatch, ModelConfig, ModelWrapper, TPGroup
 from text_generator.validation import validate_step
 
 
@@ -30,7 +30,8 @@ class TextGenerator:
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
-                        cuda_graphs: bool = True, max_graph_batch: int = 256) -> "TextGenerator":
+                        cuda_graphs: bool = True, max_graph_batch: int = 256,
+                        tp_group: TPGroup | None = None) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -39,10 +40,15 @@ class TextGenerator:
         attention_backend: "auto" (FlashInfer on CUDA when installed, else torch), "torch", "flashinfer".
         cuda_graphs: replay captured CUDA graphs for decode steps of up to max_graph_batch
                requests (FlashInfer backend only); False runs every step eagerly.
+        tp_group: tensor parallelism (model_wrapper.TPGroup; None: one rank holds the whole model).
+               Under torchrun: init_process_group, then tp_group=TPGroup.from_default_group() and
+               device=f"cuda:{local_rank}". Every rank must then make the same calls with the same
+               tensors (SPMD); each loads only its weight slices, allocates a kv_cache of its own
+               kv heads (kv_cache_spec is per rank) and gets the full-vocabulary logits.
         """
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
-            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch))
+            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property
@@ -66,7 +72,12 @@ class TextGenerator:
         return self.config.max_position_embeddings
 
     @property
+    def tp_group(self) -> TPGroup:
+        return self.model_wrapper.tp
+
+    @property
     def kv_cache_spec(self) -> KVCacheSpec:
+        """This rank's KV-cache shape (its own kv heads under tensor parallelism)."""
         return self.model_wrapper.kv_cache_spec
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -92,6 +103,10 @@ class TextGenerator:
             raise LoraStateError(LoraErrorCode.ALREADY_ENABLED, "enable_lora",
                                  f"expected a first call, got LoRA already enabled with max_loras="
                                  f"{self.lora_manager.max_loras}, max_rank={self.lora_manager.max_rank}")
+        if self.tp_group.enabled:  # A / B would need the same sharding as the base weights
+            raise LoraStateError(LoraErrorCode.UNSUPPORTED_TENSOR_PARALLEL, "enable_lora",
+                                 f"expected tensor parallelism off (world size 1), got world size "
+                                 f"{self.tp_group.world_size}: LoRA under tensor parallelism is not implemented")
         cfg = self.config
         self.lora_manager = LoraManager(
             num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
@@ -164,7 +179,7 @@ class TextGenerator:
             input_ids=input_ids, position_ids=position_ids, is_prefill=is_prefill, kv_cache=kv_cache,
             block_tables=block_tables, slots=slots, input_lengths=input_lengths, max_seq_len=max_seq_len,
             lm_head_indices=lm_head_indices, kwargs=kwargs,
-            num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            num_layers=cfg.num_layers, num_kv_heads=mw.kv_cache_spec.num_kv_heads, head_dim=cfg.head_dim,
             vocab_size=cfg.vocab_size, model_max_len=cfg.max_position_embeddings,
             dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(),
         )

@@ -4,7 +4,9 @@ Weights are fused where that saves launches (q/k/v in qkv_proj, gate/up in gate_
 loader fills the fused tensors from the checkpoint's separate ones. A family changes only the
 flags in ModelConfig (biases, q/k norm, per-layer sliding windows). The model owns no cache
 bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carries it, adds
-its deltas through `batch.lora.apply(layer, module, x, y)`.
+its deltas through `batch.lora.apply(layer, module, x, y)`. Under tensor parallelism (a TPGroup
+of world > 1, see model_wrapper/parallel.py) each rank builds the layers with its own sizes
+(TPShard) and the row-parallel projections, the embedding and lm_head run their collectives.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from model_wrapper.config import ModelConfig
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.layers.norm import RMSNorm
+from model_wrapper.parallel import TPGroup, TPShard
 
 
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str):
@@ -25,13 +28,23 @@ def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int
     return y
 
 
+def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
+                          tp: TPGroup):
+    """Row-parallel projection: partial sums of this rank's input columns, all-reduced; the
+    (replicated) bias is added once, after the sum. Without TP: exactly _project."""
+    if not tp.enabled:
+        return _project(linear, x, batch, layer, name)
+    y = tp.all_reduce(F.linear(x, linear.weight))
+    return y if linear.bias is None else y + linear.bias
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
         super().__init__()
-        self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.layer, self.tp = layer, tp
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
+        self.q_size = shard.num_heads * cfg.head_dim
+        self.kv_size = shard.num_kv_heads * cfg.head_dim
         self.window = cfg.layer_windows[layer] if cfg.layer_windows else None
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
@@ -52,29 +65,29 @@ class Attention(nn.Module):
         q, k = kernels.rope(q, k, rope)
         backend.write_kv(kv[0], kv[1], k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch)
-        return _project(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o")
+        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
         super().__init__()
-        self.layer = layer
-        self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.layer, self.tp = layer, tp
+        self.inter = shard.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x, batch: ForwardBatch, kernels):
         act = kernels.silu_mul(_project(self.gate_up_proj, x, batch, self.layer, "gate_up"))
-        return _project(self.down_proj, act, batch, self.layer, "down")
+        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, shard, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, layer)
+        self.mlp = MLP(cfg, layer, shard, tp)
 
     def forward(self, h, residual, rope, batch, kv, backend, kernels):
         """Pre-norm residual block in (output, residual) form so that the residual add and the
@@ -90,21 +103,27 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: TPShard, tp: TPGroup):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens = nn.Embedding(shard.vocab_shard, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
-    """Parameter names mirror Hugging Face's, but for the fused qkv_proj and gate_up_proj."""
+    """Parameter names mirror Hugging Face's, but for the fused qkv_proj and gate_up_proj.
 
-    def __init__(self, cfg: ModelConfig):
+    cfg is the global model; under a TPGroup of world > 1 every sharded parameter has this
+    rank's size (shard = TPShard.of(cfg, tp)) and the logits are still the full vocabulary.
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
         self.cfg = cfg
-        self.model = DecoderModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tp = tp if tp is not None else TPGroup.single()
+        self.shard = TPShard.of(cfg, self.tp)
+        self.model = DecoderModel(cfg, self.shard, self.tp)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.shard.vocab_shard, bias=False)
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -112,7 +131,7 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv_cache, backend, kernels) -> torch.Tensor:
         """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
         rope = kernels.rope_tables(batch.positions)  # once per step, shared by every layer
-        h = self.model.embed_tokens(batch.input_ids)
+        h = self._embed(batch.input_ids)
         residual = None
         for layer, kv in zip(self.model.layers, kv_cache):
             h, residual = layer(h, residual, rope, batch, kv, backend, kernels)
@@ -120,4 +139,16 @@ class CausalLM(nn.Module):
             h = h.index_select(0, batch.lm_head_indices)
             residual = residual.index_select(0, batch.lm_head_indices)
         h, _ = kernels.add_rms_norm(h, residual, self.model.norm.weight, self.model.norm.eps)
-        return self.lm_head(h).float()
+        if not self.tp.enabled:
+            return self.lm_head(h).float()
+        logits = self.tp.all_gather_last(self.lm_head(h))  # [num_out, W * vocab_shard]
+        return logits[:, : self.cfg.vocab_size].float()
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> [T, hidden]; vocab-parallel: each rank adds the rows of its own id range."""
+        if not self.tp.enabled:
+            return self.model.embed_tokens(ids)
+        local = ids - self.shard.vocab_start
+        inside = (local >= 0) & (local < self.shard.vocab_rows)
+        h = F.embedding(torch.where(inside, local, torch.zeros_like(local)), self.model.embed_tokens.weight)
+        return self.tp.all_reduce(h.masked_fill_(~inside[:, None], 0))

@@ -1,0 +1,179 @@
+"""Tensor parallelism: which slice of every weight a rank holds, and the collectives it runs.
+
+SPMD, as under `torchrun --nproc-per-node N`: every rank runs the same scheduler code and calls
+forward_tensor with the same tensors; nothing is broadcast inside the call. Each rank loads only
+its slices (loader.py reads them with safetensors' get_slice), keeps only its own KV heads in
+its kv_cache, and returns the full-vocabulary logits, identical on every rank, so that samplers
+seeded alike stay in lockstep.
+
+Sharding over W ranks (rank r), Megatron-style:
+
+    qkv_proj      column-parallel: rows [q heads of r | k heads of r | v heads of r] (+ bias)
+    o_proj        row-parallel: input columns of r's q heads; all_reduce; bias after the sum
+    gate_up_proj  column-parallel: rows [gate_r | up_r], intermediate // W each (+ bias)
+    down_proj     row-parallel: input columns of r's intermediate slice; all_reduce; bias after
+    embed_tokens  vocab-parallel: rows [r * S, (r + 1) * S), S = ceil(vocab / W), the last shard
+                  zero-padded; ids outside the slice give 0; all_reduce
+    lm_head       vocab-parallel: the same rows (tied to embed_tokens or not); logits slice
+                  [T, S]; all_gather -> [T, W * S] -> [:, :vocab]
+    norms         replicated (input / post-attention / final RMSNorm, q_norm, k_norm)
+
+    q heads:  Hq = num_heads // W per rank, rank r holds q heads [r * Hq, (r + 1) * Hq)
+    kv heads: num_kv_heads % W == 0 -> Hk = num_kv_heads // W, heads [r * Hk, (r + 1) * Hk)
+              W % num_kv_heads == 0 -> replicated: Hk = 1, head (r * Hq) // group_size, the one
+                                       head all of r's q heads read (W // num_kv_heads ranks
+                                       share it)
+
+With W == 1 (TPGroup.single(), the default) every slice is the whole tensor and the decoder
+runs exactly the code it runs without this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_wrapper.errors import ModelErrorCode, ModelLoadError
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    """One rank's place in a tensor-parallel group.
+
+    rank:       this process's index in the group, 0 <= rank < world_size
+    world_size: number of ranks sharing each layer
+    group:      the torch.distributed ProcessGroup of the collectives (None: the default group)
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+
+    @classmethod
+    def single(cls) -> "TPGroup":
+        """No tensor parallelism: one rank holds everything and no collective ever runs."""
+        return cls(0, 1, None)
+
+    @classmethod
+    def from_default_group(cls) -> "TPGroup":
+        """All ranks of the initialised default process group (torch.distributed.init_process_group)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG,
+                "tensor_parallel=True: expected an initialised torch.distributed default process group "
+                "(call init_process_group first, e.g. under torchrun), got none",
+            )
+        return cls(dist.get_rank(), dist.get_world_size(), None)
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the group, in place; returns x."""
+        import torch.distributed as dist
+
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., S] on every rank -> [..., world_size * S], rank order along the last dim."""
+        import torch.distributed as dist
+
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """The per-rank sizes and offsets of a model under a TPGroup (ModelConfig stays global).
+
+    num_heads / num_kv_heads: q / kv heads this rank holds; q_start / kv_start: the first one's
+    global index; total_kv_heads: the model's. intermediate_size / inter_start: the MLP slice. vocab_size: global;
+    vocab_shard: rows of the local embedding / lm_head (padded: the last rank may hold fewer
+    real rows, vocab_rows); vocab_start: the first global id of the slice.
+    """
+
+    world_size: int
+    num_heads: int
+    q_start: int
+    num_kv_heads: int
+    kv_start: int
+    total_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    inter_start: int
+    vocab_size: int
+    vocab_shard: int
+    vocab_start: int
+
+    @property
+    def vocab_rows(self) -> int:
+        """Real (unpadded) vocabulary rows of this rank's slice."""
+        return max(0, min(self.vocab_shard, self.vocab_size - self.vocab_start))
+
+    @classmethod
+    def of(cls, cfg, tp: TPGroup) -> "TPShard":
+        """cfg: a ModelConfig. Raises ModelLoadError(BAD_CONFIG) when the model does not split W ways."""
+        w, r = tp.world_size, tp.rank
+        if w < 1 or not 0 <= r < w:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"tp_group: expected 0 <= rank < world_size, got rank={r}, world_size={w}")
+        heads, kv = cfg.num_heads, cfg.num_kv_heads
+        if heads % w:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"tensor parallelism: num_attention_heads ({heads}) must be divisible by "
+                                 f"the world size ({w})")
+        if kv % w and w % kv:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"tensor parallelism: num_key_value_heads ({kv}) must divide or be a multiple "
+                                 f"of the world size ({w})")
+        if cfg.intermediate_size % w:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"tensor parallelism: intermediate_size ({cfg.intermediate_size}) must be "
+                                 f"divisible by the world size ({w})")
+        hq = heads // w
+        if kv % w == 0:
+            hk, kv_start = kv // w, r * (kv // w)
+        else:  # replicated: all of r's q heads read one kv head
+            hk, kv_start = 1, (r * hq) // (heads // kv)
+        inter = cfg.intermediate_size // w
+        vshard = -(-cfg.vocab_size // w)
+        return cls(world_size=w, num_heads=hq, q_start=r * hq, num_kv_heads=hk, kv_start=kv_start,
+                   total_kv_heads=kv, head_dim=cfg.head_dim, intermediate_size=inter, inter_start=r * inter,
+                   vocab_size=cfg.vocab_size, vocab_shard=vshard, vocab_start=r * vshard)
+
+    # -- what the loader reads ---------------------------------------------------------------
+    def source_range(self, hf_name: str) -> tuple[int, int, int, int] | None:
+        """HF checkpoint tensor name -> (dim, start, length, global size of dim), or None (replicated).
+
+        The rank copies checkpoint[start : start + length] along dim into the first `length`
+        entries of its parameter (only the vocabulary's last shard is shorter than its parameter).
+        """
+        parts = hf_name.split(".")
+        module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+        d = self.head_dim
+        column = {
+            "q_proj": (self.q_start * d, self.num_heads * d, self.num_heads * self.world_size * d),
+            "k_proj": (self.kv_start * d, self.num_kv_heads * d, self.total_kv_heads * d),
+            "v_proj": (self.kv_start * d, self.num_kv_heads * d, self.total_kv_heads * d),
+            "gate_proj": (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size),
+            "up_proj": (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size),
+            "embed_tokens": (self.vocab_start, self.vocab_rows, self.vocab_size),
+            "lm_head": (self.vocab_start, self.vocab_rows, self.vocab_size),
+        }
+        row = {
+            "o_proj": column["q_proj"],
+            "down_proj": column["gate_proj"],
+        }
+        if module in column:
+            return (0, *column[module])
+        if module in row and kind == "weight":
+            return (1, *row[module])
+        return None

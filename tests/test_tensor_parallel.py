@@ -1,0 +1,229 @@
+"""Tensor parallelism (model_wrapper/parallel.py) on the CPU: two gloo ranks against one rank.
+
+One spawn of two worker processes (torch.multiprocessing, gloo over a FileStore, loopback only)
+runs every job SPMD-style, exactly as a scheduler under torchrun would: both ranks make the same
+forward_tensor calls with the same tensors. Each rank saves what it got; the tests then hold the
+TP=2 logits to the TP=1 logits (rel err < 1e-5), to transformers (< 1e-4), and check that both
+ranks returned the same full-vocabulary logits. Jobs: the scenario of test_forward_parity (batched
+prefill, chunked prefill, mixed, decode with lm_head_indices, multi-token decode) for every
+family; a spec_mask tree step; a Qwen2 with one kv head (replicated over the ranks, tied
+embeddings); a vocabulary of 97 (the last vocab shard padded).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import FAMILIES, PagedHarness, hf_model, rel_err
+from kv_manager import BlockManager
+from model_wrapper import ModelLoadError, TPGroup
+from model_wrapper.config import ModelConfig
+from model_wrapper.loader import load_model
+from model_wrapper.parallel import TPShard
+from test_forward_parity import _max_err, _reference, _script, run_scenario
+from text_generator import TextGenerator
+
+WORLD = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _load(path, tp=None):
+    return TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32, attention_backend="torch",
+                                         tp_group=tp)
+
+
+# -- the jobs: each runs the same on one rank or on every rank of a group ----------------------
+
+def _scenario_job(gen, seed):
+    full, steps = _script(seed)
+    return [(r, p, o) for r, p, o in run_scenario(gen, full, steps, block_size=4)]
+
+
+def _tree_job(gen):
+    """Prefill two prompts, then one multi-token decode of two draft trees (spec_mask)."""
+    from test_speculative import prefill, random_prompt, random_tree, tree_step
+
+    rng = random.Random(1)
+    kv, bm = gen.allocate_kv_cache(32, 4), BlockManager(32, 4)
+    prompts = [random_prompt(rng, 13), random_prompt(rng, 6)]
+    roots = [prefill(gen, kv, bm, i, p) for i, p in enumerate(prompts)]
+    trees = [random_tree(rng, roots[0], 9), random_tree(rng, roots[1], 4)]
+    batch, _, logits = tree_step(gen, kv, bm, [0, 1], trees)
+    assert batch.spec_mask is not None
+    return dict(prompts=prompts, trees=trees, offsets=list(batch.offsets), logits=logits)
+
+
+def _odd_vocab_job(gen):
+    """A prompt using the last id of a 97-token vocabulary (in rank 1's padded shard), then decode."""
+    h = PagedHarness(gen, num_blocks=16, block_size=4)
+    seq = [96, 3, 50, 48, 49, 0, 95, 7, 96]
+    out = h.step({0: seq[:8]}, is_prefill=True)
+    return seq, torch.cat([out, h.step({0: seq[8:]}, is_prefill=False)])
+
+
+def _run_job(gen, job):
+    kind = job["kind"]
+    if kind == "scenario":
+        return _scenario_job(gen, job["seed"])
+    if kind == "tree":
+        return _tree_job(gen)
+    return _odd_vocab_job(gen)
+
+
+def _worker(rank, store, jobs, out_dir):
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    try:
+        tp = TPGroup.from_default_group()
+        for name, job in jobs.items():
+            gen = _load(job["path"], tp)
+            result = {"out": _run_job(gen, job), "kv_heads": gen.kv_cache_spec.num_kv_heads}
+            try:
+                gen.enable_lora(max_loras=1, max_rank=4)
+                result["lora"] = None
+            except RuntimeError as e:
+                result["lora"] = getattr(e, "code", repr(e))
+            torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tp2(checkpoint_dir, tmp_path_factory):
+    """name -> (job, [result of rank 0, result of rank 1]), from one spawn of WORLD ranks."""
+    jobs = {f: dict(kind="scenario", seed=hash(f) % 1000, path=checkpoint_dir(f)) for f in FAMILIES}
+    jobs["tree_llama"] = dict(kind="tree", path=checkpoint_dir("llama"))
+    jobs["qwen2_one_kv_head"] = dict(kind="scenario", seed=4, path=checkpoint_dir("qwen2", num_key_value_heads=1))
+    jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
+    out = tmp_path_factory.mktemp("tp2")
+    mp.spawn(_worker, args=(str(out / "store"), jobs, str(out)), nprocs=WORLD, join=True)
+    return {n: (j, [torch.load(out / f"{n}.rank{r}.pt", weights_only=False) for r in range(WORLD)])
+            for n, j in jobs.items()}
+
+
+def _logits(outputs):
+    return torch.stack([o for _, _, o in outputs])
+
+
+def _check_scenario(job, results, want_kv_heads):
+    single = _scenario_job(_load(job["path"]), job["seed"])
+    for res in results:
+        assert [(r, p) for r, p, _ in res["out"]] == [(r, p) for r, p, _ in single]
+        assert rel_err(_logits(res["out"]), _logits(single)) < 1e-5
+        assert res["kv_heads"] == want_kv_heads
+    assert torch.equal(_logits(results[0]["out"]), _logits(results[1]["out"]))  # ranks in lockstep
+    full, _ = _script(job["seed"])
+    assert _max_err(results[0]["out"], _reference(job["path"], torch.float32, full)) < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tp2_matches_tp1_and_transformers(tp2, family):
+    job, results = tp2[family]
+    _check_scenario(job, results, want_kv_heads=1)  # TINY: 2 kv heads, one per rank
+
+
+def test_tp2_replicated_kv_head(tp2):
+    """Qwen2 with 1 kv head on 2 ranks: both keep it (and the tied embedding is vocab-split)."""
+    job, results = tp2["qwen2_one_kv_head"]
+    _check_scenario(job, results, want_kv_heads=1)
+
+
+def test_tp2_spec_mask_tree(tp2):
+    job, results = tp2["tree_llama"]
+    gen = _load(job["path"])
+    single = _tree_job(gen)
+    hf = hf_model(job["path"])
+    for res in results:
+        got = res["out"]
+        assert [t.tokens for t in got["trees"]] == [t.tokens for t in single["trees"]]
+        assert rel_err(got["logits"], single["logits"]) < 1e-5
+    got = results[0]["out"]
+    with torch.no_grad():
+        for b, (p, t) in enumerate(zip(got["prompts"], got["trees"])):
+            for i in range(t.size):
+                ref = hf(torch.tensor([p + [t.tokens[j] for j in t.path(i)]])).logits[0, -1]
+                assert rel_err(got["logits"][got["offsets"][b] + i], ref) < 1e-4, (b, i)
+
+
+def test_tp2_vocab_not_divisible_by_world(tp2):
+    job, results = tp2["llama_vocab97"]
+    seq, single = _odd_vocab_job(_load(job["path"]))
+    ref = hf_model(job["path"])(torch.tensor([seq])).logits[0].float()
+    for res in results:
+        _, got = res["out"]
+        assert got.shape == (len(seq), 97)
+        assert rel_err(got, single) < 1e-5
+        assert rel_err(got, ref) < 1e-4
+
+
+def test_lora_under_tp_is_refused(tp2):
+    for res in tp2["llama"][1]:
+        assert res["lora"] is not None and res["lora"].value == "LORA_UNSUPPORTED_TENSOR_PARALLEL"
+
+
+# -- sharding rules and sliced loading, without a process group --------------------------------
+
+def _cfg(**kw):
+    base = dict(architectures=["LlamaForCausalLM"], vocab_size=97, hidden_size=64, intermediate_size=112,
+                num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2)
+    return ModelConfig.from_dict({**base, **kw})
+
+
+def test_shard_rules():
+    s = TPShard.of(_cfg(), TPGroup(1, 2))
+    assert (s.num_heads, s.q_start, s.num_kv_heads, s.kv_start) == (4, 4, 1, 1)
+    assert (s.intermediate_size, s.inter_start, s.vocab_shard, s.vocab_start, s.vocab_rows) == (56, 56, 49, 49, 48)
+    # 2 kv heads over 4 ranks: ranks 0, 1 read kv head 0 and ranks 2, 3 kv head 1 (q heads 2r, 2r + 1)
+    assert [TPShard.of(_cfg(), TPGroup(r, 4)).kv_start for r in range(4)] == [0, 0, 1, 1]
+    assert all(TPShard.of(_cfg(), TPGroup(r, 4)).num_kv_heads == 1 for r in range(4))
+    assert TPShard.of(_cfg(), TPGroup.single()).vocab_shard == 97
+    with pytest.raises(ModelLoadError, match="num_attention_heads"):
+        TPShard.of(_cfg(num_attention_heads=6, num_key_value_heads=6), TPGroup(0, 4))
+    with pytest.raises(ModelLoadError, match="num_key_value_heads"):
+        TPShard.of(_cfg(num_attention_heads=12, num_key_value_heads=3), TPGroup(0, 2))
+    with pytest.raises(ModelLoadError, match="intermediate_size"):
+        TPShard.of(_cfg(intermediate_size=111), TPGroup(0, 2))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_rank_loads_only_its_slices(checkpoint_dir, rank):
+    """Loading needs no collective: rank r's parameters are exactly its slices of the full model."""
+    path = checkpoint_dir("qwen2")  # q/k/v biases, tied embeddings
+    cfg = ModelConfig.from_pretrained(path)
+    full = dict(load_model(path, cfg, dtype=torch.float32, device=torch.device("cpu")).named_parameters())
+    part = load_model(path, cfg, dtype=torch.float32, device=torch.device("cpu"), tp=TPGroup(rank, 2))
+    s, d = part.shard, cfg.head_dim
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    qs, ks = slice(s.q_start * d, (s.q_start + s.num_heads) * d), slice(s.kv_start * d, (s.kv_start + s.num_kv_heads) * d)
+    i = slice(s.inter_start, s.inter_start + s.intermediate_size)
+    for name, p in part.named_parameters():
+        w = full[name]
+        if "qkv_proj" in name:
+            want = torch.cat([w[:q][qs], w[q:q + kv][ks], w[q + kv:][ks]])
+        elif "gate_up_proj" in name:
+            n = cfg.intermediate_size
+            want = torch.cat([w[:n][i], w[n:][i]])
+        elif "o_proj.weight" in name:
+            want = w[:, qs]
+        elif "down_proj.weight" in name:
+            want = w[:, i]
+        elif "embed_tokens" in name:
+            want = w[s.vocab_start: s.vocab_start + s.vocab_shard]
+        else:
+            want = w
+        assert torch.equal(p, want), name
+    assert part.lm_head.weight is part.model.embed_tokens.weight
