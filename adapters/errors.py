@@ -29,7 +29,6 @@ class LoraErrorCode(str, Enum):
     NOT_LOADED = "LORA_NOT_LOADED"  # unload (or map) a name that is not loaded
     UNLOAD_BASE = "LORA_UNLOAD_BASE"  # "base" is the model itself, never loaded or unloaded
     TOO_MANY_TOKENS = "LORA_TOO_MANY_TOKENS"  # a step larger than the preallocated mapping buffers
-    UNSUPPORTED_TENSOR_PARALLEL = "LORA_UNSUPPORTED_TENSOR_PARALLEL"  # enable_lora with a TP world > 1
 
 
 class _Coded:

@@ -16,6 +16,8 @@ Sharding over W ranks (rank r), Megatron-style:
                   zero-padded; ids outside the slice give 0; all_reduce
     lm_head       vocab-parallel: the same rows (tied to embed_tokens or not); logits slice
                   [T, S]; all_gather -> [T, W * S] -> [:, :vocab]
+    LoRA          B sliced like a column-parallel weight's rows, A like a row-parallel weight's
+                  input columns (shard_lora); row-parallel deltas join the partial sums
     norms         replicated (input / post-attention / final RMSNorm, q_norm, k_norm)
 
     q heads:  Hq = num_heads // W per rank, rank r holds q heads [r * Hq, (r + 1) * Hq)
@@ -177,3 +179,18 @@ class TPShard:
         if module in row and kind == "weight":
             return (1, *row[module])
         return None
+
+    def shard_lora(self, proj: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A PEFT module's (A [r, in], B [out, r]) -> this rank's pair, sliced like the base weight.
+
+        Column-parallel projections (q/k/v, gate/up) keep A and take B's rows of the rank; row-
+        parallel ones (o, down) take A's input columns and keep B: the rank's partial delta
+        x_r A_r^T B^T then joins the base partial sum before the all_reduce (LoRA is linear in x).
+        """
+        rng = self.source_range(f"{proj}.weight")
+        if rng is None:
+            return a, b
+        dim, start, length, _ = rng
+        if dim == 0:
+            return a, b[start : start + length]
+        return a[:, start : start + length], b

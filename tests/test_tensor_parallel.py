@@ -7,7 +7,8 @@ TP=2 logits to the TP=1 logits (rel err < 1e-5), to transformers (< 1e-4), and c
 ranks returned the same full-vocabulary logits. Jobs: the scenario of test_forward_parity (batched
 prefill, chunked prefill, mixed, decode with lm_head_indices, multi-token decode) for every
 family; a spec_mask tree step; a Qwen2 with one kv head (replicated over the ranks, tied
-embeddings); a vocabulary of 97 (the last vocab shard padded).
+embeddings); a vocabulary of 97 (the last vocab shard padded); a batch mixing two LoRA adapters
+(every projection adapted, A / B sliced per rank) with base rows, against TP=1 and peft.
 """
 
 from __future__ import annotations
@@ -74,12 +75,31 @@ def _odd_vocab_job(gen):
     return seq, torch.cat([out, h.step({0: seq[8:]}, is_prefill=False)])
 
 
+LORA_REQUESTS = [("all", 5), (None, 4), ("some", 6), ("all", 3)]  # (adapter, prompt length)
+
+
+def _lora_job(gen, dirs):
+    """Prefill, then a multi-token decode, of a batch mixing two adapters and the base model."""
+    gen.enable_lora(max_loras=2, max_rank=8)
+    for name, path in dirs.items():
+        gen.load_adapter(name, path)
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(0, 96, (n + 2,), generator=g).tolist() for _, n in LORA_REQUESTS]
+    ids = [a for a, _ in LORA_REQUESTS]
+    h = PagedHarness(gen, num_blocks=32, block_size=4)
+    out = h.step({i: s[:-2] for i, s in enumerate(seqs)}, is_prefill=True, adapter_ids=ids)
+    return seqs, torch.cat([out, h.step({i: s[-2:] for i, s in enumerate(seqs)}, is_prefill=False,
+                                        adapter_ids=ids)])
+
+
 def _run_job(gen, job):
     kind = job["kind"]
     if kind == "scenario":
         return _scenario_job(gen, job["seed"])
     if kind == "tree":
         return _tree_job(gen)
+    if kind == "lora":
+        return _lora_job(gen, job["adapters"])
     return _odd_vocab_job(gen)
 
 
@@ -92,11 +112,6 @@ def _worker(rank, store, jobs, out_dir):
         for name, job in jobs.items():
             gen = _load(job["path"], tp)
             result = {"out": _run_job(gen, job), "kv_heads": gen.kv_cache_spec.num_kv_heads}
-            try:
-                gen.enable_lora(max_loras=1, max_rank=4)
-                result["lora"] = None
-            except RuntimeError as e:
-                result["lora"] = getattr(e, "code", repr(e))
             torch.save(result, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -110,9 +125,24 @@ def tp2(checkpoint_dir, tmp_path_factory):
     jobs["qwen2_one_kv_head"] = dict(kind="scenario", seed=4, path=checkpoint_dir("qwen2", num_key_value_heads=1))
     jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
     out = tmp_path_factory.mktemp("tp2")
+    jobs["lora_qwen3"] = dict(kind="lora", path=checkpoint_dir("qwen3"), adapters=_make_adapters(
+        checkpoint_dir("qwen3"), out))
     mp.spawn(_worker, args=(str(out / "store"), jobs, str(out)), nprocs=WORLD, join=True)
     return {n: (j, [torch.load(out / f"{n}.rank{r}.pt", weights_only=False) for r in range(WORLD)])
             for n, j in jobs.items()}
+
+
+def _make_adapters(base, root):
+    """name -> PEFT folder: "all" adapts all seven projections (rslora, a rank pattern), "some" a few."""
+    from test_lora import make_adapter
+
+    cfgs = {"all": dict(r=4, lora_alpha=6, target_modules="all-linear", use_rslora=True, rank_pattern={"o_proj": 8}),
+            "some": dict(r=2, lora_alpha=4, target_modules=["k_proj", "o_proj", "up_proj", "down_proj"])}
+    dirs = {}
+    for seed, (name, cfg) in enumerate(cfgs.items()):
+        dirs[name] = str(root / f"adapter_{name}")
+        make_adapter(base, dirs[name], seed + 1, **cfg)
+    return dirs
 
 
 def _logits(outputs):
@@ -170,9 +200,26 @@ def test_tp2_vocab_not_divisible_by_world(tp2):
         assert rel_err(got, ref) < 1e-4
 
 
-def test_lora_under_tp_is_refused(tp2):
-    for res in tp2["llama"][1]:
-        assert res["lora"] is not None and res["lora"].value == "LORA_UNSUPPORTED_TENSOR_PARALLEL"
+def test_tp2_lora_mixed_batch(tp2):
+    """Qwen3 (q_size != hidden): LoRA on every projection, sliced per rank, = TP=1 = peft."""
+    from peft import PeftModel
+
+    job, results = tp2["lora_qwen3"]
+    seqs, single = _lora_job(_load(job["path"]), job["adapters"])
+    want = []
+    with torch.no_grad():
+        for (name, n), seq in zip(LORA_REQUESTS, seqs):
+            model = hf_model(job["path"])
+            if name is not None:
+                model = PeftModel.from_pretrained(model, job["adapters"][name]).eval()
+            logits = model(torch.tensor([seq])).logits[0].float()
+            want.append((logits[:n], logits[n:]))
+    ref = torch.cat([p for p, _ in want] + [d for _, d in want])
+    for res in results:
+        got_seqs, got = res["out"]
+        assert got_seqs == seqs
+        assert rel_err(got, single) < 1e-5
+        assert rel_err(got, ref) < 1e-4
 
 
 # -- sharding rules and sliced loading, without a process group --------------------------------

@@ -92,6 +92,8 @@ class TextGenerator:
                     kernel: str = "auto"):
         """Preallocate max_loras adapter slots of rank <= max_rank on the model's device; once.
 
+        Under tensor parallelism the slots hold this rank's slices of A / B (load_adapter slices).
+
         max_num_tokens: preallocate the per-step mapping buffers too (for CUDA graphs).
         kernel: "auto" (on CUDA: Triton when installed, which also runs inside the decode CUDA
                 graphs, else FlashInfer segment GEMM; torch elsewhere), "triton", "flashinfer",
@@ -103,14 +105,11 @@ class TextGenerator:
             raise LoraStateError(LoraErrorCode.ALREADY_ENABLED, "enable_lora",
                                  f"expected a first call, got LoRA already enabled with max_loras="
                                  f"{self.lora_manager.max_loras}, max_rank={self.lora_manager.max_rank}")
-        if self.tp_group.enabled:  # A / B would need the same sharding as the base weights
-            raise LoraStateError(LoraErrorCode.UNSUPPORTED_TENSOR_PARALLEL, "enable_lora",
-                                 f"expected tensor parallelism off (world size 1), got world size "
-                                 f"{self.tp_group.world_size}: LoRA under tensor parallelism is not implemented")
         cfg = self.config
+        shard = self.model_wrapper.model.shard  # this rank's sizes (the whole model's without TP)
         self.lora_manager = LoraManager(
-            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
-            kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size,
+            num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=shard.num_heads * cfg.head_dim,
+            kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
             max_num_tokens=max_num_tokens, kernel=kernel)
         if self.model_wrapper.graphs is not None:  # decode graphs now carry the LoRA kernels
@@ -128,7 +127,18 @@ class TextGenerator:
         if self.lora_manager is None:
             raise LoraStateError(LoraErrorCode.NOT_ENABLED, f"load_adapter(name={name!r})",
                                  "expected enable_lora() to be called first, got LoRA not enabled")
-        return self.lora_manager.load_adapter(name, path)
+        if not self.tp_group.enabled:
+            return self.lora_manager.load_adapter(name, path)
+        # checked against the whole model's shapes, then cut to this rank's slices
+        from adapters import LoraShapes
+        from adapters.peft_adapter import read_peft_adapter
+
+        cfg, shard = self.config, self.model_wrapper.model.shard
+        shapes = LoraShapes(cfg.num_layers, cfg.hidden_size, cfg.num_heads * cfg.head_dim,
+                            cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
+        adapter = read_peft_adapter(name, path, shapes)
+        adapter.weights = {key: shard.shard_lora(key[1], a, b) for key, (a, b) in adapter.weights.items()}
+        return self.lora_manager.add_adapter(adapter)
 
     def unload_adapter(self, name: str) -> None:
         """Free `name`'s slot; later steps that name it are refused (TG_ADAPTER_NOT_LOADED)."""

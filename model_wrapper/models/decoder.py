@@ -30,11 +30,15 @@ def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int
 
 def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
                           tp: TPGroup):
-    """Row-parallel projection: partial sums of this rank's input columns, all-reduced; the
-    (replicated) bias is added once, after the sum. Without TP: exactly _project."""
+    """Row-parallel projection: partial sums of this rank's input columns (LoRA's partial delta
+    included: it is linear in x), all-reduced; the (replicated) bias is added once, after the sum.
+    Without TP: exactly _project."""
     if not tp.enabled:
         return _project(linear, x, batch, layer, name)
-    y = tp.all_reduce(F.linear(x, linear.weight))
+    y = F.linear(x, linear.weight)
+    if batch.lora is not None:
+        y = batch.lora.apply(layer, name, x, y)
+    y = tp.all_reduce(y)
     return y if linear.bias is None else y + linear.bias
 
 
