@@ -6,7 +6,7 @@ forward_tensor calls with the same tensors. Each rank saves what it got; the tes
 TP=2 logits to the TP=1 logits (rel err < 1e-5), to transformers (< 1e-4), and check that both
 ranks returned the same full-vocabulary logits. Jobs: the scenario of test_forward_parity (batched
 prefill, chunked prefill, mixed, decode with lm_head_indices, multi-token decode) for every
-family; a spec_mask tree step; a Qwen2 with one kv head (replicated over the ranks, tied
+family; a Llama with biases on every projection; a spec_mask tree step; a Qwen2 with one kv head (replicated over the ranks, tied
 embeddings); a vocabulary of 97 (the last vocab shard padded); a batch mixing two LoRA adapters
 (every projection adapted, A / B sliced per rank) with base rows, against TP=1 and peft.
 """
@@ -123,6 +123,8 @@ def tp2(checkpoint_dir, tmp_path_factory):
     jobs = {f: dict(kind="scenario", seed=hash(f) % 1000, path=checkpoint_dir(f)) for f in FAMILIES}
     jobs["tree_llama"] = dict(kind="tree", path=checkpoint_dir("llama"))
     jobs["qwen2_one_kv_head"] = dict(kind="scenario", seed=4, path=checkpoint_dir("qwen2", num_key_value_heads=1))
+    jobs["llama_biases"] = dict(kind="scenario", seed=6,
+                                path=checkpoint_dir("llama", attention_bias=True, mlp_bias=True))
     jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
     out = tmp_path_factory.mktemp("tp2")
     jobs["lora_qwen3"] = dict(kind="lora", path=checkpoint_dir("qwen3"), adapters=_make_adapters(
@@ -169,6 +171,12 @@ def test_tp2_matches_tp1_and_transformers(tp2, family):
 def test_tp2_replicated_kv_head(tp2):
     """Qwen2 with 1 kv head on 2 ranks: both keep it (and the tied embedding is vocab-split)."""
     job, results = tp2["qwen2_one_kv_head"]
+    _check_scenario(job, results, want_kv_heads=1)
+
+
+def test_tp2_row_parallel_biases(tp2):
+    """o_proj / down_proj biases (attention_bias, mlp_bias) are added once, after the all_reduce."""
+    job, results = tp2["llama_biases"]
     _check_scenario(job, results, want_kv_heads=1)
 
 
@@ -244,6 +252,9 @@ def test_shard_rules():
         TPShard.of(_cfg(num_attention_heads=12, num_key_value_heads=3), TPGroup(0, 2))
     with pytest.raises(ModelLoadError, match="intermediate_size"):
         TPShard.of(_cfg(intermediate_size=111), TPGroup(0, 2))
+    if not dist.is_initialized():
+        with pytest.raises(ModelLoadError, match="init_process_group"):
+            TPGroup.from_default_group()
 
 
 @pytest.mark.parametrize("rank", [0, 1])
