@@ -6,9 +6,11 @@ forward_tensor calls with the same tensors. Each rank saves what it got; the tes
 TP=2 logits to the TP=1 logits (rel err < 1e-5), to transformers (< 1e-4), and check that both
 ranks returned the same full-vocabulary logits. Jobs: the scenario of test_forward_parity (batched
 prefill, chunked prefill, mixed, decode with lm_head_indices, multi-token decode) for every
-family; a Llama with biases on every projection; a spec_mask tree step; a Qwen2 with one kv head (replicated over the ranks, tied
-embeddings); a vocabulary of 97 (the last vocab shard padded); a batch mixing two LoRA adapters
-(every projection adapted, A / B sliced per rank) with base rows, against TP=1 and peft.
+family; a Llama with biases on every projection; a spec_mask tree step; a Qwen2 with one kv head
+(replicated over the ranks, tied embeddings); a vocabulary of 97 (the last vocab shard padded);
+the reference engine, unchanged (continuous batching, greedy and seeded sampling), on both ranks;
+a batch mixing two LoRA adapters (every projection adapted, A / B sliced per rank) with base
+rows, against TP=1 and peft.
 """
 
 from __future__ import annotations
@@ -92,8 +94,24 @@ def _lora_job(gen, dirs):
                                         adapter_ids=ids)])
 
 
+def _engine_job(gen):
+    """The reference engine, unchanged, on every rank (as under torchrun): chunked prefill, mixed
+    steps, greedy and seeded sampling; -> each request's output tokens."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (7, 19, 3, 12)]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=8) if i % 2 else
+              SamplingParams(temperature=1.0, top_p=0.9, seed=10 + i, max_new_tokens=8) for i in range(4)]
+    engine = LLMEngine(gen, num_blocks=48, block_size=4, max_num_batched_tokens=16)
+    return [o.token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
+
+
 def _run_job(gen, job):
     kind = job["kind"]
+    if kind == "engine":
+        return _engine_job(gen)
     if kind == "scenario":
         return _scenario_job(gen, job["seed"])
     if kind == "tree":
@@ -123,6 +141,7 @@ def tp2(checkpoint_dir, tmp_path_factory):
     jobs = {f: dict(kind="scenario", seed=hash(f) % 1000, path=checkpoint_dir(f)) for f in FAMILIES}
     jobs["tree_llama"] = dict(kind="tree", path=checkpoint_dir("llama"))
     jobs["qwen2_one_kv_head"] = dict(kind="scenario", seed=4, path=checkpoint_dir("qwen2", num_key_value_heads=1))
+    jobs["engine_qwen3"] = dict(kind="engine", path=checkpoint_dir("qwen3"))
     jobs["llama_biases"] = dict(kind="scenario", seed=6,
                                 path=checkpoint_dir("llama", attention_bias=True, mlp_bias=True))
     jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
@@ -178,6 +197,17 @@ def test_tp2_row_parallel_biases(tp2):
     """o_proj / down_proj biases (attention_bias, mlp_bias) are added once, after the all_reduce."""
     job, results = tp2["llama_biases"]
     _check_scenario(job, results, want_kv_heads=1)
+
+
+def test_tp2_engine_in_lockstep(tp2):
+    """Every rank's engine produces the same tokens (sampling included); greedy ones = TP=1's."""
+    job, results = tp2["engine_qwen3"]
+    assert results[0]["out"] == results[1]["out"]
+    single = _engine_job(_load(job["path"]))
+    for i, (got, want) in enumerate(zip(results[0]["out"], single)):
+        assert len(got) == 8
+        if i % 2:
+            assert got == want, i
 
 
 def test_tp2_spec_mask_tree(tp2):
