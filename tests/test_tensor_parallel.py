@@ -10,7 +10,8 @@ family; a Llama with biases on every projection; a spec_mask tree step; a Qwen2 
 (replicated over the ranks, tied embeddings); a vocabulary of 97 (the last vocab shard padded);
 the reference engine, unchanged (continuous batching, greedy and seeded sampling), on both ranks;
 a batch mixing two LoRA adapters (every projection adapted, A / B sliced per rank) with base
-rows, against TP=1 and peft.
+rows, against TP=1 and peft. And the CLI under torchrun (--tensor-parallel) prints what it
+prints on one process.
 """
 
 from __future__ import annotations
@@ -258,6 +259,24 @@ def test_tp2_lora_mixed_batch(tp2):
         assert got_seqs == seqs
         assert rel_err(got, single) < 1e-5
         assert rel_err(got, ref) < 1e-4
+
+
+def test_cli_under_torchrun(checkpoint_dir):
+    """`torchrun --standalone --nproc-per-node 2 -m text_generator generate --tensor-parallel`
+    (rendezvous on localhost): rank 0 prints exactly what the one-process CLI prints."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=root)
+    args = ["-m", "text_generator", "generate", "--model", checkpoint_dir("llama"), "--device", "cpu",
+            "--token-ids", "1,2,3", "5,6,7,8,9", "--temperature", "0", "--max-new-tokens", "6"]
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
+    tp = subprocess.run(run + args + ["--tensor-parallel"], cwd=root, env=env, capture_output=True, text=True,
+                        timeout=120)
+    one = subprocess.run([sys.executable] + args, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert tp.returncode == 0 and one.returncode == 0, tp.stderr[-2000:] + one.stderr[-2000:]
+    assert tp.stdout == one.stdout and tp.stdout.count("=== [") == 2
 
 
 # -- sharding rules and sliced loading, without a process group --------------------------------

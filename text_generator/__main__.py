@@ -6,6 +6,10 @@ generate  runs prompts (arguments or --file, one per line) through the reference
 bench     runs a synthetic offline load (random prompts of --input-len tokens, exactly
           --output-len new tokens each) and reports requests/s, output tokens/s, time to first
           token and inter-token latency (p50 / p99); --json writes them to a file.
+
+Both shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
+--nproc-per-node N -m text_generator generate ... --tensor-parallel`): every rank runs the same
+engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--tensor-parallel", action="store_true",
+                   help="shard the model over the ranks of torchrun (NCCL on CUDA, gloo on CPU); rank 0 prints")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,18 +80,54 @@ def _load_model(args):
     from text_generator import TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
+    tp = _init_tensor_parallel(args) if args.tensor_parallel else None
     if args.model is None:
         from text_generator.demo import ensure_demo_checkpoint
 
+        if tp is not None and tp.rank != 0:  # rank 0 writes the demo checkpoint, once
+            _barrier()
         path = ensure_demo_checkpoint()
+        if tp is not None and tp.rank == 0:
+            _barrier()
         print(f"note: no --model given; using the demo checkpoint at {path}. Its weights are RANDOM, "
               f"so its text is random too.", file=sys.stderr)
     else:
         path = args.model
     gen = TextGenerator.from_pretrained(path, device=args.device, dtype=args.dtype,
-                                        attention_backend=args.attention_backend)
+                                        attention_backend=args.attention_backend, tp_group=tp)
     _load_loras(gen, args.lora)
     return gen, load_tokenizer(path)
+
+
+def _init_tensor_parallel(args):
+    """torchrun's environment -> the default process group and this rank's TPGroup. Ranks other
+    than 0 stay silent (stdout to devnull, no --json) but compute the same steps."""
+    import torch
+    import torch.distributed as dist
+
+    from model_wrapper import TPGroup
+
+    if "WORLD_SIZE" not in os.environ:
+        raise CLIError("--tensor-parallel: expected to run under torchrun (torchrun --nproc-per-node N "
+                       "-m text_generator ...), got no WORLD_SIZE in the environment")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and (args.device is None or str(args.device).startswith("cuda"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        args.device = f"cuda:{local_rank}"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    tp = TPGroup.from_default_group()
+    if tp.rank != 0:
+        sys.stdout = open(os.devnull, "w")
+        args.json_path = None
+    return tp
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
 
 
 def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
@@ -101,6 +143,13 @@ def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
     max_seq_len = min(gen.max_position_embeddings, max_len)
     num_blocks = args.num_blocks or _default_num_blocks(gen, args.block_size, max_seq_len,
                                                         min(num_seqs, args.max_num_seqs))
+    if gen.tp_group.enabled:  # lockstep: every rank's scheduler must see the same number of blocks
+        import torch
+        import torch.distributed as dist
+
+        n = torch.tensor([num_blocks], dtype=torch.int64, device=gen.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=gen.tp_group.group)
+        num_blocks = int(n.item())
     return LLMEngine(gen, num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok,
@@ -247,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError) as e:  # bad checkpoint, adapter, device ...
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    finally:
+        if args.tensor_parallel:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":
