@@ -80,7 +80,6 @@ class ModelWrapper:
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
                  max_graph_batch: int = 256):
         self.model, self.cfg, self.backend = model, cfg, backend
-        self.tp: TPGroup = model.tp
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
             device = torch.device("cuda", torch.cuda.current_device())
@@ -112,9 +111,18 @@ class ModelWrapper:
         return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch)
 
     @property
+    def tp(self) -> TPGroup:
+        return self.model.tp
+
+    @property
+    def shard(self) -> TPShard:
+        """This rank's sizes: local q / kv heads, intermediate and vocab slice (the model's at TP 1)."""
+        return self.model.shard
+
+    @property
     def kv_cache_spec(self) -> KVCacheSpec:
         """This rank's cache: its own kv heads (all of them without tensor parallelism)."""
-        return KVCacheSpec(self.cfg.num_layers, self.model.shard.num_kv_heads, self.cfg.head_dim, self.dtype)
+        return KVCacheSpec(self.cfg.num_layers, self.shard.num_kv_heads, self.cfg.head_dim, self.dtype)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:

@@ -106,7 +106,7 @@ class TextGenerator:
                                  f"expected a first call, got LoRA already enabled with max_loras="
                                  f"{self.lora_manager.max_loras}, max_rank={self.lora_manager.max_rank}")
         cfg = self.config
-        shard = self.model_wrapper.model.shard  # this rank's sizes (the whole model's without TP)
+        shard = self.model_wrapper.shard  # this rank's sizes (the whole model's without TP)
         self.lora_manager = LoraManager(
             num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=shard.num_heads * cfg.head_dim,
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
@@ -133,7 +133,7 @@ class TextGenerator:
         from adapters import LoraShapes
         from adapters.peft_adapter import read_peft_adapter
 
-        cfg, shard = self.config, self.model_wrapper.model.shard
+        cfg, shard = self.config, self.model_wrapper.shard
         shapes = LoraShapes(cfg.num_layers, cfg.hidden_size, cfg.num_heads * cfg.head_dim,
                             cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
         adapter = read_peft_adapter(name, path, shapes)
@@ -189,7 +189,7 @@ class TextGenerator:
             input_ids=input_ids, position_ids=position_ids, is_prefill=is_prefill, kv_cache=kv_cache,
             block_tables=block_tables, slots=slots, input_lengths=input_lengths, max_seq_len=max_seq_len,
             lm_head_indices=lm_head_indices, kwargs=kwargs,
-            num_layers=cfg.num_layers, num_kv_heads=mw.kv_cache_spec.num_kv_heads, head_dim=cfg.head_dim,
+            num_layers=cfg.num_layers, num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim,
             vocab_size=cfg.vocab_size, model_max_len=cfg.max_position_embeddings,
             dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(),
         )

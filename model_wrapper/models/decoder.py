@@ -154,5 +154,5 @@ class CausalLM(nn.Module):
             return self.model.embed_tokens(ids)
         local = ids - self.shard.vocab_start
         inside = (local >= 0) & (local < self.shard.vocab_rows)
-        h = F.embedding(torch.where(inside, local, torch.zeros_like(local)), self.model.embed_tokens.weight)
+        h = F.embedding(local.masked_fill(~inside, 0), self.model.embed_tokens.weight)
         return self.tp.all_reduce(h.masked_fill_(~inside[:, None], 0))
