@@ -32,6 +32,17 @@ FAMILY_SPECS = {
 FAMILIES = list(FAMILY_SPECS)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny matmuls: on the 2 shared CI cores, threads
+    spinning on ops this small make them ~100x slower. Use with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_checkpoint(path, family: str, dtype=torch.float32, seed: int = 0, **overrides) -> str:
     cfg_cls, model_cls, extra = FAMILY_SPECS[family]
     kw = {**TINY, **extra, **overrides}

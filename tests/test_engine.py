@@ -18,12 +18,7 @@ from text_generator.sampling import SamplingParams
 VOCAB = 96  # conftest.TINY
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI box has 2 shared cores; tiny matmuls only lose from threading
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,7 @@ from hypothesis import strategies as st
 from text_generator.sampling import Sampler, SamplingParams, apply_filters, apply_penalties
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI box has 2 shared cores; tiny ops only lose from threading
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sample(logits, params, **kw):

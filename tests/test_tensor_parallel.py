@@ -36,12 +36,7 @@ from text_generator import TextGenerator
 WORLD = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _load(path, tp=None, dtype=torch.float32):
