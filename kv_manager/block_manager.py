@@ -176,6 +176,37 @@ class BlockManager:
         seq.tokens += new
         return self._slots(seq, start, end)
 
+    def append_many(self, seq_ids: Sequence[Hashable], token_ids: Sequence[int]) -> torch.Tensor:
+        """One token for each of many sequences (a decode step): the same as `append(seq_ids[i],
+        [token_ids[i]])` for every i, in one call, all or nothing: if the pool cannot give every
+        sequence its block, OUT_OF_BLOCKS is raised and nothing changes. Returns the slots, int64
+        `[len(seq_ids)]`."""
+        if len(seq_ids) != len(token_ids):
+            raise _arg_error(f"append_many: expected one token per sequence, got {len(seq_ids)} seq_ids "
+                             f"and {len(token_ids)} token_ids")
+        seqs = [self._get(s, "append_many") for s in seq_ids]
+        if len(set(map(id, seqs))) != len(seqs):
+            raise _arg_error("append_many: expected distinct seq_ids, got a repeated one")
+        bs = self.block_size
+        # a sequence needs a new block exactly when its next position starts one
+        need = sum(1 for seq in seqs if len(seq.tokens) == len(seq.blocks) * bs)
+        available = self._available()
+        if need > available:
+            raise KVCacheError(
+                KVErrorCode.OUT_OF_BLOCKS,
+                f"append_many: need {need} blocks for one token of each of {len(seqs)} sequences, "
+                f"{available} free",
+            )
+        fresh = iter(self._allocate(need))
+        out: list[int] = []
+        for seq, tok in zip(seqs, _as_list(token_ids)):
+            pos = len(seq.tokens)
+            if pos == len(seq.blocks) * bs:
+                seq.blocks.append(next(fresh))
+            seq.tokens.append(tok)
+            out.append(seq.blocks[pos // bs] * bs + pos % bs)
+        return _tensor(out, "q", torch.int64)
+
     def commit(self, seq_id: Hashable, num_computed_tokens: int) -> None:
         """Declare that K/V of the first num_computed_tokens tokens is written (after a forward
         step). Only now do the full blocks among them enter the prefix cache: speculative tokens
@@ -190,6 +221,27 @@ class BlockManager:
         seq.num_computed = num_computed_tokens
         if self.enable_prefix_caching:
             self._register(seq)
+
+    def commit_many(self, seq_ids: Sequence[Hashable], num_computed_tokens: Sequence[int]) -> None:
+        """`commit(seq_ids[i], num_computed_tokens[i])` for every i, all checked before any is
+        applied (a bad entry raises and commits nothing)."""
+        if len(seq_ids) != len(num_computed_tokens):
+            raise _arg_error(f"commit_many: expected one count per sequence, got {len(seq_ids)} seq_ids "
+                             f"and {len(num_computed_tokens)} counts")
+        seqs = [self._get(s, "commit_many") for s in seq_ids]
+        if len(set(map(id, seqs))) != len(seqs):
+            raise _arg_error("commit_many: expected distinct seq_ids, got a repeated one")
+        for seq_id, seq, n in zip(seq_ids, seqs, num_computed_tokens):
+            if not seq.num_computed <= n <= len(seq.tokens):
+                raise _arg_error(
+                    f"commit_many: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
+                    f"(already computed .. num_tokens) for seq_id={seq_id!r}, got {n}"
+                )
+        bs = self.block_size
+        for seq, n in zip(seqs, num_computed_tokens):
+            seq.num_computed = n
+            if self.enable_prefix_caching and n // bs > len(seq.chain):  # a block filled up
+                self._register(seq)
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
         """Keep only the first num_tokens tokens (drop rejected speculative tokens) and free the
@@ -358,8 +410,10 @@ class BlockManager:
     def _available(self, hits: Sequence[int] = ()) -> int:
         """Blocks an allocation could take: free plus evictable, minus the evictable cache hits
         the same call reuses (they are taken out of the LRU, not evicted)."""
-        reused_evictable = sum(1 for b in hits if self._ref[b] == 0)
-        return len(self._free) + len(self._evictable) - reused_evictable
+        available = len(self._free) + len(self._evictable)
+        if hits:  # (a generator per call would dominate the per-step decode checks)
+            available -= sum(1 for b in hits if self._ref[b] == 0)
+        return available
 
     def _allocate(self, n: int) -> list[int]:
         """n blocks at refcount 1: free ones first, then least recently used cached ones. The

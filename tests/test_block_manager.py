@@ -285,6 +285,11 @@ def test_argument_errors_are_value_errors_with_codes():
         (lambda: bm.commit("a", 4), I, "commit: expected num_computed_tokens in [0, 3]"),
         (lambda: bm.slots("a", 2, 5), I, "slots: expected 0 <= start <= end <= num_tokens=3"),
         (lambda: bm.can_admit([1], reserve_tokens=-1), I, "got -1"),
+        (lambda: bm.append_many(["a", "zz"], [1, 2]), U, "append_many: expected an admitted seq_id, got 'zz'"),
+        (lambda: bm.append_many(["a", "a"], [1, 2]), I, "append_many: expected distinct seq_ids"),
+        (lambda: bm.append_many(["a"], [1, 2]), I, "got 1 seq_ids and 2 token_ids"),
+        (lambda: bm.commit_many(["a"], [4]), I, "commit_many: expected num_computed_tokens in [0, 3]"),
+        (lambda: bm.commit_many(["a", "a"], [1, 2]), I, "commit_many: expected distinct seq_ids"),
         (lambda: BlockManager(0, 2), I, "got num_blocks=0"),
         (lambda: BlockManager(4, 2, watermark_blocks=4), I, "watermark_blocks=4"),
     ]
@@ -418,6 +423,34 @@ class BlockManagerMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(seq["computed"], seq["written"]))
         self.bm.commit(sid, n)
         seq["computed"] = n
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 2), min_size=8, max_size=8))
+    def batched_decode_step(self, data, tokens):
+        """A scheduler's batched decode: append_many (one token each, all or nothing), the
+        forward, commit_many. The slots must be those per-sequence appends would give."""
+        sids = data.draw(st.lists(st.sampled_from(sorted(self.seqs)), min_size=1, max_size=8, unique=True))
+        toks = tokens[: len(sids)]
+        # all or nothing: the blocks needed are those whose next position starts a new block
+        need = sum(1 for s in sids if len(self.seqs[s]["tokens"]) == len(self.bm.block_table(s)) * self.bs)
+        fits = need <= self.bm.num_free_blocks + self.bm.num_cached_blocks
+        before = snapshot(self.bm)
+        try:
+            slots = self.bm.append_many(sids, toks).tolist()
+        except KVCacheError as err:
+            assert err.code is KVErrorCode.OUT_OF_BLOCKS and not fits
+            assert snapshot(self.bm) == before
+            return
+        assert fits and len(slots) == len(sids) and len(set(slots)) == len(slots)
+        for sid, tok, slot in zip(sids, toks, slots):
+            seq = self.seqs[sid]
+            seq["tokens"].append(tok)
+            assert slot == self.slot_of(sid, len(seq["tokens"]) - 1)
+        for sid in sids:
+            self.run_forward(sid)
+        self.bm.commit_many(sids, [len(self.seqs[s]["tokens"]) for s in sids])
+        for sid in sids:
+            self.seqs[sid]["computed"] = len(self.seqs[sid]["tokens"])
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), drafts=TOKENS, accepted=st.integers(0, 3))

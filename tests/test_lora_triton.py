@@ -353,13 +353,21 @@ def test_graph_batch_under_cuda_graph_replays_with_new_slots():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    # Oracle: the torch kernel in fp32 (same seeded adapters). The graph's bf16 result may be no worse than
+    # twice the torch kernel's own bf16 error against it, plus a little (the README's bf16 method).
+    m32 = loaded_manager(device="cuda", dtype=torch.float32)
     for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], [None] * 8, ["r5_l1"] * 7 + ["r8"]):
         buf[:T].copy_(torch.tensor(m.slots_for(ids), dtype=torch.int32))
         graph.replay()
         want = dataclasses.replace(m.make_batch(ids, fake_batch([1] * T)), kernel="torch")
+        want32 = dataclasses.replace(m32.make_batch(ids, fake_batch([1] * T)), kernel="torch")
         for (layer, mod), got in out.items():
             if not any(ids):
                 assert torch.equal(got, ys[mod])
                 continue
+            y32 = ys[mod].float()
+            exact = want32.apply(layer, mod, xs[mod].float(), y32.clone()) - y32
             expect = want.apply(layer, mod, xs[mod], ys[mod].clone())
-            assert rel_err(got.float() - ys[mod].float(), expect.float() - ys[mod].float()) < 2e-2, (ids, layer, mod)
+            err_graph = rel_err(got.float() - y32, exact)
+            err_torch = rel_err(expect.float() - y32, exact)
+            assert err_graph <= 2 * err_torch + 2e-3, (ids, layer, mod, err_graph, err_torch)

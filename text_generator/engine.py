@@ -18,6 +18,7 @@ finish_reason "error" and a message; the others go on.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from typing import Callable, Sequence
@@ -46,6 +47,7 @@ class LLMEngine:
     speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
                  anything with start / propose / update / finish) for speculative decoding of
                  greedy requests in decode-only steps (engine_speculative.py); None: off
+    freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class LLMEngine:
         watermark: float = 0.01,
         sampler: Sampler | None = None,
         speculative=None,
+        freeze_gc: bool = True,
     ):
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
@@ -97,6 +100,12 @@ class LLMEngine:
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
         self.num_accepted_tokens = 0
+        if freeze_gc:
+            # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
+            # objects) leaves the garbage collector's generations, as serving engines do after
+            # start-up: otherwise each full collection rescans all of it, tens of ms at a time,
+            # inside steps. Frozen objects are still freed by reference counting.
+            gc.freeze()
 
     # -- requests --------------------------------------------------------------------------
     def add_request(
@@ -219,7 +228,7 @@ class LLMEngine:
                 self._notify(outputs)
                 return outputs
         try:
-            logits = self._forward(sched.chunks)
+            logits = self._forward(sched.chunks, sched.slots)
         except ForwardArgumentError as e:
             if e.code is not ErrorCode.ADAPTER_NOT_LOADED:
                 raise
@@ -234,12 +243,13 @@ class LLMEngine:
             return outputs
         for c in sched.chunks:
             c.request.num_computed = c.start + c.num_tokens
-            self.block_manager.commit(c.request.request_id, c.request.num_computed)
+        self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
+                                       [c.request.num_computed for c in sched.chunks])
         outputs += self._sample(logits, [c.request for c in sched.chunks if c.needs_sample])
         self._notify(outputs)
         return outputs
 
-    def _forward(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor) -> torch.Tensor:
         """One forward_tensor call over every chunk: flat tensors built with list concatenation
         and vectorised index arithmetic (no per-token Python).
 
@@ -251,7 +261,10 @@ class LLMEngine:
         reqs = [c.request for c in chunks]
         ids: list[int] = []
         for c in chunks:
-            ids += _token_span(c.request, c.start, c.start + c.num_tokens)
+            if c.is_decode:
+                ids.append(c.request.output_ids[-1])
+            else:
+                ids += _token_span(c.request, c.start, c.start + c.num_tokens)
         q = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
         start = torch.tensor([c.start for c in chunks], dtype=torch.int64)
         offset = torch.cumsum(q, 0) - q
@@ -266,7 +279,7 @@ class LLMEngine:
             torch.tensor(ids, dtype=torch.int64), positions,
             not all(c.is_decode for c in chunks), self.kv_cache,
             self.block_manager.block_tables([r.request_id for r in reqs]),
-            torch.cat([c.slots for c in chunks]), (start + q).to(torch.int32), self.max_seq_len,
+            slots, (start + q).to(torch.int32), self.max_seq_len,
             (offset + q - 1)[sample], **kwargs)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:

@@ -29,12 +29,11 @@ from text_generator.request import Request, RequestStatus
 
 @dataclass
 class ScheduledChunk:
-    """request computes tokens [start, start + num_tokens) this step; slots [num_tokens] int64."""
+    """request computes tokens [start, start + num_tokens) this step."""
 
     request: Request
     start: int
     num_tokens: int
-    slots: torch.Tensor
     needs_sample: bool
     is_decode: bool
 
@@ -42,6 +41,7 @@ class ScheduledChunk:
 @dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
+    slots: torch.Tensor  # int64 [sum of num_tokens]: the KV slots of every chunk's tokens, in chunk order
     preempted: list[Request]
     failed: list[tuple[Request, str]]  # requests that can never fit, with the reason
 
@@ -83,10 +83,28 @@ class Scheduler:
         preempted: list[Request] = []
         failed: list[tuple[Request, str]] = []
         scheduled: set[int] = set()
+        slots: list[torch.Tensor] = []  # per chunk, or one tensor for a run of decodes
 
-        # 1. decodes (the token sampled last step is not yet in the block manager)
+        # 1. decodes (the token sampled last step is not yet in the block manager). The usual
+        #    case, one append_many for all of them, is tried first; when the pool cannot give
+        #    every one its block (all or nothing: nothing changed), request by request with
+        #    preemption.
+        ready = [r for r in self.running
+                 if r.num_tokens - r.num_computed == 1 and r.num_registered == r.num_tokens - 1][:budget]
+        if ready:
+            try:
+                slots.append(self.bm.append_many([r.request_id for r in ready], [r.output_ids[-1] for r in ready]))
+            except KVCacheError:
+                pass
+            else:
+                for r in ready:
+                    r.num_registered += 1
+                    chunks.append(ScheduledChunk(r, r.num_computed, 1, True, True))
+                    scheduled.add(id(r))
+                budget -= len(ready)
+                ready = []
         i = 0
-        while i < len(self.running) and budget > 0:
+        while ready and i < len(self.running) and budget > 0:
             req = self.running[i]
             if req.num_tokens - req.num_computed != 1 or req.num_registered != req.num_tokens - 1:
                 i += 1
@@ -99,9 +117,9 @@ class Scheduler:
                     break
             if req.status is not RequestStatus.RUNNING:
                 break  # req itself was the newest: everyone after it is gone too
-            slots = self.bm.append(req.request_id, req.output_ids[-1:])
+            slots.append(self.bm.append(req.request_id, req.output_ids[-1:]))
             req.num_registered += 1
-            chunks.append(ScheduledChunk(req, req.num_computed, 1, slots, True, True))
+            chunks.append(ScheduledChunk(req, req.num_computed, 1, True, True))
             scheduled.add(id(req))
             budget -= 1
             i += 1
@@ -112,7 +130,7 @@ class Scheduler:
                 break
             if id(req) in scheduled or req.num_registered != req.num_tokens:
                 continue
-            budget -= self._chunk(req, budget, chunks)
+            budget -= self._chunk(req, budget, chunks, slots)
 
         # 3. admissions (not in a step that had to preempt: the pool is full)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
@@ -132,8 +150,9 @@ class Scheduler:
                     continue
             else:
                 self._admit(req, tokens)
-            budget -= self._chunk(req, budget, chunks)
-        return SchedulerOutput(chunks, preempted, failed)
+            budget -= self._chunk(req, budget, chunks, slots)
+        flat = slots[0] if len(slots) == 1 else torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
+        return SchedulerOutput(chunks, flat, preempted, failed)
 
     def _admit(self, req: Request, tokens: list[int]) -> None:
         cached = self.bm.admit(req.request_id, tokens, extra_key=req.adapter)
@@ -144,11 +163,11 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         self.running.append(req)
 
-    def _chunk(self, req: Request, budget: int, chunks: list[ScheduledChunk]) -> int:
+    def _chunk(self, req: Request, budget: int, chunks: list[ScheduledChunk], slots: list[torch.Tensor]) -> int:
         start = req.num_computed
         n = min(req.num_tokens - start, budget)
-        slots = self.bm.slots(req.request_id, start, start + n)
-        chunks.append(ScheduledChunk(req, start, n, slots, start + n == req.num_tokens, False))
+        slots.append(self.bm.slots(req.request_id, start, start + n))
+        chunks.append(ScheduledChunk(req, start, n, start + n == req.num_tokens, False))
         return n
 
     def _preempt(self, req: Request) -> None:
