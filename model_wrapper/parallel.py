@@ -76,20 +76,27 @@ class TPGroup:
         return self.world_size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum x over the group, in place; returns x."""
+        """Sum x over the group, in place; returns x. Graph-safe (NCCL captures it)."""
         import torch.distributed as dist
 
         dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., S] on every rank -> [..., world_size * S], rank order along the last dim."""
+        """x [T, S] on every rank -> [T, world_size * S], rank order along the last dim.
+
+        One collective into one output allocated here ([W * T, S], rank-major), then one copy
+        to [T, W * S]: no per-rank list and no host sync, so a CUDA graph can capture it (the
+        output then lives in the graph's memory pool, the same address at every replay).
+        """
         import torch.distributed as dist
 
         x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x, group=self.group)
-        return torch.cat(parts, dim=-1)
+        w, (t, s) = self.world_size, x.shape
+        out = torch.empty(w * t, s, dtype=x.dtype, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # older torch
+        gather(out, x, group=self.group)
+        return out.view(w, t, s).transpose(0, 1).reshape(t, w * s)
 
 
 @dataclass(frozen=True)
