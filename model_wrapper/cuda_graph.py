@@ -15,6 +15,17 @@ read a static per-token adapter-slot buffer (-1 = base model, and padding), fill
 so one graph serves any mix of adapters, including none.
 Graphs capture the caller's kv_cache tensors by address: a different cache (or block size)
 drops the graphs and captures again. Warm-up runs write only into a scratch cache.
+
+Under tensor parallelism the graphs hold the step's NCCL collectives (the row-parallel and
+embedding all_reduces, the lm_head all_gather). NCCL requires every rank to capture the same
+collectives in the same order and to replay matching graphs together; that holds because
+whether a step replays, which bucket it takes and when a capture happens depend only on the
+call's arguments (batch size, mode, masks, adapters, cache identity) and on configuration
+every rank shares, never on rank-local state, and every rank makes the same calls (SPMD).
+The warm-up runs before a capture execute the collectives eagerly, so the communicator is
+initialised before anything is captured; the capture itself communicates nothing. It runs in
+thread-local capture mode: the process group's watchdog thread may query its own events
+meanwhile (legal from another thread in that mode, an error in the global mode).
 """
 
 from __future__ import annotations
@@ -99,6 +110,11 @@ class DecodeGraphRunner:
                 and batch.atten_mask is None and batch.batch_size <= self.max_batch
                 and (batch.lora is None or self.lora is not None))
 
+    def bucket_for(self, batch_size: int) -> int:
+        """The captured batch size a step of batch_size requests replays: a function of the
+        batch size and the configured buckets only (the same on every tensor-parallel rank)."""
+        return next(s for s in self.buckets if s >= batch_size)
+
     def _cache_key(self, kv_cache, block_size):
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
                 tuple(kv_cache[0][0].shape), block_size)
@@ -150,7 +166,8 @@ class DecodeGraphRunner:
                 mw.model(batch, scratch, attn, mw.kernels)
         torch.cuda.current_stream().wait_stream(stream)
         bucket.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(bucket.graph, pool=self._pool):
+        mode = "thread_local" if mw.tp.enabled else "global"
+        with torch.cuda.graph(bucket.graph, pool=self._pool, capture_error_mode=mode):
             bucket.logits = mw.model(batch, kv_cache, attn, mw.kernels)
         self._pool = bucket.graph.pool()
         return bucket
@@ -167,7 +184,7 @@ class DecodeGraphRunner:
 
     def run(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         B = batch.batch_size
-        size = next(s for s in self.buckets if s >= B)
+        size = self.bucket_for(B)
         key = self._cache_key(kv_cache, batch.block_size)
         if key != self._key or size not in self._graphs:
             self.capture(kv_cache, batch.block_size, [size])

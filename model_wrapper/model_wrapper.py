@@ -91,8 +91,9 @@ class ModelWrapper:
             self.kernels = TorchKernels(inv_freq, dtype)
         self.graphs = None
         # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
-        # under TP they would capture collectives, which is untested: TP steps run eagerly
-        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None and not self.tp.enabled:
+        # under TP they capture the NCCL collectives too (every rank captures and replays the
+        # same buckets, since every rank makes the same calls)
+        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch)

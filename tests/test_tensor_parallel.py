@@ -12,10 +12,14 @@ vocab shard padded); the reference engine, unchanged (continuous batching, greed
 sampling), on both ranks; a batch mixing two LoRA adapters (every projection adapted, A / B
 sliced per rank) with base rows, against TP=1 and peft. And the CLI under torchrun
 (--tensor-parallel) prints what it prints on one process.
+
+On a machine with 2 GPUs (`pytest -m cuda`): two NCCL ranks replay decode CUDA graphs that
+hold the collectives, against eager TP=2, TP=1 and an fp32 reference.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 
@@ -291,6 +295,106 @@ def test_cli_under_torchrun(checkpoint_dir):
     one = subprocess.run([sys.executable] + args, cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert tp.returncode == 0 and one.returncode == 0, tp.stderr[-4000:] + one.stderr[-2000:]
     assert tp.stdout == one.stdout and tp.stdout.count("=== [") == 2, (tp.stdout, one.stdout, tp.stderr[-3000:])
+
+
+# -- decode CUDA graphs under TP=2: two NCCL ranks on two GPUs (pytest -m cuda) -----------------
+
+def _graph_job(gen, check_sync: bool):
+    """Prefill 5 requests, 3 decode steps (batch 5: bucket 8), prefill 12 more (eager collectives
+    between replays), 3 decode steps of all 17 (bucket 24), 2 more of the first 5 (bucket 8
+    again, replayed with no host-device sync when check_sync). Decode tokens are fixed (teacher
+    forcing), so every run sees the same inputs. -> the logits of every step, on the CPU."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 97, (int(n),), generator=g).tolist() for n in torch.randint(3, 60, (17,), generator=g)]
+    h = PagedHarness(gen, 128, 16, seed=2)
+    out = []
+
+    def prefill(rids):
+        last = torch.cumsum(torch.tensor([len(prompts[r]) for r in rids]), 0) - 1
+        out.append(h.step({r: prompts[r] for r in rids}, is_prefill=True, lm_head_indices=last))
+
+    def decode(rids, t):
+        out.append(h.step({r: [(7 * r + t) % 97] for r in rids}, is_prefill=False))
+
+    prefill(range(5))
+    for t in range(3):
+        decode(range(5), t)
+    prefill(range(5, 17))
+    for t in range(3, 6):
+        decode(range(17), t)
+    decode(range(5), 6)
+    torch.cuda.synchronize()
+    if check_sync:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        decode(range(5), 7)
+        decode(range(5), 8)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [x.cpu() for x in out]
+
+
+GRAPH_MODEL = dict(hidden_size=512, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                   head_dim=64, vocab_size=97, max_position_embeddings=1024)  # TP=2: 4 q heads / 1 kv head
+
+
+def _graph_worker(rank, store, path, out_dir):
+    from datetime import timedelta
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            device_id=torch.device("cuda", rank), timeout=timedelta(seconds=120))
+    try:
+        tp = TPGroup.from_default_group()
+        res = {}
+        for graphs in (True, False):
+            gen = TextGenerator.from_pretrained(path, device=f"cuda:{rank}", dtype=torch.bfloat16,
+                                                cuda_graphs=graphs, tp_group=tp)
+            res[graphs] = _graph_job(gen, check_sync=graphs)
+            if graphs:
+                res["buckets"] = sorted(gen.model_wrapper.graphs._graphs)
+            del gen
+        torch.save(res, os.path.join(out_dir, f"graphs.rank{rank}.pt"))
+    finally:
+        gc.collect()  # the graphs (they hold NCCL work) go before the communicator does
+        dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_under_tp2_nccl(tmp_path):
+    """Decode graphs capture the NCCL collectives: under TP=2 each rank captures buckets 8 and 24
+    and replays them, interleaved with eager prefills, with no host-device sync; replays equal
+    eager TP=2 steps (bf16 rounding), both ranks return identical logits, and TP=2's error
+    against an fp32 TP=1 reference is at most twice TP=1 bf16's (plus a small floor)."""
+    import time
+
+    from conftest import make_checkpoint
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    pytest.importorskip("flashinfer")
+    path = make_checkpoint(tmp_path / "llama31", "llama31", **GRAPH_MODEL)
+    ctx = mp.spawn(_graph_worker, args=(str(tmp_path / "store"), path, str(tmp_path)), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + 300  # a rank stuck in a replay waits forever: fail instead
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("TP=2 CUDA-graph workers did not finish in 300 s (a collective mismatch hangs)")
+    ranks = [torch.load(tmp_path / f"graphs.rank{r}.pt") for r in range(WORLD)]
+    one = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    tp1 = _graph_job(one, check_sync=True)
+    ref = _graph_job(TextGenerator.from_pretrained(path, device="cuda", dtype=torch.float32,
+                                                   attention_backend="torch"), check_sync=False)
+    assert sorted(one.model_wrapper.graphs._graphs) == [8, 24]
+    for r, res in enumerate(ranks):
+        assert res["buckets"] == [8, 24], r
+        for i, (graph, eager) in enumerate(zip(res[True], res[False])):
+            assert rel_err(graph, eager) < 2e-2, (r, i)
+            assert torch.equal(graph, ranks[0][True][i]), f"rank {r} step {i}: ranks differ"
+    for i, (got, single, want) in enumerate(zip(ranks[0][True], tp1, ref)):
+        assert rel_err(got, want) <= 2 * rel_err(single, want) + 2e-3, i
 
 
 # -- sharding rules and sliced loading, without a process group --------------------------------

@@ -298,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         if args.tensor_parallel:
+            import gc
+
             import torch.distributed as dist
 
             if dist.is_initialized():
+                gc.collect()  # decode CUDA graphs (holding NCCL work) go before the communicator
                 dist.destroy_process_group()
 
 
