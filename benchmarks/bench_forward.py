@@ -57,7 +57,13 @@ def matmul_peak(device) -> float:
 
 
 def decode_case(gen, kv, block_size, B, ctx, perm, iters):
-    """One decode step for B requests with ctx tokens each (ctx-1 cached + 1 new)."""
+    """Seconds per decode step for B requests with ctx tokens each (ctx-1 cached + 1 new)."""
+    return timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=iters, warmup=3, device=gen.device.type)
+
+
+def decode_step(gen, kv, block_size, B, ctx, perm):
+    """-> step(): one forward_tensor decode call for B requests of ctx tokens (ctx-1 cached + 1
+    new), request b on blocks perm[b * per : (b + 1) * per]; host tensors, random token ids."""
     per = -(-ctx // block_size)
     tables = perm[: B * per].view(B, per).to(torch.int32)
     pos = torch.full((B,), ctx - 1, dtype=torch.int64)
@@ -68,7 +74,7 @@ def decode_case(gen, kv, block_size, B, ctx, perm, iters):
     def step():
         return gen.forward_tensor(ids, pos, False, kv, tables, slots, lens, ctx + 1)
 
-    return timed(step, iters=iters, warmup=3, device=gen.device.type)
+    return step
 
 
 def gemm_chain(cfg, T, device, iters):
@@ -91,6 +97,12 @@ def gemm_chain(cfg, T, device, iters):
 
 
 def prefill_case(gen, kv, block_size, T, perm, iters):
+    """Seconds per prefill of one T-token prompt (logits of its last token only)."""
+    return timed(prefill_step(gen, kv, block_size, T, perm), iters=iters, warmup=2, device=gen.device.type)
+
+
+def prefill_step(gen, kv, block_size, T, perm):
+    """-> step(): one forward_tensor prefill call of a T-token prompt on blocks perm[:ceil(T / block_size)]."""
     per = -(-T // block_size)
     tables = perm[:per].view(1, per).to(torch.int32)
     pos = torch.arange(T)
@@ -101,7 +113,7 @@ def prefill_case(gen, kv, block_size, T, perm, iters):
         return gen.forward_tensor(ids, pos, True, kv, tables, slots, torch.tensor([T], dtype=torch.int32), T,
                                   lm_head_indices=torch.tensor([T - 1]))
 
-    return timed(step, iters=iters, warmup=2, device=gen.device.type)
+    return step
 
 
 def hf_decode_step(hf, B, prompt, new, device):
