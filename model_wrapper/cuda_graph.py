@@ -30,6 +30,8 @@ meanwhile (legal from another thread in that mode, an error in the global mode).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from loguru import logger
 
@@ -89,8 +91,17 @@ class _GraphAttention(AttentionBackend):
 
 
 class DecodeGraphRunner:
+    """The decode graphs of one ModelWrapper (which owns this runner): per bucket size its
+    static buffers and captured graph, all in one memory pool.
+
+    The wrapper is held by a weak proxy, so the pair forms no reference cycle: the graphs die
+    with the wrapper by reference counting (also when gc.freeze() has frozen them). Under
+    tensor parallelism that matters: NCCL waits, when its communicator is destroyed, until
+    every graph holding its collectives is gone; release the generator first.
+    """
+
     def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS):
-        self.mw = wrapper
+        self.mw = weakref.proxy(wrapper)
         self.buckets = sorted(b for b in buckets if b <= max_batch) or [max_batch]
         self.max_batch = self.buckets[-1]
         self.windows = [None] + list(wrapper.backend.windows)

@@ -29,3 +29,24 @@ def test_buckets_cover_every_batch_size_up_to_256():
     for b in range(1, 257):  # the padding a batch pays is under 8 rows above 8
         size = next(s for s in DEFAULT_BUCKETS if s >= b)
         assert size - b < max(8, b // 2 + 1)
+
+
+def test_runner_and_wrapper_form_no_reference_cycle():
+    """The graphs die with their wrapper by reference counting alone (no collector, gc.freeze()
+    or not): NCCL's teardown waits for every graph that holds its collectives."""
+    import gc
+    import weakref
+
+    class Wrapper:  # what the runner reads of a ModelWrapper at construction
+        backend = SimpleNamespace(windows=())
+
+    wrapper = Wrapper()
+    wrapper.graphs = DecodeGraphRunner(wrapper)
+    assert wrapper.graphs.mw.backend is wrapper.backend
+    runner = weakref.ref(wrapper.graphs)
+    gc.disable()
+    try:
+        del wrapper
+        assert runner() is None
+    finally:
+        gc.enable()

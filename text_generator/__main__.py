@@ -303,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
             import torch.distributed as dist
 
             if dist.is_initialized():
-                gc.collect()  # decode CUDA graphs (holding NCCL work) go before the communicator
+                # NCCL's teardown waits until every CUDA graph holding its collectives is gone:
+                # free the generator's graphs first, frozen (LLMEngine's gc.freeze) or not
+                gc.unfreeze()
+                gc.collect()
                 dist.destroy_process_group()
 
 
