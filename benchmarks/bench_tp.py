@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
@@ -475,4 +476,12 @@ def plot(res, W, path):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:  # noqa: BLE001 - report, then leave at once
+        # A normal exit would tear NCCL down, which waits for every CUDA graph holding its
+        # collectives (the traceback keeps them alive): exit now, and torchrun stops the others.
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

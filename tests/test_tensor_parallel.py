@@ -19,7 +19,6 @@ hold the collectives, against eager TP=2, TP=1 and an fp32 reference.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 
@@ -341,11 +340,11 @@ GRAPH_MODEL = dict(hidden_size=512, intermediate_size=512, num_attention_heads=8
 def _graph_worker(rank, store, path, out_dir):
     from datetime import timedelta
 
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            device_id=torch.device("cuda", rank), timeout=timedelta(seconds=120))
     try:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                                device_id=torch.device("cuda", rank), timeout=timedelta(seconds=120))
         tp = TPGroup.from_default_group()
         res = {}
         for graphs in (True, False):
@@ -354,11 +353,15 @@ def _graph_worker(rank, store, path, out_dir):
             res[graphs] = _graph_job(gen, check_sync=graphs)
             if graphs:
                 res["buckets"] = sorted(gen.model_wrapper.graphs._graphs)
-            del gen
+            del gen  # its graphs with it: NCCL's teardown waits for every graph holding its work
         torch.save(res, os.path.join(out_dir, f"graphs.rank{rank}.pt"))
-    finally:
-        gc.collect()  # the graphs (they hold NCCL work) go before the communicator does
         dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - the traceback keeps the graphs alive: report, exit now
+        import traceback
+
+        with open(os.path.join(out_dir, f"graphs.rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        os._exit(1)
 
 
 @pytest.mark.cuda
@@ -377,11 +380,14 @@ def test_cuda_graphs_under_tp2_nccl(tmp_path):
     path = make_checkpoint(tmp_path / "llama31", "llama31", **GRAPH_MODEL)
     ctx = mp.spawn(_graph_worker, args=(str(tmp_path / "store"), path, str(tmp_path)), nprocs=WORLD, join=False)
     deadline = time.monotonic() + 300  # a rank stuck in a replay waits forever: fail instead
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("TP=2 CUDA-graph workers did not finish in 300 s (a collective mismatch hangs)")
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail("TP=2 CUDA-graph workers did not finish in 300 s (a collective mismatch hangs)")
+    except mp.ProcessExitedException:
+        pytest.fail("a TP=2 rank failed:\n" + "\n".join(p.read_text() for p in tmp_path.glob("graphs.rank*.err")))
     ranks = [torch.load(tmp_path / f"graphs.rank{r}.pt") for r in range(WORLD)]
     one = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
     tp1 = _graph_job(one, check_sync=True)
