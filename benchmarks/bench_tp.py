@@ -261,7 +261,8 @@ def main():
                        "and synchronize; under TP the slower rank's median"),
                seconds={})
     if r.cuda:
-        res["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        v = torch.cuda.nccl.version()
+        res["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         try:
             import flashinfer
             res["flashinfer"] = flashinfer.__version__
