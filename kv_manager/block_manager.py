@@ -222,6 +222,18 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._register(seq)
 
+    def set_token(self, seq_id: Hashable, position: int, token_id: int) -> None:
+        """Replace the token at an uncommitted position (position >= num_computed_tokens): an
+        engine that appended a placeholder for a token still on the device writes the real one
+        before the commit that may enter it into the prefix cache."""
+        seq = self._get(seq_id, "set_token")
+        if not seq.num_computed <= position < len(seq.tokens):
+            raise _arg_error(
+                f"set_token: expected position in [{seq.num_computed}, {len(seq.tokens)}) (uncommitted "
+                f"tokens) for seq_id={seq_id!r}, got {position}"
+            )
+        seq.tokens[position] = int(token_id)
+
     def commit_many(self, seq_ids: Sequence[Hashable], num_computed_tokens: Sequence[int]) -> None:
         """`commit(seq_ids[i], num_computed_tokens[i])` for every i, all checked before any is
         applied (a bad entry raises and commits nothing)."""

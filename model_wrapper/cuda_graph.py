@@ -215,6 +215,9 @@ class DecodeGraphRunner:
             if ids is not None:
                 bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)
             bucket.token_slot.copy_(bucket.token_slot_staging, non_blocking=True)
+        if batch.prev_token_ids is not None:  # ids still on the device (an engine running ahead)
+            tokens, rows, index = batch.prev_token_ids
+            bucket.input_ids.index_copy_(0, rows, tokens.index_select(0, index))
         bucket.copied.record()
         bucket.graph.replay()
         if batch.lm_head_indices is not None:

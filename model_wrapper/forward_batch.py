@@ -79,6 +79,9 @@ class ForwardBatch:
     max_kv: int
     lora: Any = None
     extras: dict = field(default_factory=dict)
+    # (tokens, rows, index), all on the device: input_ids[rows] = tokens[index] (already applied
+    # to input_ids; a CUDA-graph replay applies it to its static input buffer)
+    prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -112,9 +115,11 @@ class ForwardBatch:
         device: torch.device,
         token_req_cpu: torch.Tensor | None = None,
         token_kv_index_cpu: torch.Tensor | None = None,
+        prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> "ForwardBatch":
         """All host inputs are validated and on the CPU (positions, slots, *_cpu); input_ids may be
-        on the caller's device."""
+        on the caller's device. prev_token_ids = (tokens on the device, rows, index on the host):
+        input_ids[rows] := tokens[index], on the device (input_ids_cpu keeps the placeholders)."""
         q = q_lens_cpu.to(torch.int64)
         L = seq_lens_cpu.to(torch.int64)
         qo_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
@@ -146,9 +151,16 @@ class ForwardBatch:
             parts["write_token_index"] = write_token_index
         if lm_head_indices is not None:
             parts["lm_head_indices"] = lm_head_indices.to(torch.int64)
+        if prev_token_ids is not None:
+            parts["prev_rows"], parts["prev_index"] = prev_token_ids[1], prev_token_ids[2]
         on_dev = _to_device(parts, device)
         if "input_ids" not in on_dev:
             on_dev["input_ids"] = input_ids.to(torch.int64)
+        prev = None
+        if prev_token_ids is not None:
+            prev = (prev_token_ids[0], on_dev["prev_rows"], on_dev["prev_index"])
+            # out of place: on the CPU on_dev["input_ids"] may be the caller's own tensor
+            on_dev["input_ids"] = on_dev["input_ids"].index_copy(0, prev[1], prev[0].index_select(0, prev[2]))
 
         return cls(
             mode=mode,
@@ -173,6 +185,7 @@ class ForwardBatch:
             atten_mask=atten_mask,
             max_q=int(q.max()) if q.numel() else 0,
             max_kv=int(L.max()) if L.numel() else 0,
+            prev_token_ids=prev,
         )
 
 

@@ -90,6 +90,7 @@ class ModelWrapper:
         else:
             self.kernels = TorchKernels(inv_freq, dtype)
         self.graphs = None
+        self._planned = None  # CUDA event after the last eager step's plan copies
         # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
         # under TP they capture the NCCL collectives too (every rank captures and replays the
         # same buckets, since every rank makes the same calls)
@@ -130,5 +131,14 @@ class ModelWrapper:
         """-> float32 logits [num_out, vocab_size] on the model's device."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch, kv_cache)
+        if self._planned is not None:
+            # A caller may run ahead of the device (an engine that does not wait for the last
+            # step's tokens): the attention plan refills host buffers whose copies to the device
+            # the previous step enqueued; wait until those copies ran (early in that step).
+            self._planned.synchronize()
         self.backend.plan(batch)
+        if self.device.type == "cuda":
+            if self._planned is None:
+                self._planned = torch.cuda.Event()
+            self._planned.record()
         return self.model(batch, kv_cache, self.backend, self.kernels)

@@ -240,3 +240,27 @@ def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
         if graphs:
             assert gen.model_wrapper.graphs._graphs, "the LoRA decode steps did not replay a graph"
     assert rel_err(outs[1], outs[0]) < 2e-2
+
+
+def test_engine_running_ahead_on_cuda_equals_the_plain_order(gpu_ckpt):
+    """On CUDA the engine runs ahead of its sampled tokens by default (graph replays take the ids
+    from the device): the same greedy outputs as the plain order, token for token (length-limited
+    requests: both orders run the same batches through the same kernels). The plain order itself
+    is checked against transformers in tests/test_engine.py."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    path = gpu_ckpt("llama")
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (3, 17, 40, 9, 64, 5, 23, 31)]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in (12, 30, 7, 25, 16, 40, 9, 21)]
+    outs = {}
+    for mode in (False, True):
+        engine = LLMEngine(gen, num_blocks=128, block_size=16, max_num_batched_tokens=48, async_scheduling=mode)
+        assert engine.async_scheduling is mode
+        outs[mode] = [o.token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
+        assert engine.block_manager.num_used_blocks == 0
+    assert outs[True] == outs[False]
+    assert [len(o) for o in outs[True]] == [p.max_new_tokens for p in params]
+    assert LLMEngine(gen, num_blocks=8, block_size=16).async_scheduling  # the CUDA default

@@ -21,6 +21,21 @@ VOCAB = 96  # conftest.TINY
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["plain", "run_ahead"])
+def run_ahead(request, monkeypatch):
+    """Every engine test runs twice: in the plain order (sample, read the tokens, schedule) and
+    running ahead (the next step launched with the tokens still on the device; CUDA's default),
+    which must not change any output."""
+    init = LLMEngine.__init__
+
+    def patched(self, *args, **kwargs):
+        kwargs.setdefault("async_scheduling", request.param)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "__init__", patched)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from tests.conftest import make_checkpoint
@@ -239,15 +254,16 @@ def test_abort_frees_the_request_and_reports_it(gen, reference):
     a = engine.add_request([1, 2, 3, 4, 5, 6], greedy_params(20))
     b = engine.add_request([7, 8, 9], greedy_params(6))
     waiting = engine.add_request([10, 11], greedy_params(6), request_id="w")
-    engine.step()
-    engine.step()
+    seen = [t for _ in range(3) for o in engine.step() if o.request_id == a for t in o.new_token_ids]
+    assert seen  # (running ahead, the last step's token is still on the device: one fewer)
     assert engine.abort(a) and not engine.abort(a) and not engine.abort("unknown")
     finals = {}
     while engine.has_unfinished():
         for o in engine.step():
             if o.finished:
                 finals[o.request_id] = o
-    assert finals[a].finish_reason == "abort" and len(finals[a].token_ids) == 2
+    # the aborted request keeps exactly the tokens reported before the abort
+    assert finals[a].finish_reason == "abort" and finals[a].token_ids == seen == reference((1, 2, 3, 4, 5, 6), 20)[:len(seen)]
     assert finals[b].token_ids == reference((7, 8, 9), 6)
     assert finals[waiting].token_ids == reference((10, 11), 6)
     assert engine.block_manager.num_used_blocks == 0

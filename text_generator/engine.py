@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -48,6 +49,8 @@ class LLMEngine:
                  anything with start / propose / update / finish) for speculative decoding of
                  greedy requests in decode-only steps (engine_speculative.py); None: off
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
+    async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
+                 back to the plain order while a drafter is set or a live request uses penalties.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class LLMEngine:
         sampler: Sampler | None = None,
         speculative=None,
         freeze_gc: bool = True,
+        async_scheduling: bool | None = None,
     ):
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
@@ -100,6 +104,11 @@ class LLMEngine:
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
         self.num_accepted_tokens = 0
+        if async_scheduling is None:
+            async_scheduling = torch.device(generator.device).type == "cuda"
+        self.async_scheduling = bool(async_scheduling)
+        self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
+        self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
         if freeze_gc:
             # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
             # objects) leaves the garbage collector's generations, as serving engines do after
@@ -136,6 +145,9 @@ class LLMEngine:
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
         req.generator = req.params.make_generator(self.generator.device)
+        p = req.params
+        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            self._history_reqs.add(rid)
         self.scheduler.add(req)
         return rid
 
@@ -150,7 +162,7 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._reports)
+        return self.scheduler.has_unfinished() or bool(self._reports) or self._inflight is not None
 
     def _check_params(self, params) -> SamplingParams:
         if params is None:
@@ -200,6 +212,7 @@ class LLMEngine:
             self._drafting.discard(req.request_id)
             self.drafter.finish(req.request_id)
         self.scheduler.remove(req)
+        self._history_reqs.discard(req.request_id)
         req.finish(reason, error)
         del self.requests[req.request_id]
         if error is not None:
@@ -208,48 +221,133 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward step, sample; returns an output for every request that got
-        a token, finished, failed or was aborted since the last step."""
+        a token, finished, failed or was aborted since the last step.
+
+        Running ahead (async_scheduling): the step's sampled tokens stay on the device; the next
+        step() schedules and launches its forward with them (forward_tensor's prev_token_ids)
+        before reading them back, then reads them, checks stops and reports them. So the host's
+        scheduling, validation and attention planning overlap the device's previous step, and
+        outputs come one step() later. Requests that finish on a token the device ran ahead of
+        have that extra row discarded."""
         outputs, self._reports = self._reports, []
+        prev, self._inflight = self._inflight, None
+        if prev is not None and not self._may_run_ahead():
+            outputs += self._complete(prev)
+            prev = None
         sched = self.scheduler.schedule()
         self.num_preemptions += len(sched.preempted)
         for req, why in sched.failed:
             self._finish(req, "error", why)
             outputs.append(req.output([], None, self.tokenizer is not None))
-        if not sched.chunks:
-            self._notify(outputs)
-            return outputs
-        self.num_steps += 1
+        if sched.chunks:
+            self.num_steps += 1
+            outputs += self._run(sched, prev)
+        if prev is not None:
+            outputs += self._complete(prev)
+        self._notify(outputs)
+        return outputs
+
+    def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
             from text_generator.engine_speculative import speculative_step
 
-            spec = speculative_step(self, sched.chunks)
+            spec = speculative_step(self, sched.chunks)  # (no run-ahead with a drafter: prev is None)
             if spec is not None:
-                outputs += spec
-                self._notify(outputs)
-                return outputs
+                return spec
         try:
-            logits = self._forward(sched.chunks, sched.slots)
+            logits = self._forward(sched.chunks, sched.slots, prev)
         except ForwardArgumentError as e:
             if e.code is not ErrorCode.ADAPTER_NOT_LOADED:
                 raise
             # An adapter was unloaded while its requests ran: fail those, retry the rest next
             # step (nothing was committed, so they are simply scheduled again).
             loaded = set(self.generator.loaded_adapters())
+            outputs = []
             for c in sched.chunks:
                 if c.request.adapter is not None and c.request.adapter not in loaded and not c.request.finished:
                     self._finish(c.request, "error", f"adapter {c.request.adapter!r} is no longer loaded")
                     outputs.append(c.request.output([], None, self.tokenizer is not None))
-            self._notify(outputs)
             return outputs
         for c in sched.chunks:
             c.request.num_computed = c.start + c.num_tokens
+        sampled = [c.request for c in sched.chunks if c.needs_sample]
+        if self._may_run_ahead():
+            self._inflight = self._launch(logits, sched.chunks, sampled)
+            return []
         self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
                                        [c.request.num_computed for c in sched.chunks])
-        outputs += self._sample(logits, [c.request for c in sched.chunks if c.needs_sample])
-        self._notify(outputs)
+        return self._sample(logits, sampled)
+
+    # -- running ahead ---------------------------------------------------------------------
+    def _may_run_ahead(self) -> bool:
+        """Whether the next step may be launched before this one's tokens are on the host: not
+        with a drafter (it proposes from the tokens), nor while a live request's sampling reads
+        its own output history (penalties)."""
+        return self.async_scheduling and self.drafter is None and not self._history_reqs
+
+    def _launch(self, logits: torch.Tensor, chunks: list[ScheduledChunk], sampled: list[Request]) -> "_InFlight":
+        """Sample on the device, start the copy of the results to the host, and stand a
+        placeholder for each new token in its request (the scheduler sees the request one token
+        longer; the next forward takes the real id from the device)."""
+        out = self.sampler(logits, [r.params for r in sampled], generators=[r.generator for r in sampled]) \
+            if sampled else None
+        host, event = {}, None
+        if out is not None:
+            for name in ("token_ids", "logprobs", "top_token_ids", "top_logprobs"):
+                t = getattr(out, name)
+                if t is None:
+                    continue
+                if t.device.type == "cuda":
+                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    h.copy_(t, non_blocking=True)
+                    t = h
+                host[name] = t
+            if out.token_ids.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+        rows = {}
+        for i, req in enumerate(sampled):
+            req.output_ids.append(PLACEHOLDER)
+            req.pending += 1
+            rows[id(req)] = i
+            n_out = len(req.output_ids)
+            if n_out >= req.params.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len:
+                req.final_pending = True
+        commits = [(c.request, c.request.num_computed, c.request.num_preemptions) for c in chunks]
+        return _InFlight(sampled, rows, [r.num_preemptions for r in sampled], commits,
+                         None if out is None else out.token_ids, host, event)
+
+    def _complete(self, step: "_InFlight") -> list[RequestOutput]:
+        """Read a launched step's tokens back: replace its placeholders, check stops, report;
+        then commit its chunks' K/V (their input tokens are all real by now)."""
+        outputs = []
+        if step.reqs:
+            if step.event is not None:
+                step.event.synchronize()
+            tokens = step.host["token_ids"].tolist()
+            lps = step.host["logprobs"].tolist() if "logprobs" in step.host else None
+            top_ids = step.host["top_token_ids"].tolist() if "top_token_ids" in step.host else None
+            top_lps = step.host["top_logprobs"].tolist() if "top_logprobs" in step.host else None
+            bm = self.block_manager
+            for i, (req, tok) in enumerate(zip(step.reqs, tokens)):
+                if req.finished:
+                    continue  # finished (stop, abort) on an earlier token: this row ran ahead of it
+                at = len(req.output_ids) - req.pending
+                req.output_ids[at] = tok
+                req.pending -= 1
+                pos = len(req.prompt_ids) + at
+                if req.num_preemptions == step.preemptions[i] and req.request_id in bm \
+                        and bm.num_computed_tokens(req.request_id) <= pos < bm.num_tokens(req.request_id):
+                    bm.set_token(req.request_id, pos, tok)  # the next step appended the placeholder
+                if req.params.logprobs is not None:
+                    self._record_logprobs(req, i, lps, top_ids, top_lps)
+                outputs.append(self._emit(req, [tok], at=at))
+        live = [(r, n) for r, n, p in step.commits if not r.finished and r.num_preemptions == p]
+        self.block_manager.commit_many([r.request_id for r, _ in live], [n for _, n in live])
         return outputs
 
-    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor) -> torch.Tensor:
+    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: "_InFlight | None" = None
+                 ) -> torch.Tensor:
         """One forward_tensor call over every chunk: flat tensors built with list concatenation
         and vectorised index arithmetic (no per-token Python).
 
@@ -260,9 +358,15 @@ class LLMEngine:
         """
         reqs = [c.request for c in chunks]
         ids: list[int] = []
+        dev_rows: list[int] = []  # rows whose id is a placeholder for prev's token on the device
+        dev_index: list[int] = []
         for c in chunks:
             if c.is_decode:
-                ids.append(c.request.output_ids[-1])
+                req = c.request
+                if req.pending and prev is not None and id(req) in prev.rows:
+                    dev_rows.append(len(ids))
+                    dev_index.append(prev.rows[id(req)])
+                ids.append(req.output_ids[-1])
             else:
                 ids += _token_span(c.request, c.start, c.start + c.num_tokens)
         q = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
@@ -275,6 +379,8 @@ class LLMEngine:
         kwargs = {"q_lens": q}
         if any(a is not None for a in adapters):
             kwargs["adapter_ids"] = adapters
+        if dev_rows:
+            kwargs["prev_token_ids"] = (prev.token_ids, torch.tensor(dev_rows), torch.tensor(dev_index))
         return self.generator.forward_tensor(
             torch.tensor(ids, dtype=torch.int64), positions,
             not all(c.is_decode for c in chunks), self.kv_cache,
@@ -296,17 +402,23 @@ class LLMEngine:
         outputs = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
             if req.params.logprobs is not None:
-                if req.logprobs is None:
-                    req.logprobs, req.top_logprobs = [], []
-                req.logprobs.append(lps[i])
-                n = req.params.logprobs
-                req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
+                self._record_logprobs(req, i, lps, top_ids, top_lps)
             outputs.append(self._emit(req, [tok]))
         return outputs
 
-    def _emit(self, req: Request, toks: list[int]) -> RequestOutput:
+    @staticmethod
+    def _record_logprobs(req: Request, i: int, lps, top_ids, top_lps) -> None:
+        if req.logprobs is None:
+            req.logprobs, req.top_logprobs = [], []
+        req.logprobs.append(lps[i])
+        n = req.params.logprobs
+        req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
+
+    def _emit(self, req: Request, toks: list[int], at: int | None = None) -> RequestOutput:
         """Append new tokens (one, or a speculative step's accepted run) with their stop checks;
-        tokens after the one that finishes the request are dropped."""
+        tokens after the one that finishes the request are dropped. at: the token is already in
+        output_ids at index `at` (a run-ahead placeholder just replaced; later placeholders are
+        dropped if it finishes the request)."""
         now = _now()
         if req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
@@ -314,7 +426,8 @@ class LLMEngine:
         delta = "" if self.tokenizer is not None else None
         reason = None
         for tok in toks:
-            req.output_ids.append(tok)
+            if at is None:
+                req.output_ids.append(tok)
             req.metrics.token_times.append(now)
             new.append(tok)
             reason, d = self._check_token(req, tok)
@@ -323,6 +436,9 @@ class LLMEngine:
             if reason is not None:
                 break
         if reason is not None:
+            if req.pending:
+                del req.output_ids[len(req.output_ids) - req.pending:]
+                req.pending = 0
             self._finish(req, reason)
         elif self.drafter is not None:
             rid = req.request_id
@@ -337,10 +453,11 @@ class LLMEngine:
         stop strings, then the length limits) -> (finish reason or None, new text or None)."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
-        at_limit = len(req.output_ids) >= p.max_new_tokens or req.num_tokens >= self.max_seq_len
+        n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
+        at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
         delta = None
         if self.tokenizer is not None:
-            text = decode_tokens(self.tokenizer, req.output_ids[:-1] if reason else req.output_ids)
+            text = decode_tokens(self.tokenizer, req.output_ids[:n_out - 1] if reason else req.output_ids[:n_out])
             if reason is None and p.stop:
                 cut = _find_stop(text, p.stop, len(req.text))
                 if cut is not None:
@@ -394,6 +511,22 @@ class LLMEngine:
         if bar is not None:
             bar.close()
         return [final[i] for i in ids]
+
+
+PLACEHOLDER = 0  # the id standing in input_ids / output_ids for a token still on the device
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens are still on the device (async scheduling)."""
+
+    reqs: list[Request]  # sampled requests, in the sampler's row order
+    rows: dict[int, int]  # id(request) -> its row in token_ids
+    preemptions: list[int]  # each one's num_preemptions at launch (a preempted one is not patched)
+    commits: list[tuple[Request, int, int]]  # (request, num_computed, num_preemptions) to commit
+    token_ids: torch.Tensor | None  # [S] on the device
+    host: dict[str, torch.Tensor]  # the sampler's outputs, copying to (pinned) host memory
+    event: object  # CUDA event after the copies (None on the CPU)
 
 
 def _token_span(req: Request, start: int, end: int) -> list[int]:

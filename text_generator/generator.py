@@ -89,7 +89,7 @@ class TextGenerator:
 
     # -- LoRA adapters (adapters.LoraManager; errors carry adapters.LoraErrorCode) ------------
     def enable_lora(self, max_loras: int = 8, max_rank: int = 64, *, max_num_tokens: int | None = None,
-                    kernel: str = "auto"):
+                    kernel: str = "auto", overlap: bool = True):
         """Preallocate max_loras adapter slots of rank <= max_rank on the model's device; once.
 
         Under tensor parallelism the slots hold this rank's slices of A / B (load_adapter slices).
@@ -98,6 +98,8 @@ class TextGenerator:
         kernel: "auto" (on CUDA: Triton when installed, which also runs inside the decode CUDA
                 graphs, else FlashInfer segment GEMM; torch elsewhere), "triton", "flashinfer",
                 "torch". Returns the LoraManager (also self.lora_manager).
+        overlap: with the triton kernel, run each projection's LoRA shrink on a side stream while
+                its base GEMM runs (False: all on one stream, for A/B timings).
         """
         from adapters import LoraErrorCode, LoraManager, LoraStateError
 
@@ -111,7 +113,7 @@ class TextGenerator:
             num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=shard.num_heads * cfg.head_dim,
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
-            max_num_tokens=max_num_tokens, kernel=kernel)
+            max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap)
         if self.model_wrapper.graphs is not None:  # decode graphs now carry the LoRA kernels
             self.model_wrapper.graphs.attach_lora(self.lora_manager)
         return self.lora_manager
@@ -180,7 +182,9 @@ class TextGenerator:
         max_seq_len    int: the caller's longest allowed sequence (<= the model's limit)
         lm_head_indices [num_out] int or None: which tokens' logits to return (None: all)
         kwargs: q_lens [batch], spec_mask [num_tokens, max(q_lens)], atten_mask
-                [num_tokens, max(input_lengths)], adapter_ids (list of str/None), max_out_len (int)
+                [num_tokens, max(input_lengths)], adapter_ids (list of str/None), max_out_len (int),
+                prev_token_ids (tokens on the device, rows, index): input_ids[rows] = tokens[index],
+                taken on the device, for an engine that runs ahead of its sampled tokens
         Raises ForwardArgumentError (ValueError) with an ErrorCode; kv_cache is then untouched.
         """
         cfg = self.config
@@ -200,6 +204,7 @@ class TextGenerator:
             lm_head_indices=step.lm_head_indices, spec_mask=step.spec_mask,
             atten_mask=step.atten_mask, device=mw.device,
             token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index,
+            prev_token_ids=step.prev_token_ids,
         )
         if step.adapter_ids is not None:
             batch.lora = self.lora_manager.make_batch(step.adapter_ids, batch)

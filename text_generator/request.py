@@ -91,6 +91,11 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens with K/V in the cache
     num_registered: int = 0  # tokens the block manager knows (admitted + appended)
+    # Run-ahead (LLMEngine async scheduling): the last `pending` entries of output_ids are
+    # placeholders for tokens sampled on the device and not yet read back; final_pending: the
+    # newest of them reaches the length limit, so the request is not scheduled again.
+    pending: int = 0
+    final_pending: bool = False
     finish_reason: str | None = None
     error: str | None = None
     text: str = ""
@@ -122,7 +127,7 @@ class Request:
             request_id=self.request_id,
             prompt_token_ids=self.prompt_ids,
             new_token_ids=new_token_ids,
-            token_ids=list(self.output_ids),
+            token_ids=self.output_ids[:len(self.output_ids) - self.pending],
             finished=self.finished,
             finish_reason=self.finish_reason,
             error=self.error,

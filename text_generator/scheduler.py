@@ -89,8 +89,8 @@ class Scheduler:
         #    case, one append_many for all of them, is tried first; when the pool cannot give
         #    every one its block (all or nothing: nothing changed), request by request with
         #    preemption.
-        ready = [r for r in self.running
-                 if r.num_tokens - r.num_computed == 1 and r.num_registered == r.num_tokens - 1][:budget]
+        ready = [r for r in self.running if r.num_tokens - r.num_computed == 1
+                 and r.num_registered == r.num_tokens - 1 and not r.final_pending][:budget]
         if ready:
             try:
                 slots.append(self.bm.append_many([r.request_id for r in ready], [r.output_ids[-1] for r in ready]))
@@ -106,7 +106,7 @@ class Scheduler:
         i = 0
         while ready and i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_tokens - req.num_computed != 1 or req.num_registered != req.num_tokens - 1:
+            if req.num_tokens - req.num_computed != 1 or req.num_registered != req.num_tokens - 1 or req.final_pending:
                 i += 1
                 continue
             while not self.bm.can_append(req.request_id, 1):

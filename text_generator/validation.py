@@ -18,7 +18,7 @@ import torch
 
 from text_generator.errors import ErrorCode, ForwardArgumentError
 
-KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len"})
+KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len", "prev_token_ids"})
 _MASKED_BELOW = -1e4  # additive mask values at or below this (incl. -inf) mean "do not attend"
 
 
@@ -40,6 +40,9 @@ class StepArgs:
     atten_mask: torch.Tensor | None  # [T, max_kv] bool host
     adapter_ids: list[str | None] | None  # per request (length B) or None
     max_out_len: int
+    # (tokens [S] int64 on the model's device, rows [n] int64 host, index [n] int64 host):
+    # input_ids[rows[i]] := tokens[index[i]] on the device (see _prev_token_ids)
+    prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def _fail(code: ErrorCode, arg: str, msg: str):
@@ -254,7 +257,10 @@ def validate_step(
     if max_out_len < 1:
         _fail(ErrorCode.INVALID_MAX_OUT_LEN, "max_out_len", f"expected a positive int, got {max_out_len}")
 
+    prev = _prev_token_ids(kwargs.get("prev_token_ids"), T, vocab_size, device)
+
     return StepArgs(
+        prev_token_ids=prev,
         input_ids=input_ids, input_ids_cpu=ids_h.to(torch.int64), token_req=req, token_kv_index=kv_index,
         positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
         q_lens=q.to(torch.int32), input_lengths=L.to(torch.int32), block_tables=bt.to(torch.int32),
@@ -310,3 +316,41 @@ def _adapter_ids(adapter_ids, B: int, loaded: Sequence[str]) -> list[str | None]
     if len(names) == 1:
         names = names * B
     return None if all(n is None for n in names) else names
+
+
+def _prev_token_ids(value, T: int, vocab_size: int, device: torch.device):
+    """prev_token_ids=(tokens, rows, index): the ids of rows `rows` of input_ids are the device
+    tensor `tokens` at `index` (a previous step's sampled tokens, not yet copied to the host: an
+    engine that schedules step N+1 before step N's tokens reach the host passes them here, and
+    any in-range placeholder in input_ids at those rows). tokens stay on the device, so their
+    values are not checked here (that would wait for the device); they are clamped into
+    [0, vocab_size) on the device, so a bad id cannot read outside the embedding."""
+    if value is None:
+        return None
+    arg = "prev_token_ids"
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg,
+              f"expected a tuple (tokens, rows, index), got {type(value).__name__}"
+              + (f" of length {len(value)}" if isinstance(value, (tuple, list)) else ""))
+    tokens, rows, index = value
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.dtype.is_floating_point \
+            or tokens.dtype == torch.bool:
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected tokens as a 1-D integer tensor, got "
+              f"{type(tokens).__name__ if not isinstance(tokens, torch.Tensor) else f'{tokens.dtype} {_shape(tokens)}'}")
+    if tokens.device != device and not (tokens.device.type == device.type == "cuda" and device.index is None):
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected tokens on the model's device {device}, got {tokens.device}")
+    rows = _int_tensor(rows, arg + " rows", 1, device).cpu().to(torch.int64)
+    index = _int_tensor(index, arg + " index", 1, device).cpu().to(torch.int64)
+    if rows.shape != index.shape:
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected rows and index of one length, got {_shape(rows)} "
+              f"and {_shape(index)}")
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= T):
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected rows in [0, num_tokens={T}), got "
+              f"{int(rows.min())}..{int(rows.max())}")
+    if torch.unique(rows).numel() != rows.numel():
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, "expected distinct rows, got a repeated one")
+    S = tokens.shape[0]
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= S):
+        _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected index in [0, len(tokens)={S}), got "
+              f"{int(index.min())}..{int(index.max())}")
+    return tokens.to(torch.int64).clamp(0, vocab_size - 1), rows, index
