@@ -25,8 +25,10 @@ per sub-module, and columns r >= rank are masked out (no memory read), so a rank
 max_rank-64 stack, or a module the adapter does not adapt (rank 0), costs what it holds. Tokens
 with slot -1 are never touched. bf16 / fp16 / fp32 inputs, fp32 accumulation; s is fp32 and holds
 one partial sum per split of the `in` dimension (split-K without atomics: deterministic). On
-Hopper the expand is launched as a programmatic dependent launch: it reads its weight tile
-while the shrink still runs and waits for it (griddepcontrol.wait) before reading s and y.
+Hopper, when the expand directly follows the shrink in one stream, it is launched as a
+programmatic dependent launch: it reads its weight tile while the shrink still runs and waits
+for it (griddepcontrol.wait) before reading s and y. When the shrink runs on a side stream
+(LoraBatch.begin / finish) the expand follows other kernels and is launched plainly (pdl=False).
 """
 
 from __future__ import annotations
@@ -189,17 +191,8 @@ def _mapping_args(token_slot, segments):
     return token_slot, segments.perm, segments.indptr
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slot: torch.Tensor, ranks: torch.Tensor, rank: int,
-                segments: LoraSegments | None = None) -> torch.Tensor:
-    """s = x @ A[slot]^T per token, all sub-modules at once; returns fp32 partial sums.
-
-    x:          [T, in] bf16 / fp16 / fp32, unit column stride
-    a:          [num_slots, n_sub * rank, in], contiguous (one layer of LoraManager.lora_a[module])
-    token_slot: [>= T] int32, device: slot of token t, -1 = no adapter; read as [:T]
-    ranks:      [num_slots, n_sub] int32, device: true rank per slot and sub-module (<= rank)
-    segments:   the host's grouping by slot (same tokens as token_slot), or None to scan token_slot
-    returns     s [splits, T, n_sub * rank] float32; rows of tokens without an adapter are unwritten
-    """
+def _shrink_plan(x: torch.Tensor, a: torch.Tensor, segments: LoraSegments | None) -> tuple[int, ...]:
+    """-> (BLOCK_T, chunks, BLOCK_R, r_blocks, BLOCK_K, splits, k_per_split) of the shrink's grid."""
     T, K = x.shape
     num_slots, R_total = a.shape[0], a.shape[1]
     block_t, chunks = _chunks(T, segments)
@@ -209,22 +202,50 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slot: torch.Tensor, rank
     splits = max(1, min(MAX_SPLITS, triton.cdiv(K, block_k),
                         triton.cdiv(PROGRAMS_PER_SM * _num_sms(x.device), num_slots * chunks * r_blocks)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    splits = triton.cdiv(K, k_per_split)
-    s = torch.empty(splits, T, R_total, dtype=torch.float32, device=x.device)
+    return block_t, chunks, block_r, r_blocks, block_k, triton.cdiv(K, k_per_split), k_per_split
+
+
+def lora_shrink_out(x: torch.Tensor, a: torch.Tensor, segments: LoraSegments | None = None) -> torch.Tensor:
+    """The uninitialised s that lora_shrink(x, a, ..., segments) writes, on the current stream:
+    allocate it here on the stream that will read it when the shrink runs on another one."""
+    splits = _shrink_plan(x, a, segments)[5]
+    return torch.empty(splits, x.shape[0], a.shape[1], dtype=torch.float32, device=x.device)
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slot: torch.Tensor, ranks: torch.Tensor, rank: int,
+                segments: LoraSegments | None = None, *, out: torch.Tensor | None = None,
+                pdl: bool = True) -> torch.Tensor:
+    """s = x @ A[slot]^T per token, all sub-modules at once; returns fp32 partial sums.
+
+    x:          [T, in] bf16 / fp16 / fp32, unit column stride
+    a:          [num_slots, n_sub * rank, in], contiguous (one layer of LoraManager.lora_a[module])
+    token_slot: [>= T] int32, device: slot of token t, -1 = no adapter; read as [:T]
+    ranks:      [num_slots, n_sub] int32, device: true rank per slot and sub-module (<= rank)
+    segments:   the host's grouping by slot (same tokens as token_slot), or None to scan token_slot
+    out:        lora_shrink_out(x, a, segments), or None to allocate it here
+    pdl:        let a programmatic dependent launch of the expand start early (where the GPU has it);
+                False when the expand is not the next kernel of this stream
+    returns     s [splits, T, n_sub * rank] float32; rows of tokens without an adapter are unwritten
+    """
+    T, K = x.shape
+    num_slots, R_total = a.shape[0], a.shape[1]
+    block_t, chunks, block_r, r_blocks, block_k, splits, k_per_split = _shrink_plan(x, a, segments)
+    s = torch.empty(splits, T, R_total, dtype=torch.float32, device=x.device) if out is None else out
+    assert s.shape == (splits, T, R_total) and s.dtype == torch.float32 and s.is_contiguous()
     if T == 0 or (segments is not None and segments.max_tokens == 0):
         return s
     assert x.stride(1) == 1 and a.is_contiguous() and ranks.is_contiguous()
     _shrink[(num_slots, splits, chunks * r_blocks)](
         x, a, ranks, *_mapping_args(token_slot, segments), s, T, K, rank, R_total, R_total // rank, r_blocks,
         k_per_split, x.stride(0), a.stride(0), s.stride(0), s.stride(1), SEGMENTED=segments is not None,
-        BLOCK_T=block_t, BLOCK_R=block_r, BLOCK_K=block_k, PRECISION=_precision(x.dtype), PDL=_pdl(x.device),
-        num_warps=NUM_WARPS)
+        BLOCK_T=block_t, BLOCK_R=block_r, BLOCK_K=block_k, PRECISION=_precision(x.dtype),
+        PDL=pdl and _pdl(x.device), num_warps=NUM_WARPS)
     return s
 
 
 def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: torch.Tensor, ranks: torch.Tensor,
                     rank: int, y: torch.Tensor, out_offsets: tuple[int, ...],
-                    segments: LoraSegments | None = None) -> torch.Tensor:
+                    segments: LoraSegments | None = None, *, pdl: bool = True) -> torch.Tensor:
     """y[t, off_i:off_i+out_i] += s_i[t] @ B_i[slot]^T for every sub-module i, in one launch; returns y.
 
     s:           [splits, T, n_sub * rank] float32 from lora_shrink (partials are summed here)
@@ -232,6 +253,8 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
     y:           [T, out_total] bf16 / fp16 / fp32, unit column stride; rows without an adapter unchanged
     out_offsets: [n_sub + 1] column offsets of the sub-modules in y (LoraShapes.out_offsets)
     token_slot, ranks, segments: as in lora_shrink
+    pdl:         launch as a programmatic dependent of the previous kernel of this stream, which must
+                 then be the shrink of s (where the GPU has PDL); False: a plain launch
     """
     splits, T, _ = s.shape
     if T == 0 or (segments is not None and segments.max_tokens == 0):
@@ -245,6 +268,6 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
     _expand[(b[0].shape[0], chunks, n_blocks)](
         s, *bs, ranks, *_mapping_args(token_slot, segments), y, T, rank, len(b), splits, *outs, *offs,
         s.stride(0), s.stride(1), y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t, BLOCK_N=BLOCK_N,
-        BLOCK_R=_pow2(rank, 16, 128), PRECISION=_precision(y.dtype), PDL=_pdl(y.device), num_warps=NUM_WARPS,
-        **_pdl_launch(y.device))
+        BLOCK_R=_pow2(rank, 16, 128), PRECISION=_precision(y.dtype), PDL=pdl and _pdl(y.device),
+        num_warps=NUM_WARPS, **(_pdl_launch(y.device) if pdl else {}))
     return y
