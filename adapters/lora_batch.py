@@ -1,7 +1,9 @@
 """LoraBatch: one step's adapter mapping, and the batched LoRA matmuls every projection calls.
 
 Built once per step by LoraManager.make_batch from the per-request adapter list (host) and the
-step's token layout; the model then calls `apply(layer, module, x, y)` after each projection.
+step's token layout; the model then brackets each projection y = x @ W^T with
+`pending = begin(layer, module, x)` before it and `y = finish(pending, y)` after it (or calls
+`apply(layer, module, x, y)` after it: the same numbers, without the overlap below).
 Tokens are grouped by adapter slot once, on the host, with no device sync:
 
     requests:   r0 (slot 2, 3 tokens)  r1 (base, 2)  r2 (slot 0, 1)  r3 (slot 2, 2)
@@ -15,19 +17,37 @@ step's distinct adapters, each at its own rank), "flashinfer" (CUDA, bf16/fp16; 
 segment GEMM over the slot stacks at max_rank, where the zero padding adds exactly nothing) and
 "triton" (CUDA; adapters.triton_kernels: one shrink and one expand launch per fused module that
 read only token_slot on the device, so a CUDA graph can replay them with new slots: see
-LoraManager.make_graph_batch).
+LoraManager.make_graph_batch). With the triton kernel and a manager that overlaps (CUDA, the
+default), begin launches the shrink on the manager's side stream, where it runs while the base
+GEMM runs, and finish joins it and launches the expand (adapters.side_stream); the other
+kernels run all their work in finish.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 if TYPE_CHECKING:
     from adapters.lora_manager import LoraManager
+
+
+class LoraPending(NamedTuple):
+    """One projection's LoRA delta as LoraBatch.begin left it, for LoraBatch.finish.
+
+    layer, module: where (module: "qkv", "o", "gate_up" or "down")
+    x:             [T, in_features]: the projection's input
+    s:             [splits, T, n_sub * R] float32: the shrink's partial sums, forked onto the
+                   manager's side stream (triton, overlapping); None = nothing launched yet
+    """
+
+    layer: int
+    module: str
+    x: torch.Tensor
+    s: torch.Tensor | None = None
 
 
 @dataclass
@@ -70,14 +90,59 @@ class LoraBatch:
         """Add the LoRA deltas of `module` ("qkv", "o", "gate_up", "down") in `layer` to y in place.
 
         x: [T, in_features]; y: [T, out_features] (fused rows, e.g. [q | k | v]); returns y.
+        All on the current stream (triton: the shrink, then the expand as its dependent launch).
         """
-        if self.segments is not None and not self.segments:
+        if self._empty:
             return y
         if self.kernel == "triton":
             return self._apply_triton(layer, module, x, y)
         if self.kernel == "flashinfer":
             return self._apply_segment_gemm(layer, module, x, y)
         return self._apply_torch(layer, module, x, y)
+
+    def begin(self, layer: int, module: str, x: torch.Tensor) -> LoraPending:
+        """Start the LoRA delta of `module` in `layer` before the base projection of x runs.
+
+        x: [T, in_features], the projection's input, complete on the current stream. Triton on an
+        overlapping manager: allocates s on the current stream (which reads it in finish), then
+        launches the shrink on the side stream after everything the current stream has enqueued
+        so far. Otherwise launches nothing. Every begin must be followed by its finish (under a
+        CUDA graph capture, before the capture ends: finish joins the side stream back).
+        """
+        side = self.manager.side
+        if side is None or self.kernel != "triton" or self._empty:
+            return LoraPending(layer, module, x)
+        from adapters.triton_kernels import lora_shrink, lora_shrink_out
+
+        m = self.manager
+        a, _, ranks, _ = m.layer_weights(layer, module)
+        segments = self._triton_segments
+        s = lora_shrink_out(x, a, segments)
+        with side.fork():
+            lora_shrink(x, a, self.token_slot[: x.shape[0]], ranks, m.max_rank, segments, out=s, pdl=False)
+        return LoraPending(layer, module, x, s)
+
+    def finish(self, pending: LoraPending, y: torch.Tensor) -> torch.Tensor:
+        """Add begin's delta to y = the base projection of pending.x, in place; returns y.
+
+        y: [T, out_features] (fused rows). Triton after a forked shrink: the current stream waits
+        for the side stream, then the expand runs (a plain launch: the kernel before it in this
+        stream is the GEMM, not the shrink). Otherwise: apply().
+        """
+        if pending.s is None:
+            return self.apply(pending.layer, pending.module, pending.x, y)
+        from adapters.triton_kernels import lora_expand_add
+
+        m = self.manager
+        _, b, ranks, offsets = m.layer_weights(pending.layer, pending.module)
+        m.side.join()
+        return lora_expand_add(pending.s, b, self.token_slot[: y.shape[0]], ranks, m.max_rank, y, offsets,
+                               self._triton_segments, pdl=False)
+
+    @property
+    def _empty(self) -> bool:
+        """No token of the step uses an adapter (known on the host; never for a graph batch)."""
+        return self.segments is not None and not self.segments
 
     def _apply_triton(self, layer, module, x, y):
         from adapters.triton_kernels import lora_expand_add, lora_shrink

@@ -20,6 +20,10 @@ CUDA graphs (kernel "triton" only): a runner owns a static [max tokens] int32 bu
 LoraBatch reading it from make_graph_batch(buffer) once (at capture), and before each replay
 writes slots_for(adapter_ids) (-1 for padding rows) into it. Loading or unloading adapters between
 replays is seen by the graph: the stacks are written in place, never reallocated.
+
+Overlap (kernel "triton" on CUDA, on unless overlap=False): the manager owns one side stream
+(adapters.side_stream) on which each projection's shrink runs while its base GEMM runs, eagerly
+and inside the graphs alike (LoraBatch.begin / finish).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from adapters.errors import LoraError, LoraErrorCode, LoraStateError
 from adapters.lora_batch import LoraBatch
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
+from adapters.side_stream import SideStream
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
 SEGMENT_GEMM_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended size
@@ -44,13 +49,15 @@ class LoraManager:
     (scaled) weights padded with zeros; loading copies into a free slot and never reallocates, so
     it is safe between steps while other requests keep running. The name "base" is reserved for
     the model itself. Optional `max_num_tokens` preallocates the per-step mapping buffers (for
-    CUDA graphs); a step with more tokens is then refused.
+    CUDA graphs); a step with more tokens is then refused. `overlap` (kernel "triton" on CUDA
+    only; ignored elsewhere): run the shrinks on a side stream, concurrently with the base GEMMs;
+    False keeps all LoRA work on the current stream (for A/B timings).
     """
 
     def __init__(self, *, num_layers: int, hidden_size: int, q_size: int, kv_size: int,
                  intermediate_size: int, max_loras: int = 8, max_rank: int = 64,
                  device: torch.device | str, dtype: torch.dtype, max_num_tokens: int | None = None,
-                 kernel: str = "auto"):
+                 kernel: str = "auto", overlap: bool = True):
         for arg, value in dict(num_layers=num_layers, hidden_size=hidden_size, q_size=q_size, kv_size=kv_size,
                                intermediate_size=intermediate_size, max_loras=max_loras,
                                max_rank=max_rank).items():
@@ -59,6 +66,8 @@ class LoraManager:
         if max_num_tokens is not None and (not isinstance(max_num_tokens, int) or max_num_tokens < 1):
             raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "max_num_tokens",
                             f"expected None or a positive int, got {max_num_tokens!r}")
+        if not isinstance(overlap, bool):
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "overlap", f"expected a bool, got {overlap!r}")
         self.shapes = LoraShapes(num_layers, hidden_size, q_size, kv_size, intermediate_size)
         self.max_loras, self.max_rank = max_loras, max_rank
         self.device, self.dtype = torch.device(device), dtype
@@ -86,6 +95,14 @@ class LoraManager:
                 seg_slots=torch.empty(max_loras, **i64),
                 slot_indptr=torch.empty(max_loras + 1, device=self.device, dtype=torch.int32))
         self._segment_gemm = None
+        # the side stream of LoraBatch.begin / finish; None: everything on the current stream
+        self.side = (SideStream(self.device) if overlap and self.kernel == "triton" and self.device.type == "cuda"
+                     else None)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether the shrinks run on a side stream, overlapping the base GEMMs."""
+        return self.side is not None
 
     # -- adapters ------------------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> int:

@@ -419,13 +419,14 @@ def test_manager_arguments_are_checked():
     kw = dict(num_layers=2, hidden_size=8, q_size=8, kv_size=4, intermediate_size=16, device="cpu",
               dtype=torch.float32)
     for bad in [dict(max_rank=0), dict(max_loras=-1), dict(hidden_size=8.0), dict(max_num_tokens=0),
-                dict(kernel="triton"), dict(kernel="flashinfer")]:
+                dict(kernel="triton"), dict(kernel="flashinfer"), dict(overlap=1)]:
         with pytest.raises(LoraError) as e:
             LoraManager(**{**kw, **bad})
         assert e.value.code == LoraErrorCode.INVALID_ARGUMENT, bad
     m = LoraManager(**kw, max_loras=3, max_rank=4)
     assert m.lora_a["qkv"].shape == (2, 3, 12, 8) and [b.shape[2] for b in m.lora_b["qkv"]] == [8, 4, 4]
     assert m.lora_a["down"].shape == (2, 3, 4, 16) and m.lora_b["gate_up"][1].shape == (2, 3, 16, 4)
+    assert not m.overlap and m.side is None  # a side stream only for the triton kernel on CUDA
 
 
 # -- CUDA: FlashInfer segment GEMM against the torch kernel ---------------------------------------

@@ -9,6 +9,7 @@ out with einsum over gathered slot weights, and the "torch" kernel.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -260,6 +261,86 @@ def test_make_batch_for_triton_copies_int32_slots_into_the_preallocated_buffer(m
     assert e.value.code == LoraErrorCode.NOT_LOADED and "'nope'" in str(e.value)
 
 
+class FakeSide:
+    """The manager's side stream where there are no streams (the interpreter): records what runs
+    inside a fork and when the joins come."""
+
+    def __init__(self):
+        self.log, self.forked = [], False
+
+    @contextlib.contextmanager
+    def fork(self):
+        self.log.append("fork")
+        self.forked = True
+        yield
+        self.forked = False
+
+    def join(self):
+        self.log.append("join")
+
+
+def record_launches(monkeypatch, side):
+    """Log each kernel launch (and each s allocation): on the side stream or not, and with PDL or not."""
+
+    class Launch:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                side.log.append((self.name, "side" if side.forked else "current", kwargs["PDL"],
+                                 kwargs.get("launch_pdl", False)))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_shrink", "_expand"):
+        monkeypatch.setattr(tk, name, Launch(name, getattr(tk, name)))
+    alloc = tk.lora_shrink_out
+
+    def shrink_out(*args, **kwargs):
+        side.log.append(("alloc s", "side" if side.forked else "current"))
+        return alloc(*args, **kwargs)
+
+    monkeypatch.setattr(tk, "lora_shrink_out", shrink_out)
+
+
+@pytest.mark.parametrize("schedule", ["segmented", "scan"])
+def test_begin_forks_the_shrink_and_finish_joins_it_before_the_expand(schedule, monkeypatch):
+    """The overlapping path: s allocated on the current stream, the shrink alone on the side stream,
+    the join before the expand, no PDL for either; the numbers of apply() / the torch kernel."""
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="triton")
+    assert not m.overlap  # CPU: no side stream
+    m.side = side = FakeSide()
+    assert m.overlap
+    record_launches(monkeypatch, side)
+    ids, q_lens = ["r2_qv", None, "r8", "r5_l1", "base", "r8"], [3, 2, 4, 1, 2, 5]
+    got = m.make_batch(ids, fake_batch(q_lens))
+    want = dataclasses.replace(got, kernel="torch")
+    if schedule == "scan":
+        got = dataclasses.replace(got, segments=None, perm=None, slot_indptr=None)
+    T = sum(q_lens)
+    g = torch.Generator().manual_seed(0)
+    for module in ("qkv", "o", "gate_up", "down"):
+        x = torch.randn(T, m.shapes.in_features(module), generator=g)
+        y = torch.randn(T, m.shapes.out_offsets(module)[-1], generator=g)
+        for layer in range(m.shapes.num_layers):
+            side.log.clear()
+            pending = got.begin(layer, module, x)
+            assert pending.s is not None
+            assert side.log == [("alloc s", "current"), "fork", ("_shrink", "side", False, False)]
+            out = got.finish(pending, y.clone())
+            assert side.log[3:] == ["join", ("_expand", "current", False, False)]
+            assert rel_err(out - y, want.apply(layer, module, x, y.clone()) - y) < 1e-5, (module, layer)
+            side.log.clear()  # apply(): the same numbers, all on the current stream
+            assert torch.equal(out, got.apply(layer, module, x, y.clone()))
+            assert [e[:2] for e in side.log] == [("_shrink", "current"), ("_expand", "current")]
+    base_only = m.make_batch([None, "base"], fake_batch([2, 3]))  # no LoRA token: nothing launched
+    side.log.clear()
+    assert torch.equal(base_only.finish(base_only.begin(0, "down", x[:5]), y[:5].clone()), y[:5])
+    assert side.log == []
+
+
 def test_auto_picks_triton_only_where_it_runs(monkeypatch):
     assert loaded_manager().kernel == "torch"  # CPU
     monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
@@ -299,9 +380,12 @@ def test_forward_tensor_with_triton_kernel_matches_torch_kernel(checkpoint_dir, 
     base = checkpoint_dir("llama") if INTERPRET else checkpoint_dir("llama", hidden_size=256,
                                                                     intermediate_size=512, head_dim=64)
     outs = []
-    for kernel in ("triton", "torch"):
+    for kernel, overlap in (("torch", False), ("triton", True), ("triton", False)):
         gen = TextGenerator.from_pretrained(base, device=DEVICE, dtype=dtype)
-        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel)
+        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel, overlap=overlap)
+        if INTERPRET and overlap:
+            m.side = FakeSide()
+        assert m.overlap == overlap
         m.add_adapter(random_adapter("r8", m, 8, seed=1))
         m.add_adapter(random_adapter("r2_qv", m, 2, modules=("q_proj", "v_proj"), seed=2))
         m.add_adapter(random_adapter("r5_l1", m, 5, modules=("k_proj", "up_proj", "o_proj"), layers=[1], seed=3))
@@ -314,7 +398,10 @@ def test_forward_tensor_with_triton_kernel_matches_torch_kernel(checkpoint_dir, 
         for _ in range(2):
             steps.append(h.step({i: [7 + i] for i in prompts}, is_prefill=False, adapter_ids=ids))
         outs.append(torch.cat(steps))
-    assert rel_err(outs[0], outs[1]) < (1e-5 if INTERPRET else 2e-2)
+        if INTERPRET and overlap:  # every projection of every step: its fork, then its join
+            assert m.side.log == ["fork", "join"] * (len(steps) * gen.config.num_layers * 4)
+    for out in outs[1:]:
+        assert rel_err(out, outs[0]) < (1e-5 if INTERPRET else 2e-2)
 
 
 # -- CUDA ------------------------------------------------------------------------------------------
@@ -371,3 +458,123 @@ def test_graph_batch_under_cuda_graph_replays_with_new_slots():
             err_graph = rel_err(got.float() - y32, exact)
             err_torch = rel_err(expect.float() - y32, exact)
             assert err_graph <= 2 * err_torch + 2e-3, (ids, layer, mod, err_graph, err_torch)
+
+
+SPIN = 1_000_000  # GPU clock cycles (~0.6 ms): long enough that a missing wait shows as wrong numbers
+
+
+class SlowSide:
+    """The manager's side stream with a spin before each forked shrink: an expand that did not wait
+    for its shrink would read s before the shrink wrote it."""
+
+    def __init__(self, side):
+        self.side = side
+
+    @contextlib.contextmanager
+    def fork(self):
+        with self.side.fork():
+            torch.cuda._sleep(SPIN)
+            yield
+
+    def join(self):
+        self.side.join()
+
+
+@pytest.mark.cuda
+def test_side_stream_shrinks_under_cuda_graph_replay_with_new_slots():
+    """begin / base GEMM / finish captured in a CUDA graph: the shrinks fork onto the side stream and
+    join back inside the capture. A replay gives what the same calls give eagerly, bit for bit, and
+    stays within the bf16 bound of the fp32 oracle; eager segmented batches give apply()'s numbers."""
+    m = loaded_manager(device="cuda", dtype=torch.bfloat16)
+    assert m.kernel == "triton" and m.overlap
+    m.side = SlowSide(m.side)
+    T = 8
+    buf = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    gb = m.make_graph_batch(buf)
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    src = {mod: torch.randn(T, m.shapes.in_features(mod), **bf16) for mod in m.lora_a}
+    ws = {mod: torch.randn(m.shapes.out_offsets(mod)[-1], m.shapes.in_features(mod), **bf16) for mod in m.lora_a}
+    xs, base, out = {}, {}, {}
+
+    def step():
+        for layer in range(m.shapes.num_layers):
+            for mod in src:
+                torch.cuda._sleep(2 * SPIN)  # x comes late: a shrink that did not wait for it reads garbage
+                x = xs[(layer, mod)] = src[mod] * 1
+                pending = gb.begin(layer, mod, x)
+                y = torch.nn.functional.linear(x, ws[mod])  # the base GEMM the shrink overlaps
+                base[(layer, mod)] = y.clone()
+                out[(layer, mod)] = gb.finish(pending, y)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    m32 = loaded_manager(device="cuda", dtype=torch.float32, overlap=False)
+    for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], [None] * 8, ["r5_l1"] * 7 + ["r8"]):
+        buf[:T].copy_(torch.tensor(m.slots_for(ids), dtype=torch.int32))
+        graph.replay()
+        want = dataclasses.replace(m.make_batch(ids, fake_batch([1] * T)), kernel="torch")
+        want32 = dataclasses.replace(m32.make_batch(ids, fake_batch([1] * T)), kernel="torch")
+        for key, got in out.items():
+            layer, mod = key
+            x, y = xs[key], base[key]
+            eager = gb.finish(gb.begin(layer, mod, x), y.clone())  # the same calls, eagerly, on the replay's x and y
+            assert torch.equal(got, eager), (ids, key)
+            if not any(ids):
+                assert torch.equal(got, y)
+                continue
+            y32 = y.float()
+            exact = want32.apply(layer, mod, x.float(), y32.clone()) - y32
+            expect = want.apply(layer, mod, x, y.clone())
+            err_graph = rel_err(got.float() - y32, exact)
+            err_torch = rel_err(expect.float() - y32, exact)
+            assert err_graph <= 2 * err_torch + 2e-3, (ids, key, err_graph, err_torch)
+    g = torch.Generator().manual_seed(3)
+    for ids, q_lens in [(["r2_qv", None, "r8", "r5_l1", "base", "r8"], [30, 2, 70, 1, 9, 5]), (["r8"], [200])]:
+        lb = m.make_batch(ids, fake_batch(q_lens))  # eager: the host's grouping (segmented schedule)
+        for mod in src:
+            x = torch.randn(sum(q_lens), m.shapes.in_features(mod), generator=g).to(**bf16)
+            y = torch.randn(sum(q_lens), m.shapes.out_offsets(mod)[-1], generator=g).to(**bf16)
+            for layer in range(m.shapes.num_layers):
+                got = lb.finish(lb.begin(layer, mod, x), y.clone())
+                assert torch.equal(got, lb.apply(layer, mod, x, y.clone())), (ids, mod, layer)
+
+
+@pytest.mark.cuda
+def test_side_stream_decode_graphs_within_the_bf16_bound(checkpoint_dir):
+    """A small model with LoRA: shrinks on the side stream in eager prefill steps and inside the
+    decode graphs (the default), eagerly only, and on one stream (overlap=False). Each is no
+    further from the fp32 oracle (torch kernel, torch attention, fp32) than twice the bf16 torch
+    kernel's own error plus 2e-3, and graph replay = eager steps as far as bf16 lets them agree."""
+    base = checkpoint_dir("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    g = torch.Generator().manual_seed(0)
+    prompts = {i: torch.randint(0, 96, (n,), generator=g).tolist() for i, n in enumerate([5, 9, 3, 12, 7, 4])}
+    ids = ["r8", None, "r2_qv", "r5_l1", "base", "r8"]
+
+    def run(dtype=torch.bfloat16, kernel="triton", overlap=True, graphs=True, attention="auto"):
+        gen = TextGenerator.from_pretrained(base, device="cuda", dtype=dtype, cuda_graphs=graphs,
+                                            attention_backend=attention)
+        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel, overlap=overlap)
+        assert m.kernel == kernel and m.overlap == overlap
+        m.add_adapter(random_adapter("r8", m, 8, seed=1))
+        m.add_adapter(random_adapter("r2_qv", m, 2, modules=("q_proj", "v_proj"), seed=2))
+        m.add_adapter(random_adapter("r5_l1", m, 5, modules=("k_proj", "up_proj", "o_proj"), layers=[1], seed=3))
+        h = PagedHarness(gen, num_blocks=64, block_size=16, seed=1)
+        steps = [h.step(prompts, is_prefill=True, adapter_ids=ids)]
+        for t in range(4):
+            steps.append(h.step({i: [7 + i + t] for i in prompts}, is_prefill=False, adapter_ids=ids))
+        if graphs:
+            assert gen.model_wrapper.graphs._graphs, "the LoRA decode steps did not replay a graph"
+        return torch.cat(steps)
+
+    exact = run(torch.float32, "torch", False, False, "torch")
+    bound = 2 * rel_err(run(kernel="torch", overlap=False, graphs=False), exact) + 2e-3
+    outs = {"graph": run(), "eager": run(graphs=False), "one stream": run(overlap=False)}
+    for name, out in outs.items():
+        assert rel_err(out, exact) <= bound, (name, rel_err(out, exact), bound)
+    assert rel_err(outs["graph"], outs["eager"]) < 2e-2

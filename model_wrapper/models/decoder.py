@@ -4,9 +4,11 @@ Weights are fused where that saves launches (q/k/v in qkv_proj, gate/up in gate_
 loader fills the fused tensors from the checkpoint's separate ones. A family changes only the
 flags in ModelConfig (biases, q/k norm, per-layer sliding windows). The model owns no cache
 bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carries it, adds
-its deltas through `batch.lora.apply(layer, module, x, y)`. Under tensor parallelism (a TPGroup
-of world > 1, see model_wrapper/parallel.py) each rank builds the layers with its own sizes
-(TPShard) and the row-parallel projections, the embedding and lm_head run their collectives.
+its deltas around each projection: `pending = batch.lora.begin(layer, module, x)` before the base
+GEMM (on CUDA the LoRA shrink then runs beside it, on a side stream), `batch.lora.finish(pending,
+y)` after it. Under tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py)
+each rank builds the layers with its own sizes (TPShard) and the row-parallel projections, the
+embedding and lm_head run their collectives.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from model_wrapper.parallel import TPGroup, TPShard
 
 
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str):
+    lora = batch.lora
+    pending = None if lora is None else lora.begin(layer, name, x)  # before the GEMM: it may overlap it
     y = F.linear(x, linear.weight, linear.bias)
-    if batch.lora is not None:
-        y = batch.lora.apply(layer, name, x, y)
-    return y
+    return y if lora is None else lora.finish(pending, y)
 
 
 def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
@@ -35,9 +37,11 @@ def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatc
     Without TP: exactly _project."""
     if not tp.enabled:
         return _project(linear, x, batch, layer, name)
+    lora = batch.lora
+    pending = None if lora is None else lora.begin(layer, name, x)
     y = F.linear(x, linear.weight)
-    if batch.lora is not None:
-        y = batch.lora.apply(layer, name, x, y)
+    if lora is not None:
+        y = lora.finish(pending, y)
     y = tp.all_reduce(y)
     return y if linear.bias is None else y + linear.bias
 
