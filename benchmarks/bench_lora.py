@@ -5,13 +5,19 @@ drawn on the GPU, loaded through TextGenerator.from_pretrained), batch 32 decodi
 context; adapters of rank 16 and 64 on all 7 projections, filled with random weights directly in
 the manager's slots. Requests use the adapters round-robin (request i -> adapter i % n). Each
 kernel ("triton" Punica-style shrink/expand, "flashinfer" segment GEMM, "torch" per-adapter loop)
-is timed separately.
+is timed separately. With the triton kernel each projection's LoRA shrink runs on a side stream,
+overlapping the base GEMM; --no-overlap keeps it on one stream (A/B).
 
     python benchmarks/bench_lora.py                       # CUDA, the full-size model
+    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap]
     python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
 
-Prints a table; writes benchmarks/results/lora.json and lora.png (if matplotlib is installed).
-Times are wall-clock per forward_tensor call (eager, no CUDA graphs), median over --steps.
+Prints a table; writes benchmarks/results/lora.json and lora.png (lora_no_overlap.* with
+--no-overlap; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
+per-step inputs on the CPU, as a scheduler passes them; decode steps replay CUDA graphs where the
+kernel allows (the base model, triton), else run eagerly. Two times per row: "sync" = wall-clock
+of one call synchronised before and after (median over --steps), "pipelined" = --steps calls back
+to back with one synchronize at the end, divided by --steps (host work hidden behind the GPU's).
 """
 
 from __future__ import annotations
@@ -71,7 +77,11 @@ def save_peft_folder(path: str, adapter: PeftAdapter, rank: int, dtype: torch.dt
 
 
 class DecodeBench:
-    """A fixed decode batch at `context` tokens per request, contiguous blocks per request."""
+    """A fixed decode batch at `context` tokens per request, contiguous blocks per request.
+
+    Every input is a CPU tensor, as a scheduler hands them over: validation then needs no
+    device-to-host copy (a sync per step) and the step's ints go to the GPU in one pinned copy.
+    """
 
     def __init__(self, gen: TextGenerator, batch: int, context: int, block_size: int):
         self.gen, self.B, self.L = gen, batch, context
@@ -79,18 +89,18 @@ class DecodeBench:
         self.kv_cache = gen.allocate_kv_cache(batch * bps, block_size)
         self.block_tables = torch.arange(batch * bps, dtype=torch.int32).reshape(batch, bps)
         pos = context - 1
-        dev = gen.device
-        self.input_ids = torch.randint(0, gen.vocab_size, (batch,), device=dev)
-        self.positions = torch.full((batch,), pos, dtype=torch.int64, device=dev)
-        self.slots = (self.block_tables[:, pos // block_size].long() * block_size + pos % block_size).to(dev)
+        self.input_ids = torch.randint(0, gen.vocab_size, (batch,))
+        self.positions = torch.full((batch,), pos, dtype=torch.int64)
+        self.slots = self.block_tables[:, pos // block_size].long() * block_size + pos % block_size
         self.input_lengths = torch.full((batch,), context, dtype=torch.int32)
 
     def step(self, adapter_ids):
         return self.gen.forward_tensor(self.input_ids, self.positions, False, self.kv_cache, self.block_tables,
                                        self.slots, self.input_lengths, self.L, adapter_ids=adapter_ids)
 
-    def time(self, adapter_ids, steps: int, warmup: int) -> float:
-        """Median wall-clock ms of one decode step (the same position is rewritten each time)."""
+    def time(self, adapter_ids, steps: int, warmup: int) -> tuple[float, float]:
+        """-> (median ms of one step synchronised before and after, mean ms of `steps` steps run back
+        to back with one synchronize at the end); the same position is rewritten each time."""
         sync = torch.cuda.synchronize if self.gen.device.type == "cuda" else (lambda: None)
         times = []
         for k in range(warmup + steps):
@@ -100,7 +110,12 @@ class DecodeBench:
             sync()
             if k >= warmup:
                 times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step(adapter_ids)
+        sync()
+        return statistics.median(times), (time.perf_counter() - t0) * 1e3 / steps
 
 
 def main(argv=None):
@@ -113,6 +128,8 @@ def main(argv=None):
     ap.add_argument("--adapters", type=int, nargs="+", help="distinct adapters per batch")
     ap.add_argument("--kernels", nargs="+",
                     help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="triton: LoRA shrinks on the current stream, not on a side stream beside the base GEMM")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=16)
@@ -146,13 +163,15 @@ def main(argv=None):
     shapes = dict(num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
                   kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size)
 
-    base_ms = bench.time(None, steps, args.warmup)
-    rows = [dict(kernel="-", rank=0, num_adapters=0, ms_per_step=base_ms)]
+    overlap = not args.no_overlap
+    base_ms, base_pipe = bench.time(None, steps, args.warmup)
+    rows = [dict(kernel="-", rank=0, num_adapters=0, overlap=False, ms_per_step=base_ms,
+                 pipelined_ms_per_step=base_pipe)]
     load_ms = {}
     for kernel in kernels:
         for rank in ranks:
             manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
-                                  kernel=kernel)
+                                  kernel=kernel, overlap=overlap)
             gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
             if gen.model_wrapper.graphs is not None:  # graphs carry LoRA when the kernel allows (triton)
                 gen.model_wrapper.graphs.attach_lora(manager)
@@ -170,9 +189,11 @@ def main(argv=None):
                 load_ms[rank] = (time.perf_counter() - t) * 1e3
             for n in counts:
                 ids = [f"a{i % n}" for i in range(batch)]
-                ms = bench.time(ids, steps, args.warmup)
-                rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, ms_per_step=ms))
-                print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms", flush=True)
+                ms, pipe = bench.time(ids, steps, args.warmup)
+                rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, overlap=manager.overlap,
+                                 ms_per_step=ms, pipelined_ms_per_step=pipe))
+                print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms sync, "
+                      f"{pipe:8.2f} ms pipelined", flush=True)
             gen.lora_manager = None
             if gen.model_wrapper.graphs is not None:
                 gen.model_wrapper.graphs.attach_lora(None)
@@ -180,31 +201,39 @@ def main(argv=None):
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     # the base model once more at the end: the lower of the two is the reference (warm caches, clocks)
-    base_after = bench.time(None, steps, args.warmup)
+    base_after, pipe_after = bench.time(None, steps, args.warmup)
     rows[0]["ms_per_step"] = base_ms = min(base_ms, base_after)
+    rows[0]["pipelined_ms_per_step"] = base_pipe = min(base_pipe, pipe_after)
     for r in rows:
         r["tokens_per_s"] = batch / (r["ms_per_step"] / 1e3)
         r["overhead_vs_base"] = r["ms_per_step"] / base_ms - 1.0
+        r["pipelined_tokens_per_s"] = batch / (r["pipelined_ms_per_step"] / 1e3)
+        r["pipelined_overhead_vs_base"] = r["pipelined_ms_per_step"] / base_pipe - 1.0
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\nLoRA decode, batch {batch} at context {context}, {device_name}, {dtype}, "
-          f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections")
-    print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'ms/step':>9} {'tok/s':>9} {'vs base':>8}")
+          f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections, "
+          f"triton shrink overlap {'on' if overlap else 'off'}")
+    print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'sync ms':>9} {'tok/s':>9} {'vs base':>8} "
+          f"{'pipe ms':>9} {'tok/s':>9} {'vs base':>8}")
     for r in rows:
         print(f"{r['kernel']:>10} {r['rank'] or '-':>5} {r['num_adapters'] or 'base':>8} {r['ms_per_step']:9.2f} "
-              f"{r['tokens_per_s']:9.0f} {r['overhead_vs_base']:+8.1%}")
+              f"{r['tokens_per_s']:9.0f} {r['overhead_vs_base']:+8.1%} {r['pipelined_ms_per_step']:9.2f} "
+              f"{r['pipelined_tokens_per_s']:9.0f} {r['pipelined_overhead_vs_base']:+8.1%}")
     for rank, ms in load_ms.items():
         print(f"load_adapter (rank {rank}, PEFT folder on disk): {ms:.0f} ms")
 
     os.makedirs(args.out, exist_ok=True)
     result = dict(benchmark="lora_decode", device=device_name, dtype=str(dtype), tiny=tiny, batch=batch,
-                  context=context, block_size=args.block_size, steps=steps, warmup=args.warmup,
+                  context=context, block_size=args.block_size, steps=steps, warmup=args.warmup, overlap=overlap,
                   model={k: v for k, v in model_cfg.items()}, target_modules=sorted(PEFT_MODULES),
                   rows=rows, load_adapter_ms={str(k): v for k, v in load_ms.items()})
-    with open(os.path.join(args.out, "lora.json"), "w") as f:
+    name = "lora" if overlap else "lora_no_overlap"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
-    plot(rows, counts, os.path.join(args.out, "lora.png"), f"LoRA decode, batch {batch} @ {context} ({device_name})")
-    print(f"wrote {os.path.join(args.out, 'lora.json')}")
+    plot(rows, counts, os.path.join(args.out, f"{name}.png"),
+         f"LoRA decode, batch {batch} @ {context} ({device_name}){'' if overlap else ', no overlap'}")
+    print(f"wrote {os.path.join(args.out, name + '.json')}")
     tmp.cleanup()
 
 
@@ -220,9 +249,13 @@ def plot(rows, counts, path, title):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     base = rows[0]["ms_per_step"]
     ax.axhline(base, color="gray", linestyle="--", label=f"base model ({base:.1f} ms)")
+    ax.axhline(rows[0]["pipelined_ms_per_step"], color="gray", linestyle=":", label="base model, pipelined")
     for kernel, rank in sorted({(r["kernel"], r["rank"]) for r in rows[1:]}):
-        pts = [(r["num_adapters"], r["ms_per_step"]) for r in rows if r["kernel"] == kernel and r["rank"] == rank]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{kernel}, rank {rank}")
+        mine = [r for r in rows if r["kernel"] == kernel and r["rank"] == rank]
+        line, = ax.plot([r["num_adapters"] for r in mine], [r["ms_per_step"] for r in mine], marker="o",
+                        label=f"{kernel}, rank {rank}")
+        ax.plot([r["num_adapters"] for r in mine], [r["pipelined_ms_per_step"] for r in mine], marker="x",
+                linestyle=":", color=line.get_color(), label=f"{kernel}, rank {rank}, pipelined")
     ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(c) for c in counts])
     ax.set_xlabel("distinct adapters in the batch")
