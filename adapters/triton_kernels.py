@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 MAX_BLOCK_T = 64  # tokens of one slot per program (a chunk); more tokens -> more chunks
 BLOCK_K = 128  # shrink: `in` columns per loop step
 BLOCK_N = 128  # expand: output columns per program
-MAX_SPLITS = 8  # more splits make the expand sum more partials: slower from ~64 tokens on
+MAX_SPLITS = 4  # more splits make the expand sum more partials (benchmarks/sweep_lora.py: 4 is best at batch 32)
 PROGRAMS_PER_SM = 4  # shrink: split K until about this many programs per multiprocessor
 NUM_WARPS = 4
 PDL = True  # programmatic dependent launch of the expand, where the GPU has it
