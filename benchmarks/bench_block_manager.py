@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import pyplot  # noqa: E402
 from kv_manager import BlockManager  # noqa: E402
 
 VOCAB = 32000
@@ -149,13 +150,8 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
     sizes = list(dict.fromkeys(r["block_size"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -27,7 +27,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile, pyplot  # noqa: E402
 
 TINY = dict(LLAMA3_8B, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1,
@@ -171,13 +171,8 @@ def run_hf(args, path: str, prompts: list[list[int]], dtype: torch.dtype) -> dic
 
 
 def plot(results: dict, path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG")
+    plt = pyplot()
+    if plt is None:
         return
     names = [n for n in ("engine", "transformers") if n in results]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))

@@ -25,7 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import LLAMA3_8B, random_hf_model, random_text_generator, tiny  # noqa: E402
+from benchmarks.common import LLAMA3_8B, pyplot, random_hf_model, random_text_generator, tiny  # noqa: E402
 
 
 def timed(fn, *, iters: int, warmup: int = 2, device="cuda") -> float:
@@ -216,13 +216,8 @@ def main():
 
 
 def plot(res, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for B in sorted({d["batch"] for d in res["decode"]}):

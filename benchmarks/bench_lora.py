@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from adapters import PEFT_MODULES, LoraManager, PeftAdapter  # noqa: E402
-from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 
 TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=128,
@@ -238,13 +238,8 @@ def main(argv=None):
 
 
 def plot(rows, counts, path, title):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     base = rows[0]["ms_per_step"]

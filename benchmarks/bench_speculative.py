@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot  # noqa: E402
 from kv_manager import BlockManager  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from text_generator.speculative import (  # noqa: E402
@@ -217,13 +217,8 @@ def main(argv=None):
 
 
 def plot(rows, path, title):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))

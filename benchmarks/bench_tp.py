@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import decode_step, prefill_step  # noqa: E402
-from benchmarks.common import LLAMA3_8B, make_random_checkpoint, tiny  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot, tiny  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -435,13 +435,8 @@ def report(res, W):
 
 
 def plot(res, W, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     dec = res["decode"]

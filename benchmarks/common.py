@@ -180,3 +180,17 @@ def random_hf_model(raw_cfg: dict, *, device="cuda", dtype=torch.bfloat16, attn_
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval().requires_grad_(False)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or None with a note if matplotlib is
+    not installed: every benchmark writes its JSON either way, the PNG only with it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install matplotlib)")
+        return None
+    return plt

@@ -181,12 +181,7 @@ class BlockManager:
         [token_ids[i]])` for every i, in one call, all or nothing: if the pool cannot give every
         sequence its block, OUT_OF_BLOCKS is raised and nothing changes. Returns the slots, int64
         `[len(seq_ids)]`."""
-        if len(seq_ids) != len(token_ids):
-            raise _arg_error(f"append_many: expected one token per sequence, got {len(seq_ids)} seq_ids "
-                             f"and {len(token_ids)} token_ids")
-        seqs = [self._get(s, "append_many") for s in seq_ids]
-        if len(set(map(id, seqs))) != len(seqs):
-            raise _arg_error("append_many: expected distinct seq_ids, got a repeated one")
+        seqs = self._distinct(seq_ids, len(token_ids), "token_ids", "append_many")
         bs = self.block_size
         # a sequence needs a new block exactly when its next position starts one
         need = sum(1 for seq in seqs if len(seq.tokens) == len(seq.blocks) * bs)
@@ -237,12 +232,7 @@ class BlockManager:
     def commit_many(self, seq_ids: Sequence[Hashable], num_computed_tokens: Sequence[int]) -> None:
         """`commit(seq_ids[i], num_computed_tokens[i])` for every i, all checked before any is
         applied (a bad entry raises and commits nothing)."""
-        if len(seq_ids) != len(num_computed_tokens):
-            raise _arg_error(f"commit_many: expected one count per sequence, got {len(seq_ids)} seq_ids "
-                             f"and {len(num_computed_tokens)} counts")
-        seqs = [self._get(s, "commit_many") for s in seq_ids]
-        if len(set(map(id, seqs))) != len(seqs):
-            raise _arg_error("commit_many: expected distinct seq_ids, got a repeated one")
+        seqs = self._distinct(seq_ids, len(num_computed_tokens), "num_computed_tokens", "commit_many")
         for seq_id, seq, n in zip(seq_ids, seqs, num_computed_tokens):
             if not seq.num_computed <= n <= len(seq.tokens):
                 raise _arg_error(
@@ -400,6 +390,16 @@ class BlockManager:
                 KVErrorCode.UNKNOWN_SEQUENCE,
                 f"{where}: expected an admitted seq_id, got {seq_id!r}",
             ) from None
+
+    def _distinct(self, seq_ids: Sequence[Hashable], n_values: int, values: str, where: str) -> list[_Seq]:
+        """The sequences of a batched call: admitted, distinct, one value each."""
+        if len(seq_ids) != n_values:
+            raise _arg_error(f"{where}: expected one value per sequence, got {len(seq_ids)} seq_ids "
+                             f"and {n_values} {values}")
+        seqs = [self._get(s, where) for s in seq_ids]
+        if len(set(map(id, seqs))) != len(seqs):
+            raise _arg_error(f"{where}: expected distinct seq_ids, got a repeated one")
+        return seqs
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
