@@ -474,3 +474,56 @@ def test_forward_tensor_on_cuda_flashinfer_vs_torch_kernel(checkpoint_dir, tmp_p
             gen.load_adapter(name, dirs[name])
         outs.append(run_prefill(gen, MIXED)[0])
     assert rel_err(outs[0], outs[1]) < 2e-2
+
+
+# the engine with adapters ------------------------------------------------------------------------
+
+@torch.no_grad()
+def peft_greedy(s, adapter, prompt, n) -> list[int]:
+    """Greedy continuation by the peft oracle (full forward per token: tiny model)."""
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(oracle_logits(s, adapter, seq)[-1].argmax()))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["plain", "run_ahead"])
+def test_engine_serves_a_mix_of_adapters_like_peft(setup, run_ahead):
+    """LLMEngine with per-request adapters (the same prompt under several adapters included: the
+    prefix cache keys by adapter) gives each request its own peft model's greedy output."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    shared = [5, 9, 2, 7, 7, 1, 3, 8, 4]
+    reqs = [(shared, "a2"), (shared, "c8"), (shared, None), ([4, 4, 6], "b4rs"), (shared + [11], "a2"),
+            ([1, 2, 3, 4, 5], "e_re")]
+    engine = LLMEngine(s.gen, num_blocks=64, block_size=4, max_num_batched_tokens=12, async_scheduling=run_ahead)
+    outs = engine.generate([p for p, _ in reqs], SamplingParams(temperature=0.0, max_new_tokens=6),
+                           adapters=[a for _, a in reqs], use_tqdm=False)
+    for (prompt, adapter), out in zip(reqs, outs):
+        assert out.token_ids == peft_greedy(s, adapter, prompt, 6), adapter
+    assert engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["plain", "run_ahead"])
+def test_unloading_an_adapter_mid_run_fails_only_its_requests(setup, run_ahead):
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    gen = small_generator(s, max_loras=2, max_rank=MAX_RANK)
+    gen.load_adapter("a2", s.dirs["a2"])
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=run_ahead)
+    p = SamplingParams(temperature=0.0, max_new_tokens=8)
+    doomed = engine.add_request([3, 1, 4], p, adapter="a2")
+    kept = engine.add_request([2, 7, 1, 8], p)
+    finals = {}
+    for _ in range(3):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    gen.unload_adapter("a2")
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals[doomed].finish_reason == "error" and "no longer loaded" in finals[doomed].error
+    assert finals[kept].finish_reason == "length" and finals[kept].token_ids == peft_greedy(s, None, [2, 7, 1, 8], 8)
+    assert engine.block_manager.num_used_blocks == 0
