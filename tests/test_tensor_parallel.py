@@ -94,7 +94,8 @@ def _lora_job(gen, dirs):
 
 def _engine_job(gen):
     """The reference engine, unchanged, on every rank (as under torchrun): chunked prefill, mixed
-    steps, greedy and seeded sampling; -> each request's output tokens."""
+    steps, greedy and seeded sampling, in the plain order and running ahead of its tokens (the
+    CUDA default); -> each request's output tokens, plain then run-ahead."""
     from text_generator.engine import LLMEngine
     from text_generator.sampling import SamplingParams
 
@@ -102,8 +103,11 @@ def _engine_job(gen):
     prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (7, 19, 3, 12)]
     params = [SamplingParams(temperature=0.0, max_new_tokens=8) if i % 2 else
               SamplingParams(temperature=1.0, top_p=0.9, seed=10 + i, max_new_tokens=8) for i in range(4)]
-    engine = LLMEngine(gen, num_blocks=48, block_size=4, max_num_batched_tokens=16)
-    return [o.token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
+    outs = []
+    for run_ahead in (False, True):
+        engine = LLMEngine(gen, num_blocks=48, block_size=4, max_num_batched_tokens=16, async_scheduling=run_ahead)
+        outs += [o.token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
+    return outs
 
 
 def _run_job(gen, job):
@@ -217,10 +221,12 @@ def test_tp2_engine_in_lockstep(tp2):
     job, results = tp2["engine_qwen3"]
     assert results[0]["out"] == results[1]["out"]
     single = _engine_job(_load(job["path"]))
+    assert len(results[0]["out"]) == len(single) == 8
     for i, (got, want) in enumerate(zip(results[0]["out"], single)):
         assert len(got) == 8
         if i % 2:
             assert got == want, i
+    assert results[0]["out"][:4] == results[0]["out"][4:]  # running ahead changes nothing
 
 
 def test_tp2_spec_mask_tree(tp2):
