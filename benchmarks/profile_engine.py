@@ -37,7 +37,6 @@ def main():
     nb = profile_num_blocks(gen.kv_cache_spec, 16, device=torch.device("cuda"), memory_fraction=0.8, max_seq_len=L + O)
     eng = LLMEngine(gen, num_blocks=nb, block_size=16, max_num_seqs=B, max_num_batched_tokens=8192,
                     max_seq_len=L + O)
-    acc: dict[str, list[float]] = {}
     cur: dict[str, float] = {}
 
     def wrap(obj, name, key):

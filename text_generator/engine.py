@@ -29,7 +29,7 @@ from loguru import logger
 
 from kv_manager import BlockManager
 from text_generator.errors import ErrorCode, ForwardArgumentError
-from text_generator.request import Request, RequestOutput, RequestStatus
+from text_generator.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
 from text_generator.scheduler import ScheduledChunk, Scheduler
 from text_generator.tokenizer import decode_tokens

@@ -218,7 +218,7 @@ class Sampler:
 
     def _flashinfer_sample(self, fi, logits, params, greedy) -> torch.Tensor:
         """Temperature-scaled logits -> tokens with FlashInfer's fused kernels (no seeds, no logprobs)."""
-        dev, (B, V) = logits.device, logits.shape
+        dev, V = logits.device, logits.shape[-1]
         greedy_t = torch.tensor(greedy, device=dev)
         argmax = logits.argmax(dim=-1)
         if any(p.min_p > 0 for p in params):
@@ -280,7 +280,7 @@ def apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
         top-k keeps:         j < k
         top-p keeps:         (mass of positions < j, renormalised over the top-k set) < top_p
     """
-    dev, (B, V) = logits.device, logits.shape
+    dev, V = logits.device, logits.shape[-1]
     if any(p.min_p > 0 for p in params):
         logits = _min_p_mask(logits, torch.tensor([p.min_p for p in params], device=dev))
     use_k = any(p.top_k not in _TOP_K_OFF and p.top_k < V for p in params)
