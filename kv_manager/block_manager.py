@@ -165,14 +165,8 @@ class BlockManager:
         new = _as_list(token_ids)
         start, end = len(seq.tokens), len(seq.tokens) + len(new)
         need = self._blocks_for(end) - len(seq.blocks)
-        available = self._available()
-        if need > available:
-            raise KVCacheError(
-                KVErrorCode.OUT_OF_BLOCKS,
-                f"append: need {need} blocks for {len(new)} tokens of seq_id={seq_id!r}, "
-                f"{available} free",
-            )
-        seq.blocks += self._allocate(need)
+        seq.blocks += self._allocate_or_refuse(need, f"append: need {need} blocks for {len(new)} tokens of "
+                                                     f"seq_id={seq_id!r}")
         seq.tokens += new
         return self._slots(seq, start, end)
 
@@ -185,14 +179,8 @@ class BlockManager:
         bs = self.block_size
         # a sequence needs a new block exactly when its next position starts one
         need = sum(1 for seq in seqs if len(seq.tokens) == len(seq.blocks) * bs)
-        available = self._available()
-        if need > available:
-            raise KVCacheError(
-                KVErrorCode.OUT_OF_BLOCKS,
-                f"append_many: need {need} blocks for one token of each of {len(seqs)} sequences, "
-                f"{available} free",
-            )
-        fresh = iter(self._allocate(need))
+        fresh = iter(self._allocate_or_refuse(
+            need, f"append_many: need {need} blocks for one token of each of {len(seqs)} sequences"))
         out: list[int] = []
         for seq, tok in zip(seqs, _as_list(token_ids)):
             pos = len(seq.tokens)
@@ -282,16 +270,10 @@ class BlockManager:
             )
         shared = parent.num_computed // self.block_size
         need = len(parent.blocks) - shared
-        available = self._available()
-        if need > available:
-            raise KVCacheError(
-                KVErrorCode.OUT_OF_BLOCKS,
-                f"fork: need {need} blocks for the unshared tail of seq_id={parent_id!r}, "
-                f"{available} free",
-            )
+        own = self._allocate_or_refuse(need, f"fork: need {need} blocks for the unshared tail of "
+                                             f"seq_id={parent_id!r}")
         for b in parent.blocks[:shared]:
-            self._ref[b] += 1  # held by the parent, so never evictable here
-        own = self._allocate(need)
+            self._ref[b] += 1  # held by the parent, so never evictable (nor taken by the allocation above)
         copies = [(parent.blocks[shared], own[0])] if parent.num_computed % self.block_size else []
         self._seqs[child_id] = _Seq(
             list(parent.tokens),
@@ -426,6 +408,13 @@ class BlockManager:
         if hits:  # (a generator per call would dominate the per-step decode checks)
             available -= sum(1 for b in hits if self._ref[b] == 0)
         return available
+
+    def _allocate_or_refuse(self, n: int, what: str) -> list[int]:
+        """n blocks (see _allocate), or OUT_OF_BLOCKS with nothing changed: "{what}, {free} free"."""
+        available = self._available()
+        if n > available:
+            raise KVCacheError(KVErrorCode.OUT_OF_BLOCKS, f"{what}, {available} free")
+        return self._allocate(n)
 
     def _allocate(self, n: int) -> list[int]:
         """n blocks at refcount 1: free ones first, then least recently used cached ones. The

@@ -415,6 +415,19 @@ def test_kernels_on_cuda_at_larger_shapes(dtype, segmented):
         check_case(dtype, outs, segmented, T=T, K=K, R=R, num_slots=num_slots, seed=seed)
 
 
+def capture(step) -> "torch.cuda.CUDAGraph":
+    """step() run once on a side stream (warm-up: Triton compiles there), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 @pytest.mark.cuda
 def test_graph_batch_under_cuda_graph_replays_with_new_slots():
     m = loaded_manager(device="cuda", dtype=torch.bfloat16)
@@ -432,14 +445,7 @@ def test_graph_batch_under_cuda_graph_replays_with_new_slots():
             for mod in xs:
                 out[(layer, mod)] = gb.apply(layer, mod, xs[mod], ys[mod].clone())
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     # Oracle: the torch kernel in fp32 (same seeded adapters). The graph's bf16 result may be no worse than
     # twice the torch kernel's own bf16 error against it, plus a little (the README's bf16 method).
     m32 = loaded_manager(device="cuda", dtype=torch.float32)
@@ -506,14 +512,7 @@ def test_side_stream_shrinks_under_cuda_graph_replay_with_new_slots():
                 base[(layer, mod)] = y.clone()
                 out[(layer, mod)] = gb.finish(pending, y)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     m32 = loaded_manager(device="cuda", dtype=torch.float32, overlap=False)
     for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], [None] * 8, ["r5_l1"] * 7 + ["r8"]):
         buf[:T].copy_(torch.tensor(m.slots_for(ids), dtype=torch.int32))
