@@ -153,3 +153,22 @@ def test_random_loads_give_the_same_outputs_in_both_orders(gen, data):
         return finals
 
     assert serve(True) == serve(False)
+
+
+def test_nothing_is_left_unfinished_when_the_last_request_stops_on_a_token_run_ahead_of(gen):
+    """The last live request stops on a stop token while the next step (with its row) is already
+    launched: the engine then has nothing unfinished (found by the random-load test above)."""
+    engine = LLMEngine(gen, num_blocks=8, block_size=2, watermark=0.0, max_num_batched_tokens=4,
+                       async_scheduling=True)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    first = engine.generate([[8]], params, use_tqdm=False)[0].token_ids
+    stop = first[2]
+    finals = []
+    engine.add_request([8], SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[stop]))
+    while not finals:
+        finals += [o for o in engine.step() if o.finished]
+    assert engine._inflight is not None  # the step launched with the stopped request's next row
+    assert not engine.has_unfinished()
+    assert [o.token_ids for o in finals] == [first[:first.index(stop) + 1]]
+    assert finals[0].finish_reason == "stop" and engine.block_manager.num_used_blocks == 0
+    assert engine.generate([[8]], params, use_tqdm=False)[0].token_ids == first  # and it serves on

@@ -162,7 +162,10 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._reports) or self._inflight is not None
+        """Whether a live request or an unreported output remains. (A launched step whose
+        requests all finished meanwhile, e.g. on a stop token it ran ahead of, holds nothing to
+        report; the next step() reads it back and drops it.)"""
+        return self.scheduler.has_unfinished() or bool(self._reports)
 
     def _check_params(self, params) -> SamplingParams:
         if params is None:
