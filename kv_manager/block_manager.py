@@ -195,12 +195,7 @@ class BlockManager:
         step). Only now do the full blocks among them enter the prefix cache: speculative tokens
         are truncated before their commit, so only finalized tokens are ever cached."""
         seq = self._get(seq_id, "commit")
-        if not seq.num_computed <= num_computed_tokens <= len(seq.tokens):
-            raise _arg_error(
-                f"commit: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
-                f"(already computed .. num_tokens) for seq_id={seq_id!r}, "
-                f"got {num_computed_tokens}"
-            )
+        _check_commit(seq, seq_id, num_computed_tokens, "commit")
         seq.num_computed = num_computed_tokens
         if self.enable_prefix_caching:
             self._register(seq)
@@ -222,11 +217,7 @@ class BlockManager:
         applied (a bad entry raises and commits nothing)."""
         seqs = self._distinct(seq_ids, len(num_computed_tokens), "num_computed_tokens", "commit_many")
         for seq_id, seq, n in zip(seq_ids, seqs, num_computed_tokens):
-            if not seq.num_computed <= n <= len(seq.tokens):
-                raise _arg_error(
-                    f"commit_many: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
-                    f"(already computed .. num_tokens) for seq_id={seq_id!r}, got {n}"
-                )
+            _check_commit(seq, seq_id, n, "commit_many")
         bs = self.block_size
         for seq, n in zip(seqs, num_computed_tokens):
             seq.num_computed = n
@@ -471,6 +462,14 @@ class BlockManager:
             base = (seq.blocks[i] - i) * bs
             out.extend(range(base + max(start, i * bs), base + min(end, (i + 1) * bs)))
         return _tensor(out, "q", torch.int64)
+
+
+def _check_commit(seq: _Seq, seq_id: Hashable, n: int, where: str) -> None:
+    if not seq.num_computed <= n <= len(seq.tokens):
+        raise _arg_error(
+            f"{where}: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
+            f"(already computed .. num_tokens) for seq_id={seq_id!r}, got {n}"
+        )
 
 
 def _tensor(values: list[int], typecode: str, dtype: torch.dtype) -> torch.Tensor:

@@ -112,8 +112,9 @@ class SpyGenerator:
 
     def forward_tensor(self, *args, **kwargs):
         q = torch.as_tensor(kwargs["q_lens"]).tolist()
-        lm = args[8]
-        self.calls.append(dict(q_lens=q, is_prefill=args[2], num_out=None if lm is None else len(lm)))
+        lm, prev = args[8], kwargs.get("prev_token_ids")
+        self.calls.append(dict(q_lens=q, is_prefill=args[2], num_out=None if lm is None else len(lm),
+                               device_rows=0 if prev is None else len(prev[1])))
         return self.gen.forward_tensor(*args, **kwargs)
 
 

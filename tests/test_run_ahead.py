@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import make_checkpoint
+from tests.test_engine import SpyGenerator
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.errors import ErrorCode, ForwardArgumentError
@@ -76,17 +77,9 @@ def test_bad_prev_token_ids_are_refused_and_change_nothing(gen, value, text):
     assert all(torch.equal(a, b) for a, b in zip(before, [t for layer in kv for t in layer]))
 
 
-class Spy:
-    def __init__(self, gen):
-        self.gen, self.device_rows = gen, []
-
-    def __getattr__(self, name):
-        return getattr(self.gen, name)
-
-    def forward_tensor(self, *args, **kwargs):
-        prev = kwargs.get("prev_token_ids")
-        self.device_rows.append(0 if prev is None else len(prev[1]))
-        return self.gen.forward_tensor(*args, **kwargs)
+def device_rows(spy: SpyGenerator) -> list[int]:
+    """Per forward_tensor call, how many input ids came from the device (prev_token_ids)."""
+    return [c["device_rows"] for c in spy.calls]
 
 
 def run(engine, prompts, params):
@@ -99,11 +92,11 @@ def test_the_engine_runs_ahead_and_gives_the_plain_orders_outputs(gen):
               max_new_tokens=7), SamplingParams(temperature=1.0, top_k=5, seed=4, max_new_tokens=11, logprobs=2),
               SamplingParams(temperature=0.0, max_new_tokens=4, stop_token_ids=[7])]
     plain = run(LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=False), prompts, params)
-    spy = Spy(gen)
+    spy = SpyGenerator(gen)
     ahead = LLMEngine(spy, num_blocks=64, block_size=4, max_num_batched_tokens=16, async_scheduling=True)
     assert run(ahead, prompts, params) == plain
     # most decode rows took their id from the device (every decode after a request's first)
-    assert sum(spy.device_rows) >= sum(p.max_new_tokens for p in params) - 2 * len(prompts) - 4
+    assert sum(device_rows(spy)) >= sum(p.max_new_tokens for p in params) - 2 * len(prompts) - 4
     assert ahead.block_manager.num_used_blocks == 0 and ahead._inflight is None
 
 
@@ -114,11 +107,11 @@ def test_penalties_make_the_engine_wait_for_its_tokens(gen):
     params = [SamplingParams(temperature=0.0, max_new_tokens=8, repetition_penalty=1.5, frequency_penalty=0.5),
               SamplingParams(temperature=0.0, max_new_tokens=12)]
     plain = run(LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=False), prompts, params)
-    spy = Spy(gen)
+    spy = SpyGenerator(gen)
     ahead = LLMEngine(spy, num_blocks=64, block_size=4, async_scheduling=True)
     assert run(ahead, prompts, params) == plain
     # the penalised request lives for its 8 tokens: no device rows until it finished
-    first_ahead = next(i for i, n in enumerate(spy.device_rows) if n)
+    first_ahead = next(i for i, n in enumerate(device_rows(spy)) if n)
     assert first_ahead >= 8
 
 
