@@ -35,6 +35,27 @@ if TYPE_CHECKING:
     from adapters.lora_manager import LoraManager
 
 
+class LoraDelta(NamedTuple):
+    """A projection's LoRA delta that the kernel consuming y adds (LoraBatch.finish_deferred; the
+    fused kernels of model_wrapper/layers/triton_ops.py): for token t with slot >= 0 and sub-module i,
+    y[t, off_i + n] += round(sum_p s[p, t, i*R + r]) @ B_i[slot, n, :rank_i].
+
+    s:          [splits, T, n_sub * rank] float32: the shrink's partial sums, complete on the current stream
+    b:          (B_i [num_slots, out_i, rank], ...): one layer's stacks
+    token_slot: [T] int32, device: slot per token, -1 = none
+    ranks:      [num_slots, n_sub] int32, device: true ranks
+    rank:       the stacks' padded rank R
+    offsets:    [n_sub + 1] column offsets of the sub-modules in y
+    """
+
+    s: torch.Tensor
+    b: tuple
+    token_slot: torch.Tensor
+    ranks: torch.Tensor
+    rank: int
+    offsets: tuple
+
+
 class LoraPending(NamedTuple):
     """One projection's LoRA delta as LoraBatch.begin left it, for LoraBatch.finish.
 
@@ -138,6 +159,26 @@ class LoraBatch:
         m.side.join()
         return lora_expand_add(pending.s, b, self.token_slot[: y.shape[0]], ranks, m.max_rank, y, offsets,
                                self._triton_segments, pdl=False)
+
+    def finish_deferred(self, pending: LoraPending, y: torch.Tensor) -> LoraDelta | None:
+        """finish(), but on a graph batch of the triton kernel (no host grouping) with the manager's
+        fuse_expand on (for this module), the expand is left to y's consumer: the shrink is complete on the current
+        stream on return (the side stream joined, or the shrink run here) and its LoraDelta comes
+        back; y is untouched. Otherwise the delta is added to y here and None comes back."""
+        m = self.manager
+        if self.kernel != "triton" or self.segments is not None or pending.module not in m.fuse_modules:
+            self.finish(pending, y)
+            return None
+        from adapters.triton_kernels import lora_shrink
+
+        a, b, ranks, offsets = m.layer_weights(pending.layer, pending.module)
+        slots = self.token_slot[: y.shape[0]]
+        if pending.s is None:
+            s = lora_shrink(pending.x, a, slots, ranks, m.max_rank, None, pdl=False)
+        else:
+            m.side.join()
+            s = pending.s
+        return LoraDelta(s, b, slots, ranks, m.max_rank, offsets)
 
     @property
     def _empty(self) -> bool:

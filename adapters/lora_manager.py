@@ -39,6 +39,14 @@ from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 from adapters.side_stream import SideStream
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
+# Graph batches: the qkv expand runs inside the RoPE + K/V-store kernel and the gate_up expand inside
+# SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. Those kernels
+# go token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
+# 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
+# with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. Fusing the o / down
+# expands into the residual-add + RMSNorm (one program per token streaming B) measured a loss.
+FUSE_MODULES = ("qkv", "gate_up")
+FUSE_MAX_RANK = 16
 SEGMENT_GEMM_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended size
 
 
@@ -51,13 +59,16 @@ class LoraManager:
     the model itself. Optional `max_num_tokens` preallocates the per-step mapping buffers (for
     CUDA graphs); a step with more tokens is then refused. `overlap` (kernel "triton" on CUDA
     only; ignored elsewhere): run the shrinks on a side stream, concurrently with the base GEMMs;
-    False keeps all LoRA work on the current stream (for A/B timings).
+    False keeps all LoRA work on the current stream (for A/B timings). `fuse_expand` (kernel
+    "triton", decode graph batches, max_rank <= FUSE_MAX_RANK): the qkv and gate_up expands run
+    inside the kernels that consume those projections (LoraBatch.finish_deferred); False runs
+    them as expand kernels of their own (for A/B timings).
     """
 
     def __init__(self, *, num_layers: int, hidden_size: int, q_size: int, kv_size: int,
                  intermediate_size: int, max_loras: int = 8, max_rank: int = 64,
                  device: torch.device | str, dtype: torch.dtype, max_num_tokens: int | None = None,
-                 kernel: str = "auto", overlap: bool = True):
+                 kernel: str = "auto", overlap: bool = True, fuse_expand: bool = True):
         for arg, value in dict(num_layers=num_layers, hidden_size=hidden_size, q_size=q_size, kv_size=kv_size,
                                intermediate_size=intermediate_size, max_loras=max_loras,
                                max_rank=max_rank).items():
@@ -66,8 +77,11 @@ class LoraManager:
         if max_num_tokens is not None and (not isinstance(max_num_tokens, int) or max_num_tokens < 1):
             raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "max_num_tokens",
                             f"expected None or a positive int, got {max_num_tokens!r}")
-        if not isinstance(overlap, bool):
-            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "overlap", f"expected a bool, got {overlap!r}")
+        for arg, value in dict(overlap=overlap, fuse_expand=fuse_expand).items():
+            if not isinstance(value, bool):
+                raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg, f"expected a bool, got {value!r}")
+        # the fused modules whose expand finish_deferred leaves to the kernel consuming the output
+        self.fuse_modules = frozenset(FUSE_MODULES if fuse_expand and max_rank <= FUSE_MAX_RANK else ())
         self.shapes = LoraShapes(num_layers, hidden_size, q_size, kv_size, intermediate_size)
         self.max_loras, self.max_rank = max_loras, max_rank
         self.device, self.dtype = torch.device(device), dtype

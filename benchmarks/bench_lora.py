@@ -6,18 +6,22 @@ context; adapters of rank 16 and 64 on all 7 projections, filled with random wei
 the manager's slots. Requests use the adapters round-robin (request i -> adapter i % n). Each
 kernel ("triton" Punica-style shrink/expand, "flashinfer" segment GEMM, "torch" per-adapter loop)
 is timed separately. With the triton kernel each projection's LoRA shrink runs on a side stream,
-overlapping the base GEMM; --no-overlap keeps it on one stream (A/B).
+overlapping the base GEMM; --no-overlap keeps it on one stream (A/B). In decode graphs the qkv and
+gate_up expands of rank <= 16 run inside RoPE + K/V store and SiLU-and-mul; --no-fuse gives them
+expand kernels of their own (A/B).
 
     python benchmarks/bench_lora.py                       # CUDA, the full-size model
-    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap]
+    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap] [--no-fuse]
     python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
 
 Prints a table; writes benchmarks/results/lora.json and lora.png (lora_no_overlap.* with
---no-overlap; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
+--no-overlap, lora_no_fuse.* with --no-fuse; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
 per-step inputs on the CPU, as a scheduler passes them; decode steps replay CUDA graphs where the
 kernel allows (the base model, triton), else run eagerly. Two times per row: "sync" = wall-clock
 of one call synchronised before and after (median over --steps), "pipelined" = --steps calls back
-to back with one synchronize at the end, divided by --steps (host work hidden behind the GPU's).
+to back with one synchronize at the end, divided by --steps (host work hidden behind the GPU's);
+"replay" = the decode graph replayed alone (GPU time only, best of 3 x 50; graphs only), the
+number that does not move with the host's load.
 """
 
 from __future__ import annotations
@@ -94,6 +98,24 @@ class DecodeBench:
         self.slots = self.block_tables[:, pos // block_size].long() * block_size + pos % block_size
         self.input_lengths = torch.full((batch,), context, dtype=torch.int32)
 
+    def replay_ms(self, adapter_ids, n: int = 50) -> float | None:
+        """GPU time of the decode graph alone (no host work): best of 3 runs of n back-to-back
+        replays of the graph the last step used; None without graphs (eager kernels, CPU)."""
+        graphs = self.gen.model_wrapper.graphs
+        self.step(adapter_ids)  # (captures if needed, and sets the adapter mapping)
+        if graphs is None or not graphs._graphs or (adapter_ids is not None and graphs.lora is None):
+            return None
+        g = graphs._graphs[graphs.bucket_for(self.B)].graph
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                g.replay()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / n * 1e3)
+        return best
+
     def step(self, adapter_ids):
         return self.gen.forward_tensor(self.input_ids, self.positions, False, self.kv_cache, self.block_tables,
                                        self.slots, self.input_lengths, self.L, adapter_ids=adapter_ids)
@@ -128,6 +150,7 @@ def main(argv=None):
     ap.add_argument("--adapters", type=int, nargs="+", help="distinct adapters per batch")
     ap.add_argument("--kernels", nargs="+",
                     help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
+    ap.add_argument("--no-fuse", action="store_true", help="qkv / gate_up expands as kernels of their own (A/B)")
     ap.add_argument("--no-overlap", action="store_true",
                     help="triton: LoRA shrinks on the current stream, not on a side stream beside the base GEMM")
     ap.add_argument("--steps", type=int)
@@ -165,13 +188,14 @@ def main(argv=None):
 
     overlap = not args.no_overlap
     base_ms, base_pipe = bench.time(None, steps, args.warmup)
+    base_replay = bench.replay_ms(None)
     rows = [dict(kernel="-", rank=0, num_adapters=0, overlap=False, ms_per_step=base_ms,
-                 pipelined_ms_per_step=base_pipe)]
+                 pipelined_ms_per_step=base_pipe, replay_ms=base_replay)]
     load_ms = {}
     for kernel in kernels:
         for rank in ranks:
             manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
-                                  kernel=kernel, overlap=overlap)
+                                  kernel=kernel, overlap=overlap, fuse_expand=not args.no_fuse)
             gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
             if gen.model_wrapper.graphs is not None:  # graphs carry LoRA when the kernel allows (triton)
                 gen.model_wrapper.graphs.attach_lora(manager)
@@ -190,10 +214,11 @@ def main(argv=None):
             for n in counts:
                 ids = [f"a{i % n}" for i in range(batch)]
                 ms, pipe = bench.time(ids, steps, args.warmup)
+                replay = bench.replay_ms(ids)
                 rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, overlap=manager.overlap,
-                                 ms_per_step=ms, pipelined_ms_per_step=pipe))
+                                 ms_per_step=ms, pipelined_ms_per_step=pipe, replay_ms=replay))
                 print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms sync, "
-                      f"{pipe:8.2f} ms pipelined", flush=True)
+                      f"{pipe:8.2f} ms pipelined, replay {replay or float('nan'):.2f} ms", flush=True)
             gen.lora_manager = None
             if gen.model_wrapper.graphs is not None:
                 gen.model_wrapper.graphs.attach_lora(None)
@@ -204,31 +229,42 @@ def main(argv=None):
     base_after, pipe_after = bench.time(None, steps, args.warmup)
     rows[0]["ms_per_step"] = base_ms = min(base_ms, base_after)
     rows[0]["pipelined_ms_per_step"] = base_pipe = min(base_pipe, pipe_after)
+    replay_after = bench.replay_ms(None)
+    if base_replay is not None and replay_after is not None:
+        rows[0]["replay_ms"] = base_replay = min(base_replay, replay_after)
     for r in rows:
         r["tokens_per_s"] = batch / (r["ms_per_step"] / 1e3)
         r["overhead_vs_base"] = r["ms_per_step"] / base_ms - 1.0
         r["pipelined_tokens_per_s"] = batch / (r["pipelined_ms_per_step"] / 1e3)
         r["pipelined_overhead_vs_base"] = r["pipelined_ms_per_step"] / base_pipe - 1.0
+        r["replay_overhead_vs_base"] = (None if r.get("replay_ms") is None or base_replay is None
+                                        else r["replay_ms"] / base_replay - 1.0)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\nLoRA decode, batch {batch} at context {context}, {device_name}, {dtype}, "
           f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections, "
-          f"triton shrink overlap {'on' if overlap else 'off'}")
+          f"triton shrink overlap {'on' if overlap else 'off'}, qkv / gate_up expand fused "
+          f"{'off' if args.no_fuse else 'on (rank <= 16)'}")
     print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'sync ms':>9} {'tok/s':>9} {'vs base':>8} "
-          f"{'pipe ms':>9} {'tok/s':>9} {'vs base':>8}")
+          f"{'pipe ms':>9} {'tok/s':>9} {'vs base':>8} {'replay ms':>10} {'vs base':>8}")
     for r in rows:
+        rep = r.get("replay_ms")
+        rep_s = f"{rep:10.2f} {r['replay_overhead_vs_base']:+8.1%}" if rep is not None else f"{'-':>10} {'-':>8}"
         print(f"{r['kernel']:>10} {r['rank'] or '-':>5} {r['num_adapters'] or 'base':>8} {r['ms_per_step']:9.2f} "
               f"{r['tokens_per_s']:9.0f} {r['overhead_vs_base']:+8.1%} {r['pipelined_ms_per_step']:9.2f} "
-              f"{r['pipelined_tokens_per_s']:9.0f} {r['pipelined_overhead_vs_base']:+8.1%}")
+              f"{r['pipelined_tokens_per_s']:9.0f} {r['pipelined_overhead_vs_base']:+8.1%} {rep_s}")
     for rank, ms in load_ms.items():
         print(f"load_adapter (rank {rank}, PEFT folder on disk): {ms:.0f} ms")
 
     os.makedirs(args.out, exist_ok=True)
     result = dict(benchmark="lora_decode", device=device_name, dtype=str(dtype), tiny=tiny, batch=batch,
                   context=context, block_size=args.block_size, steps=steps, warmup=args.warmup, overlap=overlap,
+                  fuse_expand=not args.no_fuse,
                   model={k: v for k, v in model_cfg.items()}, target_modules=sorted(PEFT_MODULES),
                   rows=rows, load_adapter_ms={str(k): v for k, v in load_ms.items()})
     name = "lora" if overlap else "lora_no_overlap"
+    if args.no_fuse:
+        name += "_no_fuse"
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     plot(rows, counts, os.path.join(args.out, f"{name}.png"),

@@ -79,6 +79,7 @@ class _GraphAttention(AttentionBackend):
     def __init__(self, backend, bucket: _Bucket):
         super().__init__(backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale)
         self.backend, self.bucket = backend, bucket
+        self.stores_flat_slots = backend.stores_flat_slots  # write_kv is the backend's
 
     def plan(self, batch):  # planned by DecodeGraphRunner outside the graph
         pass

@@ -29,6 +29,7 @@ if INTERPRET:
     from triton.runtime.jit import JITFunction
 
     import adapters.triton_kernels as tk
+    import model_wrapper.layers.triton_ops as tops
 
     # Triton's own jit helpers (tl.sum, tl.zeros, tl.cdiv, ...) were made for compilation where
     # triton was imported before the variable was set (transformers and peft import it): have the
@@ -52,9 +53,11 @@ if INTERPRET:
     _interpreter._patch_lang_tensor = _patch_lang_tensor
 else:
     import adapters.triton_kernels as tk
+    import model_wrapper.layers.triton_ops as tops
 
 import adapters.lora_manager as lora_manager_module  # noqa: E402
 from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, PeftAdapter  # noqa: E402
+from adapters.lora_batch import LoraDelta  # noqa: E402
 from conftest import PagedHarness, rel_err  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 
@@ -577,3 +580,142 @@ def test_side_stream_decode_graphs_within_the_bf16_bound(checkpoint_dir):
     for name, out in outs.items():
         assert rel_err(out, exact) <= bound, (name, rel_err(out, exact), bound)
     assert rel_err(outs["graph"], outs["eager"]) < 2e-2
+
+
+# -- fused consumer kernels: the expand added by the kernel that reads y ------------------------------
+
+def random_delta(T, outs, R, num_slots, dtype, device=DEVICE, splits=3, seed=0):
+    """A LoraDelta with random partial sums, stacks and ranks (slot 0 at full rank, some -1 tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(splits, T, len(outs) * R, generator=g).to(device)
+    bs = tuple((torch.randn(num_slots, n, R, generator=g) * 0.3).to(device, dtype) for n in outs)
+    ranks = torch.randint(0, R + 1, (num_slots, len(outs)), generator=g, dtype=torch.int32)
+    ranks[0] = R
+    token_slot = torch.randint(-1, num_slots, (T,), generator=g, dtype=torch.int32)
+    token_slot[:2] = torch.tensor([0, -1])[:T]
+    offsets = [0]
+    for n in outs:
+        offsets.append(offsets[-1] + n)
+    return LoraDelta(s, bs, token_slot.to(device), ranks.to(device), R, tuple(offsets))
+
+
+def delta_reference(d: LoraDelta, dtype) -> torch.Tensor:
+    """[T, sum(outs)] float32: what the expand kernel adds (s summed, rounded to dtype, rank-masked)."""
+    sv = d.s.sum(0).to(dtype).float()
+    slot = d.token_slot.long().clamp_min(0)
+    r = torch.arange(d.rank, device=sv.device)
+    out = []
+    for i, b in enumerate(d.b):
+        keep = (r[None, :] < d.ranks[slot, i].long()[:, None]).float()
+        out.append(torch.einsum("tr,tnr->tn", sv[:, i * d.rank:(i + 1) * d.rank] * keep, b[slot].float()))
+    return torch.cat(out, 1) * (d.token_slot >= 0)[:, None].float()
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype):
+    if INTERPRET and dtype == torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 like fp32: covered on CUDA")
+    T, N, R = 11, 96, 8
+    d = random_delta(T, (N, N), R, 4, dtype)
+    x = torch.randn(T, 2 * N, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    got = tops.silu_and_mul_lora(x, d)
+    y = (x.float() + delta_reference(d, dtype)).to(dtype).float()
+    want = torch.nn.functional.silu(y[:, :N]) * y[:, N:]
+    assert rel_err(got.float(), want) < TOL[dtype]
+    base = d.token_slot < 0
+    plain = torch.nn.functional.silu(x[:, :N].float()) * x[:, N:].float()
+    assert torch.allclose(got[base].float(), plain[base], rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def rope_reference(x, pos, table):
+    """neox RoPE of x [T, H, D] with a float32 [P, D] (cos | sin) table, in float32."""
+    D = x.shape[-1]
+    cos, sin = table[pos, None, : D // 2], table[pos, None, D // 2:]
+    a, b = x[..., : D // 2].float(), x[..., D // 2:].float()
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_store_kv_rotates_in_place_and_writes_the_cache(dtype, lora):
+    if INTERPRET and dtype == torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 like fp32: covered on CUDA")
+    T, HQ, HK, D, R, bs = 7, 4, 2, 32, 8, 4
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g).to(DEVICE, dtype)
+    pos = torch.randint(0, 50, (T,), generator=g).to(DEVICE)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    freqs = torch.arange(64).float()[:, None] * inv[None, :]
+    table = torch.cat((freqs.cos(), freqs.sin()), -1).to(DEVICE)
+    kc = torch.zeros(6, bs, HK, D, dtype=dtype, device=DEVICE)
+    vc = torch.zeros_like(kc)
+    slots = torch.tensor([5, -1, 0, 13, 22, 7, 9], device=DEVICE)
+    d = random_delta(T, (HQ * D, HK * D, HK * D), R, 3, dtype) if lora else None
+    x = qkv.float() + (delta_reference(d, dtype) if lora else 0)
+    x = x.to(dtype)
+    q, k, v = x.split([HQ * D, HK * D, HK * D], 1)
+    want_q = rope_reference(q.view(T, HQ, D), pos, table)
+    want_k = rope_reference(k.view(T, HK, D), pos, table)
+    tops.rope_store_kv(qkv, pos, table, HQ, HK, D, kc, vc, slots, d)
+    got_q, got_k, got_v = qkv.split([HQ * D, HK * D, HK * D], 1)
+    tol = TOL[dtype]
+    assert rel_err(got_q.float().view(T, HQ, D), want_q) < tol
+    assert rel_err(got_k.float().view(T, HK, D), want_k) < tol
+    assert rel_err(got_v.float(), v.float()) < tol and (lora or torch.equal(got_v, v))  # delta only, no rotation
+    flat_k, flat_v = kc.view(-1, HK, D), vc.view(-1, HK, D)
+    keep = slots >= 0
+    assert torch.equal(flat_k[slots[keep]], got_k.view(T, HK, D)[keep])
+    assert torch.equal(flat_v[slots[keep]], got_v.view(T, HK, D)[keep])
+    written = torch.zeros(flat_k.shape[0], dtype=torch.bool, device=DEVICE)
+    written[slots[keep]] = True
+    assert not flat_k[~written].any() and not flat_v[~written].any()  # nothing else written (slot -1 skipped)
+
+
+def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeypatch):
+    """A graph batch defers the qkv and gate_up expands (y untouched, the delta handed over), and
+    the fused consumers then give what the expand followed by the plain kernel gives; o / down, and
+    a manager with fuse_expand=False or a rank above FUSE_MAX_RANK, add the delta themselves."""
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="triton")
+    assert m.fuse_modules == {"qkv", "gate_up"}
+    assert loaded_manager(kernel="triton", fuse_expand=False).fuse_modules == set()
+    assert LoraManager(**SHAPES, max_loras=2, max_rank=32, device="cpu", dtype=torch.float32,
+                       kernel="triton").fuse_modules == set()
+    buf = torch.tensor(m.slots_for(["r8", None, "r2_qv", "r5_l1", "r8", None, "r8"]), dtype=torch.int32)
+    gb, T = m.make_graph_batch(buf), buf.shape[0]
+    g = torch.Generator().manual_seed(5)
+    HQ, HK, D = 2, 1, 16  # SHAPES: q_size 32, kv_size 16
+    for layer in range(m.shapes.num_layers):
+        x = torch.randn(T, m.shapes.hidden_size, generator=g)
+        y = torch.randn(T, 2 * m.shapes.intermediate_size, generator=g)
+        y0 = y.clone()
+        d = gb.finish_deferred(gb.begin(layer, "gate_up", x), y)
+        assert isinstance(d, LoraDelta) and torch.equal(y, y0)
+        want = silu_mul_reference(gb.apply(layer, "gate_up", x, y0.clone()))
+        assert rel_err(tops.silu_and_mul_lora(y, d), want) < 1e-5
+        qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g)
+        d = gb.finish_deferred(gb.begin(layer, "qkv", x), qkv)
+        ref = gb.apply(layer, "qkv", x, qkv.clone())
+        pos = torch.arange(T) * 3
+        freqs = torch.arange(32).float()[:, None] * (1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))[None, :]
+        table = torch.cat((freqs.cos(), freqs.sin()), -1)
+        kc, vc = torch.zeros(2, 8, HK, D), torch.zeros(2, 8, HK, D)
+        slots = torch.arange(T)
+        tops.rope_store_kv(qkv, pos, table, HQ, HK, D, kc, vc, slots, d)
+        q, k, v = ref.split([HQ * D, HK * D, HK * D], 1)
+        assert rel_err(qkv[:, :HQ * D].view(T, HQ, D), rope_reference(q.view(T, HQ, D), pos, table)) < 1e-5
+        assert rel_err(kc.view(-1, HK, D)[:T], rope_reference(k.view(T, HK, D), pos, table)) < 1e-5
+        assert rel_err(vc.view(-1, HK, D)[:T], v.view(T, HK, D)) < 1e-5
+        o_in = torch.randn(T, m.shapes.in_features("o"), generator=g)
+        o_out = torch.randn(T, m.shapes.out_offsets("o")[-1], generator=g)
+        want_o = gb.apply(layer, "o", o_in, o_out.clone())
+        assert gb.finish_deferred(gb.begin(layer, "o", o_in), o_out) is None  # added here, in place
+        assert rel_err(o_out, want_o) < 1e-6
+
+
+def silu_mul_reference(y):
+    half = y.shape[1] // 2
+    return torch.nn.functional.silu(y[:, :half]) * y[:, half:]

@@ -16,6 +16,9 @@ from model_wrapper.forward_batch import ForwardBatch
 
 class AttentionBackend(ABC):
     name = "abstract"
+    # True: the caches are written at flat slots ([num_blocks * block_size] rows of kv_heads * head_dim)
+    # with -1 skipped, so a fused kernel may store K/V itself (kernels.rope_store) instead of write_kv
+    stores_flat_slots = False
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
         self.num_heads = num_heads

@@ -65,6 +65,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         except ImportError:  # no Triton: the base class's index_copy_ path
             store_kv = None
         self._store_kv = store_kv
+        self.stores_flat_slots = store_kv is not None
         self.device = torch.device(device)
         self.windows = sorted({w for w in layer_windows if w is not None}) or []
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)

@@ -17,6 +17,8 @@ from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 class TorchKernels:
     name = "torch"
+    fuses_lora = False  # silu_mul and rope_store accept a deferred LoRA delta (lora=...)
+    fuses_rope_store = False  # rope_store: RoPE + the K/V store in one kernel
 
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
         self.inv_freq = inv_freq  # [head_dim // 2] float32
@@ -42,9 +44,15 @@ class TorchKernels:
         cos, sin, _ = tables
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def silu_mul(self, gate_up: torch.Tensor, lora=None) -> torch.Tensor:
+        _no_lora(self, lora)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+def _no_lora(kernels, lora) -> None:
+    if lora is not None:
+        raise RuntimeError(f"{type(kernels).__name__} got a deferred LoRA delta but does not fuse one")
 
 
 def _rotate(x, cos, sin):
@@ -66,6 +74,9 @@ class FlashInferKernels(TorchKernels):
         except ImportError:  # no Triton: torch's silu and mul
             triton_ops = None
         self._triton = triton_ops
+        head_dim = 2 * inv_freq.shape[0]
+        self.fuses_lora = triton_ops is not None
+        self.fuses_rope_store = triton_ops is not None and head_dim & (head_dim - 1) == 0  # power of two
         pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
         self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
@@ -82,10 +93,18 @@ class FlashInferKernels(TorchKernels):
     def rope_tables(self, positions):
         return positions
 
-    def silu_mul(self, gate_up):
+    def silu_mul(self, gate_up, lora=None):
         if self._triton is None:
-            return super().silu_mul(gate_up)
+            return super().silu_mul(gate_up, lora)
+        if lora is not None:
+            return self._triton.silu_and_mul_lora(gate_up, lora)
         return self._triton.silu_and_mul(gate_up)
+
+    def rope_store(self, qkv, positions, num_heads, num_kv_heads, head_dim, k_cache, v_cache, slots, lora=None):
+        """In place on qkv [T, (Hq + 2 Hk) * D]: (the qkv LoRA delta,) RoPE on q and k, and k, v
+        written at flat `slots` of the caches: one kernel (layers/triton_ops.rope_store_kv)."""
+        self._triton.rope_store_kv(qkv, positions, self.cos_sin_cache, num_heads, num_kv_heads, head_dim,
+                                   k_cache, v_cache, slots, lora)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

@@ -58,3 +58,179 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if T:
         _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slots, k.stride(0), v.stride(0), width,
                                BLOCK=triton.next_power_of_2(width))
+
+
+# -- fused kernels with an optional LoRA delta ------------------------------------------------------
+#
+# A projection's LoRA delta can be added by the kernel that consumes the projection's output,
+# instead of by an expand kernel of its own (one launch and one pass over y fewer per projection):
+# LoraBatch.finish_deferred hands over a LoraDelta (adapters.lora_batch) with the shrink's fp32
+# partial sums s [splits, T, n_sub * R], the B stacks [slots, out_i, R], the per-token slots and
+# true ranks. For token t with slot >= 0, sub-module i, column n:
+#     y[t, n] <- round(y[t, n] + sum_r round(sum_p s[p, t, i*R + r]) * B_i[slot, n, r])
+# (the same roundings as the expand kernel: s summed in fp32 and rounded to the weights' dtype,
+# products accumulated in fp32, one rounding of y). Rows with slot -1 (base model, padding) and
+# columns r >= the true rank are never read.
+
+
+@triton.jit
+def _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, dtype,
+            BLOCK_R: tl.constexpr):
+    """Token t's shrink output for sub-module `sub` (slot >= 0 assumed): the partials summed and
+    rounded to the weights' dtype, as fp32 [BLOCK_R], zero at r >= its true rank."""
+    r = tl.arange(0, BLOCK_R)
+    r_ok = r < tl.load(rank_ptr + slot * n_sub + sub)
+    sv = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for p in range(num_splits):
+        sv += tl.load(s_ptr + p * stride_sp + t * stride_sm + sub * R + r, mask=r_ok, other=0.0)
+    return sv.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R: tl.constexpr):
+    """[len(n)] fp32 delta for columns n: B[slot, n, :] . sv (B rows beyond the rank are not read)."""
+    r = tl.arange(0, BLOCK_R)
+    bv = tl.load(b_ptr + slot.to(tl.int64) * n_out * R + n[:, None] * R + r[None, :],
+                 mask=n_ok[:, None] & (sv != 0.0)[None, :] & (r < R)[None, :], other=0.0)
+    return tl.sum(bv.to(tl.float32) * sv[None, :], axis=1)
+
+
+@triton.jit
+def _lora_delta(s_ptr, b_ptr, rank_ptr, slot, t, n, n_ok, sub, n_sub, n_out, R, num_splits, stride_sp, stride_sm,
+                BLOCK_R: tl.constexpr):
+    """[len(n)] fp32 delta of token t (slot >= 0 assumed) for columns n of sub-module `sub`."""
+    sv = _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, b_ptr.dtype.element_ty,
+                 BLOCK_R)
+    return _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R)
+
+
+@triton.jit
+def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, slot_ptr, n, R, num_splits,
+                              stride_x, stride_o, stride_sp, stride_sm, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = col < n
+    g = tl.load(x_ptr + row * stride_x + col, mask=m)
+    u = tl.load(x_ptr + row * stride_x + n + col, mask=m)
+    slot = tl.load(slot_ptr + row)
+    if slot >= 0:
+        dg = _lora_delta(s_ptr, bg_ptr, rank_ptr, slot, row, col, m, 0, 2, n, R, num_splits, stride_sp, stride_sm,
+                         BLOCK_R)
+        du = _lora_delta(s_ptr, bu_ptr, rank_ptr, slot, row, col, m, 1, 2, n, R, num_splits, stride_sp, stride_sm,
+                         BLOCK_R)
+        g = (g.to(tl.float32) + dg).to(x_ptr.dtype.element_ty)
+        u = (u.to(tl.float32) + du).to(x_ptr.dtype.element_ty)
+    g = g.to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
+    tl.store(out_ptr + row * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def _lora_block(R: int, budget: int = 16384) -> tuple[int, int]:
+    """-> (BLOCK_R, columns per program) for the LoRA-fused kernels: a [columns, BLOCK_R] tile of B
+    within `budget` elements."""
+    block_r = max(16, triton.next_power_of_2(R))
+    return block_r, max(64, budget // block_r)
+
+
+def silu_and_mul_lora(x: torch.Tensor, d) -> torch.Tensor:
+    """silu_and_mul of x [T, 2N] after adding the gate_up LoRA delta d (a LoraDelta: sub-modules
+    gate, up) to x; x itself is not written. -> [T, N]."""
+    T, n2 = x.shape
+    n = n2 // 2
+    out = torch.empty(T, n, dtype=x.dtype, device=x.device)
+    if T:
+        block_r, block = _lora_block(d.rank, 8192)
+        _silu_and_mul_lora_kernel[(T, triton.cdiv(n, block))](
+            x, out, d.s, d.b[0], d.b[1], d.ranks, d.token_slot, n, d.rank, d.s.shape[0], x.stride(0), out.stride(0),
+            d.s.stride(0), d.s.stride(1), BLOCK=block, BLOCK_R=block_r, num_warps=8)
+    return out
+
+
+@triton.jit
+def _rotate_half_pair(x1, x2, cos, sin, dtype):
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    return (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+
+
+@triton.jit
+def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
+                       lslot_ptr, R, num_splits, stride_qkv, stride_sp, stride_sm, stride_cs, HQ, HK,
+                       D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
+    j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot."""
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    ok = half < D // 2
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * stride_cs + half)
+    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
+    row = qkv_ptr + t * stride_qkv
+    lslot = -1
+    if LORA:
+        lslot = tl.load(lslot_ptr + t)
+    if head < HQ:
+        base = row + head * D
+        x1 = tl.load(base + half)
+        x2 = tl.load(base + D // 2 + half)
+        if lslot >= 0:
+            d1 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + half, ok, 0, 3, HQ * D, R, num_splits,
+                             stride_sp, stride_sm, BLOCK_R)
+            d2 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + D // 2 + half, ok, 0, 3, HQ * D, R,
+                             num_splits, stride_sp, stride_sm, BLOCK_R)
+            x1 = (x1.to(tl.float32) + d1).to(dtype)
+            x2 = (x2.to(tl.float32) + d2).to(dtype)
+        o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
+        tl.store(base + half, o1)
+        tl.store(base + D // 2 + half, o2)
+    else:
+        j = head - HQ
+        base = row + HQ * D + j * D
+        x1 = tl.load(base + half)
+        x2 = tl.load(base + D // 2 + half)
+        vbase = row + (HQ + HK) * D + j * D
+        full = tl.arange(0, D)
+        v = tl.load(vbase + full)
+        if lslot >= 0:
+            d1 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + half, ok, 1, 3, HK * D, R, num_splits,
+                             stride_sp, stride_sm, BLOCK_R)
+            d2 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + D // 2 + half, ok, 1, 3, HK * D, R,
+                             num_splits, stride_sp, stride_sm, BLOCK_R)
+            dv = _lora_delta(s_ptr, bv_ptr, rank_ptr, lslot, t, j * D + full, full < D, 2, 3, HK * D, R,
+                             num_splits, stride_sp, stride_sm, BLOCK_R)
+            x1 = (x1.to(tl.float32) + d1).to(dtype)
+            x2 = (x2.to(tl.float32) + d2).to(dtype)
+            v = (v.to(tl.float32) + dv).to(dtype)
+            tl.store(vbase + full, v)
+        o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
+        tl.store(base + half, o1)
+        tl.store(base + D // 2 + half, o2)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            cache = slot * (HK * D) + j * D
+            tl.store(kc_ptr + cache + half, o1)
+            tl.store(kc_ptr + cache + D // 2 + half, o2)
+            tl.store(vc_ptr + cache + full, v)
+
+
+def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
+                  num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slots: torch.Tensor, d=None) -> None:
+    """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): the qkv LoRA delta d (a LoraDelta, sub-
+    modules q, k, v; None = no LoRA) added, q and k rotated (neox form, cos / sin from the float32
+    [P, D] table: cos half then sin half), and k and v written at flat `slots` of the caches
+    [blocks, block_size, Hk, D] (contiguous; slot -1 writes nothing): RoPE, the K/V store and the
+    LoRA expand in one launch."""
+    T = qkv.shape[0]
+    if not T:
+        return
+    lora = d is not None
+    block_r = max(16, triton.next_power_of_2(d.rank)) if lora else 16
+    s = d.s if lora else qkv
+    bq, bk, bv = d.b if lora else (qkv, qkv, qkv)
+    _rope_store_kernel[(T, num_heads + num_kv_heads)](
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slots, s, bq, bk, bv, d.ranks if lora else slots,
+        d.token_slot if lora else slots, d.rank if lora else 1, s.shape[0] if lora else 0, qkv.stride(0),
+        s.stride(0) if lora else 0, s.stride(1) if lora else 0, cos_sin_cache.stride(0), num_heads, num_kv_heads,
+        D=head_dim, LORA=lora, BLOCK_R=block_r)

@@ -23,11 +23,17 @@ from model_wrapper.layers.norm import RMSNorm
 from model_wrapper.parallel import TPGroup, TPShard
 
 
-def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str):
+def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, defer: bool = False):
+    """-> (x @ W^T + b, None) with the LoRA delta added, or with defer (the caller's next kernel
+    adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's consumer."""
     lora = batch.lora
     pending = None if lora is None else lora.begin(layer, name, x)  # before the GEMM: it may overlap it
     y = F.linear(x, linear.weight, linear.bias)
-    return y if lora is None else lora.finish(pending, y)
+    if lora is None:
+        return y, None
+    if defer:
+        return y, lora.finish_deferred(pending, y)
+    return lora.finish(pending, y), None
 
 
 def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
@@ -36,7 +42,7 @@ def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatc
     included: it is linear in x), all-reduced; the (replicated) bias is added once, after the sum.
     Without TP: exactly _project."""
     if not tp.enabled:
-        return _project(linear, x, batch, layer, name)
+        return _project(linear, x, batch, layer, name)[0]
     lora = batch.lora
     pending = None if lora is None else lora.begin(layer, name, x)
     y = F.linear(x, linear.weight)
@@ -62,16 +68,24 @@ class Attention(nn.Module):
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels):
         """x [T, hidden] -> [T, hidden]; writes this step's K/V into kv = (k_cache, v_cache)."""
         T = x.shape[0]
-        qkv = _project(self.qkv_proj, x, batch, self.layer, "qkv")
+        # RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
+        # layout allows it (flat slots) and no q/k norm sits between the projection and RoPE
+        fused = (kernels.fuses_rope_store and backend.stores_flat_slots and self.q_norm is None
+                 and kv[0].dtype == x.dtype)
+        qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", defer=fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
-        k = k.reshape(T, self.num_kv_heads, self.head_dim)
-        v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
-        q, k = kernels.rope(q, k, rope)
-        backend.write_kv(kv[0], kv[1], k, v, batch)
+        if fused:
+            kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
+                               batch.slots, lora=delta)
+        else:
+            k = k.reshape(T, self.num_kv_heads, self.head_dim)
+            v = v.reshape(T, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+                k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q, k = kernels.rope(q, k, rope)
+            backend.write_kv(kv[0], kv[1], k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch)
         return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp)
 
@@ -85,7 +99,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x, batch: ForwardBatch, kernels):
-        act = kernels.silu_mul(_project(self.gate_up_proj, x, batch, self.layer, "gate_up"))
+        gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", defer=kernels.fuses_lora)
+        act = kernels.silu_mul(gate_up, lora=delta)  # the gate_up LoRA expand, where deferred, added here
         return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp)
 
 
