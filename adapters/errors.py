@@ -29,6 +29,7 @@ class LoraErrorCode(str, Enum):
     NOT_LOADED = "LORA_NOT_LOADED"  # unload (or map) a name that is not loaded
     UNLOAD_BASE = "LORA_UNLOAD_BASE"  # "base" is the model itself, never loaded or unloaded
     TOO_MANY_TOKENS = "LORA_TOO_MANY_TOKENS"  # a step larger than the preallocated mapping buffers
+    ALREADY_FOLDED = "LORA_ALREADY_FOLDED"  # LoraManager.fold_into a second time
 
 
 class _Coded:

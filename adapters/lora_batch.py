@@ -20,7 +20,9 @@ read only token_slot on the device, so a CUDA graph can replay them with new slo
 LoraManager.make_graph_batch). With the triton kernel and a manager that overlaps (CUDA, the
 default), begin launches the shrink on the manager's side stream, where it runs while the base
 GEMM runs, and finish joins it and launches the expand (adapters.side_stream); the other
-kernels run all their work in finish.
+kernels run all their work in finish. In a graph batch of a manager that folded its A stacks
+into the base weights (LoraManager.fold_into), the model calls project_folded instead: one GEMM
+gives the base output and the shrink, no shrink kernel, no side stream.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from adapters.lora_manager import LoraManager
@@ -40,12 +43,15 @@ class LoraDelta(NamedTuple):
     fused kernels of model_wrapper/layers/triton_ops.py): for token t with slot >= 0 and sub-module i,
     y[t, off_i + n] += round(sum_p s[p, t, i*R + r]) @ B_i[slot, n, :rank_i].
 
-    s:          [splits, T, n_sub * rank] float32: the shrink's partial sums, complete on the current stream
+    s:          [splits, T, n_sub * rank] float32: the shrink's partial sums, complete on the current stream;
+                or, with slot_stride > 0, [1, T, num_slots * slot_stride] in the model dtype: a folded
+                GEMM's extra columns, every slot's shrink of every token (token t's at slot_t * slot_stride)
     b:          (B_i [num_slots, out_i, rank], ...): one layer's stacks
     token_slot: [T] int32, device: slot per token, -1 = none
     ranks:      [num_slots, n_sub] int32, device: true ranks
     rank:       the stacks' padded rank R
     offsets:    [n_sub + 1] column offsets of the sub-modules in y
+    slot_stride: 0, or the columns per slot in s (n_sub * rank) when s holds every slot's shrink
     """
 
     s: torch.Tensor
@@ -54,6 +60,7 @@ class LoraDelta(NamedTuple):
     ranks: torch.Tensor
     rank: int
     offsets: tuple
+    slot_stride: int = 0
 
 
 class LoraPending(NamedTuple):
@@ -179,6 +186,34 @@ class LoraBatch:
             m.side.join()
             s = pending.s
         return LoraDelta(s, b, slots, ranks, m.max_rank, offsets)
+
+    def folds(self, layer: int, module: str) -> bool:
+        """Whether project_folded runs this projection: a graph batch (no host grouping) of a
+        manager whose A stacks are folded into the base weights (LoraManager.fold_into)."""
+        return self.segments is None and (layer, module) in self.manager.folded
+
+    def project_folded(self, layer: int, module: str, x: torch.Tensor, defer: bool = False):
+        """The base projection of x and its LoRA delta through the folded weight (folds() true).
+
+        One GEMM x @ W_ext^T + b_ext -> [y | s] (s: every slot's shrink of every token), then the
+        expand of each token's own slot from s: added to y here (a plain kernel right after the
+        GEMM), or with defer and the module in the manager's fuse_modules handed back as a
+        LoraDelta for y's consumer (y untouched). -> (y [T, N], LoraDelta or None); y is a view
+        with row stride N + E (rows contiguous), as every consumer of it accepts.
+        """
+        from adapters.triton_kernels import lora_expand_add
+
+        m = self.manager
+        w, bias, N = m.folded[(layer, module)]
+        y_ext = F.linear(x, w, bias)
+        _, b, ranks, offsets = m.layer_weights(layer, module)
+        cols = len(b) * m.max_rank  # per slot
+        y, s = y_ext[:, :N], y_ext[:, N:N + m.max_loras * cols].unsqueeze(0)
+        slots = self.token_slot[: x.shape[0]]
+        if defer and module in m.fuse_modules:
+            return y, LoraDelta(s, b, slots, ranks, m.max_rank, offsets, cols)
+        lora_expand_add(s, b, slots, ranks, m.max_rank, y, offsets, None, pdl=True, slot_stride=cols)
+        return y, None
 
     @property
     def _empty(self) -> bool:

@@ -119,7 +119,7 @@ def _shrink(x_ptr, a_ptr, rank_ptr, token_slot_ptr, perm_ptr, indptr_ptr, s_ptr,
 
 @triton.jit
 def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, indptr_ptr, y_ptr, T, R, n_sub,
-            num_splits, n0, n1, n2, o0, o1, o2, stride_sp, stride_sm, stride_ym,
+            num_splits, n0, n1, n2, o0, o1, o2, stride_sp, stride_sm, stride_ss, stride_ym,
             SEGMENTED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
             PRECISION: tl.constexpr, PDL: tl.constexpr):
     slot, chunk = tl.program_id(0), tl.program_id(1)
@@ -144,8 +144,8 @@ def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, i
     if used:
         sv = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
         for p in range(num_splits):
-            sv += tl.load(s_ptr + p * stride_sp + rows[:, None] * stride_sm + sub * R + r[None, :],
-                          mask=ok[:, None] & r_ok[None, :], other=0.0)
+            sv += tl.load(s_ptr + p * stride_sp + rows[:, None] * stride_sm + slot * stride_ss + sub * R + r[None, :],
+                          mask=ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
         delta = tl.dot(sv.to(bv.dtype), bv, input_precision=PRECISION)
         y = y_ptr + rows[:, None] * stride_ym + y_off + n[None, :]
         y_ok = ok[:, None] & (n < n_out)[None, :]
@@ -245,10 +245,13 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, token_slot: torch.Tensor, rank
 
 def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: torch.Tensor, ranks: torch.Tensor,
                     rank: int, y: torch.Tensor, out_offsets: tuple[int, ...],
-                    segments: LoraSegments | None = None, *, pdl: bool = True) -> torch.Tensor:
+                    segments: LoraSegments | None = None, *, pdl: bool = True, slot_stride: int = 0) -> torch.Tensor:
     """y[t, off_i:off_i+out_i] += s_i[t] @ B_i[slot]^T for every sub-module i, in one launch; returns y.
 
-    s:           [splits, T, n_sub * rank] float32 from lora_shrink (partials are summed here)
+    s:           [splits, T, n_sub * rank] float32 from lora_shrink (partials are summed here); or,
+                 with slot_stride > 0, [1, T, num_slots * slot_stride] (any float dtype, unit column
+                 stride) holding every slot's shrink for every token, token t's own at columns
+                 slot_t * slot_stride + i * rank + r (a folded GEMM's extra columns: LoraManager.fold_into)
     b:           1 to 3 stacks B_i [num_slots, out_i, rank], contiguous (one layer of LoraManager.lora_b)
     y:           [T, out_total] bf16 / fp16 / fp32, unit column stride; rows without an adapter unchanged
     out_offsets: [n_sub + 1] column offsets of the sub-modules in y (LoraShapes.out_offsets)
@@ -259,7 +262,7 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
     splits, T, _ = s.shape
     if T == 0 or (segments is not None and segments.max_tokens == 0):
         return y
-    assert 1 <= len(b) <= 3 and y.stride(1) == 1 and all(t.is_contiguous() for t in b)
+    assert 1 <= len(b) <= 3 and y.stride(1) == 1 and s.stride(2) == 1 and all(t.is_contiguous() for t in b)
     block_t, chunks = _chunks(T, segments)
     outs = [t.shape[1] for t in b] + [0] * (3 - len(b))
     offs = list(out_offsets[:len(b)]) + [0] * (3 - len(b))
@@ -267,7 +270,7 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
     n_blocks = sum(triton.cdiv(n, BLOCK_N) for n in outs)
     _expand[(b[0].shape[0], chunks, n_blocks)](
         s, *bs, ranks, *_mapping_args(token_slot, segments), y, T, rank, len(b), splits, *outs, *offs,
-        s.stride(0), s.stride(1), y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t, BLOCK_N=BLOCK_N,
+        s.stride(0), s.stride(1), slot_stride, y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t, BLOCK_N=BLOCK_N,
         BLOCK_R=_pow2(rank, 16, 128), PRECISION=_precision(y.dtype), PDL=pdl and _pdl(y.device),
         num_warps=NUM_WARPS, **(_pdl_launch(y.device) if pdl else {}))
     return y

@@ -8,14 +8,16 @@ kernel ("triton" Punica-style shrink/expand, "flashinfer" segment GEMM, "torch" 
 is timed separately. With the triton kernel each projection's LoRA shrink runs on a side stream,
 overlapping the base GEMM; --no-overlap keeps it on one stream (A/B). In decode graphs the qkv and
 gate_up expands of rank <= 16 run inside RoPE + K/V store and SiLU-and-mul; --no-fuse gives them
-expand kernels of their own (A/B).
+expand kernels of their own (A/B). Where max_loras * max_rank <= 256 (16 x rank 16 here) the A
+stacks are folded into the base weights (LoraManager.fold_into): each base GEMM computes every
+slot's shrink, no shrink kernels, no side stream in the graphs; --no-fold keeps them apart (A/B).
 
     python benchmarks/bench_lora.py                       # CUDA, the full-size model
-    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap] [--no-fuse]
+    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap] [--no-fuse] [--no-fold]
     python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
 
 Prints a table; writes benchmarks/results/lora.json and lora.png (lora_no_overlap.* with
---no-overlap, lora_no_fuse.* with --no-fuse; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
+--no-overlap, lora_no_fuse.* with --no-fuse, lora_no_fold.* with --no-fold; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
 per-step inputs on the CPU, as a scheduler passes them; decode steps replay CUDA graphs where the
 kernel allows (the base model, triton), else run eagerly. Two times per row: "sync" = wall-clock
 of one call synchronised before and after (median over --steps), "pipelined" = --steps calls back
@@ -151,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--kernels", nargs="+",
                     help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
     ap.add_argument("--no-fuse", action="store_true", help="qkv / gate_up expands as kernels of their own (A/B)")
+    ap.add_argument("--no-fold", action="store_true",
+                    help="triton: keep the A stacks out of the base weights (LoraManager.fold_into), shrinks as kernels")
     ap.add_argument("--no-overlap", action="store_true",
                     help="triton: LoRA shrinks on the current stream, not on a side stream beside the base GEMM")
     ap.add_argument("--steps", type=int)
@@ -195,7 +199,9 @@ def main(argv=None):
     for kernel in kernels:
         for rank in ranks:
             manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
-                                  kernel=kernel, overlap=overlap, fuse_expand=not args.no_fuse)
+                                  kernel=kernel, overlap=overlap, fuse_expand=not args.no_fuse,
+                                  fold=False if args.no_fold else "auto")
+            manager.fold_into(gen.model_wrapper.lora_linears())  # as enable_lora does (where manager.folds)
             gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
             if gen.model_wrapper.graphs is not None:  # graphs carry LoRA when the kernel allows (triton)
                 gen.model_wrapper.graphs.attach_lora(manager)
@@ -216,6 +222,7 @@ def main(argv=None):
                 ms, pipe = bench.time(ids, steps, args.warmup)
                 replay = bench.replay_ms(ids)
                 rows.append(dict(kernel=manager.kernel, rank=rank, num_adapters=n, overlap=manager.overlap,
+                                 folded=bool(manager.folded),
                                  ms_per_step=ms, pipelined_ms_per_step=pipe, replay_ms=replay))
                 print(f"  {manager.kernel:>10} rank {rank:>3} adapters {n:>3}: {ms:8.2f} ms sync, "
                       f"{pipe:8.2f} ms pipelined, replay {replay or float('nan'):.2f} ms", flush=True)
@@ -244,7 +251,8 @@ def main(argv=None):
     print(f"\nLoRA decode, batch {batch} at context {context}, {device_name}, {dtype}, "
           f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections, "
           f"triton shrink overlap {'on' if overlap else 'off'}, qkv / gate_up expand fused "
-          f"{'off' if args.no_fuse else 'on (rank <= 16)'}")
+          f"{'off' if args.no_fuse else 'on (rank <= 16)'}, A folded into the base GEMMs "
+          f"{'off' if args.no_fold else 'where max_loras x max_rank <= 256'}")
     print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'sync ms':>9} {'tok/s':>9} {'vs base':>8} "
           f"{'pipe ms':>9} {'tok/s':>9} {'vs base':>8} {'replay ms':>10} {'vs base':>8}")
     for r in rows:
@@ -259,12 +267,14 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     result = dict(benchmark="lora_decode", device=device_name, dtype=str(dtype), tiny=tiny, batch=batch,
                   context=context, block_size=args.block_size, steps=steps, warmup=args.warmup, overlap=overlap,
-                  fuse_expand=not args.no_fuse,
+                  fuse_expand=not args.no_fuse, fold=not args.no_fold,
                   model={k: v for k, v in model_cfg.items()}, target_modules=sorted(PEFT_MODULES),
                   rows=rows, load_adapter_ms={str(k): v for k, v in load_ms.items()})
     name = "lora" if overlap else "lora_no_overlap"
     if args.no_fuse:
         name += "_no_fuse"
+    if args.no_fold:
+        name += "_no_fold"
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
     plot(rows, counts, os.path.join(args.out, f"{name}.png"),

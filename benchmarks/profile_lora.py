@@ -1,12 +1,12 @@
 """Where multi-LoRA decode time goes (Llama-3-8B-shaped bf16, batch 32 at 2k, rank-16 adapters on
 all 7 projections, Triton kernels inside the decode CUDA graph):
 
-    source .gpu/device-setup.sh && python3 benchmarks/profile_lora.py > profile_lora.txt
+    source .gpu/device-setup.sh && python3 benchmarks/profile_lora.py [--no-fold] > profile_lora.txt
 
 Prints, for the base model and for 1 / 16 distinct adapters: the graph replay alone (GPU time, no
 host work), forward_tensor synchronised per call (what bench_lora.py reports), back to back
 (synchronised once per 50 calls: max(host, GPU)), the host time of one call with the GPU idle,
-and a kernel table of the replayed 16-adapter step.
+and kernel tables of the replayed base and 16-adapter steps.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def main(argv=None):
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--no-fold", action="store_true", help="keep the A stacks out of the base weights")
     args = ap.parse_args(argv)
     device, dtype = torch.device("cuda"), torch.bfloat16
     tmp = tempfile.TemporaryDirectory(prefix="profile_lora_")
@@ -75,10 +76,13 @@ def main(argv=None):
     cfg = gen.config
     manager = LoraManager(num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=cfg.num_heads * cfg.head_dim,
                           kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size,
-                          max_loras=16, max_rank=args.rank, device=device, dtype=dtype, kernel="triton")
+                          max_loras=16, max_rank=args.rank, device=device, dtype=dtype, kernel="triton",
+                          fold=False if args.no_fold else "auto")
+    manager.fold_into(gen.model_wrapper.lora_linears())  # as enable_lora does (where manager.folds)
     for a in range(16):
         manager.add_adapter(random_adapter(f"a{a}", manager, args.rank, device))
     rows = {"base": measure(bench, None)}
+    kernel_table(bench, None, "base model")
     gen.lora_manager = manager
     gen.model_wrapper.graphs.attach_lora(manager)
     for n in (1, 16):
@@ -87,16 +91,20 @@ def main(argv=None):
     print(f"{'':>12} {'replay':>8} {'serial':>8} {'pipelined':>10} {'host':>8}   (ms)")
     for k, r in rows.items():
         print(f"{k:>12} {r['replay_ms']:8.2f} {r['serial_ms']:8.2f} {r['pipelined_ms']:10.2f} {r['host_ms']:8.2f}")
-    ids = [f"a{i % 16}" for i in range(args.batch)]
+    kernel_table(bench, [f"a{i % 16}" for i in range(args.batch)],
+                 f"16 adapters, A {'folded into the base GEMMs' if manager.folded else 'in shrink kernels'}")
+    tmp.cleanup()
+
+
+def kernel_table(bench: DecodeBench, ids, what: str) -> None:
     bench.step(ids)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             bench.step(ids)
         torch.cuda.synchronize()
-    print("=== 5 replayed steps, 16 adapters ===")
+    print(f"=== 5 replayed steps, {what} ===")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ else:
     import model_wrapper.layers.triton_ops as tops
 
 import adapters.lora_manager as lora_manager_module  # noqa: E402
-from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, PeftAdapter  # noqa: E402
+from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, LoraStateError, PeftAdapter  # noqa: E402
 from adapters.lora_batch import LoraDelta  # noqa: E402
 from conftest import PagedHarness, rel_err  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
@@ -149,7 +149,7 @@ def test_split_k_partials_add_up_and_ranks_mask_the_padding(monkeypatch):
     assert s.shape[0] > 1  # K = 300 in several splits
     slot = token_slot.clamp_min(0).long()
     h = torch.einsum("tk,trk->tr", x.double(), a[slot].double())
-    keep = torch.arange(3 * R) % R < ranks[slot].repeat_interleave(R, 1)
+    keep = torch.arange(3 * R, device=x.device) % R < ranks[slot].repeat_interleave(R, 1)
     used = token_slot >= 0
     assert torch.allclose(s.sum(0)[used].double(), (h * keep)[used], atol=1e-4)
     want = reference(x, a, bs, token_slot, ranks, R, offsets, y)
@@ -158,7 +158,7 @@ def test_split_k_partials_add_up_and_ranks_mask_the_padding(monkeypatch):
             a[sl, i * R + int(ranks[sl, i]):(i + 1) * R] = float("nan")
             b[sl, :, int(ranks[sl, i]):] = float("nan")
     got = run_kernels(x, a, bs, ranks, token_slot, y.clone(), offsets, R)
-    assert torch.allclose(got.double(), want, atol=1e-4)
+    assert torch.allclose(got.to(want.dtype), want, atol=1e-4)
 
 
 def test_a_fused_module_is_one_shrink_and_one_expand_launch(monkeypatch):
@@ -184,6 +184,10 @@ def test_a_fused_module_is_one_shrink_and_one_expand_launch(monkeypatch):
 # -- LoraManager / LoraBatch with kernel "triton" -------------------------------------------------
 
 SHAPES = dict(num_layers=2, hidden_size=32, q_size=32, kv_size=16, intermediate_size=48)
+
+# manager-level tests on CPU tensors: under the interpreter only (on a GPU the cuda-marked
+# model-level tests below run the same paths: graph batches, the side stream, fused and folded)
+interpreted = pytest.mark.skipif(not INTERPRET, reason="CPU tensors under Triton's interpreter")
 
 
 def random_adapter(name, manager, rank, modules=tuple(PEFT_MODULES), layers=None, seed=0):
@@ -232,6 +236,7 @@ def test_manager_tracks_true_ranks_per_sub_module():
     assert all(int(r[:, s["r8"]].abs().sum()) == 0 for r in m.lora_rank.values())
 
 
+@interpreted
 @pytest.mark.parametrize("schedule", ["segmented", "scan"])
 def test_triton_batch_matches_torch_kernel(schedule, monkeypatch):
     monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
@@ -307,6 +312,7 @@ def record_launches(monkeypatch, side):
     monkeypatch.setattr(tk, "lora_shrink_out", shrink_out)
 
 
+@interpreted
 @pytest.mark.parametrize("schedule", ["segmented", "scan"])
 def test_begin_forks_the_shrink_and_finish_joins_it_before_the_expand(schedule, monkeypatch):
     """The overlapping path: s allocated on the current stream, the shrink alone on the side stream,
@@ -351,6 +357,7 @@ def test_auto_picks_triton_only_where_it_runs(monkeypatch):
     assert loaded_manager(kernel="torch").kernel == "torch"
 
 
+@interpreted
 def test_graph_batch_reads_the_runners_buffer_at_every_apply(monkeypatch):
     """What a CUDA graph replays: apply() on a fixed buffer whose contents change between calls."""
     with pytest.raises(LoraError) as e:
@@ -549,8 +556,9 @@ def test_side_stream_shrinks_under_cuda_graph_replay_with_new_slots():
 
 @pytest.mark.cuda
 def test_side_stream_decode_graphs_within_the_bf16_bound(checkpoint_dir):
-    """A small model with LoRA: shrinks on the side stream in eager prefill steps and inside the
-    decode graphs (the default), eagerly only, and on one stream (overlap=False). Each is no
+    """A small model with LoRA: shrinks on the side stream in eager prefill steps and folded into
+    the base GEMMs in the decode graphs (the default), eagerly only, on one stream (overlap=False),
+    and on the side stream inside the graphs too (fold=False). Each is no
     further from the fp32 oracle (torch kernel, torch attention, fp32) than twice the bf16 torch
     kernel's own error plus 2e-3, and graph replay = eager steps as far as bf16 lets them agree."""
     base = checkpoint_dir("llama", hidden_size=256, intermediate_size=512, head_dim=64)
@@ -558,11 +566,12 @@ def test_side_stream_decode_graphs_within_the_bf16_bound(checkpoint_dir):
     prompts = {i: torch.randint(0, 96, (n,), generator=g).tolist() for i, n in enumerate([5, 9, 3, 12, 7, 4])}
     ids = ["r8", None, "r2_qv", "r5_l1", "base", "r8"]
 
-    def run(dtype=torch.bfloat16, kernel="triton", overlap=True, graphs=True, attention="auto"):
+    def run(dtype=torch.bfloat16, kernel="triton", overlap=True, graphs=True, attention="auto", fold="auto"):
         gen = TextGenerator.from_pretrained(base, device="cuda", dtype=dtype, cuda_graphs=graphs,
                                             attention_backend=attention)
-        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel, overlap=overlap)
+        m = gen.enable_lora(max_loras=4, max_rank=8, kernel=kernel, overlap=overlap, fold=fold)
         assert m.kernel == kernel and m.overlap == overlap
+        assert bool(m.folded) == (kernel == "triton" and fold is not False)  # 4 x 8 <= FOLD_MAX_SLOT_RANK
         m.add_adapter(random_adapter("r8", m, 8, seed=1))
         m.add_adapter(random_adapter("r2_qv", m, 2, modules=("q_proj", "v_proj"), seed=2))
         m.add_adapter(random_adapter("r5_l1", m, 5, modules=("k_proj", "up_proj", "o_proj"), layers=[1], seed=3))
@@ -576,7 +585,8 @@ def test_side_stream_decode_graphs_within_the_bf16_bound(checkpoint_dir):
 
     exact = run(torch.float32, "torch", False, False, "torch")
     bound = 2 * rel_err(run(kernel="torch", overlap=False, graphs=False), exact) + 2e-3
-    outs = {"graph": run(), "eager": run(graphs=False), "one stream": run(overlap=False)}
+    outs = {"graph": run(), "eager": run(graphs=False), "one stream": run(overlap=False, fold=False),
+            "graph, side stream": run(fold=False)}
     for name, out in outs.items():
         assert rel_err(out, exact) <= bound, (name, rel_err(out, exact), bound)
     assert rel_err(outs["graph"], outs["eager"]) < 2e-2
@@ -674,6 +684,7 @@ def test_rope_store_kv_rotates_in_place_and_writes_the_cache(dtype, lora):
     assert not flat_k[~written].any() and not flat_v[~written].any()  # nothing else written (slot -1 skipped)
 
 
+@interpreted
 def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeypatch):
     """A graph batch defers the qkv and gate_up expands (y untouched, the delta handed over), and
     the fused consumers then give what the expand followed by the plain kernel gives; o / down, and
@@ -719,3 +730,108 @@ def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeyp
 def silu_mul_reference(y):
     half = y.shape[1] // 2
     return torch.nn.functional.silu(y[:, :half]) * y[:, half:]
+
+
+# -- folding the A stacks into the base weights ------------------------------------------------------
+
+def model_linears(m, seed=7, bias=("qkv",)):
+    """{(layer, module): nn.Linear} shaped like a model's projections (random, biases on `bias`)."""
+    torch.manual_seed(seed)
+    return {(layer, mod): torch.nn.Linear(m.shapes.in_features(mod), m.shapes.out_offsets(mod)[-1],
+                                          bias=mod in bias)
+            for layer in range(m.shapes.num_layers) for mod in ("qkv", "o", "gate_up", "down")}
+
+
+def test_fold_into_moves_the_a_stacks_below_the_base_weights(monkeypatch):
+    """fold_into keeps the model's weights (now views of W_ext), puts every slot's A below them
+    (adapters loaded before and after alike), pads to aligned rows; refusals change nothing."""
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    assert not LoraManager(**SHAPES, max_loras=4, max_rank=8, device="cpu", dtype=torch.float32,
+                           kernel="triton").folds  # "auto": CUDA only
+    m = loaded_manager(kernel="triton", fold=True)
+    linears = model_linears(m)
+    before = {k: (lin.weight.detach().clone(), None if lin.bias is None else lin.bias.detach().clone())
+              for k, lin in linears.items()}
+    a_before = {mod: m.lora_a[mod].clone() for mod in m.lora_a}
+    bad = dict(linears)
+    bad[(1, "down")] = torch.nn.Linear(3, 3)
+    with pytest.raises(LoraError) as e:
+        m.fold_into(bad)
+    assert e.value.code == LoraErrorCode.INVALID_ARGUMENT and "(1, 'down')" in str(e.value)
+    assert not m.folded and all(torch.equal(lin.weight, before[k][0]) for k, lin in linears.items())
+    assert m.fold_into(linears) is True
+    with pytest.raises(LoraStateError) as e:
+        m.fold_into(linears)
+    assert e.value.code == LoraErrorCode.ALREADY_FOLDED
+    m.add_adapter(random_adapter("late", m, 3, modules=("v_proj", "up_proj", "down_proj"), seed=9))
+    late = m.slot_of("late")
+    g = torch.Generator().manual_seed(2)
+    for (layer, mod), lin in linears.items():
+        w, b, N = m.folded[(layer, mod)]
+        assert torch.equal(lin.weight, before[(layer, mod)][0]) and lin.weight.data_ptr() == w.data_ptr()
+        assert (b is None) == (before[(layer, mod)][1] is None)
+        if b is not None:
+            assert torch.equal(lin.bias, before[(layer, mod)][1]) and torch.equal(b[N:], torch.zeros_like(b[N:]))
+        assert w.shape[0] % 8 == 0 and m.lora_a[mod][layer].data_ptr() == w[N:].data_ptr()
+        rows = m.lora_a[mod][layer].shape[1]
+        assert not w[N + m.max_loras * rows:].any()  # the padding rows stay zero
+        x = torch.randn(5, w.shape[1], generator=g)
+        s = (x @ w.T)[:, N:N + m.max_loras * rows].view(5, m.max_loras, rows)
+        for slot in range(m.max_loras):
+            a = a_before[mod][layer, slot] if slot != late else m.lora_a[mod][layer][slot]
+            assert torch.allclose(s[:, slot], x @ a.T, atol=1e-5), (layer, mod, slot)
+    # the late adapter's A rows were written into W_ext itself
+    assert m.lora_rank["qkv"][0, late].tolist() == [0, 0, 3] and m.lora_a["qkv"][0][late, 16:19].any()
+
+
+def folded_delta_reference(d: LoraDelta, dtype) -> torch.Tensor:
+    """[T, sum(outs)] float32 of a folded LoraDelta: token t's own slot's columns of s, rank-masked."""
+    T = d.token_slot.shape[0]
+    slot = d.token_slot.long().clamp_min(0)
+    sv = d.s[0].view(T, -1, d.slot_stride)[torch.arange(T), slot].to(dtype).float()
+    return delta_reference(d._replace(s=sv[None], slot_stride=0), dtype)
+
+
+@interpreted
+def test_folded_graph_batch_is_the_base_gemm_plus_each_tokens_delta(monkeypatch):
+    """A graph batch of a folded manager: project_folded gives x @ W^T + b plus each token's own
+    adapter's delta (a direct float64 computation, reference()), o / down added in place on a
+    strided y, qkv / gate_up handed to the fused consumers as LoraDeltas that read s by slot."""
+    monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
+    m = loaded_manager(kernel="triton", fold=True)
+    linears = model_linears(m)
+    m.fold_into(linears)
+    buf = torch.tensor(m.slots_for(["r8", None, "r2_qv", "r5_l1", "r8", None, "r5_l1"]), dtype=torch.int32)
+    gb, T = m.make_graph_batch(buf), buf.shape[0]
+    eager = m.make_batch(["r8"], fake_batch([3]))
+    assert not eager.folds(0, "qkv") and all(gb.folds(layer, mod) for layer, mod in linears)
+    g = torch.Generator().manual_seed(4)
+    for (layer, mod), lin in linears.items():
+        x = torch.randn(T, m.shapes.in_features(mod), generator=g)
+        base = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        a, bs, ranks, offsets = m.layer_weights(layer, mod)
+        want = reference(x, a, bs, buf, ranks, m.max_rank, offsets, base)
+        y, d = gb.project_folded(layer, mod, x, defer=True)
+        assert y.shape == base.shape and y.stride(0) == m.folded[(layer, mod)][0].shape[0]
+        if mod in ("o", "down"):
+            assert d is None and rel_err(y, want) < 1e-5, (layer, mod)
+            continue
+        assert isinstance(d, LoraDelta) and d.slot_stride == len(bs) * m.max_rank
+        assert torch.allclose(y, base, atol=1e-5)  # untouched: the consumer adds the delta
+        assert rel_err(base.double() + folded_delta_reference(d, torch.float32).double(), want) < 1e-5
+        if mod == "gate_up":
+            assert rel_err(tops.silu_and_mul_lora(y, d), silu_mul_reference(want.float())) < 1e-5
+        else:
+            HQ, HK, D = 2, 1, 16  # SHAPES: q_size 32, kv_size 16
+            pos = torch.arange(T) * 3
+            inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+            table = torch.cat(((torch.arange(32).float()[:, None] * inv).cos(),
+                               (torch.arange(32).float()[:, None] * inv).sin()), -1)
+            kc, vc = torch.zeros(2, 8, HK, D), torch.zeros(2, 8, HK, D)
+            tops.rope_store_kv(y, pos, table, HQ, HK, D, kc, vc, torch.arange(T), d)
+            q, k, v = want.float().split([HQ * D, HK * D, HK * D], 1)
+            assert rel_err(y[:, :HQ * D].reshape(T, HQ, D), rope_reference(q.reshape(T, HQ, D), pos, table)) < 1e-5
+            assert rel_err(kc.view(-1, HK, D)[:T], rope_reference(k.reshape(T, HK, D), pos, table)) < 1e-5
+            assert rel_err(vc.view(-1, HK, D)[:T], v.reshape(T, HK, D)) < 1e-5
+        y2, d2 = gb.project_folded(layer, mod, x)  # not deferred: the expand adds it here
+        assert d2 is None and rel_err(y2, want) < 1e-5

@@ -89,7 +89,7 @@ class TextGenerator:
 
     # -- LoRA adapters (adapters.LoraManager; errors carry adapters.LoraErrorCode) ------------
     def enable_lora(self, max_loras: int = 8, max_rank: int = 64, *, max_num_tokens: int | None = None,
-                    kernel: str = "auto", overlap: bool = True, fuse_expand: bool = True):
+                    kernel: str = "auto", overlap: bool = True, fuse_expand: bool = True, fold="auto"):
         """Preallocate max_loras adapter slots of rank <= max_rank on the model's device; once.
 
         Under tensor parallelism the slots hold this rank's slices of A / B (load_adapter slices).
@@ -102,6 +102,10 @@ class TextGenerator:
                 its base GEMM runs (False: all on one stream, for A/B timings).
         fuse_expand: in decode graphs (max_rank <= 16) add the qkv and gate_up deltas inside the
                 RoPE + K/V-store and SiLU-and-mul kernels (False: expand kernels of their own).
+        fold: "auto", True or False: with the triton kernel and without tensor parallelism, move the
+                A stacks into extra rows of the base weights so that in decode graphs each base GEMM
+                computes the LoRA shrink too (LoraManager.fold_into; "auto": where max_loras *
+                max_rank <= 256 on CUDA).
         """
         from adapters import LoraErrorCode, LoraManager, LoraStateError
 
@@ -115,8 +119,10 @@ class TextGenerator:
             num_layers=cfg.num_layers, hidden_size=cfg.hidden_size, q_size=shard.num_heads * cfg.head_dim,
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
-            max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap, fuse_expand=fuse_expand)
-        if self.model_wrapper.graphs is not None:  # decode graphs now carry the LoRA kernels
+            max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap, fuse_expand=fuse_expand, fold=fold)
+        if not self.model_wrapper.tp.enabled:  # (row-parallel outputs are all-reduced: no strided views)
+            self.lora_manager.fold_into(self.model_wrapper.lora_linears())
+        if self.model_wrapper.graphs is not None:  # (drops graphs holding the weights' old storage)  # decode graphs now carry the LoRA kernels
             self.model_wrapper.graphs.attach_lora(self.lora_manager)
         return self.lora_manager
 

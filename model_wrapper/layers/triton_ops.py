@@ -66,7 +66,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 # instead of by an expand kernel of its own (one launch and one pass over y fewer per projection):
 # LoraBatch.finish_deferred hands over a LoraDelta (adapters.lora_batch) with the shrink's fp32
 # partial sums s [splits, T, n_sub * R], the B stacks [slots, out_i, R], the per-token slots and
-# true ranks. For token t with slot >= 0, sub-module i, column n:
+# true ranks (or, from a folded GEMM, s [1, T, slots * slot_stride] with every slot's shrink, token
+# t's own at column slot * slot_stride: read at + slot * slot_stride below, 0 otherwise).
+# For token t with slot >= 0, sub-module i, column n:
 #     y[t, n] <- round(y[t, n] + sum_r round(sum_p s[p, t, i*R + r]) * B_i[slot, n, r])
 # (the same roundings as the expand kernel: s summed in fp32 and rounded to the weights' dtype,
 # products accumulated in fp32, one rounding of y). Rows with slot -1 (base model, padding) and
@@ -74,7 +76,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 @triton.jit
-def _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, dtype,
+def _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, stride_ss, dtype,
             BLOCK_R: tl.constexpr):
     """Token t's shrink output for sub-module `sub` (slot >= 0 assumed): the partials summed and
     rounded to the weights' dtype, as fp32 [BLOCK_R], zero at r >= its true rank."""
@@ -82,7 +84,8 @@ def _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stri
     r_ok = r < tl.load(rank_ptr + slot * n_sub + sub)
     sv = tl.zeros([BLOCK_R], dtype=tl.float32)
     for p in range(num_splits):
-        sv += tl.load(s_ptr + p * stride_sp + t * stride_sm + sub * R + r, mask=r_ok, other=0.0)
+        sv += tl.load(s_ptr + p * stride_sp + t * stride_sm + slot * stride_ss + sub * R + r, mask=r_ok,
+                      other=0.0).to(tl.float32)
     return sv.to(dtype).to(tl.float32)
 
 
@@ -97,16 +100,17 @@ def _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R: tl.constexpr):
 
 @triton.jit
 def _lora_delta(s_ptr, b_ptr, rank_ptr, slot, t, n, n_ok, sub, n_sub, n_out, R, num_splits, stride_sp, stride_sm,
-                BLOCK_R: tl.constexpr):
+                stride_ss, BLOCK_R: tl.constexpr):
     """[len(n)] fp32 delta of token t (slot >= 0 assumed) for columns n of sub-module `sub`."""
-    sv = _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, b_ptr.dtype.element_ty,
-                 BLOCK_R)
+    sv = _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, stride_ss,
+                 b_ptr.dtype.element_ty, BLOCK_R)
     return _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R)
 
 
 @triton.jit
 def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, slot_ptr, n, R, num_splits,
-                              stride_x, stride_o, stride_sp, stride_sm, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
+                              stride_x, stride_o, stride_sp, stride_sm, stride_ss, BLOCK: tl.constexpr,
+                              BLOCK_R: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
@@ -115,9 +119,9 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, s
     slot = tl.load(slot_ptr + row)
     if slot >= 0:
         dg = _lora_delta(s_ptr, bg_ptr, rank_ptr, slot, row, col, m, 0, 2, n, R, num_splits, stride_sp, stride_sm,
-                         BLOCK_R)
+                         stride_ss, BLOCK_R)
         du = _lora_delta(s_ptr, bu_ptr, rank_ptr, slot, row, col, m, 1, 2, n, R, num_splits, stride_sp, stride_sm,
-                         BLOCK_R)
+                         stride_ss, BLOCK_R)
         g = (g.to(tl.float32) + dg).to(x_ptr.dtype.element_ty)
         u = (u.to(tl.float32) + du).to(x_ptr.dtype.element_ty)
     g = g.to(tl.float32)
@@ -142,7 +146,7 @@ def silu_and_mul_lora(x: torch.Tensor, d) -> torch.Tensor:
         block_r, block = _lora_block(d.rank, 8192)
         _silu_and_mul_lora_kernel[(T, triton.cdiv(n, block))](
             x, out, d.s, d.b[0], d.b[1], d.ranks, d.token_slot, n, d.rank, d.s.shape[0], x.stride(0), out.stride(0),
-            d.s.stride(0), d.s.stride(1), BLOCK=block, BLOCK_R=block_r, num_warps=8)
+            d.s.stride(0), d.s.stride(1), d.slot_stride, BLOCK=block, BLOCK_R=block_r, num_warps=8)
     return out
 
 
@@ -154,7 +158,7 @@ def _rotate_half_pair(x1, x2, cos, sin, dtype):
 
 @triton.jit
 def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
-                       lslot_ptr, R, num_splits, stride_qkv, stride_sp, stride_sm, stride_cs, HQ, HK,
+                       lslot_ptr, R, num_splits, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ, HK,
                        D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr):
     """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
     j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot."""
@@ -176,9 +180,9 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
         x2 = tl.load(base + D // 2 + half)
         if lslot >= 0:
             d1 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + half, ok, 0, 3, HQ * D, R, num_splits,
-                             stride_sp, stride_sm, BLOCK_R)
+                             stride_sp, stride_sm, stride_ss, BLOCK_R)
             d2 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + D // 2 + half, ok, 0, 3, HQ * D, R,
-                             num_splits, stride_sp, stride_sm, BLOCK_R)
+                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
             x1 = (x1.to(tl.float32) + d1).to(dtype)
             x2 = (x2.to(tl.float32) + d2).to(dtype)
         o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
@@ -194,11 +198,11 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
         v = tl.load(vbase + full)
         if lslot >= 0:
             d1 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + half, ok, 1, 3, HK * D, R, num_splits,
-                             stride_sp, stride_sm, BLOCK_R)
+                             stride_sp, stride_sm, stride_ss, BLOCK_R)
             d2 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + D // 2 + half, ok, 1, 3, HK * D, R,
-                             num_splits, stride_sp, stride_sm, BLOCK_R)
+                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
             dv = _lora_delta(s_ptr, bv_ptr, rank_ptr, lslot, t, j * D + full, full < D, 2, 3, HK * D, R,
-                             num_splits, stride_sp, stride_sm, BLOCK_R)
+                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
             x1 = (x1.to(tl.float32) + d1).to(dtype)
             x2 = (x2.to(tl.float32) + d2).to(dtype)
             v = (v.to(tl.float32) + dv).to(dtype)
@@ -232,5 +236,6 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     _rope_store_kernel[(T, num_heads + num_kv_heads)](
         qkv, positions, cos_sin_cache, k_cache, v_cache, slots, s, bq, bk, bv, d.ranks if lora else slots,
         d.token_slot if lora else slots, d.rank if lora else 1, s.shape[0] if lora else 0, qkv.stride(0),
-        s.stride(0) if lora else 0, s.stride(1) if lora else 0, cos_sin_cache.stride(0), num_heads, num_kv_heads,
+        s.stride(0) if lora else 0, s.stride(1) if lora else 0, d.slot_stride if lora else 0, cos_sin_cache.stride(0),
+        num_heads, num_kv_heads,
         D=head_dim, LORA=lora, BLOCK_R=block_r)

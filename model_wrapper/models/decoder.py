@@ -6,7 +6,8 @@ flags in ModelConfig (biases, q/k norm, per-layer sliding windows). The model ow
 bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carries it, adds
 its deltas around each projection: `pending = batch.lora.begin(layer, module, x)` before the base
 GEMM (on CUDA the LoRA shrink then runs beside it, on a side stream), `batch.lora.finish(pending,
-y)` after it. Under tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py)
+y)` after it; or, where the manager folded its A stacks into the weights (decode graphs), one
+`batch.lora.project_folded` call does the GEMM with the shrink in it and the expand. Under tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py)
 each rank builds the layers with its own sizes (TPShard) and the row-parallel projections, the
 embedding and lm_head run their collectives.
 """
@@ -27,6 +28,8 @@ def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int
     """-> (x @ W^T + b, None) with the LoRA delta added, or with defer (the caller's next kernel
     adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's consumer."""
     lora = batch.lora
+    if lora is not None and lora.folds(layer, name):  # the shrink rides in the GEMM's extra rows
+        return lora.project_folded(layer, name, x, defer)
     pending = None if lora is None else lora.begin(layer, name, x)  # before the GEMM: it may overlap it
     y = F.linear(x, linear.weight, linear.bias)
     if lora is None:
