@@ -8,7 +8,7 @@ transformers, all measured in one run on one GPU.
    1/8/32/64/128 and context 512-4096, beside floor = (weights read + KV read) / copy bandwidth,
    the copy bandwidth (read + write bytes / time of a 1 GiB device copy) measured here;
 2. prefill tokens/s at 1k-8k tokens (batch 1) beside the bare GEMM chain of the same shapes
-   (the model's matmuls alone through cuBLAS) and the 8192^3 bf16 matmul peak;
+   (the model's matmuls alone, the faster of cuBLAS and cuBLASLt) and the 8192^3 bf16 matmul peak;
 3. transformers' LlamaForCausalLM (sdpa): generate with its static cache at batch 32 with
    512-token prompts (ms per decode step), and its 4k-token forward.
 Writes forward.json and forward.png to --out.
@@ -93,7 +93,17 @@ def gemm_chain(cfg, T, device, iters):
         torch.nn.functional.linear(xs[h][-1:], lm)
 
     flops = 2 * T * sum(k * n for k, n in shapes) * cfg["num_hidden_layers"] + 2 * h * cfg["vocab_size"]
-    return timed(chain, iters=iters, device=device), flops
+    if device != "cuda":
+        return timed(chain, iters=iters, device=device), flops
+    # the faster of torch's two cuBLAS front ends (the model runs its GEMMs through cuBLASLt)
+    prev, best = torch.backends.cuda.preferred_blas_library(), float("inf")
+    try:
+        for lib in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(lib)
+            best = min(best, timed(chain, iters=iters, device=device))
+    finally:
+        torch.backends.cuda.preferred_blas_library(prev)
+    return best, flops
 
 
 def prefill_case(gen, kv, block_size, T, perm, iters):

@@ -1,4 +1,4 @@
-"""Two small Triton kernels for the CUDA path (imported only when Triton is there):
+"""Small Triton kernels for the CUDA path (imported only when Triton is there), among them:
 
 silu_and_mul  [T, 2N] -> [T, N]: silu(gate) * up in one pass (fp32 math, one rounding), instead
               of torch's silu, then mul (three passes over the activations).
@@ -9,16 +9,37 @@ store_kv      writes this step's K and V rows [T, kv_heads * head_dim] at flat s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+# Programmatic dependent launch (Hopper and later, not under the interpreter): silu_and_mul and
+# RoPE + K/V store are launched while the GEMM before them drains and wait (gdc_wait) before
+# reading its output. Measured on an H100 (Llama-3-8B, batch 32 @ 2k, graph replay): 9.33 ->
+# 9.17 ms a step. Not for their LoRA-fused variants: there it measured no gain (10.22 vs 10.23 ms
+# with 1 adapter), with or without their B tiles read before the wait.
+PDL = True
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl(device: torch.device) -> bool:
+    return PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _launch(pdl: bool) -> dict:
+    return dict(launch_pdl=True) if pdl else {}
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, n, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, n, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
+    if PDL:
+        gdc_wait()  # the GEMM that wrote x is complete
     g = tl.load(x_ptr + row * stride_x + col, mask=m).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n + col, mask=m).to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u
@@ -32,7 +53,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, n, dtype=x.dtype, device=x.device)
     if T:
         block = 1024
-        _silu_and_mul_kernel[(T, triton.cdiv(n, block))](x, out, n, x.stride(0), out.stride(0), BLOCK=block)
+        pdl = _pdl(x.device)
+        _silu_and_mul_kernel[(T, triton.cdiv(n, block))](x, out, n, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl,
+                                                         **_launch(pdl))
     return out
 
 
@@ -90,21 +113,23 @@ def _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stri
 
 
 @triton.jit
-def _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R: tl.constexpr):
-    """[len(n)] fp32 delta for columns n: B[slot, n, :] . sv (B rows beyond the rank are not read)."""
+def _lora_b(b_ptr, rank_ptr, slot, n, n_ok, sub, n_sub, n_out, R, BLOCK_R: tl.constexpr):
+    """B_sub[slot, n, :] as a [len(n), BLOCK_R] tile, zero at r >= the true rank and where slot < 0
+    (nothing read then)."""
     r = tl.arange(0, BLOCK_R)
-    bv = tl.load(b_ptr + slot.to(tl.int64) * n_out * R + n[:, None] * R + r[None, :],
-                 mask=n_ok[:, None] & (sv != 0.0)[None, :] & (r < R)[None, :], other=0.0)
-    return tl.sum(bv.to(tl.float32) * sv[None, :], axis=1)
+    s = tl.maximum(slot, 0)
+    rank = tl.where(slot >= 0, tl.load(rank_ptr + s * n_sub + sub), 0)
+    return tl.load(b_ptr + s.to(tl.int64) * n_out * R + n[:, None] * R + r[None, :],
+                   mask=n_ok[:, None] & (r < rank)[None, :], other=0.0)
 
 
 @triton.jit
-def _lora_delta(s_ptr, b_ptr, rank_ptr, slot, t, n, n_ok, sub, n_sub, n_out, R, num_splits, stride_sp, stride_sm,
-                stride_ss, BLOCK_R: tl.constexpr):
-    """[len(n)] fp32 delta of token t (slot >= 0 assumed) for columns n of sub-module `sub`."""
-    sv = _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, stride_ss,
-                 b_ptr.dtype.element_ty, BLOCK_R)
-    return _lora_cols(b_ptr, slot, n, n_ok, sv, n_out, R, BLOCK_R)
+def _lora_add(x, bv, s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, stride_ss,
+              BLOCK_R: tl.constexpr):
+    """x [len(n)] + token t's delta (bv: its _lora_b tile; slot >= 0), one rounding to x's dtype."""
+    sv = _lora_s(s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride_sp, stride_sm, stride_ss, bv.dtype,
+                 BLOCK_R)
+    return (x.to(tl.float32) + tl.sum(bv.to(tl.float32) * sv[None, :], axis=1)).to(x.dtype)
 
 
 @triton.jit
@@ -114,16 +139,16 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, s
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
+    slot = tl.load(slot_ptr + row)
+    bg = _lora_b(bg_ptr, rank_ptr, slot, col, m, 0, 2, n, R, BLOCK_R)
+    bu = _lora_b(bu_ptr, rank_ptr, slot, col, m, 1, 2, n, R, BLOCK_R)
     g = tl.load(x_ptr + row * stride_x + col, mask=m)
     u = tl.load(x_ptr + row * stride_x + n + col, mask=m)
-    slot = tl.load(slot_ptr + row)
     if slot >= 0:
-        dg = _lora_delta(s_ptr, bg_ptr, rank_ptr, slot, row, col, m, 0, 2, n, R, num_splits, stride_sp, stride_sm,
-                         stride_ss, BLOCK_R)
-        du = _lora_delta(s_ptr, bu_ptr, rank_ptr, slot, row, col, m, 1, 2, n, R, num_splits, stride_sp, stride_sm,
-                         stride_ss, BLOCK_R)
-        g = (g.to(tl.float32) + dg).to(x_ptr.dtype.element_ty)
-        u = (u.to(tl.float32) + du).to(x_ptr.dtype.element_ty)
+        g = _lora_add(g, bg, s_ptr, rank_ptr, slot, row, 0, 2, R, num_splits, stride_sp, stride_sm, stride_ss,
+                      BLOCK_R)
+        u = _lora_add(u, bu, s_ptr, rank_ptr, slot, row, 1, 2, R, num_splits, stride_sp, stride_sm, stride_ss,
+                      BLOCK_R)
     g = g.to(tl.float32)
     y = g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
     tl.store(out_ptr + row * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m)
@@ -157,56 +182,78 @@ def _rotate_half_pair(x1, x2, cos, sin, dtype):
 
 
 @triton.jit
+def _rope_lora_tiles(bq_ptr, bk_ptr, bv_ptr, rank_ptr, lslot, head, j, half, full, ok, HQ, HK, R, D: tl.constexpr,
+                     BLOCK_R: tl.constexpr):
+    """The B tiles of program (token, head): q's or k's rows of the head's two halves, and v's
+    rows for a kv head (an empty tile for a q head)."""
+    if head < HQ:
+        b_ptr = bq_ptr
+        sub = 0
+        n_out = HQ * D
+        c0 = head * D
+    else:
+        b_ptr = bk_ptr
+        sub = 1
+        n_out = HK * D
+        c0 = j * D
+    b1 = _lora_b(b_ptr, rank_ptr, lslot, c0 + half, ok, sub, 3, n_out, R, BLOCK_R)
+    b2 = _lora_b(b_ptr, rank_ptr, lslot, c0 + D // 2 + half, ok, sub, 3, n_out, R, BLOCK_R)
+    bvt = _lora_b(bv_ptr, rank_ptr, tl.where(head >= HQ, lslot, -1), j * D + full, full < D, 2, 3, HK * D, R,
+                  BLOCK_R)
+    return b1, b2, bvt
+
+
+@triton.jit
 def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
                        lslot_ptr, R, num_splits, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ, HK,
-                       D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr):
+                       D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
     j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot."""
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dtype = qkv_ptr.dtype.element_ty
     half = tl.arange(0, D // 2)
+    full = tl.arange(0, D)
     ok = half < D // 2
+    j = tl.maximum(head - HQ, 0)
+    if PDL:
+        gdc_wait()  # the GEMM that wrote qkv is complete
+    if LORA:
+        lslot = tl.load(lslot_ptr + t)
+        b1, b2, bvt = _rope_lora_tiles(bq_ptr, bk_ptr, bv_ptr, rank_ptr, lslot, head, j, half, full, ok, HQ, HK, R, D,
+                                       BLOCK_R)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     cos = tl.load(cs_ptr + pos * stride_cs + half)
     sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
     row = qkv_ptr + t * stride_qkv
-    lslot = -1
-    if LORA:
-        lslot = tl.load(lslot_ptr + t)
     if head < HQ:
         base = row + head * D
         x1 = tl.load(base + half)
         x2 = tl.load(base + D // 2 + half)
-        if lslot >= 0:
-            d1 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + half, ok, 0, 3, HQ * D, R, num_splits,
-                             stride_sp, stride_sm, stride_ss, BLOCK_R)
-            d2 = _lora_delta(s_ptr, bq_ptr, rank_ptr, lslot, t, head * D + D // 2 + half, ok, 0, 3, HQ * D, R,
-                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
-            x1 = (x1.to(tl.float32) + d1).to(dtype)
-            x2 = (x2.to(tl.float32) + d2).to(dtype)
+        if LORA:
+            if lslot >= 0:
+                x1 = _lora_add(x1, b1, s_ptr, rank_ptr, lslot, t, 0, 3, R, num_splits, stride_sp, stride_sm,
+                               stride_ss, BLOCK_R)
+                x2 = _lora_add(x2, b2, s_ptr, rank_ptr, lslot, t, 0, 3, R, num_splits, stride_sp, stride_sm,
+                               stride_ss, BLOCK_R)
         o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
         tl.store(base + half, o1)
         tl.store(base + D // 2 + half, o2)
     else:
-        j = head - HQ
         base = row + HQ * D + j * D
         x1 = tl.load(base + half)
         x2 = tl.load(base + D // 2 + half)
         vbase = row + (HQ + HK) * D + j * D
-        full = tl.arange(0, D)
         v = tl.load(vbase + full)
-        if lslot >= 0:
-            d1 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + half, ok, 1, 3, HK * D, R, num_splits,
-                             stride_sp, stride_sm, stride_ss, BLOCK_R)
-            d2 = _lora_delta(s_ptr, bk_ptr, rank_ptr, lslot, t, j * D + D // 2 + half, ok, 1, 3, HK * D, R,
-                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
-            dv = _lora_delta(s_ptr, bv_ptr, rank_ptr, lslot, t, j * D + full, full < D, 2, 3, HK * D, R,
-                             num_splits, stride_sp, stride_sm, stride_ss, BLOCK_R)
-            x1 = (x1.to(tl.float32) + d1).to(dtype)
-            x2 = (x2.to(tl.float32) + d2).to(dtype)
-            v = (v.to(tl.float32) + dv).to(dtype)
-            tl.store(vbase + full, v)
+        if LORA:
+            if lslot >= 0:
+                x1 = _lora_add(x1, b1, s_ptr, rank_ptr, lslot, t, 1, 3, R, num_splits, stride_sp, stride_sm,
+                               stride_ss, BLOCK_R)
+                x2 = _lora_add(x2, b2, s_ptr, rank_ptr, lslot, t, 1, 3, R, num_splits, stride_sp, stride_sm,
+                               stride_ss, BLOCK_R)
+                v = _lora_add(v, bvt, s_ptr, rank_ptr, lslot, t, 2, 3, R, num_splits, stride_sp, stride_sm,
+                              stride_ss, BLOCK_R)
+                tl.store(vbase + full, v)
         o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
         tl.store(base + half, o1)
         tl.store(base + D // 2 + half, o2)
@@ -230,6 +277,7 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     if not T:
         return
     lora = d is not None
+    pdl = _pdl(qkv.device) and not lora
     block_r = max(16, triton.next_power_of_2(d.rank)) if lora else 16
     s = d.s if lora else qkv
     bq, bk, bv = d.b if lora else (qkv, qkv, qkv)
@@ -238,4 +286,4 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
         d.token_slot if lora else slots, d.rank if lora else 1, s.shape[0] if lora else 0, qkv.stride(0),
         s.stride(0) if lora else 0, s.stride(1) if lora else 0, d.slot_stride if lora else 0, cos_sin_cache.stride(0),
         num_heads, num_kv_heads,
-        D=head_dim, LORA=lora, BLOCK_R=block_r)
+        D=head_dim, LORA=lora, BLOCK_R=block_r, PDL=pdl, **_launch(pdl))
