@@ -77,6 +77,9 @@ def _flashinfer_available() -> bool:
     return True
 
 
+BLAS_MAX_TOKENS = 256  # steps up to this many tokens (decode, CUDA graph buckets) run cuBLASLt
+
+
 class ModelWrapper:
     def __init__(self, model: CausalLM, cfg: ModelConfig, backend: AttentionBackend,
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
@@ -92,11 +95,12 @@ class ModelWrapper:
         else:
             self.kernels = TorchKernels(inv_freq, dtype)
         self.graphs = None
-        # the cuBLAS front end of the model's GEMMs (torch.backends.cuda.preferred_blas_library),
-        # set for the duration of each forward only. cuBLASLt: measured on an H100, its skinny
-        # decode GEMMs are as fast or faster (Llama-3-8B down_proj at batch 32: 42.8 vs 45.8 us;
-        # with LoRA's A rows folded in: 45.2 vs 52.9 us). TEXT_GENERATOR_BLAS=cublas (or
-        # "default": torch's own choice) overrides it, for A/B timings.
+        # the cuBLAS front end of the GEMMs of steps of at most BLAS_MAX_TOKENS tokens (torch.backends.
+        # cuda.preferred_blas_library), set for the duration of such a forward only. cuBLASLt:
+        # measured on an H100, its skinny decode GEMMs are as fast or faster (Llama-3-8B down_proj
+        # at batch 32: 42.8 vs 45.8 us; with LoRA's A rows folded in: 45.2 vs 52.9 us; decode step
+        # at batch 32 @ 512: 7.25 vs 7.46 ms), its prefill GEMMs slower (4k tokens: 105.9 vs 104.8
+        # ms). TEXT_GENERATOR_BLAS=cublas (or "default": torch's own choice) overrides it (A/B).
         blas = os.environ.get("TEXT_GENERATOR_BLAS", "cublaslt")
         self.blas = None if device.type != "cuda" or blas == "default" else blas
         self._planned = None  # CUDA event after the last eager step's plan copies
@@ -147,7 +151,7 @@ class ModelWrapper:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         """-> float32 logits [num_out, vocab_size] on the model's device."""
-        if self.blas is None:
+        if self.blas is None or batch.input_ids.shape[0] > BLAS_MAX_TOKENS:
             return self._forward(batch, kv_cache)
         prev = torch.backends.cuda.preferred_blas_library()
         torch.backends.cuda.preferred_blas_library(self.blas)

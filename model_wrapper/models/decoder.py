@@ -24,6 +24,12 @@ from model_wrapper.layers.norm import RMSNorm
 from model_wrapper.parallel import TPGroup, TPShard
 
 
+# RoPE + K/V store as one kernel (one program per token and head) up to this many tokens: measured
+# on an H100 (Llama-3-8B) a gain in decode steps, the same at a 2k-token prefill (49.6 vs 49.7
+# ms) and a loss at 4k (104.8 vs 102.7 ms) against FlashInfer's RoPE and the store kernel
+ROPE_STORE_MAX_TOKENS = 1024
+
+
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, defer: bool = False):
     """-> (x @ W^T + b, None) with the LoRA delta added, or with defer (the caller's next kernel
     adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's consumer."""
@@ -73,8 +79,8 @@ class Attention(nn.Module):
         T = x.shape[0]
         # RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
         # layout allows it (flat slots) and no q/k norm sits between the projection and RoPE
-        fused = (kernels.fuses_rope_store and backend.stores_flat_slots and self.q_norm is None
-                 and kv[0].dtype == x.dtype)
+        fused = (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
+                 and self.q_norm is None and kv[0].dtype == x.dtype)
         qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", defer=fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
