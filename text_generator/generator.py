@@ -102,10 +102,10 @@ class TextGenerator:
                 its base GEMM runs (False: all on one stream, for A/B timings).
         fuse_expand: in decode graphs (max_rank <= 16) add the qkv and gate_up deltas inside the
                 RoPE + K/V-store and SiLU-and-mul kernels (False: expand kernels of their own).
-        fold: "auto", True or False: with the triton kernel and without tensor parallelism, move the
-                A stacks into extra rows of the base weights so that in decode graphs each base GEMM
-                computes the LoRA shrink too (LoraManager.fold_into; "auto": where max_loras *
-                max_rank <= 256 on CUDA).
+        fold: "auto", True or False: with the triton kernel, decode CUDA graphs and no tensor
+                parallelism, move the A stacks into extra rows of the base weights so that in the
+                decode graphs each base GEMM computes the LoRA shrink too (LoraManager.fold_into;
+                "auto": where max_loras * max_rank <= 256 on CUDA).
         """
         from adapters import LoraErrorCode, LoraManager, LoraStateError
 
@@ -120,7 +120,9 @@ class TextGenerator:
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
             max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap, fuse_expand=fuse_expand, fold=fold)
-        if not self.model_wrapper.tp.enabled:  # (row-parallel outputs are all-reduced: no strided views)
+        # folding serves the decode graphs only; not under TP (row-parallel outputs are all-reduced,
+        # which wants contiguous tensors, not the folded GEMMs' strided views)
+        if self.model_wrapper.graphs is not None and not self.model_wrapper.tp.enabled:
             self.lora_manager.fold_into(self.model_wrapper.lora_linears())
         if self.model_wrapper.graphs is not None:  # (drops graphs holding the weights' old storage)  # decode graphs now carry the LoRA kernels
             self.model_wrapper.graphs.attach_lora(self.lora_manager)
