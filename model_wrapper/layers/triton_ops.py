@@ -227,36 +227,29 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
     sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
     row = qkv_ptr + t * stride_qkv
     if head < HQ:
-        base = row + head * D
-        x1 = tl.load(base + half)
-        x2 = tl.load(base + D // 2 + half)
-        if LORA:
-            if lslot >= 0:
-                x1 = _lora_add(x1, b1, s_ptr, rank_ptr, lslot, t, 0, 3, R, num_splits, stride_sp, stride_sm,
-                               stride_ss, BLOCK_R)
-                x2 = _lora_add(x2, b2, s_ptr, rank_ptr, lslot, t, 0, 3, R, num_splits, stride_sp, stride_sm,
-                               stride_ss, BLOCK_R)
-        o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
-        tl.store(base + half, o1)
-        tl.store(base + D // 2 + half, o2)
+        base = row + head * D  # q head `head`
     else:
-        base = row + HQ * D + j * D
-        x1 = tl.load(base + half)
-        x2 = tl.load(base + D // 2 + half)
+        base = row + HQ * D + j * D  # k head j
+    x1 = tl.load(base + half)
+    x2 = tl.load(base + D // 2 + half)
+    if LORA:
+        if lslot >= 0:
+            sub = tl.where(head < HQ, 0, 1)  # q or k
+            x1 = _lora_add(x1, b1, s_ptr, rank_ptr, lslot, t, sub, 3, R, num_splits, stride_sp, stride_sm, stride_ss,
+                           BLOCK_R)
+            x2 = _lora_add(x2, b2, s_ptr, rank_ptr, lslot, t, sub, 3, R, num_splits, stride_sp, stride_sm, stride_ss,
+                           BLOCK_R)
+    o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
+    tl.store(base + half, o1)
+    tl.store(base + D // 2 + half, o2)
+    if head >= HQ:  # v head j: its delta, and k and v into the cache
         vbase = row + (HQ + HK) * D + j * D
         v = tl.load(vbase + full)
         if LORA:
             if lslot >= 0:
-                x1 = _lora_add(x1, b1, s_ptr, rank_ptr, lslot, t, 1, 3, R, num_splits, stride_sp, stride_sm,
-                               stride_ss, BLOCK_R)
-                x2 = _lora_add(x2, b2, s_ptr, rank_ptr, lslot, t, 1, 3, R, num_splits, stride_sp, stride_sm,
-                               stride_ss, BLOCK_R)
                 v = _lora_add(v, bvt, s_ptr, rank_ptr, lslot, t, 2, 3, R, num_splits, stride_sp, stride_sm,
                               stride_ss, BLOCK_R)
                 tl.store(vbase + full, v)
-        o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
-        tl.store(base + half, o1)
-        tl.store(base + D // 2 + half, o2)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
             cache = slot * (HK * D) + j * D
