@@ -144,8 +144,8 @@ def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, i
     if used:
         sv = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
         for p in range(num_splits):
-            sv += tl.load(s_ptr + p * stride_sp + rows[:, None] * stride_sm + slot * stride_ss + sub * R + r[None, :],
-                          mask=ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
+            sv += tl.load(s_ptr + p * stride_sp + rows[:, None] * stride_sm + slot * stride_ss + sub * R
+                          + r[None, :], mask=ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
         delta = tl.dot(sv.to(bv.dtype), bv, input_precision=PRECISION)
         y = y_ptr + rows[:, None] * stride_ym + y_off + n[None, :]
         y_ok = ok[:, None] & (n < n_out)[None, :]
@@ -270,7 +270,8 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
     n_blocks = sum(triton.cdiv(n, BLOCK_N) for n in outs)
     _expand[(b[0].shape[0], chunks, n_blocks)](
         s, *bs, ranks, *_mapping_args(token_slot, segments), y, T, rank, len(b), splits, *outs, *offs,
-        s.stride(0), s.stride(1), slot_stride, y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t, BLOCK_N=BLOCK_N,
+        s.stride(0), s.stride(1), slot_stride, y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t,
+        BLOCK_N=BLOCK_N,
         BLOCK_R=_pow2(rank, 16, 128), PRECISION=_precision(y.dtype), PDL=pdl and _pdl(y.device),
         num_warps=NUM_WARPS, **(_pdl_launch(y.device) if pdl else {}))
     return y

@@ -13,11 +13,13 @@ stacks are folded into the base weights (LoraManager.fold_into): each base GEMM 
 slot's shrink, no shrink kernels, no side stream in the graphs; --no-fold keeps them apart (A/B).
 
     python benchmarks/bench_lora.py                       # CUDA, the full-size model
-    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 [--no-overlap] [--no-fuse] [--no-fold]
+    python benchmarks/bench_lora.py --kernels triton --ranks 16 64 --adapters 1 4 16 \
+        [--no-overlap] [--no-fuse] [--no-fold]
     python benchmarks/bench_lora.py --device cpu --tiny   # smoke test of the script itself
 
 Prints a table; writes benchmarks/results/lora.json and lora.png (lora_no_overlap.* with
---no-overlap, lora_no_fuse.* with --no-fuse, lora_no_fold.* with --no-fold; the PNG if matplotlib is installed). Each step is one forward_tensor call with its
+--no-overlap, lora_no_fuse.* with --no-fuse, lora_no_fold.* with --no-fold; the PNG if matplotlib
+is installed). Each step is one forward_tensor call with its
 per-step inputs on the CPU, as a scheduler passes them; decode steps replay CUDA graphs where the
 kernel allows (the base model, triton), else run eagerly. Two times per row: "sync" = wall-clock
 of one call synchronised before and after (median over --steps), "pipelined" = --steps calls back
@@ -154,7 +156,8 @@ def main(argv=None):
                     help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
     ap.add_argument("--no-fuse", action="store_true", help="qkv / gate_up expands as kernels of their own (A/B)")
     ap.add_argument("--no-fold", action="store_true",
-                    help="triton: keep the A stacks out of the base weights (LoraManager.fold_into), shrinks as kernels")
+                    help="triton: keep the A stacks out of the base weights (LoraManager.fold_into), "
+                         "shrinks as kernels")
     ap.add_argument("--no-overlap", action="store_true",
                     help="triton: LoRA shrinks on the current stream, not on a side stream beside the base GEMM")
     ap.add_argument("--steps", type=int)

@@ -124,7 +124,8 @@ class TextGenerator:
         # which wants contiguous tensors, not the folded GEMMs' strided views)
         if self.model_wrapper.graphs is not None and not self.model_wrapper.tp.enabled:
             self.lora_manager.fold_into(self.model_wrapper.lora_linears())
-        if self.model_wrapper.graphs is not None:  # (drops graphs holding the weights' old storage)  # decode graphs now carry the LoRA kernels
+        if self.model_wrapper.graphs is not None:  # the decode graphs now carry the LoRA kernels (this
+            # also drops graphs captured before the fold, which hold the weights' old storage)
             self.model_wrapper.graphs.attach_lora(self.lora_manager)
         return self.lora_manager
 

@@ -7,9 +7,10 @@ bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carr
 its deltas around each projection: `pending = batch.lora.begin(layer, module, x)` before the base
 GEMM (on CUDA the LoRA shrink then runs beside it, on a side stream), `batch.lora.finish(pending,
 y)` after it; or, where the manager folded its A stacks into the weights (decode graphs), one
-`batch.lora.project_folded` call does the GEMM with the shrink in it and the expand. Under tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py)
-each rank builds the layers with its own sizes (TPShard) and the row-parallel projections, the
-embedding and lm_head run their collectives.
+`batch.lora.project_folded` call does the GEMM with the shrink in it and the expand. Under
+tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py) each rank builds the
+layers with its own sizes (TPShard) and the row-parallel projections, the embedding and lm_head
+run their collectives.
 """
 
 from __future__ import annotations
