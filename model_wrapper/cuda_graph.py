@@ -87,7 +87,7 @@ class _GraphAttention(AttentionBackend):
     def write_kv(self, k_cache, v_cache, k, v, batch):
         self.backend.write_kv(k_cache, v_cache, k, v, batch)  # skips the -1 slots of padding
 
-    def run(self, layer, q, k_cache, v_cache, window, batch):
+    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         return self.bucket.wrappers[window].run(q, (k_cache, v_cache))
 
 

@@ -98,6 +98,34 @@ def test_sliding_window_on_flashinfer(gpu_ckpt):
     assert _err(out, ref[torch.float32]) <= 2 * oracle + 2e-3
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fresh_prompts_attend_over_their_own_kv_with_the_ragged_kernel(gpu_ckpt, family):
+    """A prefill of prompts without cached K/V runs FlashInfer's ragged kernel over the step's own
+    K/V (fused RoPE + store, and q/k norm unfused); the next chunk of one of them has a prefix and
+    reads the paged cache the first step wrote. Every row against transformers, the bf16 bound."""
+    path = gpu_ckpt(family)
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    h = PagedHarness(gen, 32, 16)
+    prompts = {0: list(range(3, 40)), 1: [7, 8, 9, 10, 11], 2: list(range(60, 81))}
+    n = sum(len(p) for p in prompts.values())
+    first = h.step(prompts, is_prefill=True, lm_head_indices=torch.arange(n))
+    assert gen.model_wrapper.backend._plan[0] == "ragged"
+    more = [90, 91, 92, 93]
+    second = h.step({1: more}, is_prefill=True, lm_head_indices=torch.arange(len(more)))
+    assert gen.model_wrapper.backend._plan[0] == "single"  # a prefix: the paged kernel
+    ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
+    rows, start = [], 0
+    for rid, toks in prompts.items():
+        rows.append((toks, first[start:start + len(toks)]))
+        start += len(toks)
+    rows.append((prompts[1] + more, second))
+    for toks, got in rows:
+        seq = torch.tensor([toks], device="cuda")
+        with torch.no_grad():
+            w32, w16 = ref32(seq).logits[0, -got.shape[0]:].float(), ref16(seq).logits[0, -got.shape[0]:].float()
+        assert rel_err(got, w32) <= 2 * rel_err(w16, w32) + 2e-3, (len(toks), rel_err(got, w32))
+
+
 @pytest.mark.parametrize("kind", ["spec", "atten"])
 def test_tree_masks_on_flashinfer(gpu_ckpt, kind):
     path = gpu_ckpt("llama")

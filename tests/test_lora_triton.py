@@ -624,11 +624,12 @@ def delta_reference(d: LoraDelta, dtype) -> torch.Tensor:
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
+@pytest.mark.parametrize("T,N", [(11, 96), (150, 300)], ids=["one-block", "chunks-and-column-blocks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype):
+def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype, T, N):
     if INTERPRET and dtype == torch.bfloat16:
         pytest.skip("the interpreter computes bf16 like fp32: covered on CUDA")
-    T, N, R = 11, 96, 8
+    R = 8
     d = random_delta(T, (N, N), R, 4, dtype)
     x = torch.randn(T, 2 * N, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
     got = tops.silu_and_mul_lora(x, d)

@@ -39,11 +39,16 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         window: int | None,
         batch: ForwardBatch,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, num_heads, head_dim] -> [T, num_heads, head_dim] in q's dtype.
 
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], already holding this
         step's K/V. window: a token sees the last `window` keys (itself included), or all.
+        k, v: this step's own K/V [T, num_kv_heads, head_dim] (what write_kv wrote; rows may be
+        strided), which a backend may attend over directly where no request has K/V from before
+        this step; None: read the caches.
         """
 
     def write_kv(

@@ -2,6 +2,9 @@
 
 Dispatch per step (vLLM's split of decodes and prefills, pymllm's tensor-core heuristic):
     pure decode, one token per request, no mask  -> BatchDecodeWithPagedKVCacheWrapper
+    prefill where no request has K/V from before this step (no cached prefix, no earlier chunk,
+        every slot written) -> BatchPrefillWithRaggedKVCacheWrapper over the step's own K/V
+        (the layer passes it to run(); the caches are still written for later steps)
     prefill / chunked prefill / multi-token decode -> BatchPrefillWithPagedKVCacheWrapper, causal
         (FlashInfer aligns causality to the end of each sequence: query i of a request with
          q_len q and kv_len L sits at kv index L - q + i, exactly our contract)
@@ -51,6 +54,16 @@ def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, pa
     return indptr.pin_memory(), indices, last.pin_memory()
 
 
+def only_own_kv(batch: ForwardBatch) -> bool:
+    """Whether every token attends to K/V of its own step only (host tensors, no sync): each
+    request's KV length is its q_len (no cached prefix, no earlier chunk), every token's K/V
+    is written (no -1 slot) and sits at its own index within the request (the default layout)."""
+    if batch.write_token_index is not None or not torch.equal(batch.seq_lens_cpu.long(), batch.q_lens_cpu.long()):
+        return False
+    own = torch.arange(batch.num_tokens) - batch.qo_indptr_cpu[:-1].to(torch.int64)[batch.token_req_cpu]
+    return torch.equal(batch.token_kv_index_cpu, own)
+
+
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
 
@@ -73,16 +86,20 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._decode: dict[int | None, object] = {}
         self._prefill: dict[int | None, object] = {}
         self._masked: dict[int | None, object] = {}
+        self._ragged: dict[int | None, object] = {}
         self._plan = None
 
     # wrappers are made lazily, one per (kind, window), and reused across steps
     def _wrapper(self, kind: str, window):
         fi = self._fi
-        table = {"decode": self._decode, "prefill": self._prefill, "masked": self._masked}[kind]
+        table = {"decode": self._decode, "prefill": self._prefill, "masked": self._masked,
+                 "ragged": self._ragged}[kind]
         if window not in table:
             if kind == "decode":
                 table[window] = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
+            elif kind == "ragged":
+                table[window] = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="auto")
             else:
                 table[window] = fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", backend="fa2" if kind == "masked" else "auto")
@@ -103,6 +120,12 @@ class FlashInferAttentionBackend(AttentionBackend):
                causal=mask is None, custom_mask=mask,
                window_left=-1 if (window is None or mask is not None) else window - 1,
                **self._common(dtype))
+        return w
+
+    def _plan_ragged(self, window, qo_indptr, dtype):
+        w = self._wrapper("ragged", window)
+        w.plan(qo_indptr, qo_indptr, self.num_heads, self.num_kv_heads, self.head_dim, causal=True,
+               window_left=-1 if window is None else window - 1, **self._common(dtype))
         return w
 
     def plan(self, batch: ForwardBatch) -> None:
@@ -130,6 +153,10 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._plan = ("single", {w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
             return
         is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
+        if not bool(is_dec.any()) and only_own_kv(batch):
+            qo = batch.qo_indptr_cpu.pin_memory()
+            self._plan = ("ragged", {w: self._plan_ragged(w, qo, dtype) for w in windows})
+            return
         if not bool(is_dec.any()):
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
@@ -160,10 +187,14 @@ class FlashInferAttentionBackend(AttentionBackend):
             return super().write_kv(k_cache, v_cache, k, v, batch)
         self._store_kv(k, v, k_cache, v_cache, batch.slots)
 
-    def run(self, layer, q, k_cache, v_cache, window, batch):
+    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         kind = self._plan[0]
         if kind == "single":
             return self._plan[1][window].run(q, (k_cache, v_cache))
+        if kind == "ragged":
+            if k is None or v is None:
+                raise RuntimeError("a step planned for ragged prefill needs its own k and v in run()")
+            return self._plan[1][window].run(q, k, v)
         _, dec, pre, dec_tok, pre_tok = self._plan
         out = torch.empty_like(q)
         out.index_copy_(0, dec_tok, dec[window].run(q.index_select(0, dec_tok), (k_cache, v_cache)))

@@ -49,7 +49,7 @@ class TorchAttentionBackend(AttentionBackend):
             self._masks[window] = vis[self._pad_index_cpu].to(self._pad_index.device)
         return self._masks[window]
 
-    def run(self, layer, q, k_cache, v_cache, window, batch):
+    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         T, H, D = q.shape
         kvh = self.num_kv_heads
         g = H // kvh

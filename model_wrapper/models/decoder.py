@@ -88,6 +88,8 @@ class Attention(nn.Module):
         if fused:
             kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
                                batch.slots, lora=delta)
+            k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
+            v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
             k = k.reshape(T, self.num_kv_heads, self.head_dim)
             v = v.reshape(T, self.num_kv_heads, self.head_dim)
@@ -96,7 +98,7 @@ class Attention(nn.Module):
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
             backend.write_kv(kv[0], kv[1], k, v, batch)
-        o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch)
+        o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
         return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp)
 
 
