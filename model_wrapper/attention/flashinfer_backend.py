@@ -56,12 +56,9 @@ def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, pa
 
 def only_own_kv(batch: ForwardBatch) -> bool:
     """Whether every token attends to K/V of its own step only (host tensors, no sync): each
-    request's KV length is its q_len (no cached prefix, no earlier chunk), every token's K/V
-    is written (no -1 slot) and sits at its own index within the request (the default layout)."""
-    if batch.write_token_index is not None or not torch.equal(batch.seq_lens_cpu.long(), batch.q_lens_cpu.long()):
-        return False
-    own = torch.arange(batch.num_tokens) - batch.qo_indptr_cpu[:-1].to(torch.int64)[batch.token_req_cpu]
-    return torch.equal(batch.token_kv_index_cpu, own)
+    request's KV length is its q_len (no cached prefix, no earlier chunk; token i of a request
+    then sits at kv index i) and every token's K/V is written (no -1 slot)."""
+    return batch.write_token_index is None and torch.equal(batch.seq_lens_cpu.long(), batch.q_lens_cpu.long())
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -153,14 +150,13 @@ class FlashInferAttentionBackend(AttentionBackend):
             self._plan = ("single", {w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
             return
         is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
-        if not bool(is_dec.any()) and only_own_kv(batch):
-            qo = batch.qo_indptr_cpu.pin_memory()
-            self._plan = ("ragged", {w: self._plan_ragged(w, qo, dtype) for w in windows})
-            return
         if not bool(is_dec.any()):
+            qo = batch.qo_indptr_cpu.pin_memory()
+            if only_own_kv(batch):  # nothing cached: the step's own K/V, no page table
+                self._plan = ("ragged", {w: self._plan_ragged(w, qo, dtype) for w in windows})
+                return
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
-            qo = batch.qo_indptr_cpu.pin_memory()
             self._plan = ("single", {
                 w: self._plan_prefill("prefill", w, qo, indptr, d_indices, last, page, dtype)
                 for w in windows})
