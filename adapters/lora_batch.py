@@ -52,6 +52,8 @@ class LoraDelta(NamedTuple):
     rank:       the stacks' padded rank R
     offsets:    [n_sub + 1] column offsets of the sub-modules in y
     slot_stride: 0, or the columns per slot in s (n_sub * rank) when s holds every slot's shrink
+    groups:     [num_slots + 1, >= T + 1] int32, device: the tokens grouped by slot (lora_groups), for
+                the slot-major consumers (SiLU-and-mul); None where the batch has none
     """
 
     s: torch.Tensor
@@ -61,6 +63,28 @@ class LoraDelta(NamedTuple):
     rank: int
     offsets: tuple
     slot_stride: int = 0
+    groups: torch.Tensor | None = None
+
+
+def lora_groups(token_slot: torch.Tensor, num_slots: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host: a step's tokens grouped by adapter slot, as the slot-major fused kernels read them.
+
+    token_slot: [T] int CPU tensor, slot per token, -1 = no adapter (base model, padding rows)
+    out:        [num_slots + 1, >= T + 1] int32 (a graph runner's pinned staging buffer), or None
+    returns     out: row g < num_slots holds slot g's tokens, row num_slots those without an
+                adapter, each as [count, token, token, ...] in token order; later entries unset
+    """
+    T = token_slot.shape[0]
+    if out is None:
+        out = torch.empty(num_slots + 1, T + 1, dtype=torch.int32)
+    key = torch.where(token_slot < 0, num_slots, token_slot.to(torch.int64))
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=num_slots + 1)
+    first = torch.cumsum(counts, 0) - counts
+    k = key[order]
+    out[:, 0] = counts
+    out[k, 1 + torch.arange(T) - first[k]] = order.to(torch.int32)
+    return out
 
 
 class LoraPending(NamedTuple):
@@ -93,6 +117,10 @@ class LoraBatch:
     segments:       host (slot, start, end) per segment, the same numbers for the torch loop;
                     None = not known on the host (a graph batch): apply() always launches
     identity:       perm is arange(T) (every token uses an adapter, already grouped): no gather
+    groups:         [max_loras + 1, >= T + 1] int32, device: a graph batch's tokens grouped by slot
+                    (lora_groups; the runner's static buffer, rewritten with token_slot), for the
+                    slot-major SiLU-and-mul that adds the gate_up delta; None = not kept (the
+                    gate_up delta is then added by an expand kernel of its own)
     kernel:         "torch", "flashinfer" or "triton"
     manager:        the LoraManager whose slot tensors hold the weights
     """
@@ -106,6 +134,7 @@ class LoraBatch:
     kernel: str
     manager: "LoraManager"
     slot_indptr: torch.Tensor | None = None
+    groups: torch.Tensor | None = None
 
     @property
     def num_lora_tokens(self) -> int | None:
@@ -173,7 +202,7 @@ class LoraBatch:
         stream on return (the side stream joined, or the shrink run here) and its LoraDelta comes
         back; y is untouched. Otherwise the delta is added to y here and None comes back."""
         m = self.manager
-        if self.kernel != "triton" or self.segments is not None or pending.module not in m.fuse_modules:
+        if self.kernel != "triton" or self.segments is not None or not self._defers(pending.module):
             self.finish(pending, y)
             return None
         from adapters.triton_kernels import lora_shrink
@@ -185,7 +214,12 @@ class LoraBatch:
         else:
             m.side.join()
             s = pending.s
-        return LoraDelta(s, b, slots, ranks, m.max_rank, offsets)
+        return LoraDelta(s, b, slots, ranks, m.max_rank, offsets, groups=self.groups)
+
+    def _defers(self, module: str) -> bool:
+        """Whether the consumer kernel of `module`'s output adds its delta (the manager's
+        fuse_modules; gate_up's consumer, SiLU-and-mul, also needs the runner's token groups)."""
+        return module in self.manager.fuse_modules and (module != "gate_up" or self.groups is not None)
 
     def folds(self, layer: int, module: str) -> bool:
         """Whether project_folded runs this projection: a graph batch (no host grouping) of a
@@ -210,8 +244,8 @@ class LoraBatch:
         cols = len(b) * m.max_rank  # per slot
         y, s = y_ext[:, :N], y_ext[:, N:N + m.max_loras * cols].unsqueeze(0)
         slots = self.token_slot[: x.shape[0]]
-        if defer and module in m.fuse_modules:
-            return y, LoraDelta(s, b, slots, ranks, m.max_rank, offsets, cols)
+        if defer and self._defers(module):
+            return y, LoraDelta(s, b, slots, ranks, m.max_rank, offsets, cols, self.groups)
         lora_expand_add(s, b, slots, ranks, m.max_rank, y, offsets, None, pdl=True, slot_stride=cols)
         return y, None
 

@@ -19,8 +19,10 @@ out through lora_rank).
 
 CUDA graphs (kernel "triton" only): a runner owns a static [max tokens] int32 buffer, gets a
 LoraBatch reading it from make_graph_batch(buffer) once (at capture), and before each replay
-writes slots_for(adapter_ids) (-1 for padding rows) into it. Loading or unloading adapters between
-replays is seen by the graph: the stacks are written in place, never reallocated.
+writes slots_for(adapter_ids) (-1 for padding rows) into it; optionally also a [max_loras + 1,
+max tokens + 1] buffer of the tokens grouped by slot (groups_for), which the slot-major
+SiLU-and-mul reads. Loading or unloading adapters between replays is seen by the graph: the
+stacks are written in place, never reallocated.
 
 Overlap (kernel "triton" on CUDA, on unless overlap=False): the manager owns one side stream
 (adapters.side_stream) on which each projection's shrink runs while its base GEMM runs, eagerly
@@ -48,18 +50,20 @@ from typing import Sequence
 import torch
 
 from adapters.errors import LoraError, LoraErrorCode, LoraStateError
-from adapters.lora_batch import LoraBatch
+from adapters.lora_batch import LoraBatch, lora_groups
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 from adapters.side_stream import SideStream
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
 # Graph batches: the qkv expand runs inside the RoPE + K/V-store kernel and the gate_up expand inside
-# SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. Those kernels
-# go token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
+# SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. RoPE + store
+# goes token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
 # 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
-# with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. Fusing the o / down
-# expands into the residual-add + RMSNorm (one program per token streaming B) measured a loss.
+# with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul now goes
+# slot by slot over the runner's token groups (each B read once: 1 or 4 adapters +11.4% -> +10.0%
+# / +9.8%, 16 unchanged at +12.5%). Fusing the o / down expands into the residual-add + RMSNorm (one
+# program per token streaming B) measured a loss.
 FUSE_MODULES = ("qkv", "gate_up")
 FUSE_MAX_RANK = 16
 # fold="auto" folds the A stacks into the base GEMMs (fold_into) when max_loras * max_rank is at
@@ -307,6 +311,11 @@ class LoraManager:
                                 f"got {a!r} for request {i}")
         return slots
 
+    def groups_for(self, token_slot: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Host: the tokens grouped by slot (adapters.lora_batch.lora_groups) over this manager's
+        max_loras slots: what a CUDA-graph runner writes into make_graph_batch's groups_buffer."""
+        return lora_groups(token_slot, self.max_loras, out)
+
     def make_batch(self, adapter_ids: Sequence[str | None], batch) -> LoraBatch:
         """Map each token to its adapter slot and group the tokens by slot, once per step.
 
@@ -355,7 +364,8 @@ class LoraManager:
             segments=segments, identity=identity, kernel=self.kernel, manager=self,
             slot_indptr=self._to_device("slot_indptr", slot_indptr) if triton else None)
 
-    def make_graph_batch(self, token_slot_buffer: torch.Tensor) -> LoraBatch:
+    def make_graph_batch(self, token_slot_buffer: torch.Tensor,
+                         groups_buffer: torch.Tensor | None = None) -> LoraBatch:
         """A LoraBatch for a CUDA-graph runner, made once per captured graph (kernel "triton").
 
         token_slot_buffer: [max tokens] int32 on this manager's device, owned by the runner, which
@@ -363,6 +373,9 @@ class LoraManager:
         rows) into its first T entries before each replay. apply() reads buffer[:T] on the device
         only (T = the rows of x): no host value of the mapping is captured, so one graph serves
         any mix of adapters, including none.
+        groups_buffer: optional [max_loras + 1, max tokens + 1] int32 on the device, which the runner
+        rewrites with lora_groups(its T slots) alongside: with it the gate_up delta is added inside
+        SiLU-and-mul, slot-major (where fuse_modules has gate_up); without it by an expand kernel.
         """
         arg = "make_graph_batch(token_slot_buffer)"
         buf = token_slot_buffer
@@ -376,11 +389,22 @@ class LoraManager:
             raise LoraError(LoraErrorCode.INVALID_ARGUMENT, arg,
                             f"expected triton installed, a CUDA device and bf16/fp16/fp32 (graph batches run "
                             f"the triton kernel), got device {self.device}, dtype {self.dtype}")
+        groups = groups_buffer
+        if groups is not None and (not isinstance(groups, torch.Tensor) or groups.dtype != torch.int32
+                                   or tuple(groups.shape) != (self.max_loras + 1, buf.shape[0] + 1)
+                                   or groups.device != buf.device or not groups.is_contiguous()):
+            got = (f"{groups.dtype} {list(groups.shape)} on {groups.device}" if isinstance(groups, torch.Tensor)
+                   else type(groups).__name__)
+            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "make_graph_batch(groups_buffer)",
+                            f"expected a contiguous int32 tensor [{self.max_loras + 1}, {buf.shape[0] + 1}] on "
+                            f"{buf.device}, got {got}")
         return LoraBatch(token_slot=buf, perm=None, seg_indptr=None, seg_slots=None, segments=None,
-                         identity=False, kernel="triton", manager=self)
+                         identity=False, kernel="triton", manager=self, groups=groups)
 
     def _to_device(self, key: str, host: torch.Tensor) -> torch.Tensor:
         out = self._out(key, host.shape[0], host.dtype)
+        if out.device.type == "cuda":  # a copy from pageable memory would wait for the stream
+            host = host.pin_memory()
         return out.copy_(host, non_blocking=True)
 
     def _out(self, key: str, n: int, dtype: torch.dtype) -> torch.Tensor:

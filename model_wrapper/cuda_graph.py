@@ -159,12 +159,16 @@ class DecodeGraphRunner:
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
-            max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot))
+            max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot,
+                                                                                          bucket.lora_groups))
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
         mw = self.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
         bucket = _Bucket(size, max_pages, mw.device, self.windows, mw.backend, mw.backend.tensor_cores)
+        if self.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
+            bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32, device=mw.device)
+            bucket.lora_groups_staging = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32).pin_memory()
         batch = self._static_batch(bucket, block_size)
         attn = _GraphAttention(mw.backend, bucket)
         # plan: every padding request reads page 0 of the scratch cache during warm-up
@@ -216,6 +220,8 @@ class DecodeGraphRunner:
             if ids is not None:
                 bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)
             bucket.token_slot.copy_(bucket.token_slot_staging, non_blocking=True)
+            self.lora.groups_for(bucket.token_slot_staging, out=bucket.lora_groups_staging)
+            bucket.lora_groups.copy_(bucket.lora_groups_staging, non_blocking=True)
         if batch.prev_token_ids is not None:  # ids still on the device (an engine running ahead)
             tokens, rows, index = batch.prev_token_ids
             bucket.input_ids.index_copy_(0, rows, tokens.index_select(0, index))

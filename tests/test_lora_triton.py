@@ -57,7 +57,7 @@ else:
 
 import adapters.lora_manager as lora_manager_module  # noqa: E402
 from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, LoraStateError, PeftAdapter  # noqa: E402
-from adapters.lora_batch import LoraDelta  # noqa: E402
+from adapters.lora_batch import LoraDelta, lora_groups  # noqa: E402
 from conftest import PagedHarness, rel_err  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 
@@ -370,6 +370,11 @@ def test_graph_batch_reads_the_runners_buffer_at_every_apply(monkeypatch):
             m.make_graph_batch(bad)
         assert e.value.code == LoraErrorCode.INVALID_ARGUMENT
     buf = torch.full((12,), 7, dtype=torch.int32)  # stale values beyond T must not matter
+    for bad in (torch.zeros(m.max_loras, 13, dtype=torch.int32), torch.zeros(m.max_loras + 1, 13),
+                torch.zeros(m.max_loras + 1, 12, dtype=torch.int32), [[0]]):
+        with pytest.raises(LoraError) as e:
+            m.make_graph_batch(buf, bad)
+        assert e.value.code == LoraErrorCode.INVALID_ARGUMENT and "groups_buffer" in str(e.value)
     gb = m.make_graph_batch(buf)
     assert gb.kernel == "triton" and gb.num_lora_tokens is None
     for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], ["r5_l1"] * 8, [None] * 8):
@@ -606,7 +611,8 @@ def random_delta(T, outs, R, num_slots, dtype, device=DEVICE, splits=3, seed=0):
     offsets = [0]
     for n in outs:
         offsets.append(offsets[-1] + n)
-    return LoraDelta(s, bs, token_slot.to(device), ranks.to(device), R, tuple(offsets))
+    return LoraDelta(s, bs, token_slot.to(device), ranks.to(device), R, tuple(offsets),
+                     groups=lora_groups(token_slot, num_slots).to(device))
 
 
 def delta_reference(d: LoraDelta, dtype) -> torch.Tensor:
@@ -639,6 +645,16 @@ def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype, T, N):
     base = d.token_slot < 0
     plain = torch.nn.functional.silu(x[:, :N].float()) * x[:, N:].float()
     assert torch.allclose(got[base].float(), plain[base], rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_lora_groups_lists_each_slots_tokens_in_order_and_the_rest_last():
+    slots = torch.tensor([2, -1, 0, 2, -1, 2, 1, -1, 0])
+    out = torch.full((5, 12), -7, dtype=torch.int32)  # a runner's buffer, wider than T + 1
+    assert lora_groups(slots, 4, out) is out
+    want = {0: [2, 8], 1: [6], 2: [0, 3, 5], 3: [], 4: [1, 4, 7]}  # row 4: no adapter
+    for g, rows in want.items():
+        assert out[g, 0] == len(rows) and out[g, 1:1 + len(rows)].tolist() == rows, g
+    assert lora_groups(torch.zeros(0, dtype=torch.int32), 2)[:, 0].tolist() == [0, 0, 0]
 
 
 def rope_reference(x, pos, table):
@@ -697,7 +713,8 @@ def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeyp
     assert LoraManager(**SHAPES, max_loras=2, max_rank=32, device="cpu", dtype=torch.float32,
                        kernel="triton").fuse_modules == set()
     buf = torch.tensor(m.slots_for(["r8", None, "r2_qv", "r5_l1", "r8", None, "r8"]), dtype=torch.int32)
-    gb, T = m.make_graph_batch(buf), buf.shape[0]
+    gb, T = m.make_graph_batch(buf, m.groups_for(buf)), buf.shape[0]
+    no_groups = m.make_graph_batch(buf)  # gate_up's consumer reads the groups: without them, added here
     g = torch.Generator().manual_seed(5)
     HQ, HK, D = 2, 1, 16  # SHAPES: q_size 32, kv_size 16
     for layer in range(m.shapes.num_layers):
@@ -708,6 +725,8 @@ def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeyp
         assert isinstance(d, LoraDelta) and torch.equal(y, y0)
         want = silu_mul_reference(gb.apply(layer, "gate_up", x, y0.clone()))
         assert rel_err(tops.silu_and_mul_lora(y, d), want) < 1e-5
+        assert no_groups.finish_deferred(no_groups.begin(layer, "gate_up", x), y) is None
+        assert rel_err(silu_mul_reference(y), want) < 1e-5
         qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g)
         d = gb.finish_deferred(gb.begin(layer, "qkv", x), qkv)
         ref = gb.apply(layer, "qkv", x, qkv.clone())
@@ -803,7 +822,7 @@ def test_folded_graph_batch_is_the_base_gemm_plus_each_tokens_delta(monkeypatch)
     linears = model_linears(m)
     m.fold_into(linears)
     buf = torch.tensor(m.slots_for(["r8", None, "r2_qv", "r5_l1", "r8", None, "r5_l1"]), dtype=torch.int32)
-    gb, T = m.make_graph_batch(buf), buf.shape[0]
+    gb, T = m.make_graph_batch(buf, m.groups_for(buf)), buf.shape[0]
     eager = m.make_batch(["r8"], fake_batch([3]))
     assert not eager.folds(0, "qkv") and all(gb.folds(layer, mod) for layer, mod in linears)
     g = torch.Generator().manual_seed(4)

@@ -133,45 +133,66 @@ def _lora_add(x, bv, s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride
 
 
 @triton.jit
-def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, slot_ptr, n, R, num_splits,
-                              stride_x, stride_o, stride_sp, stride_sm, stride_ss, BLOCK: tl.constexpr,
-                              BLOCK_R: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, groups_ptr, n, R, S, num_splits,
+                              stride_x, stride_o, stride_sp, stride_sm, stride_ss, stride_g, BLOCK_T: tl.constexpr,
+                              BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (group, column block). Group g < S: the tokens of adapter slot g; g = S: the tokens
+    without one (groups[g] = [count, row, row, ...], adapters.lora_groups). Each adapter's B tile is
+    read once per step however many tokens use it, and not at all by a slot no token uses; the
+    tokens of a group go BLOCK_T at a time through tensor-core products."""
+    grp = tl.program_id(0)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
-    slot = tl.load(slot_ptr + row)
-    bg = _lora_b(bg_ptr, rank_ptr, slot, col, m, 0, 2, n, R, BLOCK_R)
-    bu = _lora_b(bu_ptr, rank_ptr, slot, col, m, 1, 2, n, R, BLOCK_R)
-    g = tl.load(x_ptr + row * stride_x + col, mask=m)
-    u = tl.load(x_ptr + row * stride_x + n + col, mask=m)
-    if slot >= 0:
-        g = _lora_add(g, bg, s_ptr, rank_ptr, slot, row, 0, 2, R, num_splits, stride_sp, stride_sm, stride_ss,
-                      BLOCK_R)
-        u = _lora_add(u, bu, s_ptr, rank_ptr, slot, row, 1, 2, R, num_splits, stride_sp, stride_sm, stride_ss,
-                      BLOCK_R)
-    g = g.to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
-    tl.store(out_ptr + row * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m)
+    r = tl.arange(0, BLOCK_R)
+    lora = grp < S
+    s0 = tl.minimum(grp, S - 1).to(tl.int64)
+    row0 = groups_ptr + grp * stride_g
+    count = tl.load(row0)
+    rank_g = tl.where(lora, tl.load(rank_ptr + s0 * 2), 0)
+    rank_u = tl.where(lora, tl.load(rank_ptr + s0 * 2 + 1), 0)
+    b_at = s0 * n * R + col[None, :] * R + r[:, None]  # [BLOCK_R, BLOCK] tile of B^T
+    bg = tl.load(bg_ptr + b_at, mask=(count > 0) & m[None, :] & (r < rank_g)[:, None], other=0.0)
+    bu = tl.load(bu_ptr + b_at, mask=(count > 0) & m[None, :] & (r < rank_u)[:, None], other=0.0)
+    for c0 in range(0, count, BLOCK_T):
+        i = c0 + tl.arange(0, BLOCK_T)
+        ok = i < count
+        t = tl.load(row0 + 1 + i, mask=ok, other=0).to(tl.int64)
+        xm = ok[:, None] & m[None, :]
+        g = tl.load(x_ptr + t[:, None] * stride_x + col[None, :], mask=xm, other=0.0)
+        u = tl.load(x_ptr + t[:, None] * stride_x + n + col[None, :], mask=xm, other=0.0)
+        if lora:  # the shrink rows summed over the splits and rounded to the weights' dtype, then @ B^T
+            sg = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+            su = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+            for p in range(num_splits):
+                sp = s_ptr + p * stride_sp + t[:, None] * stride_sm + s0 * stride_ss + r[None, :]
+                sg += tl.load(sp, mask=ok[:, None] & (r < rank_g)[None, :], other=0.0).to(tl.float32)
+                su += tl.load(sp + R, mask=ok[:, None] & (r < rank_u)[None, :], other=0.0).to(tl.float32)
+            g = (g.to(tl.float32) + tl.dot(sg.to(bg.dtype), bg, input_precision=PRECISION)).to(g.dtype)
+            u = (u.to(tl.float32) + tl.dot(su.to(bu.dtype), bu, input_precision=PRECISION)).to(u.dtype)
+        gf = g.to(tl.float32)
+        y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
+        tl.store(out_ptr + t[:, None] * stride_o + col[None, :], y.to(out_ptr.dtype.element_ty), mask=xm)
 
 
-def _lora_block(R: int, budget: int = 16384) -> tuple[int, int]:
-    """-> (BLOCK_R, columns per program) for the LoRA-fused kernels: a [columns, BLOCK_R] tile of B
-    within `budget` elements."""
-    block_r = max(16, triton.next_power_of_2(R))
-    return block_r, max(64, budget // block_r)
+SILU_LORA_BLOCK = 128  # columns per program
+SILU_LORA_BLOCK_T = 16  # tokens of one group per tensor-core product (its smallest M)
 
 
 def silu_and_mul_lora(x: torch.Tensor, d) -> torch.Tensor:
     """silu_and_mul of x [T, 2N] after adding the gate_up LoRA delta d (a LoraDelta: sub-modules
-    gate, up) to x; x itself is not written. -> [T, N]."""
+    gate, up; d.groups the step's tokens grouped by slot) to x; x itself is not written. -> [T, N]."""
     T, n2 = x.shape
     n = n2 // 2
     out = torch.empty(T, n, dtype=x.dtype, device=x.device)
     if T:
-        block_r, block = _lora_block(d.rank, 8192)
-        _silu_and_mul_lora_kernel[(T, triton.cdiv(n, block))](
-            x, out, d.s, d.b[0], d.b[1], d.ranks, d.token_slot, n, d.rank, d.s.shape[0], x.stride(0), out.stride(0),
-            d.s.stride(0), d.s.stride(1), d.slot_stride, BLOCK=block, BLOCK_R=block_r, num_warps=8)
+        S = d.b[0].shape[0]
+        groups = d.groups
+        assert groups is not None and groups.shape[0] == S + 1 and groups.stride(1) == 1
+        _silu_and_mul_lora_kernel[(S + 1, triton.cdiv(n, SILU_LORA_BLOCK))](
+            x, out, d.s, d.b[0], d.b[1], d.ranks, groups, n, d.rank, S, d.s.shape[0], x.stride(0), out.stride(0),
+            d.s.stride(0), d.s.stride(1), d.slot_stride, groups.stride(0), BLOCK_T=SILU_LORA_BLOCK_T,
+            BLOCK=SILU_LORA_BLOCK, BLOCK_R=max(16, triton.next_power_of_2(d.rank)),
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4)
     return out
 
 
