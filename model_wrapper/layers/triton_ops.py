@@ -138,8 +138,7 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
                               BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
     """Program (group, column block). Group g < S: the tokens of adapter slot g; g = S: the tokens
     without one (groups[g] = [count, row, row, ...], adapters.lora_groups). Each adapter's B tile is
-    read once per step however many tokens use it, and not at all by a slot no token uses; the
-    tokens of a group go BLOCK_T at a time through tensor-core products."""
+    read once per step however many tokens use it, and not at all by a slot no token uses."""
     grp = tl.program_id(0)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
@@ -153,25 +152,48 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
     b_at = s0 * n * R + col[None, :] * R + r[:, None]  # [BLOCK_R, BLOCK] tile of B^T
     bg = tl.load(bg_ptr + b_at, mask=(count > 0) & m[None, :] & (r < rank_g)[:, None], other=0.0)
     bu = tl.load(bu_ptr + b_at, mask=(count > 0) & m[None, :] & (r < rank_u)[:, None], other=0.0)
-    for c0 in range(0, count, BLOCK_T):
-        i = c0 + tl.arange(0, BLOCK_T)
-        ok = i < count
-        t = tl.load(row0 + 1 + i, mask=ok, other=0).to(tl.int64)
-        xm = ok[:, None] & m[None, :]
-        g = tl.load(x_ptr + t[:, None] * stride_x + col[None, :], mask=xm, other=0.0)
-        u = tl.load(x_ptr + t[:, None] * stride_x + n + col[None, :], mask=xm, other=0.0)
-        if lora:  # the shrink rows summed over the splits and rounded to the weights' dtype, then @ B^T
-            sg = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            su = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
-            for p in range(num_splits):
-                sp = s_ptr + p * stride_sp + t[:, None] * stride_sm + s0 * stride_ss + r[None, :]
-                sg += tl.load(sp, mask=ok[:, None] & (r < rank_g)[None, :], other=0.0).to(tl.float32)
-                su += tl.load(sp + R, mask=ok[:, None] & (r < rank_u)[None, :], other=0.0).to(tl.float32)
-            g = (g.to(tl.float32) + tl.dot(sg.to(bg.dtype), bg, input_precision=PRECISION)).to(g.dtype)
-            u = (u.to(tl.float32) + tl.dot(su.to(bu.dtype), bu, input_precision=PRECISION)).to(u.dtype)
-        gf = g.to(tl.float32)
-        y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
-        tl.store(out_ptr + t[:, None] * stride_o + col[None, :], y.to(out_ptr.dtype.element_ty), mask=xm)
+    if count <= 2:  # one or two tokens (the common case with many adapters): CUDA-core products
+        bgf = bg.to(tl.float32)
+        buf = bu.to(tl.float32)
+        for j in tl.static_range(2):
+            ok = j < count
+            t = tl.load(row0 + 1 + j, mask=ok, other=0).to(tl.int64)
+            g = tl.load(x_ptr + t * stride_x + col, mask=m & ok, other=0.0)
+            u = tl.load(x_ptr + t * stride_x + n + col, mask=m & ok, other=0.0)
+            if lora:
+                sg = tl.zeros([BLOCK_R], dtype=tl.float32)
+                su = tl.zeros([BLOCK_R], dtype=tl.float32)
+                for p in range(num_splits):
+                    sp = s_ptr + p * stride_sp + t * stride_sm + s0 * stride_ss + r
+                    sg += tl.load(sp, mask=ok & (r < rank_g), other=0.0).to(tl.float32)
+                    su += tl.load(sp + R, mask=ok & (r < rank_u), other=0.0).to(tl.float32)
+                sg = sg.to(bg.dtype).to(tl.float32)
+                su = su.to(bu.dtype).to(tl.float32)
+                g = (g.to(tl.float32) + tl.sum(bgf * sg[:, None], axis=0)).to(g.dtype)
+                u = (u.to(tl.float32) + tl.sum(buf * su[:, None], axis=0)).to(u.dtype)
+            gf = g.to(tl.float32)
+            y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
+            tl.store(out_ptr + t * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m & ok)
+    else:  # BLOCK_T tokens at a time through tensor-core products
+        for c0 in range(0, count, BLOCK_T):
+            i = c0 + tl.arange(0, BLOCK_T)
+            ok = i < count
+            t = tl.load(row0 + 1 + i, mask=ok, other=0).to(tl.int64)
+            xm = ok[:, None] & m[None, :]
+            g = tl.load(x_ptr + t[:, None] * stride_x + col[None, :], mask=xm, other=0.0)
+            u = tl.load(x_ptr + t[:, None] * stride_x + n + col[None, :], mask=xm, other=0.0)
+            if lora:  # the shrink rows summed over the splits and rounded to the weights' dtype, then @ B^T
+                sg = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+                su = tl.zeros([BLOCK_T, BLOCK_R], dtype=tl.float32)
+                for p in range(num_splits):
+                    sp = s_ptr + p * stride_sp + t[:, None] * stride_sm + s0 * stride_ss + r[None, :]
+                    sg += tl.load(sp, mask=ok[:, None] & (r < rank_g)[None, :], other=0.0).to(tl.float32)
+                    su += tl.load(sp + R, mask=ok[:, None] & (r < rank_u)[None, :], other=0.0).to(tl.float32)
+                g = (g.to(tl.float32) + tl.dot(sg.to(bg.dtype), bg, input_precision=PRECISION)).to(g.dtype)
+                u = (u.to(tl.float32) + tl.dot(su.to(bu.dtype), bu, input_precision=PRECISION)).to(u.dtype)
+            gf = g.to(tl.float32)
+            y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
+            tl.store(out_ptr + t[:, None] * stride_o + col[None, :], y.to(out_ptr.dtype.element_ty), mask=xm)
 
 
 SILU_LORA_BLOCK = 128  # columns per program
