@@ -60,10 +60,10 @@ KERNELS = ("auto", "torch", "flashinfer", "triton")
 # SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. RoPE + store
 # goes token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
 # 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
-# with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul now goes
-# slot by slot over the runner's token groups (each B read once: 1 or 4 adapters +11.4% -> +10.0%
-# / +9.8%, 16 unchanged at +12.5%). Fusing the o / down expands into the residual-add + RMSNorm (one
-# program per token streaming B) measured a loss.
+# with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul goes slot
+# by slot over the runner's token groups instead (each B read once; rank 16, 1 / 4 / 16 adapters:
+# +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). Fusing the o / down expands into the
+# residual-add + RMSNorm (one program per token streaming B) measured a loss.
 FUSE_MODULES = ("qkv", "gate_up")
 FUSE_MAX_RANK = 16
 # fold="auto" folds the A stacks into the base GEMMs (fold_into) when max_loras * max_rank is at
