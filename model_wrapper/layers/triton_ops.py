@@ -34,16 +34,22 @@ def _launch(pdl: bool) -> dict:
 
 
 @triton.jit
+def _silu_mul(g, u):
+    """silu(g) * u in fp32 (g, u of any float dtype)."""
+    g = g.to(tl.float32)
+    return g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, n, stride_x, stride_o, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
     if PDL:
         gdc_wait()  # the GEMM that wrote x is complete
-    g = tl.load(x_ptr + row * stride_x + col, mask=m).to(tl.float32)
-    u = tl.load(x_ptr + row * stride_x + n + col, mask=m).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + row * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m)
+    g = tl.load(x_ptr + row * stride_x + col, mask=m)
+    u = tl.load(x_ptr + row * stride_x + n + col, mask=m)
+    tl.store(out_ptr + row * stride_o + col, _silu_mul(g, u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -160,20 +166,14 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
             t = tl.load(row0 + 1 + j, mask=ok, other=0).to(tl.int64)
             g = tl.load(x_ptr + t * stride_x + col, mask=m & ok, other=0.0)
             u = tl.load(x_ptr + t * stride_x + n + col, mask=m & ok, other=0.0)
-            if lora:
-                sg = tl.zeros([BLOCK_R], dtype=tl.float32)
-                su = tl.zeros([BLOCK_R], dtype=tl.float32)
-                for p in range(num_splits):
-                    sp = s_ptr + p * stride_sp + t * stride_sm + s0 * stride_ss + r
-                    sg += tl.load(sp, mask=ok & (r < rank_g), other=0.0).to(tl.float32)
-                    su += tl.load(sp + R, mask=ok & (r < rank_u), other=0.0).to(tl.float32)
-                sg = sg.to(bg.dtype).to(tl.float32)
-                su = su.to(bu.dtype).to(tl.float32)
+            if lora:  # (t = 0 where not ok: its s is read, its result never stored)
+                sg = _lora_s(s_ptr, rank_ptr, s0, t, 0, 2, R, num_splits, stride_sp, stride_sm, stride_ss, bg.dtype,
+                             BLOCK_R)
+                su = _lora_s(s_ptr, rank_ptr, s0, t, 1, 2, R, num_splits, stride_sp, stride_sm, stride_ss, bu.dtype,
+                             BLOCK_R)
                 g = (g.to(tl.float32) + tl.sum(bgf * sg[:, None], axis=0)).to(g.dtype)
                 u = (u.to(tl.float32) + tl.sum(buf * su[:, None], axis=0)).to(u.dtype)
-            gf = g.to(tl.float32)
-            y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
-            tl.store(out_ptr + t * stride_o + col, y.to(out_ptr.dtype.element_ty), mask=m & ok)
+            tl.store(out_ptr + t * stride_o + col, _silu_mul(g, u).to(out_ptr.dtype.element_ty), mask=m & ok)
     else:  # BLOCK_T tokens at a time through tensor-core products
         for c0 in range(0, count, BLOCK_T):
             i = c0 + tl.arange(0, BLOCK_T)
@@ -191,9 +191,8 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
                     su += tl.load(sp + R, mask=ok[:, None] & (r < rank_u)[None, :], other=0.0).to(tl.float32)
                 g = (g.to(tl.float32) + tl.dot(sg.to(bg.dtype), bg, input_precision=PRECISION)).to(g.dtype)
                 u = (u.to(tl.float32) + tl.dot(su.to(bu.dtype), bu, input_precision=PRECISION)).to(u.dtype)
-            gf = g.to(tl.float32)
-            y = gf / (1.0 + tl.exp(-gf)) * u.to(tl.float32)
-            tl.store(out_ptr + t[:, None] * stride_o + col[None, :], y.to(out_ptr.dtype.element_ty), mask=xm)
+            tl.store(out_ptr + t[:, None] * stride_o + col[None, :], _silu_mul(g, u).to(out_ptr.dtype.element_ty),
+                     mask=xm)
 
 
 SILU_LORA_BLOCK = 128  # columns per program
