@@ -218,8 +218,17 @@ class LoraBatch:
 
     def _defers(self, module: str) -> bool:
         """Whether the consumer kernel of `module`'s output adds its delta (the manager's
-        fuse_modules; gate_up's consumer, SiLU-and-mul, also needs the runner's token groups)."""
-        return module in self.manager.fuse_modules and (module != "gate_up" or self.groups is not None)
+        fuse_modules; the slot-major consumers of gate_up, o and down also need the runner's token
+        groups)."""
+        return module in self.manager.fuse_modules and (module == "qkv" or self.groups is not None)
+
+    @property
+    def defers_norms(self) -> bool:
+        """Whether a model may leave the o and down deltas to its residual-add + RMSNorm kernels
+        (model_wrapper/layers/triton_ops.add_lora_rms_norm): a graph batch of the triton kernel with
+        the runner's token groups whose manager defers all four fused modules."""
+        return (self.kernel == "triton" and self.segments is None and self.groups is not None
+                and self.manager.fuse_modules >= {"qkv", "o", "gate_up", "down"})
 
     def folds(self, layer: int, module: str) -> bool:
         """Whether project_folded runs this projection: a graph batch (no host grouping) of a

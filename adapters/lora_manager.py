@@ -64,7 +64,7 @@ KERNELS = ("auto", "torch", "flashinfer", "triton")
 # by slot over the runner's token groups instead (each B read once; rank 16, 1 / 4 / 16 adapters:
 # +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). Fusing the o / down expands into the
 # residual-add + RMSNorm (one program per token streaming B) measured a loss.
-FUSE_MODULES = ("qkv", "gate_up")
+FUSE_MODULES = ("qkv", "o", "gate_up", "down")
 FUSE_MAX_RANK = 16
 # fold="auto" folds the A stacks into the base GEMMs (fold_into) when max_loras * max_rank is at
 # most this: 16 slots of rank 16 add 2.6% to the bytes of a Llama-3-8B decode step at batch 32 and

@@ -704,11 +704,12 @@ def test_rope_store_kv_rotates_in_place_and_writes_the_cache(dtype, lora):
 @interpreted
 def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeypatch):
     """A graph batch defers the qkv and gate_up expands (y untouched, the delta handed over), and
-    the fused consumers then give what the expand followed by the plain kernel gives; o / down, and
-    a manager with fuse_expand=False or a rank above FUSE_MAX_RANK, add the delta themselves."""
+    the fused consumers then give what the expand followed by the plain kernel gives; o (and down)
+    the same into the residual-add + RMSNorm. Without the runner's groups, gate_up and o, and with
+    fuse_expand=False or a rank above FUSE_MAX_RANK every module, add the delta themselves."""
     monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
     m = loaded_manager(kernel="triton")
-    assert m.fuse_modules == {"qkv", "gate_up"}
+    assert m.fuse_modules == {"qkv", "o", "gate_up", "down"}
     assert loaded_manager(kernel="triton", fuse_expand=False).fuse_modules == set()
     assert LoraManager(**SHAPES, max_loras=2, max_rank=32, device="cpu", dtype=torch.float32,
                        kernel="triton").fuse_modules == set()
@@ -743,8 +744,75 @@ def test_finish_deferred_hands_qkv_and_gate_up_to_their_consumer_kernels(monkeyp
         o_in = torch.randn(T, m.shapes.in_features("o"), generator=g)
         o_out = torch.randn(T, m.shapes.out_offsets("o")[-1], generator=g)
         want_o = gb.apply(layer, "o", o_in, o_out.clone())
-        assert gb.finish_deferred(gb.begin(layer, "o", o_in), o_out) is None  # added here, in place
+        d = gb.finish_deferred(gb.begin(layer, "o", o_in), o_out)
+        assert isinstance(d, LoraDelta) and gb.defers_norms and not no_groups.defers_norms
+        residual = torch.randn_like(o_out)
+        weight = torch.rand(o_out.shape[1], generator=g) + 0.5
+        want_res = residual + want_o
+        scale = tops.add_lora_rms_norm(o_out, residual, weight, 1e-5, d)
+        assert rel_err(residual, want_res) < 1e-6 and rel_err(o_out, weight * want_res) < 1e-6
+        assert torch.allclose(scale.ss.sum(1), want_res.square().sum(1), rtol=1e-5)
+        o_out = torch.randn(T, m.shapes.out_offsets("o")[-1], generator=g)
+        want_o = no_groups.apply(layer, "o", o_in, o_out.clone())
+        assert no_groups.finish_deferred(no_groups.begin(layer, "o", o_in), o_out) is None  # added here, in place
         assert rel_err(o_out, want_o) < 1e-6
+
+
+def test_the_norms_division_left_to_the_kernels_after_the_gemm_gives_the_normalised_projections():
+    """add_lora_rms_norm (o's delta, residual add, weight * rows, sums of squares), a projection of
+    its undivided rows, then silu_and_mul_lora / rope_store_kv with the RowScale (and the next
+    delta from the undivided rows' shrink) == the same chain through a plain RMSNorm (float64)."""
+    g = torch.Generator().manual_seed(11)
+    T, n, N, R, S, eps = 21, 80, 48, 4, 3, 1e-5
+    HQ, HK, D = 2, 1, 16
+    slots = torch.tensor([0, -1, 2, 2, 1, 0, -1, 2] + [1] * 13, dtype=torch.int32)  # slot 1: > 16 tokens
+    groups = lora_groups(slots, S).to(DEVICE)
+    dev_slots = slots.to(DEVICE)
+    ranks = torch.tensor([[R, R, R], [2, R, 3], [R, 0, R]], dtype=torch.int32, device=DEVICE)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(DEVICE)
+
+    def delta(s, bs):  # the reference delta of s [T, n_sub * R] (fp64), per token's slot and rank
+        sl = slots.long().clamp_min(0).to(DEVICE)
+        r = torch.arange(R, device=DEVICE)
+        out = []
+        for i, b in enumerate(bs):
+            keep = (r[None, :] < ranks[sl, i][:, None]).double()
+            out.append(torch.einsum("tr,tnr->tn", s[:, i * R:(i + 1) * R] * keep, b[sl].double()))
+        return torch.cat(out, 1) * (slots >= 0).to(DEVICE)[:, None].double()
+
+    h, residual, weight = rnd(T, n), rnd(T, n, scale=3.0), rnd(n).abs() + 0.5
+    s_o, b_o = rnd(T, R), (rnd(S, n, R, scale=0.3),)
+    d_o = LoraDelta(s_o[None], b_o, dev_slots, ranks[:, :1].contiguous(), R, (0, n), groups=groups)
+    res_true = residual.double() + h.double() + delta(s_o.double(), b_o)
+    x_true = res_true * torch.rsqrt(res_true.square().mean(1, keepdim=True) + eps) * weight.double()
+    scale = tops.add_lora_rms_norm(h, residual, weight, eps, d_o)
+    assert rel_err(residual.double(), res_true) < 1e-6
+    x_undivided = h  # in place
+    for outs, consumer in (((N, N), "silu"), ((HQ * D, HK * D, HK * D), "rope")):
+        W, A = rnd(sum(outs), n, scale=0.2), rnd(S, len(outs) * R, n, scale=0.2)
+        bs = tuple(rnd(S, o, R, scale=0.3) for o in outs)
+        sl = slots.long().clamp_min(0).to(DEVICE)
+        want = x_true @ W.double().T + delta(torch.einsum("tk,trk->tr", x_true, A[sl].double()), bs)
+        y = x_undivided @ W.T
+        s = torch.einsum("tk,trk->tr", x_undivided, A[sl])[None]
+        offsets = (0, outs[0], outs[0] + outs[1]) if len(outs) == 2 else (0, outs[0], outs[0] + outs[1], sum(outs))
+        d = LoraDelta(s, bs, dev_slots, ranks[:, :len(outs)].contiguous(), R, offsets, groups=groups)
+        if consumer == "silu":
+            got = tops.silu_and_mul_lora(y, d, scale)
+            assert rel_err(got.double(), silu_mul_reference(want)) < 1e-5
+        else:
+            pos = torch.arange(T, device=DEVICE) * 2
+            freqs = torch.arange(64).float()[:, None] * (1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)))[None, :]
+            table = torch.cat((freqs.cos(), freqs.sin()), -1).to(DEVICE)
+            kc, vc = torch.zeros(4, 8, HK, D, device=DEVICE), torch.zeros(4, 8, HK, D, device=DEVICE)
+            tops.rope_store_kv(y, pos, table, HQ, HK, D, kc, vc, torch.arange(T, device=DEVICE), d, scale)
+            q, k, v = want.float().split([HQ * D, HK * D, HK * D], 1)
+            assert rel_err(y[:, :HQ * D].view(T, HQ, D), rope_reference(q.view(T, HQ, D), pos, table)) < 1e-5
+            assert rel_err(kc.view(-1, HK, D)[:T], rope_reference(k.view(T, HK, D), pos, table)) < 1e-5
+            assert rel_err(vc.view(-1, HK, D)[:T], v.view(T, HK, D)) < 1e-5
+            assert rel_err(y[:, (HQ + HK) * D:], v) < 1e-5
 
 
 def silu_mul_reference(y):
@@ -815,8 +883,8 @@ def folded_delta_reference(d: LoraDelta, dtype) -> torch.Tensor:
 @interpreted
 def test_folded_graph_batch_is_the_base_gemm_plus_each_tokens_delta(monkeypatch):
     """A graph batch of a folded manager: project_folded gives x @ W^T + b plus each token's own
-    adapter's delta (a direct float64 computation, reference()), o / down added in place on a
-    strided y, qkv / gate_up handed to the fused consumers as LoraDeltas that read s by slot."""
+    adapter's delta (a direct float64 computation, reference()), handed to the fused consumers
+    (o / down: the residual add + RMSNorm, on a strided y) as LoraDeltas that read s by slot."""
     monkeypatch.setattr(lora_manager_module, "_triton_runs", lambda device, dtype: True)
     m = loaded_manager(kernel="triton", fold=True)
     linears = model_linears(m)
@@ -833,11 +901,16 @@ def test_folded_graph_batch_is_the_base_gemm_plus_each_tokens_delta(monkeypatch)
         want = reference(x, a, bs, buf, ranks, m.max_rank, offsets, base)
         y, d = gb.project_folded(layer, mod, x, defer=True)
         assert y.shape == base.shape and y.stride(0) == m.folded[(layer, mod)][0].shape[0]
-        if mod in ("o", "down"):
-            assert d is None and rel_err(y, want) < 1e-5, (layer, mod)
-            continue
         assert isinstance(d, LoraDelta) and d.slot_stride == len(bs) * m.max_rank
         assert torch.allclose(y, base, atol=1e-5)  # untouched: the consumer adds the delta
+        if mod in ("o", "down"):  # into the residual add + RMSNorm, on the strided y
+            residual = torch.randn(T, y.shape[1], generator=g)
+            res_want = residual + want
+            weight = torch.rand(y.shape[1], generator=g) + 0.5
+            scale = tops.add_lora_rms_norm(y, residual, weight, 1e-5, d)
+            assert rel_err(residual, res_want) < 1e-5 and rel_err(y, weight * res_want) < 1e-5, (layer, mod)
+            assert torch.allclose(scale.ss.sum(1).double(), res_want.square().sum(1), rtol=1e-5)
+            continue
         assert rel_err(base.double() + folded_delta_reference(d, torch.float32).double(), want) < 1e-5
         if mod == "gate_up":
             assert rel_err(tops.silu_and_mul_lora(y, d), silu_mul_reference(want.float())) < 1e-5

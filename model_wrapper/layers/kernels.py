@@ -19,6 +19,9 @@ class TorchKernels:
     name = "torch"
     fuses_lora = False  # silu_mul and rope_store accept a deferred LoRA delta (lora=...)
     fuses_rope_store = False  # rope_store: RoPE + the K/V store in one kernel
+    # add_rms_norm_lora: the o / down LoRA delta, the residual add and RMSNorm column-parallel, the
+    # norm's division left to silu_mul / rope_store (scale=...) after the next GEMM
+    fuses_norm_scale = False
 
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
         self.inv_freq = inv_freq  # [head_dim // 2] float32
@@ -75,7 +78,7 @@ class FlashInferKernels(TorchKernels):
             triton_ops = None
         self._triton = triton_ops
         head_dim = 2 * inv_freq.shape[0]
-        self.fuses_lora = triton_ops is not None
+        self.fuses_lora = self.fuses_norm_scale = triton_ops is not None
         self.fuses_rope_store = triton_ops is not None and head_dim & (head_dim - 1) == 0  # power of two
         pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
@@ -93,18 +96,30 @@ class FlashInferKernels(TorchKernels):
     def rope_tables(self, positions):
         return positions
 
-    def silu_mul(self, gate_up, lora=None):
+    def silu_mul(self, gate_up, lora=None, scale=None):
+        """scale (a RowScale, with lora): gate_up projects add_rms_norm_lora's undivided rows."""
         if self._triton is None:
             return super().silu_mul(gate_up, lora)
         if lora is not None:
-            return self._triton.silu_and_mul_lora(gate_up, lora)
+            return self._triton.silu_and_mul_lora(gate_up, lora, scale)
+        if scale is not None:
+            raise RuntimeError("silu_mul: a RowScale comes only with the gate_up LoRA delta")
         return self._triton.silu_and_mul(gate_up)
 
-    def rope_store(self, qkv, positions, num_heads, num_kv_heads, head_dim, k_cache, v_cache, slots, lora=None):
-        """In place on qkv [T, (Hq + 2 Hk) * D]: (the qkv LoRA delta,) RoPE on q and k, and k, v
-        written at flat `slots` of the caches: one kernel (layers/triton_ops.rope_store_kv)."""
+    def add_rms_norm_lora(self, x, residual, weight, eps, lora):
+        """add_rms_norm with x's deferred LoRA delta `lora` (o or down) added first, in one column-
+        parallel kernel that leaves the division by rms to the kernel after the next GEMM:
+        -> (weight * (residual + x + delta), residual + x + delta, RowScale), x and residual in place."""
+        scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora)
+        return x, residual, scale
+
+    def rope_store(self, qkv, positions, num_heads, num_kv_heads, head_dim, k_cache, v_cache, slots, lora=None,
+                   scale=None):
+        """In place on qkv [T, (Hq + 2 Hk) * D]: (its rows normalised by scale, the qkv LoRA delta
+        added,) RoPE on q and k, and k, v written at flat `slots` of the caches: one kernel
+        (layers/triton_ops.rope_store_kv)."""
         self._triton.rope_store_kv(qkv, positions, self.cos_sin_cache, num_heads, num_kv_heads, head_dim,
-                                   k_cache, v_cache, slots, lora)
+                                   k_cache, v_cache, slots, lora, scale)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

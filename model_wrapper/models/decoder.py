@@ -47,19 +47,19 @@ def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int
 
 
 def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
-                          tp: TPGroup):
+                          tp: TPGroup, defer: bool = False):
     """Row-parallel projection: partial sums of this rank's input columns (LoRA's partial delta
     included: it is linear in x), all-reduced; the (replicated) bias is added once, after the sum.
-    Without TP: exactly _project."""
+    -> (y, None). Without TP: exactly _project (with defer, possibly (y, LoraDelta))."""
     if not tp.enabled:
-        return _project(linear, x, batch, layer, name)[0]
+        return _project(linear, x, batch, layer, name, defer)
     lora = batch.lora
     pending = None if lora is None else lora.begin(layer, name, x)
     y = F.linear(x, linear.weight)
     if lora is not None:
         y = lora.finish(pending, y)
     y = tp.all_reduce(y)
-    return y if linear.bias is None else y + linear.bias
+    return (y if linear.bias is None else y + linear.bias), None
 
 
 class Attention(nn.Module):
@@ -75,19 +75,26 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
-    def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels):
-        """x [T, hidden] -> [T, hidden]; writes this step's K/V into kv = (k_cache, v_cache)."""
+    def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
+        """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
+        layout allows it (flat slots) and no q/k norm sits between the projection and RoPE."""
+        return (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
+                and self.q_norm is None and kv[0].dtype == self.qkv_proj.weight.dtype)
+
+    def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, defer_o: bool = False):
+        """x [T, hidden] -> ([T, hidden], the o LoraDelta left to the caller or None); writes this
+        step's K/V into kv = (k_cache, v_cache). scale: x is add_rms_norm_lora's undivided rows and
+        this RowScale divides them (in the fused RoPE + store kernel)."""
         T = x.shape[0]
-        # RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
-        # layout allows it (flat slots) and no q/k norm sits between the projection and RoPE
-        fused = (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
-                 and self.q_norm is None and kv[0].dtype == x.dtype)
+        fused = self.fuses_rope_store(T, kv, backend, kernels)
         qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", defer=fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
+        if scale is not None and (not fused or delta is None):
+            raise RuntimeError("a RowScale needs the fused RoPE + store kernel and a deferred qkv delta")
         if fused:
             kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
-                               batch.slots, lora=delta)
+                               batch.slots, lora=delta, **({} if scale is None else dict(scale=scale)))
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -99,7 +106,7 @@ class Attention(nn.Module):
             q, k = kernels.rope(q, k, rope)
             backend.write_kv(kv[0], kv[1], k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
-        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp)
+        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp, defer_o)
 
 
 class MLP(nn.Module):
@@ -110,10 +117,14 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x, batch: ForwardBatch, kernels):
+    def forward(self, x, batch: ForwardBatch, kernels, scale=None, defer_down: bool = False):
+        """-> (down_proj output, the down LoraDelta left to the caller or None); scale as in Attention."""
         gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", defer=kernels.fuses_lora)
-        act = kernels.silu_mul(gate_up, lora=delta)  # the gate_up LoRA expand, where deferred, added here
-        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp)
+        if scale is not None and delta is None:
+            raise RuntimeError("a RowScale needs a deferred gate_up delta")
+        # the gate_up LoRA expand, where deferred, added here (and the norm's division, with scale)
+        act = kernels.silu_mul(gate_up, lora=delta, **({} if scale is None else dict(scale=scale)))
+        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp, defer_down)
 
 
 class DecoderLayer(nn.Module):
@@ -124,17 +135,33 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, layer, shard, tp)
 
-    def forward(self, h, residual, rope, batch, kv, backend, kernels):
+    def forward(self, h, residual, rope, batch, kv, backend, kernels, pending=None, defer: bool = False,
+                defer_down: bool = False):
         """Pre-norm residual block in (output, residual) form so that the residual add and the
-        next norm fuse into one kernel: h_out + residual_out is the block's true output."""
+        next norm fuse into one kernel: h_out + residual_out (+ the returned delta) is the block's
+        true output. -> (h_out, residual_out, the down LoraDelta left to the next norm or None).
+
+        pending: the previous block's down delta (h lacks it). defer: the o delta goes into the
+        post-attention norm, and `pending` into the input norm, each a column-parallel kernel whose
+        division by rms the kernel after the next GEMM does (a RowScale); defer_down: the down delta
+        comes back for the next block's input norm."""
         eps = self.input_layernorm.eps
+        scale = None
         if residual is None:
             residual, x = h, kernels.rms_norm(h, self.input_layernorm.weight, eps)
+        elif pending is not None:
+            x, residual, scale = kernels.add_rms_norm_lora(h, residual, self.input_layernorm.weight, eps, pending)
         else:
             x, residual = kernels.add_rms_norm(h, residual, self.input_layernorm.weight, eps)
-        h = self.self_attn(x, rope, batch, kv, backend, kernels)
-        x, residual = kernels.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
-        return self.mlp(x, batch, kernels), residual
+        h, delta = self.self_attn(x, rope, batch, kv, backend, kernels, scale, defer)
+        scale = None
+        if delta is not None:
+            x, residual, scale = kernels.add_rms_norm_lora(h, residual, self.post_attention_layernorm.weight, eps,
+                                                           delta)
+        else:
+            x, residual = kernels.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+        h, delta = self.mlp(x, batch, kernels, scale, defer and defer_down)
+        return h, residual, delta
 
 
 class DecoderModel(nn.Module):
@@ -167,9 +194,11 @@ class CausalLM(nn.Module):
         """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
         rope = kernels.rope_tables(batch.positions)  # once per step, shared by every layer
         h = self._embed(batch.input_ids)
-        residual = None
-        for layer, kv in zip(self.model.layers, kv_cache):
-            h, residual = layer(h, residual, rope, batch, kv, backend, kernels)
+        residual, pending = None, None
+        defer = self._defers_norms(batch, kv_cache, backend, kernels)
+        last = len(self.model.layers) - 1
+        for i, (layer, kv) in enumerate(zip(self.model.layers, kv_cache)):
+            h, residual, pending = layer(h, residual, rope, batch, kv, backend, kernels, pending, defer, i < last)
         if batch.lm_head_indices is not None:  # norm and project only the rows asked for
             h = h.index_select(0, batch.lm_head_indices)
             residual = residual.index_select(0, batch.lm_head_indices)
@@ -178,6 +207,15 @@ class CausalLM(nn.Module):
             return self.lm_head(h).float()
         logits = self.tp.all_gather_last(self.lm_head(h))  # [num_out, W * vocab_shard]
         return logits[:, : self.cfg.vocab_size].float()
+
+    def _defers_norms(self, batch: ForwardBatch, kv_cache, backend, kernels) -> bool:
+        """Whether this step adds the o / down LoRA deltas inside the residual-add + RMSNorm kernels
+        (DecoderLayer.forward's defer): a LoRA graph batch that defers every fused module's expand
+        (LoraBatch.defers_norms), kernels that take a RowScale, and the fused RoPE + store path."""
+        lora = batch.lora
+        return (lora is not None and not self.tp.enabled and kernels.fuses_norm_scale and lora.defers_norms
+                and self.model.layers[0].self_attn.fuses_rope_store(batch.input_ids.shape[0], kv_cache[0], backend,
+                                                                    kernels))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]; vocab-parallel: each rank adds the rows of its own id range."""
