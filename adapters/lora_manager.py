@@ -21,7 +21,7 @@ CUDA graphs (kernel "triton" only): a runner owns a static [max tokens] int32 bu
 LoraBatch reading it from make_graph_batch(buffer) once (at capture), and before each replay
 writes slots_for(adapter_ids) (-1 for padding rows) into it; optionally also a [max_loras + 1,
 max tokens + 1] buffer of the tokens grouped by slot (groups_for), which the slot-major
-SiLU-and-mul reads. Loading or unloading adapters between replays is seen by the graph: the
+consumers (SiLU-and-mul, the residual add + RMSNorm) read. Loading or unloading adapters between replays is seen by the graph: the
 stacks are written in place, never reallocated.
 
 Overlap (kernel "triton" on CUDA, on unless overlap=False): the manager owns one side stream
@@ -62,8 +62,12 @@ KERNELS = ("auto", "torch", "flashinfer", "triton")
 # 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
 # with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul goes slot
 # by slot over the runner's token groups instead (each B read once; rank 16, 1 / 4 / 16 adapters:
-# +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). Fusing the o / down expands into the
-# residual-add + RMSNorm (one program per token streaming B) measured a loss.
+# +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). The o / down deltas go into the residual add +
+# RMSNorm, slot by slot and column-parallel, the norm's division left to RoPE + store / SiLU-and-mul
+# after the next GEMM (model_wrapper/layers/triton_ops.add_lora_rms_norm; one program per token
+# streaming B measured a loss): same-run A/B, 1 / 4 / 16 adapters, +10.9 / +10.4 / +11.5% ->
+# +10.7 / +9.3 / +10.5%. Without the runner's groups (or a model that cannot take the division
+# later) o / down keep their expand kernels.
 FUSE_MODULES = ("qkv", "o", "gate_up", "down")
 FUSE_MAX_RANK = 16
 # fold="auto" folds the A stacks into the base GEMMs (fold_into) when max_loras * max_rank is at
@@ -85,9 +89,10 @@ class LoraManager:
     CUDA graphs); a step with more tokens is then refused. `overlap` (kernel "triton" on CUDA
     only; ignored elsewhere): run the shrinks on a side stream, concurrently with the base GEMMs;
     False keeps all LoRA work on the current stream (for A/B timings). `fuse_expand` (kernel
-    "triton", decode graph batches, max_rank <= FUSE_MAX_RANK): the qkv and gate_up expands run
-    inside the kernels that consume those projections (LoraBatch.finish_deferred); False runs
-    them as expand kernels of their own (for A/B timings). `fold` ("auto", True, False; kernel
+    "triton", decode graph batches, max_rank <= FUSE_MAX_RANK): the qkv, gate_up (and, with a
+    runner's token groups, o and down) expands run inside the kernels that consume those
+    projections (LoraBatch.finish_deferred); False runs them as expand kernels of their own (for
+    A/B timings). `fold` ("auto", True, False; kernel
     "triton" only): whether fold_into moves the A stacks into the base weights ("auto": where
     max_loras * max_rank <= FOLD_MAX_SLOT_RANK and the device is CUDA).
     """

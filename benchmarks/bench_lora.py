@@ -154,7 +154,7 @@ def main(argv=None):
     ap.add_argument("--adapters", type=int, nargs="+", help="distinct adapters per batch")
     ap.add_argument("--kernels", nargs="+",
                     help="default on CUDA: triton, flashinfer (those installed) and torch; torch on CPU")
-    ap.add_argument("--no-fuse", action="store_true", help="qkv / gate_up expands as kernels of their own (A/B)")
+    ap.add_argument("--no-fuse", action="store_true", help="the qkv / o / gate_up / down expands as kernels of their own (A/B)")
     ap.add_argument("--no-fold", action="store_true",
                     help="triton: keep the A stacks out of the base weights (LoraManager.fold_into), "
                          "shrinks as kernels")
@@ -253,7 +253,7 @@ def main(argv=None):
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"\nLoRA decode, batch {batch} at context {context}, {device_name}, {dtype}, "
           f"{'tiny' if tiny else 'Llama-3-8B-shaped'} model, adapters on all 7 projections, "
-          f"triton shrink overlap {'on' if overlap else 'off'}, qkv / gate_up expand fused "
+          f"triton shrink overlap {'on' if overlap else 'off'}, expands fused into their consumers "
           f"{'off' if args.no_fuse else 'on (rank <= 16)'}, A folded into the base GEMMs "
           f"{'off' if args.no_fold else 'where max_loras x max_rank <= 256'}")
     print(f"{'kernel':>10} {'rank':>5} {'adapters':>8} {'sync ms':>9} {'tok/s':>9} {'vs base':>8} "

@@ -101,7 +101,8 @@ class TextGenerator:
         overlap: with the triton kernel, run each projection's LoRA shrink on a side stream while
                 its base GEMM runs (False: all on one stream, for A/B timings).
         fuse_expand: in decode graphs (max_rank <= 16) add the qkv and gate_up deltas inside the
-                RoPE + K/V-store and SiLU-and-mul kernels (False: expand kernels of their own).
+                RoPE + K/V-store and SiLU-and-mul kernels, and the o and down deltas inside the
+                residual add + RMSNorm (False: expand kernels of their own).
         fold: "auto", True or False: with the triton kernel, decode CUDA graphs and no tensor
                 parallelism, move the A stacks into extra rows of the base weights so that in the
                 decode graphs each base GEMM computes the LoRA shrink too (LoraManager.fold_into;
