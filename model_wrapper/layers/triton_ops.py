@@ -158,6 +158,15 @@ def _lora_add(x, bv, s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride
 
 
 @triton.jit
+def _token_group(groups_ptr, stride_g, S):
+    """A slot-major program's group (axis 0): -> (group g, whether g < S is an adapter slot, the
+    slot clamped to a valid index (int64), a pointer to groups[g] = [count, row, row, ...], count)."""
+    grp = tl.program_id(0)
+    row0 = groups_ptr + grp * stride_g
+    return grp, grp < S, tl.minimum(grp, S - 1).to(tl.int64), row0, tl.load(row0)
+
+
+@triton.jit
 def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, groups_ptr, ss_ptr, n, R, S,
                               num_splits, stride_x, stride_o, stride_sp, stride_sm, stride_ss, stride_g, nb, inv_n,
                               eps, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -167,14 +176,10 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
     read once per step however many tokens use it, and not at all by a slot no token uses. SCALED:
     x and s are the projections of an unnormalised input (add_lora_rms_norm); each token's rows are
     first multiplied by its RMSNorm factor (_row_scale) and rounded, as the GEMM's output would be."""
-    grp = tl.program_id(0)
+    grp, lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
     r = tl.arange(0, BLOCK_R)
-    lora = grp < S
-    s0 = tl.minimum(grp, S - 1).to(tl.int64)
-    row0 = groups_ptr + grp * stride_g
-    count = tl.load(row0)
     rank_g = tl.where(lora, tl.load(rank_ptr + s0 * 2), 0)
     rank_u = tl.where(lora, tl.load(rank_ptr + s0 * 2 + 1), 0)
     b_at = s0 * n * R + col[None, :] * R + r[:, None]  # [BLOCK_R, BLOCK] tile of B^T
@@ -233,7 +238,7 @@ SILU_LORA_BLOCK = 128  # columns per program
 SILU_LORA_BLOCK_T = 16  # tokens of one group per tensor-core product (its smallest M)
 
 
-def silu_and_mul_lora(x: torch.Tensor, d, scale: "RowScale | None" = None) -> torch.Tensor:
+def silu_and_mul_lora(x: torch.Tensor, d, scale: RowScale | None = None) -> torch.Tensor:
     """silu_and_mul of x [T, 2N] after adding the gate_up LoRA delta d (a LoraDelta: sub-modules
     gate, up; d.groups the step's tokens grouped by slot) to x; x itself is not written. -> [T, N].
     scale: x and d.s project add_lora_rms_norm's unnormalised rows; its RowScale normalises them."""
@@ -277,20 +282,16 @@ class RowScale(NamedTuple):
 @triton.jit
 def _add_lora_norm_kernel(h_ptr, res_ptr, w_ptr, ss_ptr, s_ptr, b_ptr, rank_ptr, groups_ptr, n, R, S, num_splits, nb,
                           stride_h, stride_r, stride_sp, stride_sm, stride_ss, stride_g, BLOCK_T: tl.constexpr,
-                          BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr, EVICT: tl.constexpr):
+                          BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
     """Program (group, column block), groups as in _silu_and_mul_lora_kernel: for each of the
     group's tokens t, h[t] + its LoRA delta (one rounding) is added to residual[t] (one rounding,
     written back), then h[t] <- round(weight * residual[t]) and ss[t, block] <- the block's sum of
     residual[t]^2 (fp32), which the consumer of the next GEMM turns into the RMSNorm factor."""
-    grp = tl.program_id(0)
+    grp, lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
     cb = tl.program_id(1)
     col = cb * BLOCK + tl.arange(0, BLOCK)
     m = col < n
     r = tl.arange(0, BLOCK_R)
-    lora = grp < S
-    s0 = tl.minimum(grp, S - 1).to(tl.int64)
-    row0 = groups_ptr + grp * stride_g
-    count = tl.load(row0)
     rank = tl.where(lora, tl.load(rank_ptr + s0), 0)
     bt = tl.load(b_ptr + s0 * n * R + col[None, :] * R + r[:, None], mask=(count > 0) & m[None, :] & (r < rank)[:, None],
                  other=0.0)  # [BLOCK_R, BLOCK] tile of B^T
@@ -310,7 +311,7 @@ def _add_lora_norm_kernel(h_ptr, res_ptr, w_ptr, ss_ptr, s_ptr, b_ptr, rank_ptr,
             tl.store(res_ptr + t * stride_r + col, rv, mask=m & ok)
             rf = rv.to(tl.float32)
             tl.store(h_ptr + t * stride_h + col, (rf * w).to(hv.dtype), mask=m & ok)
-            tl.store(ss_ptr + t * nb + cb, tl.sum(rf * rf, axis=0), mask=ok, eviction_policy=EVICT)
+            tl.store(ss_ptr + t * nb + cb, tl.sum(rf * rf, axis=0), mask=ok)
     else:  # BLOCK_T tokens at a time, tensor-core products
         for c0 in range(0, count, BLOCK_T):
             i = c0 + tl.arange(0, BLOCK_T)
@@ -329,11 +330,10 @@ def _add_lora_norm_kernel(h_ptr, res_ptr, w_ptr, ss_ptr, s_ptr, b_ptr, rank_ptr,
             tl.store(res, rv, mask=xm)
             rf = rv.to(tl.float32)
             tl.store(h_ptr + t[:, None] * stride_h + col[None, :], (rf * w[None, :]).to(hv.dtype), mask=xm)
-            tl.store(ss_ptr + t * nb + cb, tl.sum(rf * rf, axis=1), mask=ok, eviction_policy=EVICT)
+            tl.store(ss_ptr + t * nb + cb, tl.sum(rf * rf, axis=1), mask=ok)
 
 
 ADD_NORM_BLOCK = 128  # columns per program
-ADD_NORM_EVICT = ""  # L2 eviction hint of the sums of squares (read after the next GEMM)
 
 
 def add_lora_rms_norm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, d) -> RowScale:
@@ -356,7 +356,7 @@ def add_lora_rms_norm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
             h, residual, weight, ss, d.s, d.b[0], d.ranks, groups, n, d.rank, S, d.s.shape[0], nb, h.stride(0),
             residual.stride(0), d.s.stride(0), d.s.stride(1), d.slot_stride, groups.stride(0), BLOCK_T=SILU_LORA_BLOCK_T,
             BLOCK=ADD_NORM_BLOCK, BLOCK_R=max(16, triton.next_power_of_2(d.rank)),
-            PRECISION="ieee" if h.dtype == torch.float32 else "tf32", EVICT=ADD_NORM_EVICT, num_warps=4)
+            PRECISION="ieee" if h.dtype == torch.float32 else "tf32", num_warps=4)
     return RowScale(ss, n, eps)
 
 
@@ -456,7 +456,7 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
 
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
                   num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slots: torch.Tensor, d=None, scale: "RowScale | None" = None) -> None:
+                  slots: torch.Tensor, d=None, scale: RowScale | None = None) -> None:
     """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): the qkv LoRA delta d (a LoraDelta, sub-
     modules q, k, v; None = no LoRA) added, q and k rotated (neox form, cos / sin from the float32
     [P, D] table: cos half then sin half), and k and v written at flat `slots` of the caches
