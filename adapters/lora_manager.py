@@ -21,8 +21,8 @@ CUDA graphs (kernel "triton" only): a runner owns a static [max tokens] int32 bu
 LoraBatch reading it from make_graph_batch(buffer) once (at capture), and before each replay
 writes slots_for(adapter_ids) (-1 for padding rows) into it; optionally also a [max_loras + 1,
 max tokens + 1] buffer of the tokens grouped by slot (groups_for), which the slot-major
-consumers (SiLU-and-mul, the residual add + RMSNorm) read. Loading or unloading adapters between replays is seen by the graph: the
-stacks are written in place, never reallocated.
+consumers (SiLU-and-mul, the residual add + RMSNorm) read. Loading or unloading adapters between
+replays is seen by the graph: the stacks are written in place, never reallocated.
 
 Overlap (kernel "triton" on CUDA, on unless overlap=False): the manager owns one side stream
 (adapters.side_stream) on which each projection's shrink runs while its base GEMM runs, eagerly
@@ -92,9 +92,9 @@ class LoraManager:
     "triton", decode graph batches, max_rank <= FUSE_MAX_RANK): the qkv, gate_up (and, with a
     runner's token groups, o and down) expands run inside the kernels that consume those
     projections (LoraBatch.finish_deferred); False runs them as expand kernels of their own (for
-    A/B timings). `fold` ("auto", True, False; kernel
-    "triton" only): whether fold_into moves the A stacks into the base weights ("auto": where
-    max_loras * max_rank <= FOLD_MAX_SLOT_RANK and the device is CUDA).
+    A/B timings). `fold` ("auto", True, False; kernel "triton" only): whether fold_into moves the
+    A stacks into the base weights ("auto": where max_loras * max_rank <= FOLD_MAX_SLOT_RANK and
+    the device is CUDA).
     """
 
     def __init__(self, *, num_layers: int, hidden_size: int, q_size: int, kv_size: int,
