@@ -47,15 +47,15 @@ class TorchKernels:
         cos, sin, _ = tables
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-    def silu_mul(self, gate_up: torch.Tensor, lora=None) -> torch.Tensor:
-        _no_lora(self, lora)
+    def silu_mul(self, gate_up: torch.Tensor, lora=None, scale=None) -> torch.Tensor:
+        _no_lora(self, lora, scale)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
 
-def _no_lora(kernels, lora) -> None:
-    if lora is not None:
-        raise RuntimeError(f"{type(kernels).__name__} got a deferred LoRA delta but does not fuse one")
+def _no_lora(kernels, lora, scale=None) -> None:
+    if lora is not None or scale is not None:
+        raise RuntimeError(f"{type(kernels).__name__} got a deferred LoRA delta or RowScale but does not fuse one")
 
 
 def _rotate(x, cos, sin):
@@ -99,7 +99,7 @@ class FlashInferKernels(TorchKernels):
     def silu_mul(self, gate_up, lora=None, scale=None):
         """scale (a RowScale, with lora): gate_up projects add_rms_norm_lora's undivided rows."""
         if self._triton is None:
-            return super().silu_mul(gate_up, lora)
+            return super().silu_mul(gate_up, lora, scale)
         if lora is not None:
             return self._triton.silu_and_mul_lora(gate_up, lora, scale)
         if scale is not None:

@@ -159,11 +159,11 @@ def _lora_add(x, bv, s_ptr, rank_ptr, slot, t, sub, n_sub, R, num_splits, stride
 
 @triton.jit
 def _token_group(groups_ptr, stride_g, S):
-    """A slot-major program's group (axis 0): -> (group g, whether g < S is an adapter slot, the
-    slot clamped to a valid index (int64), a pointer to groups[g] = [count, row, row, ...], count)."""
+    """A slot-major program's group g (axis 0): -> (whether g < S is an adapter slot, the slot
+    clamped to a valid index (int64), a pointer to groups[g] = [count, row, row, ...], count)."""
     grp = tl.program_id(0)
     row0 = groups_ptr + grp * stride_g
-    return grp, grp < S, tl.minimum(grp, S - 1).to(tl.int64), row0, tl.load(row0)
+    return grp < S, tl.minimum(grp, S - 1).to(tl.int64), row0, tl.load(row0)
 
 
 @triton.jit
@@ -176,7 +176,7 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
     read once per step however many tokens use it, and not at all by a slot no token uses. SCALED:
     x and s are the projections of an unnormalised input (add_lora_rms_norm); each token's rows are
     first multiplied by its RMSNorm factor (_row_scale) and rounded, as the GEMM's output would be."""
-    grp, lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
+    lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < n
     r = tl.arange(0, BLOCK_R)
@@ -287,7 +287,7 @@ def _add_lora_norm_kernel(h_ptr, res_ptr, w_ptr, ss_ptr, s_ptr, b_ptr, rank_ptr,
     group's tokens t, h[t] + its LoRA delta (one rounding) is added to residual[t] (one rounding,
     written back), then h[t] <- round(weight * residual[t]) and ss[t, block] <- the block's sum of
     residual[t]^2 (fp32), which the consumer of the next GEMM turns into the RMSNorm factor."""
-    grp, lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
+    lora, s0, row0, count = _token_group(groups_ptr, stride_g, S)
     cb = tl.program_id(1)
     col = cb * BLOCK + tl.arange(0, BLOCK)
     m = col < n

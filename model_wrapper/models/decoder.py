@@ -94,7 +94,7 @@ class Attention(nn.Module):
             raise RuntimeError("a RowScale needs the fused RoPE + store kernel and a deferred qkv delta")
         if fused:
             kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
-                               batch.slots, lora=delta, **({} if scale is None else {"scale": scale}))
+                               batch.slots, lora=delta, scale=scale)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -123,7 +123,7 @@ class MLP(nn.Module):
         if scale is not None and delta is None:
             raise RuntimeError("a RowScale needs a deferred gate_up delta")
         # the gate_up LoRA expand, where deferred, added here (and the norm's division, with scale)
-        act = kernels.silu_mul(gate_up, lora=delta, **({} if scale is None else {"scale": scale}))
+        act = kernels.silu_mul(gate_up, lora=delta, scale=scale)
         return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp, defer_down)
 
 
