@@ -120,7 +120,7 @@ class DecodeGraphRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
                 and batch.atten_mask is None and batch.batch_size <= self.max_batch
-                and (batch.lora is None or self.lora is not None))
+                and (not batch.uses_lora or self.lora is not None))
 
     def bucket_for(self, batch_size: int) -> int:
         """The captured batch size a step of batch_size requests replays: a function of the
@@ -215,7 +215,7 @@ class DecodeGraphRunner:
         self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
         bucket.inputs.copy_(st, non_blocking=True)
         if self.lora is not None:  # (staging buffers are refilled only after `copied`)
-            ids = batch.extras.get("adapter_ids") if batch.lora is not None else None
+            ids = batch.adapter_ids
             bucket.token_slot_staging.fill_(-1)
             if ids is not None:
                 bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,7 +52,10 @@ class ForwardBatch:
     spec_mask:       [T, max_q] bool, host (True = attend) or None; backends plan from it
     atten_mask:      [T, max_kv] bool, host (True = attend) or None
     max_q, max_kv:   host ints
-    lora:            adapters' per-step mapping (adapters.LoraBatch) or None
+    lora:            adapters' per-step mapping (adapters.LoraBatch) or None; made by ensure_lora
+                     only where the step runs eagerly (a decode graph replay maps adapter_ids itself)
+    adapter_ids:     per request (validated; length 1 = the whole batch), or None without LoRA
+    lora_maker:      (adapter_ids, batch) -> LoraBatch (LoraManager.make_batch), or None
     extras:          per-feature metadata a backend or feature adds (e.g. CUDA-graph state)
     """
 
@@ -78,10 +82,23 @@ class ForwardBatch:
     max_q: int
     max_kv: int
     lora: Any = None
+    adapter_ids: list | None = None
+    lora_maker: Callable[[list, ForwardBatch], Any] | None = None
     extras: dict = field(default_factory=dict)
     # (tokens, rows, index), all on the device: input_ids[rows] = tokens[index] (already applied
     # to input_ids; a CUDA-graph replay applies it to its static input buffer)
     prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def uses_lora(self) -> bool:
+        """Whether the step names adapters (its LoraBatch may not be made yet: ensure_lora)."""
+        return self.lora is not None or self.adapter_ids is not None
+
+    def ensure_lora(self) -> None:
+        """Make the step's LoraBatch from adapter_ids, where it names adapters and has none yet:
+        once, before an eager forward (host work a decode graph replay does not need)."""
+        if self.lora is None and self.adapter_ids is not None:
+            self.lora = self.lora_maker(self.adapter_ids, self)
 
     @property
     def batch_size(self) -> int:

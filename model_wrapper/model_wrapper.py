@@ -163,6 +163,7 @@ class ModelWrapper:
     def _forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch, kv_cache)
+        batch.ensure_lora()
         if self._planned is not None:
             # A caller may run ahead of the device (an engine that does not wait for the last
             # step's tokens): the attention plan refills host buffers whose copies to the device

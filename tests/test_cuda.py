@@ -238,6 +238,14 @@ def test_no_host_device_sync_in_replayed_decode(gpu_ckpt):
         torch.cuda.set_sync_debug_mode(0)
 
 
+def _logged(fn, log):
+    """fn, appending the arguments of each call to log."""
+    def call(*args):
+        log.append(args)
+        return fn(*args)
+    return call
+
+
 def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
     """With LoRA on the Triton kernel, decode graphs carry the adapters: a mixed-adapter batch
     replayed from a graph gives the eager step's logits, and base rows stay base."""
@@ -260,11 +268,14 @@ def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
         assert gen.lora_manager.kernel == "triton"
         for n in names:
             gen.load_adapter(n, dirs[n])
+        made = []  # the steps that built an eager LoraBatch (host work a replay skips)
+        gen.lora_manager.make_batch = _logged(gen.lora_manager.make_batch, made)
         h = PagedHarness(gen, 64, 16, seed=1)
         h.step({r: p for r, p in enumerate(prompts)}, is_prefill=True, adapter_ids=ids)
         steps = [h.step({r: [7 + t] for r in range(len(prompts))}, is_prefill=False, adapter_ids=ids)
                  for t in range(3)]
         outs.append(torch.stack(steps))
+        assert len(made) == (1 if graphs else 4)
         if graphs:
             assert gen.model_wrapper.graphs._graphs, "the LoRA decode steps did not replay a graph"
     assert rel_err(outs[1], outs[0]) < 2e-2

@@ -218,7 +218,6 @@ class TextGenerator:
             token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index,
             prev_token_ids=step.prev_token_ids,
         )
-        if step.adapter_ids is not None:
-            batch.lora = self.lora_manager.make_batch(step.adapter_ids, batch)
-            batch.extras["adapter_ids"] = step.adapter_ids  # per request, for a graph replay
+        if step.adapter_ids is not None:  # mapped by a graph replay, or by make_batch before an eager run
+            batch.adapter_ids, batch.lora_maker = step.adapter_ids, self.lora_manager.make_batch
         return mw.forward(batch, kv_cache)
