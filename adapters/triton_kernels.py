@@ -121,7 +121,7 @@ def _shrink(x_ptr, a_ptr, rank_ptr, token_slot_ptr, perm_ptr, indptr_ptr, s_ptr,
 def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, indptr_ptr, y_ptr, T, R, n_sub,
             num_splits, n0, n1, n2, o0, o1, o2, stride_sp, stride_sm, stride_ss, stride_ym,
             SEGMENTED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-            PRECISION: tl.constexpr, PDL: tl.constexpr):
+            RPAD: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     slot, chunk = tl.program_id(0), tl.program_id(1)
     sub, first, y_off, n_out = _sub_block(tl.program_id(2), n0, n1, n2, o0, o1, o2, BLOCK_N)
     if sub == 0:
@@ -136,9 +136,13 @@ def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, i
     used = tl.max(ok.to(tl.int32), axis=0) > 0
     r_ok = used & (r < rank)
     n = first + tl.arange(0, BLOCK_N)
-    # weights, ranks and slots are written by no kernel of this step: read them before the wait
-    bv = tl.load(b_ptr + slot.to(tl.int64) * n_out * R + n[None, :] * R + r[:, None],
-                 mask=r_ok[:, None] & (n < n_out)[None, :], other=0.0)
+    # weights, ranks and slots are written by no kernel of this step: read them before the wait;
+    # whole rows of B (zero past the rank; s is masked by it), so that the mask is constant along r
+    # and the tile is read in 16-byte vectors (model_wrapper/layers/triton_ops._b_mask)
+    b_ok = (n < n_out)[None, :] & used & (rank > 0)
+    if RPAD:
+        b_ok = b_ok & (r < R)[:, None]
+    bv = tl.load(b_ptr + slot.to(tl.int64) * n_out * R + n[None, :] * R + r[:, None], mask=b_ok, other=0.0)
     if PDL:
         gdc_wait()  # the shrink (s) and everything before it (y) are complete
     if used:
@@ -272,6 +276,7 @@ def lora_expand_add(s: torch.Tensor, b: tuple[torch.Tensor, ...], token_slot: to
         s, *bs, ranks, *_mapping_args(token_slot, segments), y, T, rank, len(b), splits, *outs, *offs,
         s.stride(0), s.stride(1), slot_stride, y.stride(0), SEGMENTED=segments is not None, BLOCK_T=block_t,
         BLOCK_N=BLOCK_N,
-        BLOCK_R=_pow2(rank, 16, 128), PRECISION=_precision(y.dtype), PDL=pdl and _pdl(y.device),
+        BLOCK_R=_pow2(rank, 16, 128), RPAD=_pow2(rank, 16, 128) != rank, PRECISION=_precision(y.dtype),
+        PDL=pdl and _pdl(y.device),
         num_warps=NUM_WARPS, **(_pdl_launch(y.device) if pdl else {}))
     return y

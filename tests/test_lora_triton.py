@@ -153,10 +153,10 @@ def test_split_k_partials_add_up_and_ranks_mask_the_padding(monkeypatch):
     used = token_slot >= 0
     assert torch.allclose(s.sum(0)[used].double(), (h * keep)[used], atol=1e-4)
     want = reference(x, a, bs, token_slot, ranks, R, offsets, y)
-    for sl in range(3):  # what lies beyond each true rank is never read
-        for i, b in enumerate(bs):
+    for sl in range(3):  # A beyond each true rank is never read; B there holds the manager's zeros (its
+        for i, b in enumerate(bs):  # tiles are read whole: test_a_reused_slot_is_zero_past_the_new_ranks)
             a[sl, i * R + int(ranks[sl, i]):(i + 1) * R] = float("nan")
-            b[sl, :, int(ranks[sl, i]):] = float("nan")
+            b[sl, :, int(ranks[sl, i]):] = 0.0
     got = run_kernels(x, a, bs, ranks, token_slot, y.clone(), offsets, R)
     assert torch.allclose(got.to(want.dtype), want, atol=1e-4)
 
@@ -234,6 +234,23 @@ def test_manager_tracks_true_ranks_per_sub_module():
     assert m.lora_rank["down"][:, s["r8"]].flatten().tolist() == [8, 8]
     m.unload_adapter("r8")
     assert all(int(r[:, s["r8"]].abs().sum()) == 0 for r in m.lora_rank.values())
+
+
+def test_a_reused_slot_is_zero_past_the_new_ranks():
+    """The fused kernels read B tiles whole (rank-masked s times B): a slot that held a rank-8
+    adapter and now holds a rank-2 one on two modules must keep nothing of the first past rank 2,
+    nor on the modules the second leaves out."""
+    m = loaded_manager()
+    slot = m.slot_of("r8")
+    m.unload_adapter("r8")
+    m.add_adapter(random_adapter("again", m, 2, modules=("q_proj", "down_proj"), seed=9))
+    assert m.slot_of("again") == slot
+    for module, stacks in m.lora_b.items():
+        for sub, b in enumerate(stacks):  # [layers, slots, out, R]
+            rank = m.lora_rank[module][:, slot, sub]
+            for layer in range(b.shape[0]):
+                assert not b[layer, slot, :, int(rank[layer]):].any(), (module, sub, layer)
+                assert b[layer, slot, :, :int(rank[layer])].any() == bool(rank[layer])
 
 
 @interpreted
