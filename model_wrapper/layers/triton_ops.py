@@ -120,9 +120,10 @@ def _b_mask(n_ok, rank, r, R, RPAD: tl.constexpr):
     slot before writing it; s is masked by the rank, so that a product there is 0 * 0), and a mask
     constant along r lets the tile be read in 16-byte vectors instead of element by element.
     RPAD: the tile is wider than the stack (BLOCK_R > R)."""
+    ok = n_ok & (rank > 0)
     if RPAD:
-        return n_ok & (rank > 0) & (r < R)
-    return n_ok & (rank > 0)
+        ok = ok & (r < R)
+    return ok
 
 
 @triton.jit
