@@ -13,9 +13,9 @@ Token layout (requests one after another, q_len_r new tokens each; L_r = input_l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from collections.abc import Callable
 from typing import Any
 
 import torch

@@ -273,7 +273,7 @@ def _silu_and_mul_lora_kernel(x_ptr, out_ptr, s_ptr, bg_ptr, bu_ptr, rank_ptr, g
 
 SILU_LORA_BLOCK = 128  # columns per program
 SILU_LORA_BLOCK_T = 16  # tokens of one group per tensor-core product (its smallest M)
-SILU_LORA_WARPS = 4
+SILU_LORA_WARPS = 4  # (64 / 128 columns x 2 / 4 / 8 warps: within 0.03 ms a step on the H100)
 
 
 def silu_and_mul_lora(x: torch.Tensor, d, scale: RowScale | None = None) -> torch.Tensor:
@@ -396,7 +396,7 @@ def _add_lora_norm_kernel(h_ptr, res_ptr, w_ptr, ss_ptr, s_ptr, b_ptr, rank_ptr,
 
 
 ADD_NORM_BLOCK = 128  # columns per program
-ADD_NORM_WARPS = 4
+ADD_NORM_WARPS = 4  # (2 / 8: within 0.03 ms a step)
 
 
 def add_lora_rms_norm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, d) -> RowScale:
@@ -516,7 +516,7 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
             tl.store(vc_ptr + cache + full, v)
 
 
-ROPE_WARPS = 4
+ROPE_WARPS = 4  # (1 / 2: within 0.03 ms a step, base and LoRA)
 
 
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
