@@ -170,6 +170,11 @@ def test_fused_kernels_match_torch():
     b, rb = fused.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
     torch.testing.assert_close(rb, ra, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+    two, r2 = x[:2].clone(), r[:2].clone()  # a two-token step: Triton's add + RMSNorm before the GEMV
+    assert fused._triton.add_rms_norm_fits(two, r2) and not fused._triton.add_rms_norm_fits(x[:3], r[:3])
+    b2, rb2 = fused.add_rms_norm(two, r2, w, 1e-5)
+    torch.testing.assert_close(rb2, ra[:2], rtol=0, atol=0)
+    torch.testing.assert_close(b2, a[:2], rtol=2e-2, atol=2e-2)
     pos = torch.randint(0, 4000, (37,), device=dev)
     qkv = torch.randn(37, (8 + 2 * 2) * 128, device=dev, dtype=dt)  # rotate views of a fused qkv
     q = qkv[:, : 8 * 128].view(37, 8, 128)
@@ -178,6 +183,83 @@ def test_fused_kernels_match_torch():
     qf, kf = fused.rope(q, k, fused.rope_tables(pos))
     torch.testing.assert_close(qf.float(), qr.float(), rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(kf.float(), kr.float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemv_matches_the_product(dt):
+    """triton_ops.gemv (steps of one or two tokens) against the float64 product: its error at most
+    that of cuBLAS on the same operands (both round once) plus a floor. Shapes: a row wider than a
+    tile and not a power of two, a weight count that leaves the last program part-empty, a bias;
+    a strided x goes to cuBLAS."""
+    from model_wrapper.layers import triton_ops
+
+    torch.manual_seed(1)
+    for T, (N, K), bias in ((1, (96, 1000), False), (2, (4100, 512), True), (1, (300, 14336), False),
+                            (2, (7, 4096), True)):
+        w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+        b = torch.randn(N, device="cuda", dtype=dt) if bias else None
+        x = torch.randn(T, K, device="cuda", dtype=dt)
+        assert triton_ops.gemv_fits(x, w)
+        assert not triton_ops.gemv_fits(torch.randn(T, 2 * K, device="cuda", dtype=dt)[:, ::2], w)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        got = triton_ops.gemv(x, w, b)
+        blas = torch.nn.functional.linear(x, w, b)
+        assert got.dtype == dt and got.shape == (T, N)
+        floor = 1e-6 if dt == torch.float32 else 1e-3
+        assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + floor, (T, N, K, dt)
+    w = torch.randn(64, 64, device="cuda", dtype=dt)
+    assert not triton_ops.gemv_fits(torch.randn(3, 64, device="cuda", dtype=dt), w)  # more tokens: cuBLAS
+    other = torch.float16 if dt != torch.float16 else torch.bfloat16
+    assert not triton_ops.gemv_fits(torch.randn(1, 64, device="cuda", dtype=other), w)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_of_one_or_two_tokens_runs_the_gemv_and_matches_transformers(gpu_ckpt, batch):
+    """Decode at batch 1 and 2, eager and under graphs, projects through triton_ops.gemv (its
+    calls logged) and stays within the bf16 bound of transformers' fp32 logits at each step's
+    tokens."""
+    from model_wrapper.layers import triton_ops
+
+    path = gpu_ckpt("llama31")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (13, 6)[:batch]]
+    runs = []
+    for graphs in (False, True):
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
+        log = []
+        gen.model_wrapper.kernels._triton = _Logged(triton_ops, log)
+        h = PagedHarness(gen, 64, 16, seed=3)
+        last = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
+        logits = h.step(dict(enumerate(prompts)), is_prefill=True, lm_head_indices=last)
+        seqs, steps = [list(p) for p in prompts], []
+        for _ in range(5):
+            for r, seq in enumerate(seqs):
+                seq.append(int(logits[r].argmax()))
+            logits = h.step({r: seq[-1:] for r, seq in enumerate(seqs)}, is_prefill=False)
+            steps += [(list(seq), logits[r]) for r, seq in enumerate(seqs)]
+        assert log, f"no step ran the GEMV (cuda_graphs={graphs})"
+        assert not graphs or gen.model_wrapper.graphs._graphs, "no graph was captured"
+        runs.append(steps)
+    ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
+    with torch.no_grad():
+        for steps in runs:
+            for toks, got in steps:
+                ids = torch.tensor([toks], device="cuda")
+                w32, w16 = ref32(ids).logits[0, -1].float(), ref16(ids).logits[0, -1].float()
+                assert rel_err(got, w32) <= 2 * rel_err(w16, w32) + 2e-3, (len(toks), rel_err(got, w32))
+
+
+class _Logged:
+    """A module's functions, with each call to gemv appended to log."""
+
+    def __init__(self, module, log):
+        self._module, self._log = module, log
+
+    def __getattr__(self, name):
+        fn = getattr(self._module, name)
+        if name != "gemv":
+            return fn
+        return lambda *args: (self._log.append(args), fn(*args))[1]
 
 
 def _decode_run(gen, prompts, n_steps, block_size=16, num_blocks=64):

@@ -664,6 +664,40 @@ def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype, T, N):
     assert torch.allclose(got[base].float(), plain[base], rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gemv_is_the_product_with_bias_and_part_filled_programs(dtype):
+    """triton_ops.gemv (the projections of one- and two-token steps on the CUDA path) against the
+    float64 product: rows narrower than a tile and wider than one (not powers of two), a last
+    program with rows past N, a bias. bf16 runs on CUDA (test_cuda.test_gemv_matches_the_product)."""
+    g = torch.Generator().manual_seed(2)
+    for T, N, K, bias in ((1, 70, 1000, True), (2, 5, 20000, False), (2, 33, 64, True)):
+        w = (torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = torch.randn(T, K, generator=g).to(DEVICE, dtype)
+        assert tops.gemv_fits(x, w)
+        got = tops.gemv(x, w, b)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        assert got.dtype == dtype and got.shape == (T, N)
+        assert rel_err(got.double(), want) < TOL[dtype], (N, K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_add_rms_norm_is_the_reference_residual_add_and_norm(dtype):
+    """triton_ops.add_rms_norm (before the GEMV of one- and two-token steps), in place, against the
+    reference arithmetic (norm.rms_norm: transformers' LlamaRMSNorm) on rows that are not a power of two."""
+    from model_wrapper.layers.norm import rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    x, r = (torch.randn(2, 1000, generator=g).to(DEVICE, dtype) for _ in range(2))
+    w = torch.rand(1000, generator=g).to(DEVICE, dtype)
+    want_r = r + x
+    want = rms_norm(want_r, w, 1e-5)
+    assert tops.add_rms_norm_fits(x, r)
+    tops.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(r, want_r)
+    assert rel_err(x.double(), want.double()) < TOL[dtype]
+
+
 def test_lora_groups_lists_each_slots_tokens_in_order_and_the_rest_last():
     slots = torch.tensor([2, -1, 0, 2, -1, 2, 1, -1, 0])
     out = torch.full((5, 12), -7, dtype=torch.int32)  # a runner's buffer, wider than T + 1

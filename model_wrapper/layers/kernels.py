@@ -3,7 +3,7 @@
 TorchKernels is the reference: the exact arithmetic of transformers' Llama-family modules (fp32
 RMSNorm statistics, cos/sin rounded to the model dtype). FlashInferKernels runs the same math
 as fused CUDA kernels (RMSNorm, residual-add + RMSNorm in place, RoPE in place from a float32
-cos/sin table); the GPU tests hold it to the torch path within bf16 bounds. The model wrapper
+cos/sin table, a GEMV for steps of one or two tokens); the GPU tests hold it to the torch path within bf16 bounds. The model wrapper
 picks one at load time; layers call `kernels.<op>` and never branch on the device themselves.
 """
 
@@ -26,6 +26,10 @@ class TorchKernels:
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
         self.inv_freq = inv_freq  # [head_dim // 2] float32
         self.dtype = dtype
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, K] -> x @ weight^T (+ bias): the model's projections and lm_head."""
+        return F.linear(x, weight, bias)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [..., d] -> weight * x / rms(x), statistics in fp32, result in x's dtype."""
@@ -84,13 +88,23 @@ class FlashInferKernels(TorchKernels):
         freqs = pos[:, None] * inv_freq[None, :]
         self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
 
+    def linear(self, x, weight, bias=None):
+        """Steps of one or two tokens: Triton's GEMV, which reads the weights while the kernel
+        before it drains (layers/triton_ops.gemv); otherwise cuBLAS."""
+        if self._triton is not None and self._triton.gemv_fits(x, weight):
+            return self._triton.gemv(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def rms_norm(self, x, weight, eps):
         if x.dim() == 2:
             return self._fi.rmsnorm(x, weight, eps)
         return self._fi.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
     def add_rms_norm(self, x, residual, weight, eps):
-        self._fi.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
+        if self._triton is not None and self._triton.add_rms_norm_fits(x, residual):
+            self._triton.add_rms_norm(x, residual, weight, eps)  # lets the GEMV after it launch at once
+        else:
+            self._fi.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
         return x, residual
 
     def rope_tables(self, positions):

@@ -31,14 +31,15 @@ from model_wrapper.parallel import TPGroup, TPShard
 ROPE_STORE_MAX_TOKENS = 1024
 
 
-def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, defer: bool = False):
-    """-> (x @ W^T + b, None) with the LoRA delta added, or with defer (the caller's next kernel
+def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, kernels,
+             defer: bool = False):
+    """-> (x @ W^T + b, None) (kernels.linear) with the LoRA delta added, or with defer (the caller's next kernel
     adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's consumer."""
     lora = batch.lora
     if lora is not None and lora.folds(layer, name):  # the shrink rides in the GEMM's extra rows
         return lora.project_folded(layer, name, x, defer)
     pending = None if lora is None else lora.begin(layer, name, x)  # before the GEMM: it may overlap it
-    y = F.linear(x, linear.weight, linear.bias)
+    y = kernels.linear(x, linear.weight, linear.bias)
     if lora is None:
         return y, None
     if defer:
@@ -47,15 +48,15 @@ def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int
 
 
 def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
-                          tp: TPGroup, defer: bool = False):
+                          kernels, tp: TPGroup, defer: bool = False):
     """Row-parallel projection: partial sums of this rank's input columns (LoRA's partial delta
     included: it is linear in x), all-reduced; the (replicated) bias is added once, after the sum.
     -> (y, None). Without TP: exactly _project (with defer, possibly (y, LoraDelta))."""
     if not tp.enabled:
-        return _project(linear, x, batch, layer, name, defer)
+        return _project(linear, x, batch, layer, name, kernels, defer)
     lora = batch.lora
     pending = None if lora is None else lora.begin(layer, name, x)
-    y = F.linear(x, linear.weight)
+    y = kernels.linear(x, linear.weight)
     if lora is not None:
         y = lora.finish(pending, y)
     y = tp.all_reduce(y)
@@ -87,7 +88,7 @@ class Attention(nn.Module):
         this RowScale divides them (in the fused RoPE + store kernel)."""
         T = x.shape[0]
         fused = self.fuses_rope_store(T, kv, backend, kernels)
-        qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", defer=fused)
+        qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", kernels, defer=fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
         if scale is not None and (not fused or delta is None):
@@ -106,7 +107,8 @@ class Attention(nn.Module):
             q, k = kernels.rope(q, k, rope)
             backend.write_kv(kv[0], kv[1], k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
-        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", self.tp, defer_o)
+        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", kernels, self.tp,
+                                     defer_o)
 
 
 class MLP(nn.Module):
@@ -119,12 +121,13 @@ class MLP(nn.Module):
 
     def forward(self, x, batch: ForwardBatch, kernels, scale=None, defer_down: bool = False):
         """-> (down_proj output, the down LoraDelta left to the caller or None); scale as in Attention."""
-        gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", defer=kernels.fuses_lora)
+        gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", kernels,
+                                  defer=kernels.fuses_lora)
         if scale is not None and delta is None:
             raise RuntimeError("a RowScale needs a deferred gate_up delta")
         # the gate_up LoRA expand, where deferred, added here (and the norm's division, with scale)
         act = kernels.silu_mul(gate_up, lora=delta, scale=scale)
-        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", self.tp, defer_down)
+        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", kernels, self.tp, defer_down)
 
 
 class DecoderLayer(nn.Module):
@@ -204,8 +207,8 @@ class CausalLM(nn.Module):
             residual = residual.index_select(0, batch.lm_head_indices)
         h, _ = kernels.add_rms_norm(h, residual, self.model.norm.weight, self.model.norm.eps)
         if not self.tp.enabled:
-            return self.lm_head(h).float()
-        logits = self.tp.all_gather_last(self.lm_head(h))  # [num_out, W * vocab_shard]
+            return kernels.linear(h, self.lm_head.weight).float()
+        logits = self.tp.all_gather_last(kernels.linear(h, self.lm_head.weight))  # [num_out, W * vocab_shard]
         return logits[:, : self.cfg.vocab_size].float()
 
     def _defers_norms(self, batch: ForwardBatch, kv_cache, backend, kernels) -> bool:
