@@ -75,12 +75,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 # GEMV for steps of up to GEMV_MAX_TOKENS tokens (decode at batch 1 and 2, or one request's two
 # speculative tokens). A program holds GEMV_TILE weights (BLOCK_N whole rows) in registers: it
 # loads them first, then waits for the kernel that wrote x (PDL), so the weights of the next
-# projection stream in while the one before drains. Measured on an H100 (Llama-3-8B shapes):
-# - the projections of 32 layers + lm_head alone (15.0 GB), one graph: 4.93 ms (3.04 TB/s, above
-#   the 3.02 TB/s copy) against cuBLAS's 5.63 ms; tiles of 8k / 32k weights or 4 warps within
-#   0.1 ms; without PDL 5.17 ms; at 4 tokens it loses to cuBLAS (5.84-5.91 vs 5.66 ms);
-# - the decode step (graph replay, ctx 512-4096, two rounds): batch 1 6.08-6.49 -> 5.48-5.70 ms
-#   with add_rms_norm (5.59-5.79 with FlashInfer's norm), batch 2 6.32-6.74 -> 5.81-6.14 ms.
+# projection stream in while the one before drains. Measured on an H100 (Llama-3-8B shapes,
+# benchmarks/ab_gemv.py, results/gemv.json):
+# - the model's projections alone (32 layers + lm_head, 15.0 GB) in one graph: 5.02 ms (2.99 TB/s;
+#   copy 3.00) at 1 token, 5.29 at 2, 6.91 at 4 (fp32 FMAs, no tensor cores), cuBLAS 5.63-5.65;
+#   in a scratch sweep, tiles of 8k / 32k weights or 4 warps within 0.1 ms, without PDL +0.24 ms;
+# - the decode step (wall clock, ctx 512-4096): batch 1 6.30-6.54 -> 5.54-5.75 ms with
+#   add_rms_norm (5.64-5.86 with FlashInfer's norm), batch 2 6.40-6.76 -> 5.87-6.22 ms.
 GEMV_MAX_TOKENS = 2
 GEMV_TILE = 16384
 GEMV_WARPS = 8

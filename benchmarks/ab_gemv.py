@@ -1,0 +1,143 @@
+"""A/B of the projections of one- and two-token decode steps: Triton's GEMV (weights read before
+the PDL wait) with Triton's residual add + RMSNorm before it, against cuBLAS with FlashInfer's
+norm, and the GEMV with FlashInfer's norm in between. Llama-3-8B-shaped bf16, CUDA graphs, batch 1
+and 2, context 512-4096, beside the floor = (weights + KV read) / copy bandwidth of this run.
+Per case: the wall clock of 30 forward_tensor calls (bench_forward's measure) and the median
+CUDA-event time of 50 replays of the captured graph (no host work); two interleaved rounds.
+First, the projections alone: the model's own qkv / o / gate_up / down of every layer and
+lm_head (15.0 GB), back to back in one graph, through cuBLAS and through the GEMV at 1, 2 and 4
+tokens, against the copy bandwidth.
+
+    source .gpu/device-setup.sh && python3 benchmarks/ab_gemv.py > benchmarks/results/gemv.log
+
+writes gemv.json and gemv.png to benchmarks/results (or to $OUT when OUT is set).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
+from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
+from model_wrapper.layers import triton_ops
+
+VARIANTS = {  # name: (GEMV_MAX_TOKENS, Triton's add + RMSNorm)
+    "cuBLAS + FlashInfer norm": (0, False),
+    "GEMV + FlashInfer norm": (2, False),
+    "GEMV + Triton norm (default)": (2, True),
+}
+
+
+def replay_ms(graph, n=50) -> float:
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(n):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[n // 2]
+
+
+def projections_ms(mw, T, linear) -> float:
+    """Median replay time of one graph running every projection of the model on T-token inputs."""
+    layers = mw.model.model.layers
+    mods = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                             layer.mlp.down_proj)] + [mw.model.lm_head]
+    xs = {m.in_features: torch.randn(T, m.in_features, device="cuda", dtype=mw.dtype) for m in mods}
+
+    def run():
+        for m in mods:
+            linear(xs[m.in_features], m.weight)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return replay_ms(graph, 20)
+
+
+def main():
+    out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    gen = random_text_generator(LLAMA3_8B, device="cuda")
+    mw = gen.model_wrapper
+    kernels, graphs = mw.kernels, mw.graphs
+    block_size, num_blocks = 16, 8192
+    kv = gen.allocate_kv_cache(num_blocks, block_size)
+    perm = torch.randperm(num_blocks)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "embed_tokens" not in n)
+    kv_tok = gen.kv_cache_spec.bytes_per_token
+    bw = copy_bandwidth("cuda")
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
+           "weight_GB": weight_bytes / 1e9, "cases": []}
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s, weights {weight_bytes / 1e9:.2f} GB", flush=True)
+    triton_norm = kernels.add_rms_norm
+    proj_bytes = weight_bytes - mw.model.model.norm.weight.numel() * 2 - sum(
+        p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "layernorm" in n)
+    res["projections"] = []
+    for T in (1, 2, 4):
+        for name, fn in (("cuBLAS", torch.nn.functional.linear), ("GEMV", triton_ops.gemv)):
+            ms = projections_ms(mw, T, fn)
+            res["projections"].append({"tokens": T, "kernel": name, "ms": ms, "TBps": proj_bytes / ms / 1e9})
+            print(f"projections alone, {T} token(s), {name:6s}: {ms:.3f} ms ({proj_bytes / ms / 1e9:.2f} TB/s; "
+                  f"copy {bw / 1e12:.2f})", flush=True)
+
+    def flashinfer_norm(x, residual, weight, eps):
+        kernels._fi.fused_add_rmsnorm(x, residual, weight, eps)
+        return x, residual
+
+    for rnd in range(2):
+        for name, (max_tokens, tnorm) in VARIANTS.items():
+            triton_ops.GEMV_MAX_TOKENS = max_tokens
+            kernels.add_rms_norm = triton_norm if tnorm else flashinfer_norm
+            graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
+            for B in (1, 2):
+                for ctx in (512, 2048, 4096):
+                    wall = timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=30, warmup=3) * 1e3
+                    rep = replay_ms(graphs._graphs[graphs.bucket_for(B)].graph)
+                    floor = (weight_bytes + B * ctx * kv_tok) / bw * 1e3
+                    res["cases"].append({"round": rnd, "variant": name, "batch": B, "context": ctx, "wall_ms": wall,
+                                        "replay_ms": rep, "floor_ms": floor, "wall_ratio": wall / floor,
+                                        "replay_ratio": rep / floor})
+                    print(f"round {rnd} {name:30s} B={B} ctx={ctx:4d}: step {wall:.3f} ms (x{wall / floor:.3f}), "
+                          f"replay {rep:.3f} ms (x{rep / floor:.3f}), floor {floor:.3f} ms", flush=True)
+    kernels.add_rms_norm = triton_norm
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gemv.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(out, "gemv.png"))
+
+
+def plot(res, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, B in zip(axes, (1, 2)):
+        for name in VARIANTS:
+            rows = [c for c in res["cases"] if c["variant"] == name and c["batch"] == B]
+            ctxs = sorted({c["context"] for c in rows})
+            best = [min(c["wall_ratio"] for c in rows if c["context"] == x) for x in ctxs]
+            ax.plot(ctxs, best, "o-", label=name)
+        ax.axhline(1.15, color="gray", ls="--", lw=1, label="target (batch 1): 1.15x")
+        ax.set(xlabel="context tokens", xscale="log", title=f"batch {B}: decode step / floor (best of 2 rounds)")
+        ax.set_ylabel("x floor")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Llama-3-8B-shaped bf16, CUDA graphs, on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
