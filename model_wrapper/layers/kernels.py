@@ -3,8 +3,9 @@
 TorchKernels is the reference: the exact arithmetic of transformers' Llama-family modules (fp32
 RMSNorm statistics, cos/sin rounded to the model dtype). FlashInferKernels runs the same math
 as fused CUDA kernels (RMSNorm, residual-add + RMSNorm in place, RoPE in place from a float32
-cos/sin table, a GEMV for steps of one or two tokens); the GPU tests hold it to the torch path within bf16 bounds. The model wrapper
-picks one at load time; layers call `kernels.<op>` and never branch on the device themselves.
+cos/sin table, a GEMV for steps of one or two tokens); the GPU tests hold it to the torch path
+within bf16 bounds. The model wrapper picks one at load time; layers call `kernels.<op>` (the
+projections `kernels.linear`) and never branch on the device themselves.
 """
 
 from __future__ import annotations

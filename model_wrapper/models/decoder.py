@@ -33,8 +33,9 @@ ROPE_STORE_MAX_TOKENS = 1024
 
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, kernels,
              defer: bool = False):
-    """-> (x @ W^T + b, None) (kernels.linear) with the LoRA delta added, or with defer (the caller's next kernel
-    adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's consumer."""
+    """-> (x @ W^T + b, None) (kernels.linear) with the LoRA delta added, or with defer (the
+    caller's next kernel adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's
+    consumer."""
     lora = batch.lora
     if lora is not None and lora.folds(layer, name):  # the shrink rides in the GEMM's extra rows
         return lora.project_folded(layer, name, x, defer)
