@@ -167,14 +167,19 @@ def test_fused_kernels_match_torch():
     w = torch.randn(512, device=dev, dtype=dt)
     torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), rtol=2e-2, atol=2e-2)
     a, ra = ref.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
-    b, rb = fused.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
-    torch.testing.assert_close(rb, ra, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
-    two, r2 = x[:2].clone(), r[:2].clone()  # a two-token step: Triton's add + RMSNorm before the GEMV
-    assert fused._triton.add_rms_norm_fits(two, r2) and not fused._triton.add_rms_norm_fits(x[:3], r[:3])
-    b2, rb2 = fused.add_rms_norm(two, r2, w, 1e-5)
-    torch.testing.assert_close(rb2, ra[:2], rtol=0, atol=0)
-    torch.testing.assert_close(b2, a[:2], rtol=2e-2, atol=2e-2)
+    # up to NORM_MAX_TOKENS rows (37 here, and a two-token step) Triton's add + RMSNorm, beyond
+    # them FlashInfer's: both against the reference
+    assert fused._triton.add_rms_norm_fits(x, r) and fused._triton.add_rms_norm_fits(x[:2], r[:2])
+    for n in (2, 37):
+        b2, rb2 = fused.add_rms_norm(x[:n].clone(), r[:n].clone(), w, 1e-5)
+        torch.testing.assert_close(rb2, ra[:n], rtol=0, atol=0)
+        torch.testing.assert_close(b2, a[:n], rtol=2e-2, atol=2e-2)
+    big_x, big_r = torch.randn(2, 70, 512, device=dev, dtype=dt)
+    assert not fused._triton.add_rms_norm_fits(big_x, big_r)
+    a3, ra3 = ref.add_rms_norm(big_x.clone(), big_r.clone(), w, 1e-5)
+    b3, rb3 = fused.add_rms_norm(big_x.clone(), big_r.clone(), w, 1e-5)
+    torch.testing.assert_close(rb3, ra3, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(b3, a3, rtol=2e-2, atol=2e-2)
     pos = torch.randint(0, 4000, (37,), device=dev)
     qkv = torch.randn(37, (8 + 2 * 2) * 128, device=dev, dtype=dt)  # rotate views of a fused qkv
     q = qkv[:, : 8 * 128].view(37, 8, 128)
@@ -213,21 +218,78 @@ def test_gemv_matches_the_product(dt):
     assert not triton_ops.gemv_fits(torch.randn(1, 64, device="cuda", dtype=other), w)
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_decode_of_one_or_two_tokens_runs_the_gemv_and_matches_transformers(gpu_ckpt, batch):
-    """Decode at batch 1 and 2, eager and under graphs, projects through triton_ops.gemv (its
-    calls logged) and stays within the bf16 bound of transformers' fp32 logits at each step's
-    tokens."""
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_skinny_gemm_matches_the_product(dt):
+    """triton_ops.skinny_gemm (steps of 3-64 tokens on Hopper) against the float64 product: its
+    error at most that of cuBLAS on the same operands plus a floor, at token counts padding to
+    16 / 32 / 64 and on shapes of each config class (Llama-3-8B's qkv, o, gate_up, down, and a
+    ragged N with a bias); its fits rules."""
     from model_wrapper.layers import triton_ops
 
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the skinny GEMM runs on sm90 only")
+    torch.manual_seed(2)
+    for M in (3, 16, 31, 64):
+        for (N, K), bias in (((6144, 4096), False), ((4096, 4096), False), ((28672, 4096), False),
+                             ((4096, 14336), False), ((1000, 520), True)):
+            w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+            b = torch.randn(N, device="cuda", dtype=dt) if bias else None
+            x = torch.randn(M, K, device="cuda", dtype=dt)
+            assert triton_ops.skinny_fits(x, w)
+            want = x.double() @ w.double().t() + (b.double() if bias else 0)
+            got = triton_ops.skinny_gemm(x, w, b)
+            blas = torch.nn.functional.linear(x, w, b)
+            assert got.dtype == dt and got.shape == (M, N)
+            assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + 1e-3, (M, N, K)
+    w = torch.randn(64, 64, device="cuda", dtype=dt)
+    assert not triton_ops.skinny_fits(torch.randn(2, 64, device="cuda", dtype=dt), w)  # the GEMV's
+    assert not triton_ops.skinny_fits(torch.randn(65, 64, device="cuda", dtype=dt), w)  # cuBLAS's
+    assert not triton_ops.skinny_fits(torch.randn(8, 128, device="cuda", dtype=dt)[:, ::2], w)
+    assert not triton_ops.skinny_fits(torch.randn(8, 64, device="cuda"), w.float())  # fp32: cuBLAS
+
+
+def test_gate_up_silu_matches_the_unfused_pair():
+    """kernels.gate_up_silu (SiLU-and-mul in the GEMV's / skinny GEMM's epilogue) on Llama-3-8B's
+    gate_up shape in bf16, 1-64 tokens: against silu(gate) * up of the float64 product rounded to
+    bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a floor."""
+    from model_wrapper.layers import triton_ops
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the skinny GEMM runs on sm90 only")
+    torch.manual_seed(3)
+    inv = inv_frequencies(RopeConfig(theta=5e5), 128).to("cuda")
+    fused = FlashInferKernels(inv, torch.bfloat16, 64)
+    n, K = 14336, 4096
+    w = torch.randn(2 * n, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    for M in (1, 2, 3, 16, 64):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        y = (x.double() @ w.double().t()).to(torch.bfloat16).double()
+        want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+        pair = triton_ops.silu_and_mul(torch.nn.functional.linear(x, w))
+        got = fused.gate_up_silu(x, w)
+        assert got.shape == (M, n)
+        assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, M
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_decode_runs_the_gemv_or_skinny_gemm_and_matches_transformers(gpu_ckpt, batch):
+    """Decode at batch 1, 2 (triton_ops.gemv) and 5 (triton_ops.skinny_gemm on Hopper; padded to
+    the graph bucket of 8 under graphs), eager and under graphs: the projections go through the
+    expected kernel (its calls logged) and the logits stay within the bf16 bound of transformers'
+    fp32 logits at each step's tokens."""
+    from model_wrapper.layers import triton_ops
+
+    kernel = "gemv" if batch <= triton_ops.GEMV_MAX_TOKENS else "skinny_gemm"
+    if kernel == "skinny_gemm" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the skinny GEMM runs on sm90 only")
     path = gpu_ckpt("llama31")
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (13, 6)[:batch]]
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (13, 6, 9, 1, 20)[:batch]]
     runs = []
     for graphs in (False, True):
         gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
         log = []
-        gen.model_wrapper.kernels._triton = _Logged(triton_ops, log)
+        gen.model_wrapper.kernels._triton = _Logged(triton_ops, log, kernel)
         h = PagedHarness(gen, 64, 16, seed=3)
         last = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
         logits = h.step(dict(enumerate(prompts)), is_prefill=True, lm_head_indices=last)
@@ -237,7 +299,7 @@ def test_decode_of_one_or_two_tokens_runs_the_gemv_and_matches_transformers(gpu_
                 seq.append(int(logits[r].argmax()))
             logits = h.step({r: seq[-1:] for r, seq in enumerate(seqs)}, is_prefill=False)
             steps += [(list(seq), logits[r]) for r, seq in enumerate(seqs)]
-        assert log, f"no step ran the GEMV (cuda_graphs={graphs})"
+        assert log, f"no step ran {kernel} (cuda_graphs={graphs})"
         assert not graphs or gen.model_wrapper.graphs._graphs, "no graph was captured"
         runs.append(steps)
     ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
@@ -250,16 +312,16 @@ def test_decode_of_one_or_two_tokens_runs_the_gemv_and_matches_transformers(gpu_
 
 
 class _Logged:
-    """A module's functions, with each call to gemv appended to log."""
+    """A module's functions, with each call to the one named `logged` appended to log."""
 
-    def __init__(self, module, log):
-        self._module, self._log = module, log
+    def __init__(self, module, log, logged="gemv"):
+        self._module, self._log, self._logged = module, log, logged
 
     def __getattr__(self, name):
         fn = getattr(self._module, name)
-        if name != "gemv":
+        if name != self._logged:
             return fn
-        return lambda *args: (self._log.append(args), fn(*args))[1]
+        return lambda *args, **kw: (self._log.append(args), fn(*args, **kw))[1]
 
 
 def _decode_run(gen, prompts, n_steps, block_size=16, num_blocks=64):

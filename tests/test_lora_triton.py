@@ -682,6 +682,46 @@ def test_gemv_is_the_product_with_bias_and_part_filled_programs(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
+    """triton_ops.skinny_gemm (the projections of 3-64-token steps on Hopper) against the float64
+    product: token counts that pad to each of 16 / 32 / 64, a K that is not a multiple of the K
+    step, a last program with rows past N, a bias, and each config class of _skinny_config (its
+    rows per program and K steps). bf16 runs on CUDA (test_cuda.test_skinny_gemm_matches_the_product)."""
+    g = torch.Generator().manual_seed(4)
+    cases = ((3, 70, 300, True), (17, 6150, 64, False), (64, 100, 520, True), (33, 12300, 32, True),
+             (9, 33, 1000, False), (20, 50, 1100, True))
+    used = {tops._skinny_config(max(16, 1 << (M - 1).bit_length()), N) for M, N, _, _ in cases}
+    assert used == {(64, 256, 3, 4), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8)}  # every class
+    for M, N, K, bias in cases:
+        w = (torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+        got = tops.skinny_gemm(x, w, b)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        assert got.dtype == dtype and got.shape == (M, N)
+        assert rel_err(got.double(), want) < TOL[dtype], (M, N, K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gemv_and_skinny_gemm_with_silu_are_silu_and_mul_of_the_product(dtype):
+    """silu=True (kernels.gate_up_silu: the MLP's gate_up projection with SiLU-and-mul in its
+    epilogue) of triton_ops.gemv (1-2 tokens) and skinny_gemm (3-64): against silu(gate) * up of
+    the float64 product rounded to the dtype (as the unfused GEMM's output), gate rows first;
+    output widths that leave the last program part-filled, with and without a bias."""
+    g = torch.Generator().manual_seed(6)
+    for M, n, K, bias in ((1, 37, 300, True), (2, 5, 1000, False), (5, 40, 520, True), (33, 70, 256, False),
+                          (64, 17, 64, True)):
+        w = (torch.randn(2 * n, K, generator=g) / K**0.5).to(DEVICE, dtype)
+        b = torch.randn(2 * n, generator=g).to(DEVICE, dtype) if bias else None
+        x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+        y = (x.double() @ w.double().t() + (b.double() if bias else 0)).to(dtype).double()
+        want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+        got = (tops.gemv if M <= tops.GEMV_MAX_TOKENS else tops.skinny_gemm)(x, w, b, silu=True)
+        assert got.dtype == dtype and got.shape == (M, n)
+        assert rel_err(got.double(), want) < TOL[dtype], (M, n, K)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_add_rms_norm_is_the_reference_residual_add_and_norm(dtype):
     """triton_ops.add_rms_norm (before the GEMV of one- and two-token steps), in place, against the
     reference arithmetic (norm.rms_norm: transformers' LlamaRMSNorm) on rows that are not a power of two."""

@@ -3,8 +3,9 @@
 TorchKernels is the reference: the exact arithmetic of transformers' Llama-family modules (fp32
 RMSNorm statistics, cos/sin rounded to the model dtype). FlashInferKernels runs the same math
 as fused CUDA kernels (RMSNorm, residual-add + RMSNorm in place, RoPE in place from a float32
-cos/sin table, a GEMV for steps of one or two tokens); the GPU tests hold it to the torch path
-within bf16 bounds. The model wrapper picks one at load time; layers call `kernels.<op>` (the
+cos/sin table, a GEMV for steps of one or two tokens, a skinny tensor-core GEMM for 3-64, both
+with SiLU-and-mul fused for gate_up); the GPU tests hold it to the torch path within bf16
+bounds. The model wrapper picks one at load time; layers call `kernels.<op>` (the
 projections `kernels.linear`) and never branch on the device themselves.
 """
 
@@ -31,6 +32,11 @@ class TorchKernels:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, K] -> x @ weight^T (+ bias): the model's projections and lm_head."""
         return F.linear(x, weight, bias)
+
+    def gate_up_silu(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, K] -> silu(gate) * up of x @ gate_up^T (+ bias), [T, n]: the MLP's first half
+        without LoRA (weight [2n, K], gate rows first)."""
+        return self.silu_mul(self.linear(x, weight, bias))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [..., d] -> weight * x / rms(x), statistics in fp32, result in x's dtype."""
@@ -91,10 +97,25 @@ class FlashInferKernels(TorchKernels):
 
     def linear(self, x, weight, bias=None):
         """Steps of one or two tokens: Triton's GEMV, which reads the weights while the kernel
-        before it drains (layers/triton_ops.gemv); otherwise cuBLAS."""
-        if self._triton is not None and self._triton.gemv_fits(x, weight):
-            return self._triton.gemv(x, weight, bias)
+        before it drains (layers/triton_ops.gemv); of 3-64 tokens on Hopper: Triton's skinny
+        tensor-core GEMM (triton_ops.skinny_gemm); otherwise cuBLAS."""
+        if self._triton is not None:
+            if self._triton.gemv_fits(x, weight):
+                return self._triton.gemv(x, weight, bias)
+            if self._triton.skinny_fits(x, weight):
+                return self._triton.skinny_gemm(x, weight, bias)
         return F.linear(x, weight, bias)
+
+    def gate_up_silu(self, x, weight, bias=None):
+        """Where the GEMV or the skinny GEMM takes the step, one kernel: silu(gate) * up in its
+        epilogue, each product rounded first as in the unfused pair; otherwise GEMM, then silu_mul."""
+        t = self._triton
+        if t is not None:
+            if t.gemv_fits(x, weight) and x.shape[1] <= t.GEMV_MAX_K // 2:  # holds a gate and an up row
+                return t.gemv(x, weight, bias, silu=True)
+            if t.skinny_fits(x, weight):
+                return t.skinny_gemm(x, weight, bias, silu=True)
+        return super().gate_up_silu(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
         if x.dim() == 2:

@@ -3,8 +3,9 @@
 silu_and_mul  [T, 2N] -> [T, N]: silu(gate) * up in one pass (fp32 math, one rounding), instead
               of torch's silu, then mul (three passes over the activations).
 gemv          x [T, K] @ W^T (+ b) for steps of one or two tokens: each program holds whole rows of W
-              and reads them before it waits for the kernel that wrote x; add_rms_norm, the
-              residual add + RMSNorm before it, lets it launch at once.
+              and reads them before it waits for the kernel that wrote x.
+skinny_gemm   the same for steps of 3-64 tokens on Hopper, on tensor cores (W as the MMA's M side);
+              add_rms_norm, the residual add + RMSNorm before them, lets them launch at once.
 store_kv      writes this step's K and V rows [T, kv_heads * head_dim] at flat slots of the
               caller's caches in one launch; rows whose slot is -1 write nothing. Graph-safe: a
               padded decode batch simply carries -1 slots.
@@ -90,23 +91,37 @@ GEMV_MAX_K = 32768  # a program holds at most this many weights (one row): wider
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, N, stride_x, stride_w, stride_o, K: tl.constexpr, KP: tl.constexpr,
-                 M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                 M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                 PDL: tl.constexpr):
+    # SILU: W is gate_up [2N, K]; output column n is silu(x @ W[n]) * (x @ W[N + n]), each product
+    # rounded to the output dtype first (as the unfused GEMM, then silu_and_mul)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, KP)
     live = rows < N
-    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :], mask=live[:, None] & (cols < K)[None, :],
-                other=0.0)
+    wm = live[:, None] & (cols < K)[None, :]
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
+    w = tl.load(w_rows, mask=wm, other=0.0)
+    if SILU:
+        wu = tl.load(w_rows + N * stride_w, mask=wm, other=0.0)
     if HAS_BIAS:
         b = tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)
+        if SILU:
+            bu = tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete
+    dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
         x = tl.load(x_ptr + m * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
         acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if HAS_BIAS:
             acc += b
-        tl.store(o_ptr + m * stride_o + rows, acc.to(o_ptr.dtype.element_ty), mask=live)
+        if SILU:
+            up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+            if HAS_BIAS:
+                up += bu
+            acc = _silu_mul(acc.to(dtype), up.to(dtype))
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
 
 
 @triton.jit
@@ -128,17 +143,23 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, n, stride_x, stride_r, eps, BLOCK:
     tl.store(x_ptr + row * stride_x + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=m)
 
 
+# add_rms_norm takes steps of up to this many tokens (one program a row), those whose projections
+# run gemv or skinny_gemm next: it lets them launch at once, FlashInfer's norm only when it ends.
+# benchmarks/ab_skinny.py: batch 32 @ 512 with the skinny GEMM 6.96-7.02 -> 6.79-6.84 ms a step.
+NORM_MAX_TOKENS = 64
+
+
 def add_rms_norm_fits(x: torch.Tensor, residual: torch.Tensor) -> bool:
-    """Whether add_rms_norm takes the step: the row counts gemv takes, rows of at most GEMV_MAX_K."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_TOKENS and x.shape[1] <= GEMV_MAX_K
+    """Whether add_rms_norm takes the step: up to NORM_MAX_TOKENS rows of at most GEMV_MAX_K."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= NORM_MAX_TOKENS and x.shape[1] <= GEMV_MAX_K
             and x.stride(-1) == 1 and residual.stride(-1) == 1)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: residual <- residual + x, x <- weight * RMSNorm(residual) (fp32 statistics, the
-    reference's roundings). One program a row; for the steps that run gemv next: the GEMV
-    launches at once and reads its weights while this runs (FlashInfer's norm lets the next
-    kernel launch only when it ends). x, residual [T, n], unit column stride."""
+    reference's roundings). One program a row; for the steps that run gemv or skinny_gemm next:
+    they launch at once (the GEMV reads its weights while this runs; FlashInfer's norm lets the
+    next kernel launch only when it ends). x, residual [T, n], unit column stride."""
     T, n = x.shape
     if T:
         pdl = _pdl(x.device)
@@ -154,18 +175,111 @@ def gemv_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.stride(-1) == 1 and x.shape[1] == weight.shape[1] <= GEMV_MAX_K)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu: bool = False) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T (+ bias [N]) -> [T, N] in x's dtype (fp32 sums, one rounding);
-    for the shapes gemv_fits accepts."""
+    for the shapes gemv_fits accepts. silu: weight is gate_up [2n, K] (bias [2n]) and the result
+    is silu_and_mul of that product, [T, n], without the [T, 2n] intermediate."""
     T, K = x.shape
-    N = weight.shape[0]
+    N = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
     kp = triton.next_power_of_2(K)
-    block_n = max(1, GEMV_TILE // kp)
+    block_n = max(1, GEMV_TILE // kp // (2 if silu else 1))  # weights a program holds: GEMV_TILE
     pdl = _pdl(x.device)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, x if bias is None else bias, out, N, x.stride(0), weight.stride(0), out.stride(0), K=K, KP=kp, M=T,
-        BLOCK_N=block_n, HAS_BIAS=bias is not None, PDL=pdl, num_warps=GEMV_WARPS, **_launch(pdl))
+        BLOCK_N=block_n, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=GEMV_WARPS, **_launch(pdl))
+    return out
+
+
+# Skinny GEMM for steps of GEMV_MAX_TOKENS + 1 .. SKINNY_MAX_TOKENS tokens (decode at batch 3-64,
+# short extends), on sm90 in 16-bit floats: x [M, K] @ W^T with W as the MMA's M side (BLOCK_N
+# rows a program) and the tokens, padded to 16 / 32 / 64, as its N side; K is walked in BLOCK_K
+# steps through a software pipeline of STAGES shared-memory buffers; fp32 sums, one rounding,
+# no split of K (every output is one program's sum: deterministic). The config comes from a
+# sweep on an H100 (benchmarks/ab_skinny.py, results/skinny.json): 32 GEMMs of one Llama-3-8B
+# shape back to back in a graph, against cuBLAS, e.g. at 32 tokens qkv 21.8 -> 20.2 us, gate_up
+# 84.6 -> 82.1, down 46.0 -> 43.6, lm_head 379 -> 352; o 14.8 -> 14.4. Split-K variants (a last
+# program per tile summing the partials in order) lost 3-15 us a GEMM to their reduction, and
+# an L2 prefetch of the weights before the PDL wait lost 1.5 ms a step.
+SKINNY_MAX_TOKENS = 64
+
+
+def _skinny_config(BM: int, N: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, STAGES, warps) for BM padded tokens and N output columns."""
+    if BM <= 16:
+        return 64, 256, 3, 4
+    if N >= 96 * 128:  # gate_up, lm_head: >= 96 programs of 128 rows
+        return 128, 128, 3, 8
+    if N >= 96 * 64:  # qkv
+        return 64, 256, 3, 4
+    return (32, 512, 3, 4) if BM <= 32 else (32, 256, 4, 4)  # o, down: 128 programs of 32 rows
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, stride_x, stride_w, stride_o, K: tl.constexpr,
+                   BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   SILU: tl.constexpr, PDL: tl.constexpr):
+    # SILU as in _gemv_kernel: a program takes BLOCK_N // 2 gate rows and their BLOCK_N // 2 up rows
+    ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = rows < N
+    w_rows = w_ptr + tl.where(live, rows, 0)[:, None].to(tl.int64) * stride_w
+    toks = tl.arange(0, BM)
+    tok_ok = toks < M
+    ks = tl.arange(0, BLOCK_K)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete
+    acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+    up = tl.zeros([ROWS, BM], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + ks
+        k_ok = kk < K
+        xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
+                              other=0.0))
+        acc = tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt, acc)
+        if SILU:
+            up = tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt, up)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+        if SILU:
+            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+    dtype = o_ptr.dtype.element_ty
+    if SILU:
+        acc = _silu_mul(acc.to(dtype), up.to(dtype))
+    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+
+
+@functools.cache
+def _sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def skinny_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether skinny_gemm takes x @ weight^T: GEMV_MAX_TOKENS + 1 .. SKINNY_MAX_TOKENS rows of
+    bf16 / fp16 on an sm90 GPU (the configs' shared memory and the sweep are Hopper's), unit
+    column strides."""
+    return (x.dim() == 2 and GEMV_MAX_TOKENS < x.shape[0] <= SKINNY_MAX_TOKENS and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and x.shape[1] == weight.shape[1] and _sm90(x.device))
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                silu: bool = False) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N] in x's dtype (fp32 sums, one rounding),
+    M <= SKINNY_MAX_TOKENS; on the GPU for the shapes skinny_fits accepts (any device under
+    Triton's interpreter). silu as in gemv."""
+    M, K = x.shape
+    N = weight.shape[0]
+    bm = max(16, triton.next_power_of_2(M))
+    block_n, block_k, stages, warps = _skinny_config(bm, N)  # with silu: the config of gate_up's shape
+    n_out = N // 2 if silu else N
+    out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    pdl = _pdl(x.device)
+    _skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
+        x, weight, x if bias is None else bias, out, M, n_out, x.stride(0), weight.stride(0), out.stride(0), K=K,
+        BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=warps,
+        num_stages=stages, **_launch(pdl))
     return out
 
 

@@ -122,6 +122,9 @@ class MLP(nn.Module):
 
     def forward(self, x, batch: ForwardBatch, kernels, scale=None, defer_down: bool = False):
         """-> (down_proj output, the down LoraDelta left to the caller or None); scale as in Attention."""
+        if batch.lora is None and scale is None:  # gate_up and SiLU-and-mul, fused where the kernels can
+            act = kernels.gate_up_silu(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
+            return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", kernels, self.tp, defer_down)
         gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", kernels,
                                   defer=kernels.fuses_lora)
         if scale is not None and delta is None:

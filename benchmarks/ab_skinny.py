@@ -1,0 +1,150 @@
+"""A/B of the projections of 3-64-token steps: Triton's skinny tensor-core GEMM against cuBLAS
+(Llama-3-8B-shaped bf16, CUDA graphs), in two parts, one run on one GPU:
+
+1. per shape: 32 GEMMs of one of the model's shapes back to back in one graph (the 32 layers'
+   own qkv / o / gate_up / down weights; lm_head 8 times), x of M = 4-64 tokens, cuBLAS vs the
+   skinny GEMM: microseconds a GEMM and the weight bytes / time against the copy bandwidth;
+2. the decode step (wall clock of 30 forward_tensor calls, bench_forward's measure, and the
+   median CUDA-event time of 50 replays of the captured graph), batch 1-64, context 512 and
+   2048, beside the floor = (weights + KV read) / copy bandwidth, for five variants, each adding
+   one change to the one before: cuBLAS with FlashInfer's residual add + RMSNorm; the skinny
+   GEMM; Triton's add + RMSNorm up to 64 tokens (it lets the next kernel launch at once);
+   SiLU-and-mul in the gate_up GEMM's epilogue (kernels.gate_up_silu; also at batch 1, in the
+   GEMV); FlashInfer's decode planned without KV splits where the bucket's (request, KV head)
+   pairs fill the SMs (cuda_graph.UNSPLIT_KV). Two interleaved rounds.
+
+    source .gpu/device-setup.sh && python3 benchmarks/ab_skinny.py > benchmarks/results/skinny.log
+
+writes skinny.json and skinny.png to benchmarks/results (or to $OUT when OUT is set).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.ab_gemv import replay_ms
+from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
+from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
+from model_wrapper import cuda_graph
+from model_wrapper.layers import triton_ops
+
+VARIANTS = {  # name: (SKINNY_MAX_TOKENS, NORM_MAX_TOKENS, gate_up + SiLU fused, cuda_graph.UNSPLIT_KV)
+    "cuBLAS + FlashInfer norm": (triton_ops.GEMV_MAX_TOKENS, triton_ops.GEMV_MAX_TOKENS, False, False),
+    "skinny + FlashInfer norm": (64, triton_ops.GEMV_MAX_TOKENS, False, False),
+    "skinny + Triton norm": (64, 64, False, False),
+    "+ SiLU in the GEMM": (64, 64, True, False),
+    "+ unsplit KV (default)": (64, 64, True, True),
+}
+DEFAULT = (triton_ops.SKINNY_MAX_TOKENS, triton_ops.NORM_MAX_TOKENS, True, cuda_graph.UNSPLIT_KV)
+
+
+def shape_us(weights, M, linear) -> float:
+    """Microseconds a GEMM: median replay of one graph of linear(x, w) for every w in weights."""
+    x = torch.randn(M, weights[0].shape[1], device="cuda", dtype=weights[0].dtype)
+
+    def run():
+        for w in weights:
+            linear(x, w)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return replay_ms(graph, 20) * 1e3 / len(weights)
+
+
+def main():
+    out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    gen = random_text_generator(LLAMA3_8B, device="cuda")
+    mw = gen.model_wrapper
+    block_size, num_blocks = 16, 8192
+    kv = gen.allocate_kv_cache(num_blocks, block_size)
+    perm = torch.randperm(num_blocks)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "embed_tokens" not in n)
+    kv_tok = gen.kv_cache_spec.bytes_per_token
+    bw = copy_bandwidth("cuda")
+    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
+           "weight_GB": weight_bytes / 1e9, "shapes": [], "cases": []}
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s, weights {weight_bytes / 1e9:.2f} GB", flush=True)
+
+    layers = mw.model.model.layers
+    shapes = {"qkv": [ly.self_attn.qkv_proj.weight for ly in layers], "o": [ly.self_attn.o_proj.weight for ly in layers],
+              "gate_up": [ly.mlp.gate_up_proj.weight for ly in layers], "down": [ly.mlp.down_proj.weight for ly in layers],
+              "lm_head": [mw.model.lm_head.weight] * 8}
+    for name, ws in shapes.items():
+        nbytes = ws[0].numel() * ws[0].element_size()
+        for M in (4, 8, 16, 32, 64):
+            row = {"shape": name, "N": ws[0].shape[0], "K": ws[0].shape[1], "tokens": M}
+            for kernel, fn in (("cuBLAS", torch.nn.functional.linear), ("skinny", triton_ops.skinny_gemm)):
+                us = shape_us(ws, M, fn)
+                row[kernel + "_us"], row[kernel + "_TBps"] = us, nbytes / us / 1e6
+            res["shapes"].append(row)
+            print(f"{name:8s} M={M:2d}: cuBLAS {row['cuBLAS_us']:7.2f} us ({row['cuBLAS_TBps']:.2f} TB/s), skinny "
+                  f"{row['skinny_us']:7.2f} us ({row['skinny_TBps']:.2f} TB/s)", flush=True)
+
+    graphs, kernels = mw.graphs, mw.kernels
+    fused = kernels.gate_up_silu
+
+    def unfused(x, w, b=None):
+        return kernels.silu_mul(kernels.linear(x, w, b))
+
+    def configure(skinny_max, norm_max, silu, unsplit):
+        triton_ops.SKINNY_MAX_TOKENS, triton_ops.NORM_MAX_TOKENS = skinny_max, norm_max
+        kernels.gate_up_silu, cuda_graph.UNSPLIT_KV = fused if silu else unfused, unsplit
+        graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
+
+    for rnd in range(2):
+        for name, settings in VARIANTS.items():
+            configure(*settings)
+            for B in (1, 4, 8, 16, 32, 64):
+                for ctx in (512, 2048):
+                    wall = timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=30, warmup=3) * 1e3
+                    rep = replay_ms(graphs._graphs[graphs.bucket_for(B)].graph)
+                    floor = (weight_bytes + B * ctx * kv_tok) / bw * 1e3
+                    res["cases"].append({"round": rnd, "variant": name, "batch": B, "context": ctx, "wall_ms": wall,
+                                        "replay_ms": rep, "floor_ms": floor, "wall_ratio": wall / floor,
+                                        "replay_ratio": rep / floor})
+                    print(f"round {rnd} {name:24s} B={B:2d} ctx={ctx:4d}: step {wall:.3f} ms (x{wall / floor:.3f}), "
+                          f"replay {rep:.3f} ms (x{rep / floor:.3f}), floor {floor:.3f} ms", flush=True)
+    configure(*DEFAULT)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "skinny.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(out, "skinny.png"))
+
+
+def plot(res, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    ax = axes[0]
+    for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+        rows = [r for r in res["shapes"] if r["shape"] == name]
+        ax.plot([r["tokens"] for r in rows], [r["cuBLAS_us"] / r["skinny_us"] for r in rows], "o-", label=name)
+    ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set(xlabel="tokens (M)", xscale="log", ylabel="cuBLAS time / skinny time",
+           title="one GEMM (32 back to back in a graph)")
+    ax.legend(fontsize=8)
+    for ax, ctx in zip(axes[1:], (512, 2048)):
+        for name in VARIANTS:
+            rows = [c for c in res["cases"] if c["variant"] == name and c["context"] == ctx]
+            bs = sorted({c["batch"] for c in rows})
+            ax.plot(bs, [min(c["replay_ratio"] for c in rows if c["batch"] == b) for b in bs], "o-", label=name)
+        ax.set(xlabel="batch", xscale="log", ylabel="graph replay / floor (best of 2 rounds)",
+               title=f"decode step, context {ctx}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Llama-3-8B-shaped bf16, CUDA graphs, on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
