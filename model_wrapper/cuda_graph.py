@@ -62,9 +62,10 @@ class _Bucket:
         self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
         # FlashInfer splits each request's KV over several programs (then merges) unless told not
         # to; with a program per (request, KV head) already filling the SMs the split only costs.
-        # Measured on an H100 (Llama-3-8B, tensor-core decode, graph replay, .lt A/B): unsplit at
-        # batch 32 / 64 -0.11 / -0.15 ms a step at 512 and 2048 tokens; at batch 1 / 8 and 2048
-        # tokens +0.59 / +0.26 ms (benchmarks/ab_skinny.py). Unsplit replays are also deterministic.
+        # Measured on an H100 (Llama-3-8B, tensor-core decode, graph replay): unsplit at batch 32 /
+        # 64 -0.10 / -0.15 ms a step at 512 and 2048 tokens (benchmarks/ab_skinny.py); at batch 1 /
+        # 8 and 2048 tokens +0.59 / +0.26 ms (a scratch A/B), hence the rule. Unsplit replays are
+        # also deterministic.
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.split_kv = not UNSPLIT_KV or size * backend.num_kv_heads < sms
         self.wrappers = {}

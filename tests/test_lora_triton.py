@@ -689,9 +689,9 @@ def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
     rows per program and K steps). bf16 runs on CUDA (test_cuda.test_skinny_gemm_matches_the_product)."""
     g = torch.Generator().manual_seed(4)
     cases = ((3, 70, 300, True), (17, 6150, 64, False), (64, 100, 520, True), (33, 12300, 32, True),
-             (9, 33, 1000, False), (20, 50, 1100, True))
-    used = {tops._skinny_config(max(16, 1 << (M - 1).bit_length()), N) for M, N, _, _ in cases}
-    assert used == {(64, 256, 3, 4), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8)}  # every class
+             (9, 33, 1000, False), (20, 50, 1100, True), (4, 40, 8300, True))
+    used = {tops._skinny_config(max(16, 1 << (M - 1).bit_length()), N, K) for M, N, K, _ in cases}
+    assert used == {(64, 256, 3, 4), (16, 256, 6, 2), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8)}
     for M, N, K, bias in cases:
         w = (torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
@@ -710,7 +710,7 @@ def test_gemv_and_skinny_gemm_with_silu_are_silu_and_mul_of_the_product(dtype):
     output widths that leave the last program part-filled, with and without a bias."""
     g = torch.Generator().manual_seed(6)
     for M, n, K, bias in ((1, 37, 300, True), (2, 5, 1000, False), (5, 40, 520, True), (33, 70, 256, False),
-                          (64, 17, 64, True)):
+                          (64, 17, 64, True), (4, 20, 8300, True)):
         w = (torch.randn(2 * n, K, generator=g) / K**0.5).to(DEVICE, dtype)
         b = torch.randn(2 * n, generator=g).to(DEVICE, dtype) if bias else None
         x = torch.randn(M, K, generator=g).to(DEVICE, dtype)

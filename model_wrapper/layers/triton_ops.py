@@ -145,7 +145,8 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, n, stride_x, stride_r, eps, BLOCK:
 
 # add_rms_norm takes steps of up to this many tokens (one program a row), those whose projections
 # run gemv or skinny_gemm next: it lets them launch at once, FlashInfer's norm only when it ends.
-# benchmarks/ab_skinny.py: batch 32 @ 512 with the skinny GEMM 6.96-7.02 -> 6.79-6.84 ms a step.
+# benchmarks/ab_skinny.py (graph replay, H100): with the skinny GEMM, batch 8 @ 512 6.12-6.13 ->
+# 6.04-6.05 ms, batch 32 @ 512 6.80-6.82 -> 6.70-6.73 ms.
 NORM_MAX_TOKENS = 64
 
 
@@ -195,19 +196,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 # short extends), on sm90 in 16-bit floats: x [M, K] @ W^T with W as the MMA's M side (BLOCK_N
 # rows a program) and the tokens, padded to 16 / 32 / 64, as its N side; K is walked in BLOCK_K
 # steps through a software pipeline of STAGES shared-memory buffers; fp32 sums, one rounding,
-# no split of K (every output is one program's sum: deterministic). The config comes from a
-# sweep on an H100 (benchmarks/ab_skinny.py, results/skinny.json): 32 GEMMs of one Llama-3-8B
-# shape back to back in a graph, against cuBLAS, e.g. at 32 tokens qkv 21.8 -> 20.2 us, gate_up
-# 84.6 -> 82.1, down 46.0 -> 43.6, lm_head 379 -> 352; o 14.8 -> 14.4. Split-K variants (a last
-# program per tile summing the partials in order) lost 3-15 us a GEMM to their reduction, and
-# an L2 prefetch of the weights before the PDL wait lost 1.5 ms a step.
+# no split of K (every output is one program's sum: deterministic). The configs come from a sweep
+# on an H100; benchmarks/ab_skinny.py (results/skinny.json) times 32 GEMMs of one Llama-3-8B shape
+# back to back in a graph against cuBLAS: at 32 tokens qkv 21.7 -> 19.8 us, o 14.6 -> 14.3,
+# gate_up 84.3 -> 81.1, down 45.9 -> 42.9, lm_head 385 -> 352; at 4-16 tokens o 16.3-16.6 ->
+# 14.4-14.5; at 64 qkv and o even. In the scratch sweep, split-K variants (the last program of a
+# tile summing the partials in order) lost 3-15 us a GEMM to the reduction, and an L2 prefetch of
+# each program's weights before the PDL wait slowed the projections' chain from 6.0 to 7.6 ms.
 SKINNY_MAX_TOKENS = 64
 
 
-def _skinny_config(BM: int, N: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, STAGES, warps) for BM padded tokens and N output columns."""
+def _skinny_config(BM: int, N: int, K: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, STAGES, warps) for BM padded tokens, N output columns, K inputs."""
     if BM <= 16:
-        return 64, 256, 3, 4
+        return (16, 256, 6, 2) if N < 96 * 64 and K > 8192 else (64, 256, 3, 4)  # down: 256 programs
     if N >= 96 * 128:  # gate_up, lm_head: >= 96 programs of 128 rows
         return 128, 128, 3, 8
     if N >= 96 * 64:  # qkv
@@ -272,7 +274,9 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     M, K = x.shape
     N = weight.shape[0]
     bm = max(16, triton.next_power_of_2(M))
-    block_n, block_k, stages, warps = _skinny_config(bm, N)  # with silu: the config of gate_up's shape
+    block_n, block_k, stages, warps = _skinny_config(bm, N, K)  # with silu: the config of gate_up's shape
+    if silu:
+        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     n_out = N // 2 if silu else N
     out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
     pdl = _pdl(x.device)
