@@ -47,6 +47,23 @@ def replay_ms(graph, n=50) -> float:
     return sorted(times)[n // 2]
 
 
+def decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size=16) -> dict:
+    """One decode case (graphs on): the wall clock of 30 forward_tensor calls (bench_forward's
+    measure) and the median replay of its captured graph, beside the floor of this run."""
+    graphs = gen.model_wrapper.graphs
+    wall = timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=30, warmup=3) * 1e3
+    rep = replay_ms(graphs._graphs[graphs.bucket_for(B)].graph)
+    floor = (weight_bytes + B * ctx * gen.kv_cache_spec.bytes_per_token) / bw * 1e3
+    return {"batch": B, "context": ctx, "wall_ms": wall, "replay_ms": rep, "floor_ms": floor, "wall_ratio": wall / floor,
+            "replay_ratio": rep / floor}
+
+
+def print_case(c: dict) -> None:
+    print(f"round {c['round']} {c['variant']:30s} B={c['batch']:2d} ctx={c['context']:4d}: step {c['wall_ms']:.3f} ms "
+          f"(x{c['wall_ratio']:.3f}), replay {c['replay_ms']:.3f} ms (x{c['replay_ratio']:.3f}), floor "
+          f"{c['floor_ms']:.3f} ms", flush=True)
+
+
 def projections_ms(mw, T, linear) -> float:
     """Median replay time of one graph running every projection of the model on T-token inputs."""
     layers = mw.model.model.layers
@@ -77,7 +94,6 @@ def main():
     kv = gen.allocate_kv_cache(num_blocks, block_size)
     perm = torch.randperm(num_blocks)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "embed_tokens" not in n)
-    kv_tok = gen.kv_cache_spec.bytes_per_token
     bw = copy_bandwidth("cuda")
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
            "weight_GB": weight_bytes / 1e9, "cases": []}
@@ -104,14 +120,9 @@ def main():
             graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
             for B in (1, 2):
                 for ctx in (512, 2048, 4096):
-                    wall = timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=30, warmup=3) * 1e3
-                    rep = replay_ms(graphs._graphs[graphs.bucket_for(B)].graph)
-                    floor = (weight_bytes + B * ctx * kv_tok) / bw * 1e3
-                    res["cases"].append({"round": rnd, "variant": name, "batch": B, "context": ctx, "wall_ms": wall,
-                                        "replay_ms": rep, "floor_ms": floor, "wall_ratio": wall / floor,
-                                        "replay_ratio": rep / floor})
-                    print(f"round {rnd} {name:30s} B={B} ctx={ctx:4d}: step {wall:.3f} ms (x{wall / floor:.3f}), "
-                          f"replay {rep:.3f} ms (x{rep / floor:.3f}), floor {floor:.3f} ms", flush=True)
+                    res["cases"].append({"round": rnd, "variant": name,
+                                         **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)})
+                    print_case(res["cases"][-1])
     kernels.add_rms_norm = triton_norm
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gemv.json"), "w") as f:

@@ -26,8 +26,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import replay_ms
-from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
+from benchmarks.ab_gemv import decode_case, print_case, replay_ms
+from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper import cuda_graph
 from model_wrapper.layers import triton_ops
@@ -68,7 +68,6 @@ def main():
     kv = gen.allocate_kv_cache(num_blocks, block_size)
     perm = torch.randperm(num_blocks)
     weight_bytes = sum(p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "embed_tokens" not in n)
-    kv_tok = gen.kv_cache_spec.bytes_per_token
     bw = copy_bandwidth("cuda")
     res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
            "weight_GB": weight_bytes / 1e9, "shapes": [], "cases": []}
@@ -105,14 +104,9 @@ def main():
             configure(*settings)
             for B in (1, 4, 8, 16, 32, 64):
                 for ctx in (512, 2048):
-                    wall = timed(decode_step(gen, kv, block_size, B, ctx, perm), iters=30, warmup=3) * 1e3
-                    rep = replay_ms(graphs._graphs[graphs.bucket_for(B)].graph)
-                    floor = (weight_bytes + B * ctx * kv_tok) / bw * 1e3
-                    res["cases"].append({"round": rnd, "variant": name, "batch": B, "context": ctx, "wall_ms": wall,
-                                        "replay_ms": rep, "floor_ms": floor, "wall_ratio": wall / floor,
-                                        "replay_ratio": rep / floor})
-                    print(f"round {rnd} {name:24s} B={B:2d} ctx={ctx:4d}: step {wall:.3f} ms (x{wall / floor:.3f}), "
-                          f"replay {rep:.3f} ms (x{rep / floor:.3f}), floor {floor:.3f} ms", flush=True)
+                    res["cases"].append({"round": rnd, "variant": name,
+                                         **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)})
+                    print_case(res["cases"][-1])
     configure(*DEFAULT)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "skinny.json"), "w") as f:
