@@ -58,10 +58,38 @@ def decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size=16) -> dict:
             "replay_ratio": rep / floor}
 
 
-def print_case(c: dict) -> None:
-    print(f"round {c['round']} {c['variant']:30s} B={c['batch']:2d} ctx={c['context']:4d}: step {c['wall_ms']:.3f} ms "
-          f"(x{c['wall_ratio']:.3f}), replay {c['replay_ms']:.3f} ms (x{c['replay_ratio']:.3f}), floor "
-          f"{c['floor_ms']:.3f} ms", flush=True)
+def run_variants(gen, kv, perm, variants: dict, configure, batches, contexts, weight_bytes, bw, block_size=16):
+    """-> decode cases of every variant (configure(*settings) applies one; its graphs are then
+    recaptured) at every batch and context, over two interleaved rounds; each printed."""
+    graphs, cases = gen.model_wrapper.graphs, []
+    for rnd in range(2):
+        for name, settings in variants.items():
+            configure(*settings)
+            graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
+            for B in batches:
+                for ctx in contexts:
+                    c = {"round": rnd, "variant": name, **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)}
+                    print(f"round {rnd} {name:30s} B={B:2d} ctx={ctx:4d}: step {c['wall_ms']:.3f} ms "
+                          f"(x{c['wall_ratio']:.3f}), replay {c['replay_ms']:.3f} ms (x{c['replay_ratio']:.3f}), "
+                          f"floor {c['floor_ms']:.3f} ms", flush=True)
+                    cases.append(c)
+    return cases
+
+
+def plot_variants(ax, cases, variants, where: dict, x: str, ratio: str) -> None:
+    """One line per variant on ax: the best (over rounds) `ratio` of the cases matching `where`, against `x`."""
+    for name in variants:
+        rows = [c for c in cases if c["variant"] == name and all(c[k] == v for k, v in where.items())]
+        xs = sorted({c[x] for c in rows})
+        ax.plot(xs, [min(c[ratio] for c in rows if c[x] == v) for v in xs], "o-", label=name)
+
+
+def save_results(res: dict, out: str, stem: str, plot) -> None:
+    """res -> out/stem.json, plot(res, path) -> out/stem.png."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, stem + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(out, stem + ".png"))
 
 
 def projections_ms(mw, T, linear) -> float:
@@ -89,7 +117,7 @@ def main():
     out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     gen = random_text_generator(LLAMA3_8B, device="cuda")
     mw = gen.model_wrapper
-    kernels, graphs = mw.kernels, mw.graphs
+    kernels = mw.kernels
     block_size, num_blocks = 16, 8192
     kv = gen.allocate_kv_cache(num_blocks, block_size)
     perm = torch.randperm(num_blocks)
@@ -113,21 +141,14 @@ def main():
         kernels._fi.fused_add_rmsnorm(x, residual, weight, eps)
         return x, residual
 
-    for rnd in range(2):
-        for name, (max_tokens, tnorm) in VARIANTS.items():
-            triton_ops.GEMV_MAX_TOKENS = max_tokens
-            kernels.add_rms_norm = triton_norm if tnorm else flashinfer_norm
-            graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
-            for B in (1, 2):
-                for ctx in (512, 2048, 4096):
-                    res["cases"].append({"round": rnd, "variant": name,
-                                         **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)})
-                    print_case(res["cases"][-1])
+    def configure(max_tokens, tnorm):
+        triton_ops.GEMV_MAX_TOKENS = max_tokens
+        kernels.add_rms_norm = triton_norm if tnorm else flashinfer_norm
+
+    res["cases"] = run_variants(gen, kv, perm, VARIANTS, configure, (1, 2), (512, 2048, 4096), weight_bytes, bw,
+                                block_size)
     kernels.add_rms_norm = triton_norm
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "gemv.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, os.path.join(out, "gemv.png"))
+    save_results(res, out, "gemv", plot)
 
 
 def plot(res, path):
@@ -136,11 +157,7 @@ def plot(res, path):
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, B in zip(axes, (1, 2)):
-        for name in VARIANTS:
-            rows = [c for c in res["cases"] if c["variant"] == name and c["batch"] == B]
-            ctxs = sorted({c["context"] for c in rows})
-            best = [min(c["wall_ratio"] for c in rows if c["context"] == x) for x in ctxs]
-            ax.plot(ctxs, best, "o-", label=name)
+        plot_variants(ax, res["cases"], VARIANTS, {"batch": B}, "context", "wall_ratio")
         ax.axhline(1.15, color="gray", ls="--", lw=1, label="target (batch 1): 1.15x")
         ax.set(xlabel="context tokens", xscale="log", title=f"batch {B}: decode step / floor (best of 2 rounds)")
         ax.set_ylabel("x floor")

@@ -19,18 +19,19 @@ writes skinny.json and skinny.png to benchmarks/results (or to $OUT when OUT is 
 """
 from __future__ import annotations
 
-import json
+import functools
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import decode_case, print_case, replay_ms
+from benchmarks.ab_gemv import plot_variants, replay_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper import cuda_graph
 from model_wrapper.layers import triton_ops
+from model_wrapper.layers.kernels import TorchKernels
 
 VARIANTS = {  # name: (SKINNY_MAX_TOKENS, NORM_MAX_TOKENS, gate_up + SiLU fused, cuda_graph.UNSPLIT_KV)
     "cuBLAS + FlashInfer norm": (triton_ops.GEMV_MAX_TOKENS, triton_ops.GEMV_MAX_TOKENS, False, False),
@@ -88,30 +89,17 @@ def main():
             print(f"{name:8s} M={M:2d}: cuBLAS {row['cuBLAS_us']:7.2f} us ({row['cuBLAS_TBps']:.2f} TB/s), skinny "
                   f"{row['skinny_us']:7.2f} us ({row['skinny_TBps']:.2f} TB/s)", flush=True)
 
-    graphs, kernels = mw.graphs, mw.kernels
-    fused = kernels.gate_up_silu
-
-    def unfused(x, w, b=None):
-        return kernels.silu_mul(kernels.linear(x, w, b))
+    kernels = mw.kernels
+    fused, unfused = kernels.gate_up_silu, functools.partial(TorchKernels.gate_up_silu, kernels)  # GEMM, silu_mul
 
     def configure(skinny_max, norm_max, silu, unsplit):
         triton_ops.SKINNY_MAX_TOKENS, triton_ops.NORM_MAX_TOKENS = skinny_max, norm_max
         kernels.gate_up_silu, cuda_graph.UNSPLIT_KV = fused if silu else unfused, unsplit
-        graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
 
-    for rnd in range(2):
-        for name, settings in VARIANTS.items():
-            configure(*settings)
-            for B in (1, 4, 8, 16, 32, 64):
-                for ctx in (512, 2048):
-                    res["cases"].append({"round": rnd, "variant": name,
-                                         **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)})
-                    print_case(res["cases"][-1])
+    res["cases"] = run_variants(gen, kv, perm, VARIANTS, configure, (1, 4, 8, 16, 32, 64), (512, 2048), weight_bytes,
+                                bw, block_size)
     configure(*DEFAULT)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "skinny.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, os.path.join(out, "skinny.png"))
+    save_results(res, out, "skinny", plot)
 
 
 def plot(res, path):
@@ -128,10 +116,7 @@ def plot(res, path):
            title="one GEMM (32 back to back in a graph)")
     ax.legend(fontsize=8)
     for ax, ctx in zip(axes[1:], (512, 2048)):
-        for name in VARIANTS:
-            rows = [c for c in res["cases"] if c["variant"] == name and c["context"] == ctx]
-            bs = sorted({c["batch"] for c in rows})
-            ax.plot(bs, [min(c["replay_ratio"] for c in rows if c["batch"] == b) for b in bs], "o-", label=name)
+        plot_variants(ax, res["cases"], VARIANTS, {"context": ctx}, "batch", "replay_ratio")
         ax.set(xlabel="batch", xscale="log", ylabel="graph replay / floor (best of 2 rounds)",
                title=f"decode step, context {ctx}")
         ax.legend(fontsize=8)
