@@ -271,6 +271,79 @@ def test_gate_up_silu_matches_the_unfused_pair():
         assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, M
 
 
+def test_wide_gate_up_silu_matches_the_unfused_pair():
+    """triton_ops.wide_gate_up_silu (prefills of WIDE_MIN_TOKENS or more on Hopper) in bf16 on
+    Llama-3-8B's gate_up shape and on a small one with a bias, at token counts that fill tiles and
+    that do not, through kernels.gate_up_silu: against silu(gate) * up of the float64 product
+    rounded to bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a
+    floor. And its fits rules."""
+    from model_wrapper.layers import triton_ops
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wide GEMM runs on sm90 only")
+    torch.manual_seed(4)
+    bf = torch.bfloat16
+    fused = FlashInferKernels(inv_frequencies(RopeConfig(theta=5e5), 128).to("cuda"), bf, 64)
+    for M in (1024, 1100, 4096):
+        for (n, K), bias in (((14336, 4096), False), ((520, 1032), True)):
+            w = torch.randn(2 * n, K, device="cuda", dtype=bf) / K**0.5
+            b = torch.randn(2 * n, device="cuda", dtype=bf) if bias else None
+            x = torch.randn(M, K, device="cuda", dtype=bf)
+            assert triton_ops.wide_silu_fits(x, w)
+            y = (x.double() @ w.double().t() + (b.double() if bias else 0)).to(bf).double()
+            want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+            pair = triton_ops.silu_and_mul(torch.nn.functional.linear(x, w, b))
+            got = fused.gate_up_silu(x, w, b)
+            assert got.shape == (M, n) and got.dtype == bf
+            assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, (M, n)
+    w = torch.randn(128, 64, device="cuda", dtype=bf)
+    assert not triton_ops.wide_silu_fits(torch.randn(triton_ops.WIDE_MIN_TOKENS - 1, 64, device="cuda", dtype=bf), w)
+    assert not triton_ops.wide_silu_fits(torch.randn(2048, 128, device="cuda", dtype=bf)[:, ::2], w)  # column stride 2
+    assert not triton_ops.wide_silu_fits(torch.randn(2048, 64, device="cuda"), w.float())  # fp32: cuBLAS
+    assert not triton_ops.wide_silu_fits(torch.randn(2048, 60, device="cuda", dtype=bf), w[:, :60].contiguous())
+
+
+WIDE_LAYERS = 2
+WIDE = dict(GPU_TINY, hidden_size=512, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=128, max_position_embeddings=4096, num_hidden_layers=WIDE_LAYERS)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_long_prefill_runs_the_wide_gate_up_silu_and_matches_transformers(gpu_ckpt, family):
+    """A 2100-token prompt on Hopper: gate_up with SiLU-and-mul through the wide GEMM (its calls
+    logged; a 40-token chunk after it through the skinny GEMM), then decode steps over the K/V that
+    prefill stored. Every step's logits within the bf16 bound of transformers' fp32 logits."""
+    from model_wrapper.layers import triton_ops
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wide GEMM runs on sm90 only")
+    path = gpu_ckpt(family, **WIDE)
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    log = []
+    gen.model_wrapper.kernels._triton = _Logged(triton_ops, log, "wide_gate_up_silu")
+    h = PagedHarness(gen, 160, 16, seed=6)
+    g = torch.Generator().manual_seed(6)
+    seq = torch.randint(0, 96, (2100,), generator=g).tolist()
+    tail = 6
+    first = h.step({0: seq}, is_prefill=True, lm_head_indices=torch.arange(len(seq) - tail, len(seq)),
+                   max_seq_len=4096)
+    assert len(log) == WIDE_LAYERS, len(log)  # every layer's gate_up
+    rows = [(seq[:len(seq) - tail + 1 + i], first[i]) for i in range(tail)]
+    chunk = torch.randint(0, 96, (40,), generator=g).tolist()
+    seq = seq + chunk
+    rows.append((list(seq), h.step({0: chunk}, is_prefill=True, max_seq_len=4096)[-1]))
+    for _ in range(3):
+        seq = seq + [int(rows[-1][1].argmax())]
+        rows.append((list(seq), h.step({0: seq[-1:]}, is_prefill=False, max_seq_len=4096)[0]))
+    assert len(log) == WIDE_LAYERS
+    ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
+    with torch.no_grad():
+        for toks, got in rows:
+            ids = torch.tensor([toks], device="cuda")
+            w32, w16 = ref32(ids).logits[0, -1].float(), ref16(ids).logits[0, -1].float()
+            assert rel_err(got, w32) <= 2 * rel_err(w16, w32) + 2e-3, (len(toks), rel_err(got, w32))
+
+
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_decode_runs_the_gemv_or_skinny_gemm_and_matches_transformers(gpu_ckpt, batch):
     """Decode at batch 1, 2 (triton_ops.gemv) and 5 (triton_ops.skinny_gemm on Hopper; padded to
@@ -312,7 +385,7 @@ def test_decode_runs_the_gemv_or_skinny_gemm_and_matches_transformers(gpu_ckpt, 
 
 
 class _Logged:
-    """A module's functions, with each call to the one named `logged` appended to log."""
+    """A module's functions, with each call to the one named `logged` appended to log as (args, kwargs)."""
 
     def __init__(self, module, log, logged="gemv"):
         self._module, self._log, self._logged = module, log, logged
@@ -321,7 +394,7 @@ class _Logged:
         fn = getattr(self._module, name)
         if name != self._logged:
             return fn
-        return lambda *args, **kw: (self._log.append(args), fn(*args, **kw))[1]
+        return lambda *args, **kw: (self._log.append((args, kw)), fn(*args, **kw))[1]
 
 
 def _decode_run(gen, prompts, n_steps, block_size=16, num_blocks=64):

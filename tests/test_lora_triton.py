@@ -721,6 +721,28 @@ def test_gemv_and_skinny_gemm_with_silu_are_silu_and_mul_of_the_product(dtype):
         assert rel_err(got.double(), want) < TOL[dtype], (M, n, K)
 
 
+def test_wide_gate_up_silu_is_silu_and_mul_of_the_product(monkeypatch):
+    """triton_ops.wide_gate_up_silu (the gate_up projection of prefills of WIDE_MIN_TOKENS or more
+    on Hopper) in fp16 against silu(gate) * up of the float64 product rounded to fp16, gate rows
+    first, with and without a bias; with small tiles, so that rows and columns both span several
+    tiles, the last ones part-filled, and K is not a multiple of its step. bf16 runs on CUDA
+    (test_cuda.test_wide_gate_up_silu_matches_the_unfused_pair)."""
+    if not INTERPRET and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wide GEMM (TMA) runs on sm90 only")
+    monkeypatch.setattr(tops, "_wide_config", lambda M: (32, 32, 32, 2, 4, 2))
+    g = torch.Generator().manual_seed(8)
+    dt = torch.float16
+    for M, n, K, bias in ((70, 48, 80, False), (33, 80, 200, True)):
+        w = (torch.randn(2 * n, K, generator=g) / K**0.5).to(DEVICE, dt)
+        b = torch.randn(2 * n, generator=g).to(DEVICE, dt) if bias else None
+        x = torch.randn(M, K, generator=g).to(DEVICE, dt)
+        y = (x.double() @ w.double().t() + (b.double() if bias else 0)).to(dt).double()
+        want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
+        got = tops.wide_gate_up_silu(x, w, b)
+        assert got.dtype == dt and got.shape == (M, n)
+        assert rel_err(got.double(), want) < TOL[dt], (M, n, K)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_add_rms_norm_is_the_reference_residual_add_and_norm(dtype):
     """triton_ops.add_rms_norm (before the GEMV of one- and two-token steps), in place, against the

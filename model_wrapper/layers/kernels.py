@@ -115,6 +115,8 @@ class FlashInferKernels(TorchKernels):
                 return t.gemv(x, weight, bias, silu=True)
             if t.skinny_fits(x, weight):
                 return t.skinny_gemm(x, weight, bias, silu=True)
+            if t.wide_silu_fits(x, weight):
+                return t.wide_gate_up_silu(x, weight, bias)
         return super().gate_up_silu(x, weight, bias)
 
     def rms_norm(self, x, weight, eps):
