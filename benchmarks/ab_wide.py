@@ -95,7 +95,9 @@ def plot(res, path):
     a.plot(ts, [r["cublas_gemm_us"] / 1e3 for r in k], "s--", label="cuBLAS GEMM alone")
     a.plot(ts, [r["wide_us"] / 1e3 for r in k], "o-", label="wide GEMM + SiLU (one kernel)")
     a.set(xscale="log", yscale="log", xlabel="tokens", ylabel="ms", title="gate_up [28672 x 4096] + SiLU-and-mul")
+    a.minorticks_off()
     a.set_xticks(ts, [str(t) for t in ts])
+    a.set_yticks([0.2, 0.5, 1, 2, 3], ["0.2", "0.5", "1", "2", "3"])
     a.legend()
     p = res["prefill"]
     for name in dict.fromkeys(r["variant"] for r in p):
@@ -106,6 +108,7 @@ def plot(res, path):
     b.set(xscale="log", xlabel="prompt tokens (batch 1)", ylabel="prefill time / bare GEMM chain",
           title="prefill end to end")
     b.set_xticks(xs, [str(t) for t in xs])
+    b.minorticks_off()
     b.legend()
     fig.suptitle(f"Llama-3-8B-shaped bf16, {res['device']}")
     fig.tight_layout()
