@@ -296,14 +296,14 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 # block: one [BM, 2 * BLOCK_N] product a tile (one wide MMA), split in the epilogue. The roundings
 # are the unfused pair's: each product rounded to the dtype (with its bias), then silu_and_mul's
 # fp32 math, rounded once. A persistent grid (one program per SM) walks the tiles in GROUP_M-row
-# bands (L2 reuse of W); TMA loads feed a STAGES-deep pipeline. H100, Llama-3-8B gate_up, 4096
-# tokens (scratch probes): 1240.6 us against cuBLAS's 1305.4 + silu_and_mul's 123.1 in one run, 1320.9
-# against 1227.6 + 123.1 in another; 2048 tokens 628 against 667, 8192 2544 against 2985; at 512
-# it loses (189 against 173), hence from 1024. A pair of [BM, BLOCK_N] products a tile (two TMA
-# loads of W, two narrower MMAs) reached only 598 TFLOP/s. Plain GEMMs (qkv, o, down) stay on
-# cuBLAS: this kernel without an epilogue measured 4 % slower there; a residual-add epilogue (o,
-# down) 13-29 % slower; a RoPE + K/V-store epilogue (qkv) no faster than cuBLAS + the two kernels
-# (its shuffles of the tile take the shared memory of a pipeline stage).
+# bands (L2 reuse of W); TMA loads feed a STAGES-deep pipeline. benchmarks/ab_wide.py (H100,
+# Llama-3-8B gate_up, results/wide.json): against cuBLAS's GEMM + silu_and_mul, 1024 tokens 321
+# vs 338 us, 2048 645 vs 687, 4096 1258 vs 1550 (cuBLAS's GEMM alone 1256), 8192 2722 vs 2893; at
+# 512 it loses (192 vs 182), hence from 1024. Scratch variants: a pair of [BM, BLOCK_N] products
+# a tile (two TMA loads of W, two narrower MMAs) reached only 598 TFLOP/s; plain GEMMs (qkv, o,
+# down) stay on cuBLAS: this kernel without an epilogue measured up to 4 % slower there, with a
+# residual-add epilogue (o, down) 13-29 % slower, with a RoPE + K/V-store epilogue (qkv) no faster
+# than cuBLAS + the two kernels (its shuffles of the tile take a pipeline stage's shared memory).
 # Under Triton's interpreter a program takes one tile (its range over program ids is not interpreted).
 WIDE_MIN_TOKENS = 1024
 
