@@ -1,9 +1,8 @@
 """The triton LoRA kernels (adapters.triton_kernels) and the "triton" LoraBatch, against exact references.
 
-Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors); the
-module is skipped where triton is not installed (CI installs only `.[test]`). The interpreter
-computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so the kernels are
-checked in fp32 / fp16 there and in bf16 only on CUDA. Oracles: the per-token product written
+Without a GPU the kernels run under Triton's interpreter (tests/triton_interpret.py, CPU
+tensors; tl.dot of bf16 is wrong there, so fp32 / fp16 there and bf16 only on CUDA); the module is
+skipped where triton is not installed (CI installs only `.[test]`). Oracles: the per-token product written
 out with einsum over gathered slot weights, and the "torch" kernel.
 """
 
@@ -13,7 +12,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -22,39 +20,10 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-INTERPRET = not torch.cuda.is_available()
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated (at import) and launched
-    from triton.runtime import interpreter as _interpreter
-    from triton.runtime.jit import JITFunction
+from triton_interpret import INTERPRET  # before the kernels: sets up the interpreter
 
-    import adapters.triton_kernels as tk
-    import model_wrapper.layers.triton_ops as tops
-
-    # Triton's own jit helpers (tl.sum, tl.zeros, tl.cdiv, ...) were made for compilation where
-    # triton was imported before the variable was set (transformers and peft import it): have the
-    # interpreter run them as it runs its own functions.
-    _interpreted: dict = {}
-
-    def _call_interpreted(self, *args, **kwargs):
-        if self.fn not in _interpreted:
-            _interpreted[self.fn] = _interpreter.InterpretedFunction(self.fn)
-        return _interpreted[self.fn](*args, **kwargs)
-
-    JITFunction.__call__ = _call_interpreted
-    # Triton 3.6's interpreter turns a loop bound into an int with int() of a 1-element array,
-    # which NumPy >= 2.4 refuses; read the element instead (upstream fixed it the same way)
-    _patch_tensor = _interpreter._patch_lang_tensor
-
-    def _patch_lang_tensor(tensor, scope):
-        _patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    _interpreter._patch_lang_tensor = _patch_lang_tensor
-else:
-    import adapters.triton_kernels as tk
-    import model_wrapper.layers.triton_ops as tops
-
+import adapters.triton_kernels as tk
+import model_wrapper.layers.triton_ops as tops
 import adapters.lora_manager as lora_manager_module  # noqa: E402
 from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, LoraStateError, PeftAdapter  # noqa: E402
 from adapters.lora_batch import LoraDelta, lora_groups  # noqa: E402

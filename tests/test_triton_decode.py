@@ -1,0 +1,96 @@
+"""The Triton paged decode attention (model_wrapper/attention/triton_decode.py) against a direct
+computation: softmax(q k^T * scale) v over each request's keys, gathered page by page from the
+caches in float64, with the window applied as a mask.
+
+Without a GPU the kernel runs under Triton's interpreter in fp16 (tests/triton_interpret.py); on
+CUDA in bf16 with pages of 16 and head_dim 128 (`pytest -m cuda` there). The module is skipped where triton is not
+installed (CI installs only `.[test]`). The graphs that run the kernel are checked against eager
+steps and transformers in tests/test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from triton_interpret import INTERPRET  # before the kernel: sets up the interpreter
+
+from model_wrapper.attention.triton_decode import paged_decode_attention
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = [] if INTERPRET else [pytest.mark.cuda]  # on a GPU machine: with the other `-m cuda` tests
+DTYPE = torch.float16 if INTERPRET else torch.bfloat16
+PAGE, D = (4, 32) if INTERPRET else (16, 128)
+
+
+def _paged(lens, kv_heads, seed):
+    """Caches with every request's pages scattered among unused ones, and the page metadata."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // PAGE) for n in lens]
+    blocks = sum(pages) + 7
+    k = torch.randn(blocks, PAGE, kv_heads, D, generator=g).to(DTYPE)
+    v = torch.randn(blocks, PAGE, kv_heads, D, generator=g).to(DTYPE)
+    order = torch.randperm(blocks, generator=g)
+    tables, at = [], 0
+    for n in pages:
+        tables.append(order[at:at + n])
+        at += n
+    indptr = torch.tensor([0] + pages).cumsum(0).to(torch.int32)
+    indices = torch.cat(tables).to(torch.int32)
+    last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(lens, pages)], dtype=torch.int32)
+    return k, v, tables, indptr, indices, last
+
+
+def _direct(q, k, v, tables, lens, scale, window):
+    out = []
+    heads, kv_heads = q.shape[1], k.shape[2]
+    for r, n in enumerate(lens):
+        t = torch.arange(n)
+        rows = tables[r][t // PAGE] * PAGE + t % PAGE
+        kr = k.reshape(-1, kv_heads, D)[rows].double().repeat_interleave(heads // kv_heads, 1)
+        vr = v.reshape(-1, kv_heads, D)[rows].double().repeat_interleave(heads // kv_heads, 1)
+        s = torch.einsum("hd,thd->ht", q[r].double(), kr) * scale
+        if window is not None:
+            s[:, t < n - window] = float("-inf")
+        out.append(torch.einsum("ht,thd->hd", s.softmax(-1), vr))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 2)])
+@pytest.mark.parametrize("splits", [1, 2, 16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window):
+    """Lengths of 1 key, a page, a page and one, and several pages (the last part-filled), with
+    more splits than some requests have blocks of keys (empty splits), GQA groups of 4, 1 and 3
+    (padded to the MMA's 16 rows)."""
+    lens = [1, PAGE, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
+    k, v, tables, indptr, indices, last = _paged(lens, kv_heads, seed=heads + splits)
+    q = torch.randn(len(lens), heads, D, generator=torch.Generator().manual_seed(1)).to(DTYPE)
+    scale = 1 / math.sqrt(D)
+    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
+    got = paged_decode_attention(*on[:3], *on[3:], scale, window=window, splits=splits,
+                                 block_n=8 if INTERPRET else 64)
+    want = _direct(q, k, v, tables, lens, scale, window)
+    assert got.shape == q.shape and got.dtype == DTYPE
+    # inputs exact in both; the kernel rounds p to the dtype for the PV product and its output once
+    tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
+    torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
+
+
+def test_strided_q_rows():
+    """q as the model hands it over: a view of the fused qkv rows (row stride > heads * D)."""
+    lens = [5, 2 * PAGE]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=3)
+    qkv = torch.randn(len(lens), (8 + 4) * D, generator=torch.Generator().manual_seed(2)).to(DTYPE)
+    q = qkv.to(DEVICE)[:, : 8 * D].view(len(lens), 8, D)
+    assert q.stride(0) == 12 * D
+    on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
+    got = paged_decode_attention(q, *on, 1 / math.sqrt(D), splits=2, block_n=8 if INTERPRET else 64)
+    want = _direct(q.cpu(), k, v, tables, lens, 1 / math.sqrt(D), None)
+    torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if INTERPRET else 1.6e-2, rtol=0)

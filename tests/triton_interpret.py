@@ -1,0 +1,40 @@
+"""Triton's interpreter for the kernel tests on machines without a GPU (import before the kernels).
+
+Without CUDA this sets TRITON_INTERPRET=1, read when a kernel is decorated (at import) and
+launched, and patches two things of Triton 3.6's interpreter:
+- Triton's own jit helpers (tl.sum, tl.zeros, tl.cdiv, ...) were made for compilation where
+  triton was imported before the variable was set (transformers and peft import it): the
+  interpreter runs them as it runs its own functions;
+- it turns a loop bound into an int with int() of a 1-element array, which NumPy >= 2.4
+  refuses: it reads the element instead (upstream fixed it the same way).
+The interpreter computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so
+kernels are checked in fp32 / fp16 there and in bf16 only on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+INTERPRET = not torch.cuda.is_available()
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"
+    from triton.runtime import interpreter as _interpreter
+    from triton.runtime.jit import JITFunction
+
+    _interpreted: dict = {}
+
+    def _call_interpreted(self, *args, **kwargs):
+        if self.fn not in _interpreted:
+            _interpreted[self.fn] = _interpreter.InterpretedFunction(self.fn)
+        return _interpreted[self.fn](*args, **kwargs)
+
+    JITFunction.__call__ = _call_interpreted
+    _patch_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        _patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_lang_tensor
