@@ -39,11 +39,12 @@ def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     return group >= 4 or group not in _CUDA_CORE_GROUPS
 
 
-def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page: int):
+def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, page: int, pin: bool = True):
     """-> (kv_indptr [B+1] int32, kv_indices [sum pages] int32, last_page_len [B] int32), on the host.
 
-    indptr and last_page_len come back in pinned memory: plan() copies them to the device, and a
-    copy from pageable memory would make CUDA wait for the stream, serialising host and GPU."""
+    With pin, indptr and last_page_len come back in pinned memory: plan() copies them to the
+    device, and a copy from pageable memory would make CUDA wait for the stream, serialising host
+    and GPU."""
     L = seq_lens_cpu.to(torch.int64)
     pages = (L + page - 1) // page
     indptr = torch.zeros(L.shape[0] + 1, dtype=torch.int32)
@@ -51,7 +52,7 @@ def page_metadata(block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, pa
     used = torch.arange(block_tables_cpu.shape[1])[None, :] < pages[:, None]
     indices = block_tables_cpu[used].to(torch.int32)
     last = (L - (pages - 1) * page).to(torch.int32)
-    return indptr.pin_memory(), indices, last.pin_memory()
+    return (indptr.pin_memory(), indices, last.pin_memory()) if pin else (indptr, indices, last)
 
 
 def only_own_kv(batch: ForwardBatch) -> bool:
