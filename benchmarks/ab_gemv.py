@@ -84,6 +84,18 @@ def plot_variants(ax, cases, variants, where: dict, x: str, ratio: str) -> None:
         ax.plot(xs, [min(c[ratio] for c in rows if c[x] == v) for v in xs], "o-", label=name)
 
 
+def decode_panels(fig, axes, res, variants, ratio: str, ylabel: str, path: str) -> None:
+    """The decode-step panels on axes (context 512, then 2048: one line per variant against the
+    batch), then the figure's title, saved to path."""
+    for ax, ctx in zip(axes, (512, 2048)):
+        plot_variants(ax, res["cases"], variants, {"context": ctx}, "batch", ratio)
+        ax.set(xlabel="batch", xscale="log", ylabel=ylabel, title=f"decode step, context {ctx}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Llama-3-8B-shaped bf16, CUDA graphs, on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def save_results(res: dict, out: str, stem: str, plot) -> None:
     """res -> out/stem.json, plot(res, path) -> out/stem.png."""
     os.makedirs(out, exist_ok=True)

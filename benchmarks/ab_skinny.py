@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import plot_variants, replay_ms, run_variants, save_results
+from benchmarks.ab_gemv import decode_panels, replay_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper import cuda_graph
@@ -115,14 +115,7 @@ def plot(res, path):
     ax.set(xlabel="tokens (M)", xscale="log", ylabel="cuBLAS time / skinny time",
            title="one GEMM (32 back to back in a graph)")
     ax.legend(fontsize=8)
-    for ax, ctx in zip(axes[1:], (512, 2048)):
-        plot_variants(ax, res["cases"], VARIANTS, {"context": ctx}, "batch", "replay_ratio")
-        ax.set(xlabel="batch", xscale="log", ylabel="graph replay / floor (best of 2 rounds)",
-               title=f"decode step, context {ctx}")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Llama-3-8B-shaped bf16, CUDA graphs, on {res['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    decode_panels(fig, axes[1:], res, VARIANTS, "replay_ratio", "graph replay / floor (best of 2 rounds)", path)
 
 
 if __name__ == "__main__":
