@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import decode_panels, replay_ms, run_variants, save_results
+from benchmarks.ab_gemv import decode_panels, graph_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper import cuda_graph
@@ -36,18 +36,12 @@ HEADS, KV_HEADS, HEAD_DIM, PAGE, LAYERS = 32, 8, 128, 16, 8
 
 def graph_us(calls, reps=4) -> float:
     """Microseconds a call: median replay of one graph running calls reps times over."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def run():
         for _ in range(reps):
             for c in calls:
                 c()
-    return replay_ms(graph, 20) * 1e3 / (reps * len(calls))
+
+    return graph_ms(run) * 1e3 / (reps * len(calls))
 
 
 def kernel_case(B, ctx, bw, sms, workspace) -> dict:

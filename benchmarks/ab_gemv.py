@@ -47,6 +47,19 @@ def replay_ms(graph, n=50) -> float:
     return sorted(times)[n // 2]
 
 
+def graph_ms(run, n=20) -> float:
+    """Median replay time of one graph capturing run() (run once before, on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return replay_ms(graph, n)
+
+
 def decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size=16) -> dict:
     """One decode case (graphs on): the wall clock of 30 forward_tensor calls (bench_forward's
     measure) and the median replay of its captured graph, beside the floor of this run."""
@@ -115,14 +128,7 @@ def projections_ms(mw, T, linear) -> float:
         for m in mods:
             linear(xs[m.in_features], m.weight)
 
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return replay_ms(graph, 20)
+    return graph_ms(run)
 
 
 def main():

@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import decode_panels, replay_ms, run_variants, save_results
+from benchmarks.ab_gemv import decode_panels, graph_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper import cuda_graph
@@ -51,14 +51,7 @@ def shape_us(weights, M, linear) -> float:
         for w in weights:
             linear(x, w)
 
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return replay_ms(graph, 20) * 1e3 / len(weights)
+    return graph_ms(run) * 1e3 / len(weights)
 
 
 def main():
