@@ -105,7 +105,7 @@ def test_generate_with_the_demo_checkpoint(cache):
 @pytest.fixture
 def run_main(cache, monkeypatch, capsys):
     """main() in this process (no interpreter start-up): -> (exit code, stdout, stderr)."""
-    from text_generator.__main__ import main
+    from text_generator.cli import main
 
     monkeypatch.setenv("TEXT_GENERATOR_CACHE", cache)
 

@@ -22,7 +22,7 @@ from text_generator.speculative import (
     DraftModelDrafter, DraftTree, NgramDrafter, TreeSampling, SpeculativeDecoder, Verdict,
     build_tree_batch, commit_accepted, compact_accepted_kv, target_probs, verify,
 )
-from text_generator.spec_verify import verify_greedy, verify_sampling
+from text_generator.speculative.verify import verify_greedy, verify_sampling
 
 VOCAB = 96
 FAMS = ["llama", "qwen3"]

@@ -16,7 +16,7 @@ from typing import Protocol, Sequence
 import torch
 
 from kv_manager import BlockManager
-from text_generator.spec_tree import DraftTree
+from text_generator.speculative.tree import DraftTree
 
 
 class Drafter(Protocol):

@@ -1,7 +1,7 @@
 """Draft trees and the flat tensors that carry them through one forward_tensor call.
 
 A drafter proposes a DraftTree per request; `build_tree_batch` lays the trees of a batch out as
-forward_tensor's decode-step arguments; the verifier (spec_verify) reads back one logits row per
+forward_tensor's decode-step arguments; the verifier (verify.py) reads back one logits row per
 node. Node 0 is the root: the last accepted token, whose K/V is not in the cache yet, so the
 root and the drafts go through the model together.
 

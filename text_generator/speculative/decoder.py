@@ -2,7 +2,7 @@
 
 Per step and request:  drafter.propose -> DraftTree  -> BlockManager.append (slots of the nodes)
 -> one forward_tensor(q_lens = tree sizes, spec_mask = tree masks) for the whole batch
--> spec_verify.verify (greedy or rejection sampling) -> compact_accepted_kv -> truncate / append /
+-> verify.verify (greedy or rejection sampling) -> compact_accepted_kv -> truncate / append /
 commit (only verified tokens are committed, style rule 12) -> drafter.update.
 
 KV after verification. The tree's node i was written at kv index c + i (c = cached length);
@@ -27,16 +27,10 @@ import torch
 
 from kv_manager import BlockManager
 from kv_manager.errors import KVCacheError, KVErrorCode
-from text_generator.spec_drafters import DraftModelDrafter, Drafter, NgramDrafter
-from text_generator.spec_tree import DraftTree, TreeBatch, build_tree_batch
-from text_generator.spec_verify import TreeSampling, Verdict, target_probs, verify
+from text_generator.speculative.drafters import Drafter
+from text_generator.speculative.tree import DraftTree, build_tree_batch
+from text_generator.speculative.verify import TreeSampling, Verdict, target_probs, verify
 
-__all__ = [
-    "DraftModelDrafter", "DraftTree", "Drafter", "NgramDrafter", "TreeSampling", "SpecStats",
-    "SpeculativeDecoder", "TreeBatch", "Verdict", "build_tree_batch", "commit_accepted",
-    "compact_accepted_kv",
-    "target_probs", "verify",
-]
 
 
 def compact_accepted_kv(kv_cache, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from text_generator.spec_tree import DraftTree
+from text_generator.speculative.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from loguru import logger
 
 from kv_manager import BlockManager
 from text_generator.errors import ErrorCode, ForwardArgumentError
-from text_generator.request import Request, RequestOutput
+from text_generator.engine.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
-from text_generator.scheduler import ScheduledChunk, Scheduler
+from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.tokenizer import decode_tokens
 
 
@@ -47,7 +47,7 @@ class LLMEngine:
     eos_token_id: overrides the tokenizer's
     speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
                  anything with start / propose / update / finish) for speculative decoding of
-                 greedy requests in decode-only steps (engine_speculative.py); None: off
+                 greedy requests in decode-only steps (speculative/engine_step.py); None: off
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
                  back to the plain order while a drafter is set or a live request uses penalties.
@@ -161,6 +161,10 @@ class LLMEngine:
         self._reports.append(req.output([], None, self.tokenizer is not None))
         return True
 
+    def is_drafting(self, request_id: str) -> bool:
+        """Whether the drafter has started this request (its first token was emitted)."""
+        return request_id in self._drafting
+
     def has_unfinished(self) -> bool:
         """Whether a live request or an unreported output remains. (A launched step whose
         requests all finished meanwhile, e.g. on a stop token it ran ahead of, holds nothing to
@@ -252,7 +256,7 @@ class LLMEngine:
 
     def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
-            from text_generator.engine_speculative import speculative_step
+            from text_generator.speculative.engine_step import speculative_step
 
             spec = speculative_step(self, sched.chunks)  # (no run-ahead with a drafter: prev is None)
             if spec is not None:
@@ -279,7 +283,7 @@ class LLMEngine:
             return []
         self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
                                        [c.request.num_computed for c in sched.chunks])
-        return self._sample(logits, sampled)
+        return self.sample(logits, sampled)
 
     # -- running ahead ---------------------------------------------------------------------
     def _may_run_ahead(self) -> bool:
@@ -344,7 +348,7 @@ class LLMEngine:
                     bm.set_token(req.request_id, pos, tok)  # the next step appended the placeholder
                 if req.params.logprobs is not None:
                     self._record_logprobs(req, i, lps, top_ids, top_lps)
-                outputs.append(self._emit(req, [tok], at=at))
+                outputs.append(self.emit(req, [tok], at=at))
         live = [(r, n) for r, n, p in step.commits if not r.finished and r.num_preemptions == p]
         self.block_manager.commit_many([r.request_id for r, _ in live], [n for _, n in live])
         return outputs
@@ -391,7 +395,9 @@ class LLMEngine:
             slots, (start + q).to(torch.int32), self.max_seq_len,
             (offset + q - 1)[sample], **kwargs)
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
+        """Sample one token per row of logits [len(reqs), vocab] for reqs (their params, penalties,
+        seeds) and emit it: -> each request's RequestOutput of the step."""
         if not reqs:
             return []
         params = [r.params for r in reqs]
@@ -406,7 +412,7 @@ class LLMEngine:
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
             if req.params.logprobs is not None:
                 self._record_logprobs(req, i, lps, top_ids, top_lps)
-            outputs.append(self._emit(req, [tok]))
+            outputs.append(self.emit(req, [tok]))
         return outputs
 
     @staticmethod
@@ -417,7 +423,7 @@ class LLMEngine:
         n = req.params.logprobs
         req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
 
-    def _emit(self, req: Request, toks: list[int], at: int | None = None) -> RequestOutput:
+    def emit(self, req: Request, toks: list[int], at: int | None = None) -> RequestOutput:
         """Append new tokens (one, or a speculative step's accepted run) with their stop checks;
         tokens after the one that finishes the request are dropped. at: the token is already in
         output_ids at index `at` (a run-ahead placeholder just replaced; later placeholders are

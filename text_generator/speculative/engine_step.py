@@ -1,4 +1,4 @@
-"""Speculative decode steps inside LLMEngine, built on text_generator.speculative's pieces.
+"""Speculative decode steps inside LLMEngine, built on the speculative package's pieces.
 
 When an engine has a drafter (`LLMEngine(..., speculative=NgramDrafter())`) and a step holds
 only decodes, the engine runs this step instead of a plain one:
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from text_generator.request import RequestOutput
+from text_generator.engine.request import RequestOutput
+from text_generator.engine.scheduler import ScheduledChunk
 from text_generator.sampling import SamplingParams
-from text_generator.scheduler import ScheduledChunk
-from text_generator.speculative import compact_accepted_kv
-from text_generator.spec_tree import DraftTree, build_tree_batch
-from text_generator.spec_verify import verify_greedy
+from text_generator.speculative.decoder import compact_accepted_kv
+from text_generator.speculative.tree import DraftTree, build_tree_batch
+from text_generator.speculative.verify import verify_greedy
 
 if TYPE_CHECKING:
     from text_generator.engine import LLMEngine
@@ -47,7 +47,7 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
     budgets = {}
     for c in chunks:
         r = c.request
-        if room > 0 and can_draft(r.params) and r.request_id in engine._drafting:
+        if room > 0 and can_draft(r.params) and engine.is_drafting(r.request_id):
             budgets[r.request_id] = min(MAX_TREE_NODES, engine.max_seq_len - c.start,
                                         r.params.max_new_tokens - len(r.output_ids), room + 1)
     ids = [rid for rid, b in budgets.items() if b > 1]
@@ -101,6 +101,6 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         r.num_computed = r.num_registered = s + len(v.path)
         engine.num_draft_tokens += t.size - 1
         engine.num_accepted_tokens += len(v.path) - 1
-        outputs.append(engine._emit(r, v.tokens))
-    outputs += engine._sample(logits[[off[b] for b in plain]], [reqs[b] for b in plain])
+        outputs.append(engine.emit(r, v.tokens))
+    outputs += engine.sample(logits[[off[b] for b in plain]], [reqs[b] for b in plain])
     return outputs

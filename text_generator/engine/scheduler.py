@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kv_manager import BlockManager, KVCacheError
-from text_generator.request import Request, RequestStatus
+from text_generator.engine.request import Request, RequestStatus
 
 
 @dataclass
