@@ -80,7 +80,7 @@ def read_json_object(path: str, what: str) -> dict:
             raise ModelLoadError(ModelErrorCode.CORRUPT_FILE,
                                  f"{what}: expected at most {MAX_JSON_BYTES} bytes, got {os.path.getsize(path)}")
         with open(path, "rb") as f:
-            raw = json.loads(f.read().decode("utf-8"), parse_constant=_no_constant)
+            raw = json.loads(f.read().decode("utf-8"))  # NaN / Infinity parse: the field checks name them
     except ModelLoadError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -12,6 +12,7 @@ get_slice; rules in model_wrapper/parallel.py) into a model built with its own s
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -173,6 +174,16 @@ def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: d
             f"config.json num_hidden_layers={cfg.num_layers}, but the checkpoint holds layers up to {extra[-1]} "
             f"({len(names)} unused tensors, e.g. {names[:3]})",
         )
+    # no tensor of the model can have a side longer than the longest in the file (each of those is
+    # backed by data, so bounded by the file size): this bounds the meta model built next
+    longest = max((d for t in tensors.values() if math.prod(t.shape) for d in t.shape), default=0)
+    sizes = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+             "intermediate_size": cfg.intermediate_size, "num_attention_heads * head_dim": cfg.num_heads * cfg.head_dim}
+    for field, n in sizes.items():
+        if n > longest:
+            raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
+                                 f"config.json {field}={n}: larger than any tensor side in the checkpoint "
+                                 f"(longest {longest})")
     with torch.device("meta"):  # global shapes, no memory
         plan = CausalLM(cfg, TPGroup.single())
     shapes = {}
