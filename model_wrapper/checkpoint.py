@@ -73,14 +73,17 @@ def resolve_file(folder: str, name: str, what: str) -> str:
     return real
 
 
-def read_json_object(path: str, what: str) -> dict:
-    """A JSON file that must hold an object (config.json, the index); any defect is coded."""
+def read_json_object(path: str, what: str, *, unique_keys: bool = False) -> dict:
+    """A JSON file that must hold an object (config.json, the index); any defect is coded.
+
+    unique_keys: refuse a key given twice in any object (json keeps the last one silently)."""
     try:
         if os.path.getsize(path) > MAX_JSON_BYTES:
             raise ModelLoadError(ModelErrorCode.CORRUPT_FILE,
                                  f"{what}: expected at most {MAX_JSON_BYTES} bytes, got {os.path.getsize(path)}")
         with open(path, "rb") as f:
-            raw = json.loads(f.read().decode("utf-8"))  # NaN / Infinity parse: the field checks name them
+            # NaN / Infinity parse: the config's field checks name them
+            raw = json.loads(f.read().decode("utf-8"), object_pairs_hook=_unique_keys if unique_keys else None)
     except ModelLoadError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -95,13 +98,23 @@ def _no_constant(name: str):
     raise ValueError(f"non-standard JSON constant {name}")  # NaN / Infinity are not JSON
 
 
+def _unique_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a name given twice would silently keep only the last."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice")
+        out[k] = v
+    return out
+
+
 def shard_names(folder: str) -> tuple[list[str], dict[str, str] | None]:
     """The weight files to read (relative names) and the index's weight_map (None without one)."""
-    if not os.path.isdir(folder):
+    if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
         raise ModelLoadError(ModelErrorCode.MISSING_FILE,
                              f"checkpoint path: expected a local folder, got {folder!r}")
     if os.path.lexists(os.path.join(folder, INDEX)):
-        weight_map = read_json_object(resolve_file(folder, INDEX, INDEX), INDEX).get("weight_map")
+        weight_map = read_json_object(resolve_file(folder, INDEX, INDEX), INDEX, unique_keys=True).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelLoadError(ModelErrorCode.BAD_INDEX,
                                  f"{INDEX}: expected a non-empty 'weight_map' object (tensor name -> file), "
@@ -146,7 +159,7 @@ def read_header(path: str, name: str) -> dict[str, TensorInfo]:
             if n > min(size - 8, MAX_JSON_BYTES):
                 raise corrupt(f"header length {n} runs past the end of the file ({size} bytes)")
             text = f.read(n)
-        header = json.loads(text.decode("utf-8"), parse_constant=_no_constant)
+        header = json.loads(text.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except ModelLoadError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:

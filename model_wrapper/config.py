@@ -56,7 +56,7 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
-        if not os.path.isdir(path):
+        if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ModelLoadError(
                 ModelErrorCode.MISSING_FILE,
                 f"checkpoint path: expected a local folder (no hub access), got {path!r}",
@@ -172,7 +172,8 @@ def check_quantization(raw: dict) -> None:
     Loading quantized weights as if they were plain floats would silently produce garbage
     (FP8 weights without their weight_scale_inv, int4 packs read as int32, ...).
     """
-    q = raw.get("quantization_config")
+    # compression_config: the name llm-compressor (compressed-tensors) exports used before
+    q = raw.get("quantization_config", raw.get("compression_config"))
     if q is None:
         return
     method = q.get("quant_method") if isinstance(q, dict) else None

@@ -103,6 +103,12 @@ def test_missing_files(checkpoint_dir, tmp_path):
     assert "model-00002-of-00002.safetensors" in msg
 
 
+def test_path_must_be_a_folder_name(tmp_path):
+    for bad in (None, 3, b"folder", str(tmp_path / "file.txt")):
+        open(tmp_path / "file.txt", "w").close()
+        assert "local folder" in _expect(ModelErrorCode.MISSING_FILE, lambda: _load(bad))
+
+
 def test_a_hub_id_is_not_fetched():
     msg = _expect(ModelErrorCode.MISSING_FILE,
                   lambda: TextGenerator.from_pretrained("meta-llama/Llama-3.1-8B", device="cpu"))
@@ -174,6 +180,9 @@ def test_quantized_checkpoint_refused(checkpoint_dir, tmp_path):
     for i, q in enumerate(({"quant_method": "awq", "bits": 4}, {"bits": 4}, "gptq")):
         path = _variant(checkpoint_dir("llama"), tmp_path / f"q{i}", config={"quantization_config": q})
         _expect(ModelErrorCode.UNSUPPORTED_QUANTIZATION, lambda: _load(path))
+    path = _variant(checkpoint_dir("llama"), tmp_path / "ct", config={"compression_config": {
+        "quant_method": "compressed-tensors", "format": "float-quantized"}})
+    assert "'compressed-tensors'" in _expect(ModelErrorCode.UNSUPPORTED_QUANTIZATION, lambda: _load(path))
     # the same FP8 tensors without the config: refused by dtype, not read as numbers
     path = _variant(checkpoint_dir("llama"), tmp_path / "fp8_nocfg", tensors=to_fp8)
     msg = _expect(ModelErrorCode.UNSUPPORTED_DTYPE, lambda: _load(path))
@@ -329,6 +338,13 @@ def test_corrupt_files(checkpoint_dir, tmp_path):
         _write(os.path.join(path, "model.safetensors"), data)
         msg = _expect(ModelErrorCode.CORRUPT_FILE, lambda: _load(path))
         assert "model.safetensors" in msg, case
+    # a name twice in one header: json would keep the last entry silently
+    text = json.dumps(header)
+    dup = text[:-1] + ", " + json.dumps({name: header[name]})[1:]
+    dup = dup.encode()
+    path = _copy(src, tmp_path / "dup_key")
+    _write(os.path.join(path, "model.safetensors"), len(dup).to_bytes(8, "little") + dup + blob[8 + n :])
+    assert "appears twice" in _expect(ModelErrorCode.CORRUPT_FILE, lambda: _load(path))
     for case, text in {"cfg_not_json": "{ nope", "cfg_array": "[1, 2]",
                        "cfg_binary": "\udcff"}.items():
         path = _copy(src, tmp_path / case)
@@ -354,6 +370,8 @@ def test_bad_index(checkpoint_dir, tmp_path):
              "moved": ({"weight_map": moved}, ModelErrorCode.BAD_INDEX),
              "dropped": ({"weight_map": dropped}, ModelErrorCode.BAD_INDEX),
              "not_json": ("{", ModelErrorCode.CORRUPT_FILE),
+             "twice": (json.dumps({"weight_map": wm})[:-2] + ', "model.norm.weight": "x.safetensors"}}',
+                       ModelErrorCode.CORRUPT_FILE),
              "array": ([wm], ModelErrorCode.CORRUPT_FILE)}
     for case, (content, code) in cases.items():
         path = _copy(base, tmp_path / case)
