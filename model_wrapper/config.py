@@ -2,6 +2,9 @@
 
 Reads the JSON itself (not transformers' config classes) so that checkpoints saved by
 transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) both load.
+Every field the decoder uses is type- and range-checked here (a bad one is BAD_CONFIG naming
+it), and a quantized checkpoint is refused (check_quantization); the sizes are compared with
+the weights' headers later, in loader.py, before anything is allocated.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass, field
 from model_wrapper.checkpoint import read_json_object, resolve_file
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.models.families import FAMILIES, Family
+
+MAX_POSITIONS = 1 << 24  # rotary positions are float32, exact integers only up to 2**24
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float", "half", "float64")  # config.json "dtype"
 
 
 @dataclass(frozen=True)
@@ -186,8 +192,6 @@ def check_quantization(raw: dict) -> None:
     )
 
 
-MAX_POSITIONS = 1 << 24
-CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float", "half", "float64")
 _MISSING = object()
 
 

@@ -44,7 +44,7 @@ def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]
 
 
 def _target(cfg: ModelConfig | TPShard, name: str):
-    """HF tensor name -> (our parameter name, row range or None), or None to skip."""
+    """HF tensor name -> (our parameter name, its row range for a fused part or None)."""
     for hf, (ours, part) in _FUSED.items():
         marker = f".{hf}."
         if marker in name:
@@ -121,9 +121,8 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                             ModelErrorCode.MISSHAPEN_TENSOR,
                             f"{hf_name} in {file}: expected shape {tuple(dst.shape)}, got {tuple(t.shape)}",
                         )
-                    _check_finite(hf_name, file, t, dtype)
                     with torch.no_grad():
-                        dst.copy_(t.to(dtype))
+                        dst.copy_(_finite_cast(hf_name, file, t, dtype))
                     pending.discard((name, rows))
         except ModelLoadError:
             raise
@@ -140,15 +139,17 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     return model.eval().requires_grad_(False)
 
 
-def _check_finite(hf_name: str, file: str, t: torch.Tensor, dtype: torch.dtype) -> None:
-    """NaN / inf weights are refused: they would make every output NaN (or, worse, finite garbage)."""
-    if not bool(torch.isfinite(t).all()):
+def _finite_cast(hf_name: str, file: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t cast to dtype; NaN / inf are refused: they would make outputs NaN, or finite garbage."""
+    cast = t.to(dtype)
+    if not bool(torch.isfinite(cast).all()):
+        if bool(torch.isfinite(t).all()):
+            raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
+                                 f"{hf_name} in {file}: values exceed the range of {dtype} (inf after the cast); "
+                                 "load in a wider dtype")
         raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
                              f"{hf_name} in {file}: expected finite weights, got NaN or inf")
-    if not bool(torch.isfinite(t.to(dtype)).all()):
-        raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
-                             f"{hf_name} in {file}: values exceed the range of {dtype} (inf after the cast); "
-                             "load in a wider dtype")
+    return cast
 
 
 def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: dict[str, str]) -> set[str]:
