@@ -317,3 +317,18 @@ def test_structured_output_needs_a_tokenizer(gen):
         eng.add_request([5, 6], SamplingParams(structured=StructuredOutput(regex="a+")))
     assert e.value.code is ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE and e.value.argument == "tokenizer"
     assert not eng.requests and not eng.has_unfinished()
+
+
+def test_without_xgrammar_the_library_imports_and_structured_requests_are_refused(tok, gen, monkeypatch):
+    import subprocess
+    import sys
+
+    blocked = "import sys; sys.modules['xgrammar'] = None; import text_generator, text_generator.structured; " \
+              "text_generator.structured.StructuredOutput(regex='a'); print('ok')"
+    assert subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True).stdout.strip() == "ok"
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # import xgrammar now raises ImportError
+    eng = engine(gen, tok)
+    with pytest.raises(GeneratorStateError) as e:
+        eng.add_request("hi", SamplingParams(structured=StructuredOutput(regex="a+")))
+    assert e.value.code is ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE and "xgrammar" in str(e.value)
+    assert not eng.requests and not eng.has_unfinished()

@@ -172,7 +172,7 @@ class GrammarCompiler:
     tokenizer: a Hugging Face tokenizer (transformers) or text_generator's ByteTokenizer.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None, max_threads: int = 1):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None, max_threads: int = 8):
         xgr = _xgrammar()
         self.vocab_size = vocab_size
         self.info = _tokenizer_info(xgr, tokenizer, vocab_size, stop_token_ids)
