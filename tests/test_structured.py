@@ -332,3 +332,21 @@ def test_without_xgrammar_the_library_imports_and_structured_requests_are_refuse
         eng.add_request("hi", SamplingParams(structured=StructuredOutput(regex="a+")))
     assert e.value.code is ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE and "xgrammar" in str(e.value)
     assert not eng.requests and not eng.has_unfinished()
+
+
+def test_a_token_outside_the_grammar_fails_only_its_request(tok, gen):
+    """A sampler that ignores the mask (here: always the token 'z') cannot break the grammar:
+    the structured request fails with a message naming the token, a plain one goes on."""
+    from text_generator.sampling import Sampler, SamplerOutput
+
+    z = tok.convert_tokens_to_ids("z")
+
+    class AlwaysZ(Sampler):
+        def __call__(self, logits, params, **kw):
+            return SamplerOutput(token_ids=torch.full((logits.shape[0],), z, dtype=torch.int64))
+
+    outs = run(engine(gen, tok, sampler=AlwaysZ()), ["a", "b"], [
+        SamplingParams(max_new_tokens=4, structured=StructuredOutput(regex="[0-9]+")),
+        SamplingParams(max_new_tokens=4)])
+    assert outs[0].finish_reason == "error" and f"token {z} " in outs[0].error
+    assert outs[1].finish_reason == "length" and outs[1].token_ids == [z] * 4
