@@ -44,7 +44,7 @@ if INTERPRET:
     _builder = _interpreter.InterpreterBuilder
 
     def _bool_mask(mask):
-        if mask.data.dtype != bool:
+        if getattr(mask.data, "dtype", bool) != bool:  # (3.7 hands some masks over as memoryviews)
             mask = _interpreter.TensorHandle(mask.data.astype(bool), mask.dtype)
         return mask
 
