@@ -11,6 +11,10 @@ Requests come in through `add_request` (token ids or text) and leave through the
     Sampler                       -> next tokens (+ logprobs)                  [sampling.py]
     stop checks, detokenization   -> RequestOutput per request with news
 
+Structured requests (SamplingParams.structured) get a grammar at add_request
+(text_generator/structured.py); their logits rows are masked before the Sampler, each emitted
+token advances the grammar, and its termination ends the request with "stop".
+
 Request-level problems (bad sampling parameters, a prompt longer than max_seq_len, an adapter
 that is not loaded, a request the KV pool can never hold) finish that request with
 finish_reason "error" and a message; the others go on.
@@ -28,9 +32,10 @@ import torch
 from loguru import logger
 
 from kv_manager import BlockManager
-from text_generator.errors import ErrorCode, ForwardArgumentError
+from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
+from text_generator.structured import GrammarCompiler, mask_logits_
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.tokenizer import decode_tokens
 
@@ -50,7 +55,8 @@ class LLMEngine:
                  greedy requests in decode-only steps (speculative/engine_step.py); None: off
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
-                 back to the plain order while a drafter is set or a live request uses penalties.
+                 back to the plain order while a drafter is set or a live request uses penalties
+                 or structured output.
     """
 
     def __init__(
@@ -109,6 +115,7 @@ class LLMEngine:
         self.async_scheduling = bool(async_scheduling)
         self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
+        self._grammars: GrammarCompiler | None = None  # built at the first structured request
         if freeze_gc:
             # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
             # objects) leaves the garbage collector's generations, as serving engines do after
@@ -128,7 +135,10 @@ class LLMEngine:
     ) -> str:
         """Queue a request; returns its id. A problem with the request itself does not raise:
         the request finishes with finish_reason "error" in the next step's outputs. Raises
-        ValueError only for a request_id that is still live."""
+        ValueError for a request_id that is still live, and a coded error for structured output
+        that cannot be had (ForwardArgumentError INVALID_STRUCTURED_OUTPUT: xgrammar does not
+        compile it; GeneratorStateError STRUCTURED_OUTPUT_UNAVAILABLE: no xgrammar or no
+        tokenizer); then no request is left behind."""
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"add_request: request_id {rid!r} is already live")
@@ -144,9 +154,16 @@ class LLMEngine:
             self._finish(req, "error", str(e))
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
+        if req.params.structured is not None:
+            try:
+                req.grammar = self._grammar_compiler().compile(req.params.structured)
+            except (ForwardArgumentError, GeneratorStateError):
+                del self.requests[rid]
+                self._callbacks.pop(rid, None)
+                raise
         req.generator = req.params.make_generator(self.generator.device)
         p = req.params
-        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
         self.scheduler.add(req)
         return rid
@@ -206,6 +223,15 @@ class LLMEngine:
             raise ValueError(f"prompt: expected at most max_seq_len - 1 = {self.max_seq_len - 1} tokens "
                              f"(room for one output token), got {len(ids)}")
         return ids
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise GeneratorStateError(ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE, "tokenizer",
+                                          "expected an engine with a tokenizer for structured output, got none")
+            stops = None if self.eos_token_id is None else [self.eos_token_id]
+            self._grammars = GrammarCompiler(self.tokenizer, self.generator.vocab_size, stops)
+        return self._grammars
 
     def _check_adapter(self, adapter: str | None) -> None:
         if adapter is None:
@@ -289,7 +315,8 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         with a drafter (it proposes from the tokens), nor while a live request's sampling reads
-        its own output history (penalties)."""
+        its own output history (penalties; a grammar, which masks a token only once it has
+        accepted the previous one)."""
         return self.async_scheduling and self.drafter is None and not self._history_reqs
 
     def _launch(self, logits: torch.Tensor, chunks: list[ScheduledChunk], sampled: list[Request]) -> "_InFlight":
@@ -401,6 +428,8 @@ class LLMEngine:
         if not reqs:
             return []
         params = [r.params for r in reqs]
+        if any(r.grammar is not None for r in reqs):
+            logits = mask_logits_(logits.float().contiguous(), [r.grammar for r in reqs])
         out = self.sampler(
             logits, params, prompt_ids=[r.prompt_ids for r in reqs], output_ids=[r.output_ids for r in reqs],
             generators=[r.generator for r in reqs])
@@ -448,7 +477,7 @@ class LLMEngine:
             if req.pending:
                 del req.output_ids[len(req.output_ids) - req.pending:]
                 req.pending = 0
-            self._finish(req, reason)
+            self._finish(req, reason, _GRAMMAR_REJECTED.format(new[-1]) if reason == "error" else None)
         elif self.drafter is not None:
             rid = req.request_id
             if rid not in self._drafting:
@@ -462,6 +491,11 @@ class LLMEngine:
         stop strings, then the length limits) -> (finish reason or None, new text or None)."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
+        if req.grammar is not None:
+            if not req.grammar.accept(tok):  # the mask forbade it: only a broken row of logits gets here
+                return "error", None
+            if req.grammar.terminated:  # it took the stop token that completes the structure
+                reason = "stop"
         n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
         at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
         delta = None
@@ -522,6 +556,7 @@ class LLMEngine:
         return [final[i] for i in ids]
 
 
+_GRAMMAR_REJECTED = "token {} is outside the request's structured-output grammar"
 PLACEHOLDER = 0  # the id standing in input_ids / output_ids for a token still on the device
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from text_generator.sampling import SamplingParams
+from text_generator.structured import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -87,6 +88,7 @@ class Request:
     params: SamplingParams
     adapter: str | None = None
     generator: torch.Generator | None = None
+    grammar: RequestGrammar | None = None  # structured output: the grammar after output_ids
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens with K/V in the cache
