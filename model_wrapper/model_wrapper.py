@@ -146,7 +146,10 @@ class ModelWrapper:
         """
         from adapters import LoraLinear
 
-        self.model.wrap_projections(lambda p, layer, name: p if isinstance(p, LoraLinear) else LoraLinear(p, layer, name))
+        def wrap(proj, layer: int, name: str):
+            return proj if isinstance(proj, LoraLinear) else LoraLinear(proj, layer, name)
+
+        self.model.wrap_projections(wrap)
         if self.graphs is not None and not self.tp.enabled:
             manager.fold_into(self.lora_linears())
         if self.graphs is not None:

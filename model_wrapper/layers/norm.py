@@ -24,6 +24,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
+    @staticmethod
+    def takes_tail(kernels) -> bool:
+        """Whether add() can take a projection's tail with these kernels (leaving a row scale)."""
+        return kernels.fuses_norm_scale
+
     def add(self, h: torch.Tensor, residual: torch.Tensor | None, kernels, tail=None):
         """The pre-norm residual stream, h [T, d] the previous block's output:
         -> (x = norm(residual + h), residual + h, scale), h and residual possibly updated in place.

@@ -35,7 +35,7 @@ ROPE_STORE_MAX_TOKENS = 1024
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
         super().__init__()
-        self.layer, self.tp = layer, tp
+        self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size = shard.num_heads * cfg.head_dim
         self.kv_size = shard.num_kv_heads * cfg.head_dim
@@ -154,7 +154,7 @@ class CausalLM(nn.Module):
         layer's qkv must go through the fused RoPE + store kernel (a function of the step's size,
         the cache and the backend, the same for every layer). A projection hands over a tail only
         where it has one (its wrapper decides)."""
-        return kernels.fuses_norm_scale and self.model.layers[0].self_attn.fuses_rope_store(
+        return self.model.norm.takes_tail(kernels) and self.model.layers[0].self_attn.fuses_rope_store(
             batch.input_ids.shape[0], kv_cache[0], backend, kernels)
 
     def projections(self) -> dict[tuple[int, str], tuple[nn.Module, str]]:
