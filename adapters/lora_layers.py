@@ -35,12 +35,16 @@ What the wrapper owns, per projection (LoraBatch does the arithmetic):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from adapters.lora_batch import LoraBatch
 from adapters.shapes import FUSED_MODULES
+
+if TYPE_CHECKING:
+    from adapters.lora_manager import LoraManager
 
 # projections whose output the decoder feeds to a residual add + RMSNorm (a tail there leaves a RowScale)
 NORM_FED = frozenset({"o", "down"})
@@ -58,7 +62,7 @@ class LoraStep:
     """
 
     adapter_ids: list | None
-    manager: object
+    manager: "LoraManager"
     mapping: LoraBatch | None = None
 
     def prepare(self, batch) -> None:

@@ -27,10 +27,26 @@ ranks' partial products and adds the bias once, after the sum (reduce).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
 from model_wrapper.parallel import TPGroup
+
+
+class LinearMethod(Protocol):
+    """A weight format. `bias` comes as an argument: a row-parallel linear under TP adds it only
+    after the all-reduce. A method without a fused SiLU-and-mul epilogue returns
+    kernels.silu_mul(self.apply(...)) from apply_silu."""
+
+    name: str
+
+    def create_weights(self, linear: nn.Module, in_features: int, out_features: int) -> None: ...
+
+    def apply(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor: ...
+
+    def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor: ...
 
 
 class UnquantizedMethod:
@@ -62,7 +78,7 @@ class Linear(nn.Module):
 
     reduces = False  # whether project() gives partial sums that reduce() completes (row-parallel under TP)
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, method: UnquantizedMethod = UNQUANTIZED):
+    def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethod = UNQUANTIZED):
         super().__init__()
         self.in_features, self.out_features, self.method = in_features, out_features, method
         method.create_weights(self, in_features, out_features)
@@ -102,7 +118,7 @@ class RowParallelLinear(Linear):
     exactly a Linear."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup,
-                 method: UnquantizedMethod = UNQUANTIZED):
+                 method: LinearMethod = UNQUANTIZED):
         super().__init__(in_features, out_features, bias, method)
         self.tp = tp
         self.reduces = tp.enabled
