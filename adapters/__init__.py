@@ -15,6 +15,7 @@ This package imports neither model_wrapper nor text_generator; its errors carry 
 
 from adapters.errors import LoraError, LoraErrorCode, LoraStateError
 from adapters.lora_batch import LoraBatch
+from adapters.lora_layers import LoraLinear, LoraStep
 from adapters.lora_manager import LoraManager
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
@@ -24,9 +25,11 @@ __all__ = [
     "LoraBatch",
     "LoraError",
     "LoraErrorCode",
+    "LoraLinear",
     "LoraManager",
     "LoraShapes",
     "LoraStateError",
+    "LoraStep",
     "PEFT_MODULES",
     "PeftAdapter",
     "read_peft_adapter",

@@ -1,9 +1,9 @@
 """LoraBatch: one step's adapter mapping, and the batched LoRA matmuls every projection calls.
 
 Built once per step by LoraManager.make_batch from the per-request adapter list (host) and the
-step's token layout; the model then brackets each projection y = x @ W^T with
-`pending = begin(layer, module, x)` before it and `y = finish(pending, y)` after it (or calls
-`apply(layer, module, x, y)` after it: the same numbers, without the overlap below).
+step's token layout; each projection's wrapper (adapters.lora_layers.LoraLinear) then brackets
+y = x @ W^T with `pending = begin(layer, module, x)` before it and `y = finish(pending, y)` after
+it (`apply(layer, module, x, y)` after it gives the same numbers, without the overlap below).
 Tokens are grouped by adapter slot once, on the host, with no device sync:
 
     requests:   r0 (slot 2, 3 tokens)  r1 (base, 2)  r2 (slot 0, 1)  r3 (slot 2, 2)
@@ -21,7 +21,7 @@ LoraManager.make_graph_batch). With the triton kernel and a manager that overlap
 default), begin launches the shrink on the manager's side stream, where it runs while the base
 GEMM runs, and finish joins it and launches the expand (adapters.side_stream); the other
 kernels run all their work in finish. In a graph batch of a manager that folded its A stacks
-into the base weights (LoraManager.fold_into), the model calls project_folded instead: one GEMM
+into the base weights (LoraManager.fold_into), the wrapper calls project_folded instead: one GEMM
 gives the base output and the shrink, no shrink kernel, no side stream.
 """
 

@@ -2,8 +2,9 @@
 
 Data flow: a PEFT folder -> read_peft_adapter (host, validated, scaling folded into B) -> copied
 into a free slot of the preallocated stacks here (load_adapter). Each step, the generator calls
-make_batch(adapter_ids, forward_batch) once; the LoraBatch it returns is what the model's
-projections call (LoraBatch.apply).
+make_batch(adapter_ids, forward_batch) once (through the ForwardBatch's LoRA part,
+adapters.lora_layers.LoraStep); the LoraBatch it returns is what the LoraLinear wrappers of the
+model's projections call (LoraBatch.begin / finish).
 
 Slot stacks, per fused module (see adapters.shapes), R = max_rank, all zeros at construction:
 

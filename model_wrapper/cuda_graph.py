@@ -38,6 +38,7 @@ import weakref
 import torch
 from loguru import logger
 
+from adapters.lora_layers import LoraStep
 from model_wrapper.attention.backend import AttentionBackend
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
@@ -210,8 +211,8 @@ class DecodeGraphRunner:
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
-            max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot,
-                                                                                          bucket.lora_groups))
+            max_q=1, max_kv=1, lora=None if self.lora is None else LoraStep(
+                None, self.lora, self.lora.make_graph_batch(bucket.token_slot, bucket.lora_groups)))
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
         mw = self.mw
@@ -267,7 +268,7 @@ class DecodeGraphRunner:
         self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
         bucket.inputs.copy_(st, non_blocking=True)
         if self.lora is not None:  # (staging buffers are refilled only after `copied`)
-            ids = batch.adapter_ids
+            ids = None if batch.lora is None else batch.lora.adapter_ids
             bucket.token_slot_staging.fill_(-1)
             if ids is not None:
                 bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)

@@ -139,13 +139,34 @@ class ModelWrapper:
         """This rank's sizes: local q / kv heads, intermediate and vocab slice (the model's at TP 1)."""
         return self.model.shard
 
+    def enable_lora(self, manager) -> None:
+        """Run `manager`'s adapters (an adapters.LoraManager) in this model from now on.
+
+        Wraps every decoder layer's projection in adapters' LoraLinear (once; a later manager
+        reuses the wrappers: they read the step's adapters from its ForwardBatch); where decode
+        CUDA graphs run and there is no tensor parallelism, folds the manager's A stacks into the
+        base weights (LoraManager.fold_into: row-parallel outputs are all-reduced, which wants
+        contiguous tensors, not the folded GEMMs' strided views); and hands the manager to the
+        graphs, which also drops graphs captured before (they hold the weights' old storage).
+        """
+        from adapters import LoraLinear
+
+        def wrap(proj, layer: int, name: str):
+            return proj if isinstance(proj, LoraLinear) else LoraLinear(proj, layer, name)
+
+        self.model.wrap_projections(wrap)
+        if self.graphs is not None and not self.tp.enabled:
+            manager.fold_into(self.lora_linears())
+        if self.graphs is not None:
+            self.graphs.attach_lora(manager)
+
     def lora_linears(self) -> dict:
-        """{(layer, fused module): nn.Linear} of the projections LoRA adapts (LoraManager.fold_into)."""
+        """{(layer, fused module): Linear} of the projections LoRA adapts (LoraManager.fold_into):
+        the base linears, under their wrappers where enable_lora put them."""
         out = {}
-        for i, layer in enumerate(self.model.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            out.update({(i, "qkv"): attn.qkv_proj, (i, "o"): attn.o_proj, (i, "gate_up"): mlp.gate_up_proj,
-                        (i, "down"): mlp.down_proj})
+        for key, (parent, attr) in self.model.projections().items():
+            p = getattr(parent, attr)
+            out[key] = getattr(p, "base", p)
         return out
 
     @property

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from adapters import LoraStep
 from kv_manager import KVCacheSpec, allocate_kv_cache
 from model_wrapper import ForwardBatch, ModelConfig, ModelWrapper, TPGroup
 from text_generator.validation import validate_step
@@ -121,13 +122,8 @@ class TextGenerator:
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
             max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap, fuse_expand=fuse_expand, fold=fold)
-        # folding serves the decode graphs only; not under TP (row-parallel outputs are all-reduced,
-        # which wants contiguous tensors, not the folded GEMMs' strided views)
-        if self.model_wrapper.graphs is not None and not self.model_wrapper.tp.enabled:
-            self.lora_manager.fold_into(self.model_wrapper.lora_linears())
-        if self.model_wrapper.graphs is not None:  # the decode graphs now carry the LoRA kernels (this
-            # also drops graphs captured before the fold, which hold the weights' old storage)
-            self.model_wrapper.graphs.attach_lora(self.lora_manager)
+        # the projections wrapped, the A stacks folded where the decode graphs run, the graphs told
+        self.model_wrapper.enable_lora(self.lora_manager)
         return self.lora_manager
 
     def load_adapter(self, name: str, path: str) -> int:
@@ -219,5 +215,5 @@ class TextGenerator:
             prev_token_ids=step.prev_token_ids,
         )
         if step.adapter_ids is not None:  # mapped by a graph replay, or by make_batch before an eager run
-            batch.adapter_ids, batch.lora_maker = step.adapter_ids, self.lora_manager.make_batch
+            batch.lora = LoraStep(step.adapter_ids, self.lora_manager)
         return mw.forward(batch, kv_cache)
