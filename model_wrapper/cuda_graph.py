@@ -4,12 +4,12 @@ A decode step with one token per request, no masks and no LoRA, whose batch fits
 bucket, replays a graph captured for the smallest bucket >= batch. Per replay, on the host only:
 fill pinned staging buffers (token ids, positions, write slots, page metadata), copy them into
 the graph's static inputs, replay. No host-device sync. The graphs' decode attention is the
-Triton kernel of attention/triton_decode.py, which reads the page metadata (kv_indptr,
+Triton kernel of kernels/decode_attention.py, which reads the page metadata (kv_indptr,
 kv_indices, kv_last_page_len) from the bucket's static buffers; where it does not fit (another
-dtype, head_dim or cache layout, or TRITON_DECODE off) it is FlashInfer's decode wrapper, planned
+dtype, head_dim or cache layout, or KernelConfig.triton_decode off) it is FlashInfer's decode wrapper, planned
 per replay (it copies the metadata into its own fixed buffers).
 
-Padding rows carry slot -1, which the K/V store kernel skips (layers/triton_ops.py), so a replay
+Padding rows carry slot -1, which the K/V store kernel skips (kernels/kv_store.py), so a replay
 writes nowhere the caller did not name; padding requests read one page (the first page of
 request 0) and their logits are dropped.
 
@@ -40,11 +40,8 @@ from loguru import logger
 
 from model_wrapper.attention.backend import AttentionBackend
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
+from model_wrapper.kernels.config import KernelConfig
 
-UNSPLIT_KV = True  # buckets whose (request, KV head) pairs fill the SMs plan FlashInfer unsplit
-# Graphs run decode attention on the Triton kernel (attention/triton_decode.py) where it fits (16-bit
-# K/V of the model's dtype, a power-of-two head_dim); False: FlashInfer's decode wrapper, as eager steps.
-TRITON_DECODE = True
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32) + tuple(range(40, 257, 8))
 
 
@@ -52,7 +49,8 @@ class _Bucket:
     """Static buffers, the decode attention's metadata (the Triton kernel's, or FlashInfer's graph
     wrappers) and the captured graph of one batch size."""
 
-    def __init__(self, size: int, max_pages: int, device, windows, backend, tc: bool, triton: bool):
+    def __init__(self, size: int, max_pages: int, device, windows, backend, tc: bool, triton: bool,
+                 unsplit_kv: bool):
         self.size = size
         # static inputs: token ids, positions, K/V slots (-1 = padding); one copy per replay
         self.inputs = torch.zeros(3, size, dtype=torch.int64, device=device)
@@ -69,27 +67,25 @@ class _Bucket:
         self.triton = triton
         self.wrappers = {}  # FlashInfer's, one per window
         if triton:  # the kernel's metadata: kv_indptr [size + 1], then kv_last_page_len [size]
-            from model_wrapper.attention.triton_decode import decode_splits
+            from model_wrapper.kernels.decode_attention import decode_splits
 
             self.meta = torch.zeros(2 * size + 1, dtype=torch.int32, device=device)
             self.meta_staging = torch.zeros(2 * size + 1, dtype=torch.int32).pin_memory()
             self.kv_indptr, self.kv_last = self.meta[: size + 1], self.meta[size + 1:]
             self.splits = decode_splits(size, backend.num_kv_heads, sms)
         else:
-            self._flashinfer_wrappers(size, max_pages, device, windows, backend, tc, sms)
+            self._flashinfer_wrappers(size, max_pages, device, windows, backend, tc, sms, unsplit_kv)
         self.graph = None
         self.logits = None
 
-    def _flashinfer_wrappers(self, size, max_pages, device, windows, backend, tc, sms):
+    def _flashinfer_wrappers(self, size, max_pages, device, windows, backend, tc, sms, unsplit_kv):
         import flashinfer
 
         # FlashInfer splits each request's KV over several programs (then merges) unless told not
-        # to; with a program per (request, KV head) already filling the SMs the split only costs.
-        # Measured on an H100 (Llama-3-8B, tensor-core decode, graph replay): unsplit at batch 32 /
-        # 64 -0.10 / -0.15 ms a step at 512 and 2048 tokens (benchmarks/ab_skinny.py); at batch 1 /
-        # 8 and 2048 tokens +0.59 / +0.26 ms (a scratch A/B), hence the rule. Unsplit replays are
-        # also deterministic.
-        self.split_kv = not UNSPLIT_KV or size * backend.num_kv_heads < sms
+        # to; with a program per (request, KV head) already filling the SMs the split only costs
+        # (faster at large batches, slower at small ones: hence the rule). Unsplit replays are also
+        # deterministic.
+        self.split_kv = not unsplit_kv or size * backend.num_kv_heads < sms
         for w in windows:
             self.wrappers[w] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tc,
@@ -119,7 +115,7 @@ class _GraphAttention(AttentionBackend):
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         b = self.bucket
         if b.triton:
-            from model_wrapper.attention.triton_decode import paged_decode_attention
+            from model_wrapper.kernels.decode_attention import paged_decode_attention
 
             return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, b.kv_indptr,
                                           b.indices, b.kv_last, self.scale, window=window, splits=b.splits)
@@ -136,8 +132,9 @@ class DecodeGraphRunner:
     every graph holding its collectives is gone; release the generator first.
     """
 
-    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS):
+    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS, config: KernelConfig | None = None):
         self.mw = weakref.proxy(wrapper)
+        self.config = config if config is not None else KernelConfig()  # triton_decode, unsplit_kv
         self.buckets = sorted(b for b in buckets if b <= max_batch) or [max_batch]
         self.max_batch = self.buckets[-1]
         self.windows = [None] + list(wrapper.backend.windows)
@@ -150,6 +147,11 @@ class DecodeGraphRunner:
         """Capture LoRA into the graphs from now on when its kernel is graph-safe (Triton);
         otherwise steps with adapters run eagerly. Drops graphs captured without it."""
         self.lora = manager if getattr(manager, "kernel", None) == "triton" else None
+        self._graphs, self._key, self._pool = {}, None, None
+
+    def drop(self) -> None:
+        """Forget every captured graph: the next replay of each bucket captures it again (after a
+        change of kernel configuration, see ModelWrapper.set_kernel_config)."""
         self._graphs, self._key, self._pool = {}, None, None
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -191,14 +193,14 @@ class DecodeGraphRunner:
                          kv_data_type=self.mw.dtype, sm_scale=be.scale, disable_split_kv=not bucket.split_kv)
 
     def _triton_fits(self, kv_cache) -> bool:
-        if not TRITON_DECODE:
+        if not self.config.triton_decode:
             return False
         try:
-            from model_wrapper.attention import triton_decode
+            from model_wrapper.kernels import decode_attention
         except ImportError:  # no Triton
             return False
         k = kv_cache[0][0]
-        return triton_decode.fits(self.mw.dtype, k.dtype, k.shape[-1]) and all(
+        return decode_attention.fits(self.mw.dtype, k.dtype, k.shape[-1]) and all(
             c.is_contiguous() for pair in kv_cache for c in pair)
 
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
@@ -217,7 +219,7 @@ class DecodeGraphRunner:
         mw = self.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
         bucket = _Bucket(size, max_pages, mw.device, self.windows, mw.backend, mw.backend.tensor_cores,
-                         self._triton_fits(kv_cache))
+                         self._triton_fits(kv_cache), self.config.unsplit_kv)
         if self.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
             bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32, device=mw.device)
             bucket.lora_groups_staging = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32).pin_memory()

@@ -72,7 +72,7 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self._fi = flashinfer
         try:
-            from model_wrapper.layers.triton_ops import store_kv
+            from model_wrapper.kernels.kv_store import store_kv
         except ImportError:  # no Triton: the base class's index_copy_ path
             store_kv = None
         self._store_kv = store_kv

@@ -25,12 +25,6 @@ from model_wrapper.layers.norm import RMSNorm
 from model_wrapper.parallel import TPGroup, TPShard
 
 
-# RoPE + K/V store as one kernel (one program per token and head) up to this many tokens: measured
-# on an H100 (Llama-3-8B) a gain in decode steps, the same at a 2k-token prefill (49.6 vs 49.7
-# ms) and a loss at 4k (104.8 vs 102.7 ms) against FlashInfer's RoPE and the store kernel
-ROPE_STORE_MAX_TOKENS = 1024
-
-
 def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, kernels,
              defer: bool = False):
     """-> (x @ W^T + b, None) (kernels.linear) with the LoRA delta added, or with defer (the
@@ -80,7 +74,7 @@ class Attention(nn.Module):
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
         """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
         layout allows it (flat slots) and no q/k norm sits between the projection and RoPE."""
-        return (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
+        return (kernels.fuses_rope_store and T <= kernels.config.rope_store_max_tokens and backend.stores_flat_slots
                 and self.q_norm is None and kv[0].dtype == self.qkv_proj.weight.dtype)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, defer_o: bool = False):
