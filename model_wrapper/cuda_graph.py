@@ -104,13 +104,10 @@ class _GraphAttention(AttentionBackend):
     def __init__(self, backend, bucket: _Bucket):
         super().__init__(backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale)
         self.backend, self.bucket = backend, bucket
-        self.stores_flat_slots = backend.stores_flat_slots  # write_kv is the backend's
+        self.kv_store = backend.kv_store  # skips the -1 slots of padding (KVStore.graph_safe)
 
     def plan(self, batch):  # planned by DecodeGraphRunner outside the graph
         pass
-
-    def write_kv(self, k_cache, v_cache, k, v, batch):
-        self.backend.write_kv(k_cache, v_cache, k, v, batch)  # skips the -1 slots of padding
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         b = self.bucket

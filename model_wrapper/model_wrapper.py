@@ -15,6 +15,7 @@ from loguru import logger
 
 from kv_manager import KVCacheSpec
 from model_wrapper.attention import AttentionBackend, TorchAttentionBackend
+from model_wrapper.attention.kv_store import KVStore
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.forward_batch import ForwardBatch
@@ -98,6 +99,12 @@ class ModelWrapper:
             self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings, self.kernel_config)
         else:
             self.kernels = TorchKernels(inv_freq, dtype, self.kernel_config)
+        # the one K/V writer: the Triton store (and the fused RoPE + store, sharing the kernels' RoPE
+        # table) with the CUDA backend, the torch reference otherwise; layers reach it through the backend
+        fast = backend.name == "flashinfer"
+        self.kv_store = KVStore(triton=fast, rope_table=self.kernels.cos_sin_cache if fast else None,
+                                config=self.kernel_config)
+        backend.kv_store = self.kv_store
         self.graphs = None
         # the cuBLAS front end of the GEMMs of steps of at most BLAS_MAX_TOKENS tokens (torch.backends.
         # cuda.preferred_blas_library), set for the duration of such a forward only. cuBLASLt:
@@ -111,7 +118,7 @@ class ModelWrapper:
         # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
         # under TP they capture the NCCL collectives too (every rank captures and replays the
         # same buckets, since every rank makes the same calls)
-        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None:
+        if cuda_graphs and backend.name == "flashinfer" and self.kv_store.graph_safe:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch, config=self.kernel_config)
@@ -136,6 +143,7 @@ class ModelWrapper:
         the graph runner take it, and captured graphs are dropped (captured again on their next use)."""
         self.kernel_config = config
         self.kernels.config = config
+        self.kv_store.config = config
         if self.graphs is not None:
             self.graphs.config = config
             self.graphs.drop()

@@ -71,12 +71,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         self._fi = flashinfer
-        try:
-            from model_wrapper.kernels.kv_store import store_kv
-        except ImportError:  # no Triton: the base class's index_copy_ path
-            store_kv = None
-        self._store_kv = store_kv
-        self.stores_flat_slots = store_kv is not None
         self.device = torch.device(device)
         self.windows = sorted({w for w in layer_windows if w is not None}) or []
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
@@ -177,12 +171,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
         pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
         self._plan = ("split", dec, pre, to_dev(dec_tok), to_dev(pre_tok))
-
-    def write_kv(self, k_cache, v_cache, k, v, batch):
-        """One kernel for K and V; -1 slots are skipped inside it (no filtering on the host)."""
-        if self._store_kv is None:
-            return super().write_kv(k_cache, v_cache, k, v, batch)
-        self._store_kv(k, v, k_cache, v_cache, batch.slots)
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         kind = self._plan[0]

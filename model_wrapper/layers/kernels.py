@@ -20,10 +20,9 @@ from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 class TorchKernels:
     name = "torch"
-    fuses_lora = False  # silu_mul and rope_store accept a deferred LoRA delta (lora=...)
-    fuses_rope_store = False  # rope_store: RoPE + the K/V store in one kernel
+    fuses_lora = False  # silu_mul and the K/V store's rope_write accept a deferred LoRA delta (lora=...)
     # add_rms_norm_lora: the o / down LoRA delta, the residual add and RMSNorm column-parallel, the
-    # norm's division left to silu_mul / rope_store (scale=...) after the next GEMM
+    # norm's division left to silu_mul / KVStore.rope_write (scale=...) after the next GEMM
     fuses_norm_scale = False
 
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, config: KernelConfig | None = None):
@@ -91,12 +90,11 @@ class FlashInferKernels(TorchKernels):
         except ImportError:  # no Triton: torch's silu and mul
             triton_ops = None
         self._triton = triton_ops
-        head_dim = 2 * inv_freq.shape[0]
         self.fuses_lora = self.fuses_norm_scale = triton_ops is not None
-        self.fuses_rope_store = triton_ops is not None and head_dim & (head_dim - 1) == 0  # power of two
         pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
-        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
+        # [P, D] fp32, cos half then sin half: rope() here and the K/V store's fused RoPE (KVStore.rope_table)
+        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
     def linear(self, x, weight, bias=None):
         """Steps of one or two tokens: Triton's GEMV, which reads the weights while the kernel
@@ -155,14 +153,6 @@ class FlashInferKernels(TorchKernels):
         -> (weight * (residual + x + delta), residual + x + delta, RowScale), x and residual in place."""
         scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora, self.config)
         return x, residual, scale
-
-    def rope_store(self, qkv, positions, num_heads, num_kv_heads, head_dim, k_cache, v_cache, slots, lora=None,
-                   scale=None):
-        """In place on qkv [T, (Hq + 2 Hk) * D]: (its rows normalised by scale, the qkv LoRA delta
-        added,) RoPE on q and k, and k, v written at flat `slots` of the caches: one kernel
-        (kernels/kv_store.rope_store_kv)."""
-        self._triton.rope_store_kv(qkv, positions, self.cos_sin_cache, num_heads, num_kv_heads, head_dim,
-                                   k_cache, v_cache, slots, lora, scale, self.config)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

@@ -72,10 +72,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
-        """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
-        layout allows it (flat slots) and no q/k norm sits between the projection and RoPE."""
-        return (kernels.fuses_rope_store and T <= kernels.config.rope_store_max_tokens and backend.stores_flat_slots
-                and self.q_norm is None and kv[0].dtype == self.qkv_proj.weight.dtype)
+        """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the K/V store has that
+        path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
+        return self.q_norm is None and backend.kv_store.fuses_rope(T, self.head_dim, kv[0].dtype,
+                                                                   self.qkv_proj.weight.dtype)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, defer_o: bool = False):
         """x [T, hidden] -> ([T, hidden], the o LoraDelta left to the caller or None); writes this
@@ -89,8 +89,8 @@ class Attention(nn.Module):
         if scale is not None and (not fused or delta is None):
             raise RuntimeError("a RowScale needs the fused RoPE + store kernel and a deferred qkv delta")
         if fused:
-            kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
-                               batch.slots, lora=delta, scale=scale)
+            backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
+                                        lora=delta, scale=scale)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -100,7 +100,7 @@ class Attention(nn.Module):
                 q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
-            backend.write_kv(kv[0], kv[1], k, v, batch)
+            backend.kv_store.write(kv, k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
         return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", kernels, self.tp,
                                      defer_o)
