@@ -118,7 +118,7 @@ class ModelWrapper:
         # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
         # under TP they capture the NCCL collectives too (every rank captures and replays the
         # same buckets, since every rank makes the same calls)
-        if cuda_graphs and backend.name == "flashinfer" and self.kv_store.graph_safe:
+        if cuda_graphs and backend.supports_cuda_graphs and self.kv_store.graph_safe:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch, config=self.kernel_config)

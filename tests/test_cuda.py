@@ -21,6 +21,7 @@ flashinfer = pytest.importorskip("flashinfer")
 
 import transformers  # noqa: E402
 
+from model_wrapper.attention.flashinfer_backend import PagedPlan, RaggedPlan  # noqa: E402
 from model_wrapper.kernels import KernelConfig  # noqa: E402
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels  # noqa: E402
 from model_wrapper.layers.rotary import inv_frequencies  # noqa: E402
@@ -110,10 +111,10 @@ def test_fresh_prompts_attend_over_their_own_kv_with_the_ragged_kernel(gpu_ckpt,
     prompts = {0: list(range(3, 40)), 1: [7, 8, 9, 10, 11], 2: list(range(60, 81))}
     n = sum(len(p) for p in prompts.values())
     first = h.step(prompts, is_prefill=True, lm_head_indices=torch.arange(n))
-    assert gen.model_wrapper.backend._plan[0] == "ragged"
+    assert isinstance(gen.model_wrapper.backend._plan, RaggedPlan)
     more = [90, 91, 92, 93]
     second = h.step({1: more}, is_prefill=True, lm_head_indices=torch.arange(len(more)))
-    assert gen.model_wrapper.backend._plan[0] == "single"  # a prefix: the paged kernel
+    assert isinstance(gen.model_wrapper.backend._plan, PagedPlan)  # a prefix: the paged kernel
     ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
     rows, start = [], 0
     for rid, toks in prompts.items():
@@ -424,7 +425,7 @@ def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, 
     b, hb = _decode_run(graph, prompts, tokens)
     buckets = graph.model_wrapper.graphs._graphs
     assert buckets, "no graph was captured"
-    assert all(bk.triton == triton_decode for bk in buckets.values())
+    assert all(bk.attn_state.triton == triton_decode for bk in buckets.values())
     for x, y in zip(a, b):
         assert rel_err(y, x) < 2e-2
         # the greedy tokens agree, but where eager's top two are closer than the two steps' logits

@@ -18,6 +18,7 @@ from model_wrapper.forward_batch import ForwardBatch
 
 class AttentionBackend(ABC):
     name = "abstract"
+    supports_cuda_graphs = False  # implements the three CUDA-graph hooks below
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
         self.num_heads = num_heads
@@ -50,3 +51,20 @@ class AttentionBackend(ABC):
         strided), which a backend may attend over directly where no request has K/V from before
         this step; None: read the caches.
         """
+
+    # -- CUDA graphs of decode steps (model_wrapper/cuda_graph.py): one state per batch bucket ---------
+    def init_cuda_graph_state(self, size: int, max_pages: int, kv_cache, config):
+        """-> the static buffers the decode attention of a graph bucket of `size` requests reads (each
+        request at most max_pages pages of kv_cache; config: a KernelConfig), allocated before capture."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
+
+    def init_forward_metadata_capture_cuda_graph(self, state, page: int) -> "AttentionBackend":
+        """Before warm-up and capture: plan state for padding only (every request reads one page) and
+        -> the backend the captured step runs (its run() reads only state's buffers; no plan)."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
+
+    def init_forward_metadata_replay_cuda_graph(self, state, block_tables_cpu: torch.Tensor,
+                                                seq_lens_cpu: torch.Tensor, page: int) -> None:
+        """Before a replay, on the host only: fill state's metadata for the real requests
+        (block_tables_cpu [B, max_blocks] int32, seq_lens_cpu [B]); the bucket's other rows are padding."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
