@@ -62,7 +62,7 @@ def test_torch_write_places_each_row_at_its_slot_and_nothing_else(slots):
     want_k, want_v = placed(kc, k, slots), placed(vc, v, slots)
     store = KVStore()
     assert store.name == "torch" and not store.graph_safe
-    assert not store.fuses_rope(T, D, torch.float32, torch.float32)  # no fused path without Triton's table
+    assert not store.fuses_rope(T, torch.float32, torch.float32)  # no fused path without Triton's table
     store.write((kc, vc), k, v, make_batch(slots, "cpu"))
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
 
@@ -101,9 +101,10 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     want = torch.cat(((x * cos + rot * sin)[:, : HQ + HK], x[:, HQ + HK:]), dim=1)  # q, k rotated; v as is
     kc, vc = caches(dt)
     store = KVStore(triton=True, rope_table=table, config=KernelConfig())
-    assert store.fuses_rope(T, D, dt, dt) and not store.fuses_rope(T, 24, dt, dt)  # head_dim a power of two
-    assert not store.fuses_rope(KernelConfig().rope_store_max_tokens + 1, D, dt, dt)
-    assert not store.fuses_rope(T, D, torch.float16 if dt != torch.float16 else torch.float32, dt)
+    assert store.fuses_rope(T, dt, dt)
+    assert not KVStore(triton=True, rope_table=torch.zeros(P, 24)).fuses_rope(T, dt, dt)  # head_dim not a power of 2
+    assert not store.fuses_rope(KernelConfig().rope_store_max_tokens + 1, dt, dt)
+    assert not store.fuses_rope(T, torch.float16 if dt != torch.float16 else torch.float32, dt)
     v_in = qkv.view(T, HQ + 2 * HK, D)[:, HQ + HK:].clone()
     store.rope_write((kc, vc), qkv, pos.to(DEVICE), HQ, HK, D, torch.tensor(slots, device=DEVICE))
     got = qkv.view(T, HQ + 2 * HK, D)

@@ -50,12 +50,15 @@ class KVStore:
         filtering: what a CUDA graph's static batch needs."""
         return self._kernels is not None
 
-    def fuses_rope(self, num_tokens: int, head_dim: int, kv_dtype: torch.dtype, dtype: torch.dtype) -> bool:
-        """Whether rope_write takes a step of num_tokens tokens: the Triton kernel with a RoPE table,
-        a power-of-two head_dim, up to config.rope_store_max_tokens tokens (beyond, FlashInfer's
+    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+        """Whether rope_write takes a step of num_tokens tokens: the Triton kernel with a RoPE table
+        of a power-of-two head_dim, up to config.rope_store_max_tokens tokens (beyond, FlashInfer's
         RoPE and the store kernel are faster), and a cache of the projection's dtype."""
-        return (self.rope_table is not None and head_dim & (head_dim - 1) == 0
-                and num_tokens <= self.config.rope_store_max_tokens and kv_dtype == dtype)
+        if self.rope_table is None:
+            return False
+        head_dim = self.rope_table.shape[1]
+        return (head_dim & (head_dim - 1) == 0 and num_tokens <= self.config.rope_store_max_tokens
+                and kv_dtype == dtype)
 
     def write(self, layer_kv, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
         """Write k, v [T, kv_heads, head_dim] (rows may be strided) into layer_kv = (k_cache, v_cache)

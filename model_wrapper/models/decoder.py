@@ -74,8 +74,7 @@ class Attention(nn.Module):
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
         """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the K/V store has that
         path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
-        return self.q_norm is None and backend.kv_store.fuses_rope(T, self.head_dim, kv[0].dtype,
-                                                                   self.qkv_proj.weight.dtype)
+        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, self.qkv_proj.weight.dtype)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, defer_o: bool = False):
         """x [T, hidden] -> ([T, hidden], the o LoraDelta left to the caller or None); writes this
