@@ -653,6 +653,20 @@ def test_gemv_is_the_product_with_bias_and_part_filled_programs(dtype):
         assert rel_err(got.double(), want) < TOL[dtype], (N, K)
 
 
+def test_a_kernel_config_moves_the_bounds_and_the_tiles():
+    """KernelConfig, passed explicitly, is what the kernels read: the token bounds of gemv and
+    add_rms_norm move with it, and gemv with another tile (more, smaller programs) and warp count
+    is still the float64 product."""
+    g = torch.Generator().manual_seed(12)
+    w = (torch.randn(40, 96, generator=g) / 96**0.5).to(DEVICE, torch.float32)
+    x = torch.randn(4, 96, generator=g).to(DEVICE, torch.float32)
+    wide = KernelConfig(gemv_max_tokens=4, norm_max_tokens=3, gemv_tile=1024, gemv_warps=4)
+    assert not tops.gemv_fits(x, w) and tops.gemv_fits(x, w, wide)
+    assert tops.add_rms_norm_fits(x, x) and not tops.add_rms_norm_fits(x, x, wide)
+    got = tops.gemv(x, w, cfg=wide)
+    assert rel_err(got.double(), x.double() @ w.double().t()) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
     """kernels.skinny_gemm (the projections of 3-64-token steps on Hopper) against the float64

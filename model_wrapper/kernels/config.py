@@ -16,7 +16,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class KernelConfig:
     # programmatic dependent launch on sm90+: a kernel launches while the one before it drains
-    # and waits (gdc_wait) before reading its output (decode step 9.33 -> 9.17 ms, H100)
+    # and waits (gdc_wait) before reading its output: hides the launch gap between dependent kernels
     pdl: bool = True
 
     # gemv (kernels/gemv.py): steps of 1..gemv_max_tokens tokens (beyond: skinny GEMM / cuBLAS)
