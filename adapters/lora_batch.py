@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class LoraDelta(NamedTuple):
     """A projection's LoRA delta that the kernel consuming y adds (LoraBatch.finish_deferred; the
-    fused kernels of model_wrapper/layers/triton_ops.py): for token t with slot >= 0 and sub-module i,
+    fused kernels of model_wrapper/kernels/lora_epilogues.py): for token t with slot >= 0 and sub-module i,
     y[t, off_i + n] += round(sum_p s[p, t, i*R + r]) @ B_i[slot, n, :rank_i].
 
     s:          [splits, T, n_sub * rank] float32: the shrink's partial sums, complete on the current stream;
@@ -225,7 +225,7 @@ class LoraBatch:
     @property
     def defers_norms(self) -> bool:
         """Whether a model may leave the o and down deltas to its residual-add + RMSNorm kernels
-        (model_wrapper/layers/triton_ops.add_lora_rms_norm): a graph batch of the triton kernel with
+        (model_wrapper/kernels/lora_epilogues.add_lora_rms_norm): a graph batch of the triton kernel with
         the runner's token groups whose manager defers all four fused modules."""
         return (self.kernel == "triton" and self.segments is None and self.groups is not None
                 and self.manager.fuse_modules >= {"qkv", "o", "gate_up", "down"})

@@ -58,14 +58,14 @@ from adapters.side_stream import SideStream
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
 # Graph batches: the qkv expand runs inside the RoPE + K/V-store kernel and the gate_up expand inside
-# SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. RoPE + store
+# SiLU-and-mul (model_wrapper/kernels/lora_epilogues.py), one launch fewer per projection. RoPE + store
 # goes token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
 # 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
 # with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul goes slot
 # by slot over the runner's token groups instead (each B read once; rank 16, 1 / 4 / 16 adapters:
 # +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). The o / down deltas go into the residual add +
 # RMSNorm, slot by slot and column-parallel, the norm's division left to RoPE + store / SiLU-and-mul
-# after the next GEMM (model_wrapper/layers/triton_ops.add_lora_rms_norm; one program per token
+# after the next GEMM (model_wrapper/kernels/lora_epilogues.add_lora_rms_norm; one program per token
 # streaming B measured a loss): same-run A/B, 1 / 4 / 16 adapters, +10.9 / +10.4 / +11.5% ->
 # +10.7 / +9.3 / +10.5%. Without the runner's groups (or a model that cannot take the division
 # later) o / down keep their expand kernels.

@@ -26,10 +26,6 @@ from model_wrapper.layers.norm import RMSNorm
 from model_wrapper.parallel import TPGroup, TPShard
 
 
-# RoPE + K/V store as one kernel (one program per token and head) up to this many tokens: measured
-# on an H100 (Llama-3-8B) a gain in decode steps, the same at a 2k-token prefill (49.6 vs 49.7
-# ms) and a loss at 4k (104.8 vs 102.7 ms) against FlashInfer's RoPE and the store kernel
-ROPE_STORE_MAX_TOKENS = 1024
 
 
 class Attention(nn.Module):
@@ -46,10 +42,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
-        """RoPE, the K/V store (and the qkv projection's tail) in one kernel where the backend's
-        cache layout allows it (flat slots) and no q/k norm sits between the projection and RoPE."""
-        return (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
-                and self.q_norm is None and kv[0].dtype == self.qkv_proj.weight.dtype)
+        """RoPE, the K/V store (and the qkv projection's tail) in one kernel where the K/V store has that
+        path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
+        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, self.qkv_proj.weight.dtype)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, fuse_tail: bool = False):
         """x [T, hidden] -> ([T, hidden], o's tail for the next norm or None); writes this step's
@@ -64,8 +59,8 @@ class Attention(nn.Module):
         if scale is not None and (not fused or tail is None):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
         if fused:
-            kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
-                               batch.slots, tail, scale)
+            backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
+                                        lora=tail, scale=scale)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -75,7 +70,7 @@ class Attention(nn.Module):
                 q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
-            backend.write_kv(kv[0], kv[1], k, v, batch)
+            backend.kv_store.write(kv, k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
         return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
 
