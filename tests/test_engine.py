@@ -398,3 +398,22 @@ def test_speculative_decoding_keeps_greedy_outputs_and_saves_forwards(gen, refer
     assert steps_with_news[1] == len(got[1].token_ids)  # the sampled one: one token per step
     assert any(c["num_out"] is None and max(c["q_lens"]) > 1 for c in spy.calls)  # tree steps ran
     assert spec.block_manager.num_used_blocks == 0 and not spec._drafting
+
+
+@pytest.mark.parametrize("budget", [6, 7])
+def test_draft_model_drafter_survives_chains_trimmed_to_the_token_budget(gen, reference, budget):
+    """The target drafting for itself (every draft right) with a budget that trims one request's
+    chain: its next token is then the trimmed-off draft, whose K/V the drafter already wrote. The
+    drafter must still feed that token next time (an empty step was refused with
+    TG_INVALID_Q_LENS); outputs equal plain greedy decoding."""
+    from kv_manager import BlockManager
+    from text_generator.speculative import DraftModelDrafter
+
+    drafter = DraftModelDrafter(gen, gen.allocate_kv_cache(64, 4), BlockManager(64, 4), k=4)
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, max_num_batched_tokens=budget, speculative=drafter)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    outs = engine.generate(prompts, greedy_params(12), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 12), o.error
+    assert engine.num_accepted_tokens > 0
+    assert engine.block_manager.num_used_blocks == 0 and drafter.bm.num_used_blocks == 0

@@ -150,8 +150,11 @@ class DraftModelDrafter:
         s = self._seqs[seq_id]
         n = len(s.context)
         usable = max(0, s.computed - n)  # drafts with K/V (all but the last one proposed)
+        # The last emitted token is never counted as computed, even when it equals a draft whose
+        # K/V is written (a chain the engine trimmed to its token budget): the next proposal
+        # must feed at least that token to get the logits it drafts from.
         match = 0
-        while match < min(len(emitted), usable) and emitted[match] == s.drafted[match]:
+        while match < min(len(emitted) - 1, usable) and emitted[match] == s.drafted[match]:
             match += 1
         s.computed = min(s.computed, n + match)
         self.bm.truncate(seq_id, n + match)
