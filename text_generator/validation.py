@@ -78,7 +78,9 @@ def _first_bad(mask: torch.Tensor) -> int:
 
 
 def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device) -> tuple[int, int]:
-    """-> (num_blocks, block_size) shared by every layer."""
+    """-> (num_blocks, block_size) shared by every layer; the 2 * num_layers tensors must not share
+    memory (one pair for two layers, k is v, overlapping views of one buffer: each write would land
+    in another layer's or the other half's K/V)."""
     if not isinstance(kv_cache, (list, tuple)):
         _fail(ErrorCode.INVALID_TYPE, "kv_cache", f"expected a list of (k_cache, v_cache), got {type(kv_cache).__name__}")
     if len(kv_cache) != num_layers:
@@ -103,7 +105,25 @@ def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, de
                 _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the model device {device}, got {t.device}")
             if not t.is_contiguous():
                 _fail(ErrorCode.KV_CACHE_MISMATCH, arg, "expected a contiguous tensor")
+    _check_no_aliasing(kv_cache)
     return ref[0], ref[1]
+
+
+def _check_no_aliasing(kv_cache) -> None:
+    """Refuse cache tensors whose memory overlaps. Each is contiguous (checked before), so it
+    covers exactly [data_ptr, data_ptr + nbytes): sort the 2 * num_layers ranges by start and
+    compare neighbours. Host pointers only: no device sync."""
+    spans = []
+    for i, pair in enumerate(kv_cache):
+        for name, t in zip(("k_cache", "v_cache"), pair):
+            start = t.data_ptr()
+            spans.append((start, start + t.numel() * t.element_size(), f"kv_cache[{i}].{name}"))
+    spans.sort()
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            _fail(ErrorCode.KV_CACHE_ALIASED, second,
+                  f"expected memory of its own (each layer's k_cache and v_cache separate tensors), "
+                  f"got memory shared with {first}")
 
 
 def _mask(x: Any, arg: str, rows: int, cols: int, model_device: torch.device) -> torch.Tensor:
