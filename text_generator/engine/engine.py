@@ -12,8 +12,9 @@ Requests come in through `add_request` (token ids or text) and leave through the
     stop checks, detokenization   -> RequestOutput per request with news
 
 Request-level problems (bad sampling parameters, a prompt longer than max_seq_len, an adapter
-that is not loaded, a request the KV pool can never hold) finish that request with
-finish_reason "error" and a message; the others go on.
+that is not loaded, a request the KV pool can never hold, its stream_callback or the tokenizer
+raising on its text) finish that request with finish_reason "error" and a message, and free its
+blocks; the others go on. A drafter that fails on a request stops drafting for it (plain steps).
 """
 
 from __future__ import annotations
@@ -127,24 +128,29 @@ class LLMEngine:
         stream_callback: Callable[[RequestOutput], None] | None = None,
     ) -> str:
         """Queue a request; returns its id. A problem with the request itself does not raise:
-        the request finishes with finish_reason "error" in the next step's outputs. Raises
-        ValueError only for a request_id that is still live."""
+        the request finishes with finish_reason "error" in the next step's outputs (and its id
+        is free again). Raises ValueError only for a request_id that is still live, or a
+        stream_callback that is not callable."""
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"add_request: request_id {rid!r} is already live")
-        req = Request(rid, [], SamplingParams(), adapter=None if adapter == "base" else adapter)
+        if stream_callback is not None and not callable(stream_callback):
+            raise ValueError(f"add_request: stream_callback: expected a callable or None, "
+                             f"got {type(stream_callback).__name__}")
+        req = Request(rid, [], SamplingParams())
         self.requests[rid] = req
         if stream_callback is not None:
             self._callbacks[rid] = stream_callback
         try:
             req.params = self._check_params(sampling_params)
             req.prompt_ids = self._check_prompt(prompt, req.params)
-            self._check_adapter(req.adapter)
-        except ValueError as e:
-            self._finish(req, "error", str(e))
+            req.adapter = self._check_adapter(adapter)
+            req.generator = req.params.make_generator(self.generator.device)
+        except Exception as e:  # anything wrong with this request (a TypeError from a bad params
+            # dict, a tokenizer raising) fails it alone; the id must not stay taken
+            self._finish(req, "error", _describe(e))
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
-        req.generator = req.params.make_generator(self.generator.device)
         p = req.params
         if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
             self._history_reqs.add(rid)
@@ -192,10 +198,13 @@ class LLMEngine:
             if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
                 raise ValueError(f"prompt: expected a 1-D integer tensor, got {prompt.dtype} {list(prompt.shape)}")
             ids = prompt.tolist()
-        else:
+        elif isinstance(prompt, Sequence):
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise ValueError("prompt: expected a str or a sequence of int token ids")
+        else:
+            raise ValueError(f"prompt: expected a str, a sequence of int token ids or a 1-D integer tensor, "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt: expected at least one token, got none")
         vocab = self.generator.vocab_size
@@ -207,12 +216,14 @@ class LLMEngine:
                              f"(room for one output token), got {len(ids)}")
         return ids
 
-    def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is None:
-            return
+    def _check_adapter(self, adapter) -> str | None:
+        """-> the adapter name, or None for the base model."""
+        if adapter is None or adapter == "base":
+            return None
         loaded = list(self.generator.loaded_adapters())
-        if adapter not in loaded:
+        if not isinstance(adapter, str) or adapter not in loaded:
             raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
+        return adapter
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
@@ -433,29 +444,46 @@ class LLMEngine:
             req.metrics.first_token_time = now
         new: list[int] = []
         delta = "" if self.tokenizer is not None else None
-        reason = None
-        for tok in toks:
-            if at is None:
-                req.output_ids.append(tok)
-            req.metrics.token_times.append(now)
-            new.append(tok)
-            reason, d = self._check_token(req, tok)
-            if d:
-                delta += d
-            if reason is not None:
-                break
+        reason = error = None
+        try:
+            for tok in toks:
+                if at is None:
+                    req.output_ids.append(tok)
+                req.metrics.token_times.append(now)
+                new.append(tok)
+                reason, d = self._check_token(req, tok)
+                if d:
+                    delta += d
+                if reason is not None:
+                    break
+        except Exception as e:  # this request's detokenization or stop check failed: it alone
+            reason, error, delta = "error", f"detokenizing its output failed: {_describe(e)}", None
         if reason is not None:
             if req.pending:
                 del req.output_ids[len(req.output_ids) - req.pending:]
                 req.pending = 0
-            self._finish(req, reason)
+            self._finish(req, reason, error)
         elif self.drafter is not None:
-            rid = req.request_id
-            if rid not in self._drafting:
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
-                self._drafting.add(rid)
-            self.drafter.update(rid, new)
+            self._draft_update(req, new)
         return req.output(new, delta, self.tokenizer is not None)
+
+    def _draft_update(self, req: Request, new: list[int]) -> None:
+        """Tell the drafter the request's new tokens (starting it first). A drafter that fails
+        (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
+        token starts it afresh."""
+        rid = req.request_id
+        try:
+            if rid not in self._drafting:
+                self._drafting.add(rid)
+                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
+            self.drafter.update(rid, new)
+        except Exception as e:
+            logger.warning("drafter failed on request {}, which decodes without drafts now: {}", rid, _describe(e))
+            self._drafting.discard(rid)
+            try:
+                self.drafter.finish(rid)
+            except Exception:  # (a drafter that failed in start may not know the request)
+                pass
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
@@ -483,10 +511,24 @@ class LLMEngine:
         return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
+        """Call each output's stream_callback. One that raises fails its own request (reported
+        with finish_reason "error" at the next step, blocks freed, never called again); the
+        other callbacks still run."""
         for o in outputs:
             cb = self._callbacks.pop(o.request_id, None) if o.finished else self._callbacks.get(o.request_id)
-            if cb is not None:
+            if cb is None:
+                continue
+            try:
                 cb(o)
+            except Exception as e:
+                self._callbacks.pop(o.request_id, None)
+                req = self.requests.get(o.request_id)
+                why = f"its stream_callback raised {_describe(e)}"
+                if req is None or req.finished:
+                    logger.warning("request {}: {} on its final output", o.request_id, why)
+                    continue
+                self._finish(req, "error", why)
+                self._reports.append(req.output([], None, self.tokenizer is not None))
 
     # -- offline use -----------------------------------------------------------------------
     def generate(
@@ -555,6 +597,12 @@ def _find_stop(text: str, stops: list[str], old_len: int) -> int | None:
         if k != -1 and (best is None or k < best):
             best = k
     return best
+
+
+def _describe(e: Exception) -> str:
+    """An error message for a request's output: coded errors carry their own message."""
+    coded = type(e) is ValueError or hasattr(e, "code")
+    return str(e) if coded and str(e) else f"{type(e).__name__}: {e}"
 
 
 def _now() -> float:
