@@ -131,6 +131,10 @@ class LoraManager:
         self._layer_weights: dict[tuple[int, str], tuple] = {}
         self._slot_names: list[str | None] = [None] * max_loras
         self._slots: dict[str, int] = {}  # name -> slot, in load order
+        # name -> its load id: a count of every load ever made here, so a name unloaded and
+        # loaded again (perhaps with other weights) gets a new one (see cache_key)
+        self._load_ids: dict[str, int] = {}
+        self._loads = 0
         # per slot: (layer, fused module) -> ((sub-module index, rank), ...) it adapts
         self._targets: list[dict[tuple[int, str], tuple[tuple[int, int], ...]]] = [{} for _ in range(max_loras)]
         self.max_num_tokens = max_num_tokens
@@ -177,6 +181,8 @@ class LoraManager:
         self._write_slot(slot, adapter)
         self._slot_names[slot] = adapter.name
         self._slots[adapter.name] = slot
+        self._load_ids[adapter.name] = self._loads
+        self._loads += 1
         return slot
 
     def _check_can_add(self, name) -> None:
@@ -201,6 +207,7 @@ class LoraManager:
             raise LoraError(LoraErrorCode.NOT_LOADED, arg,
                             f"expected one of the loaded adapters {self.list_adapters()}, got {name!r}")
         slot = self._slots.pop(name)
+        del self._load_ids[name]
         self._slot_names[slot] = None
         self._targets[slot] = {}
         for ranks in self.lora_rank.values():
@@ -209,6 +216,16 @@ class LoraManager:
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order."""
         return list(self._slots)
+
+    def cache_key(self, name: str) -> tuple[str, int]:
+        """The prefix-cache key of K/V computed under the loaded adapter `name`: (name, load id).
+        It identifies the weights, not only the name: after unload_adapter(name) and a new
+        load_adapter(name, ...) the key differs, so K/V cached under the old weights is never
+        served again (a block manager's extra_key; see adapters' package docstring)."""
+        if not isinstance(name, str) or name not in self._slots:
+            raise LoraError(LoraErrorCode.NOT_LOADED, f"cache_key(name={name!r})",
+                            f"expected one of the loaded adapters {self.list_adapters()}, got {name!r}")
+        return name, self._load_ids[name]
 
     def slot_of(self, name: str) -> int:
         return self._slots[name]

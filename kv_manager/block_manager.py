@@ -309,6 +309,21 @@ class BlockManager:
             self._free.append(b)
         self._evictable.clear()
 
+    def drop_cached(self, extra_key: Hashable) -> int:
+        """Take every block cached under extra_key out of the prefix cache (e.g. the K/V of an
+        adapter that was unloaded: no later key can reach them). Blocks no sequence holds
+        become free; held ones stay with their sequences and are freed when released. Returns
+        how many blocks left the cache. Costs a pass over the cache: for rare events only."""
+        _hashable(extra_key, "drop_cached: extra_key")
+        dropped = [(key, b) for key, b in self._cache.items() if key[2] == extra_key]
+        for key, b in dropped:
+            del self._cache[key]
+            self._key[b] = None
+            if b in self._evictable:
+                del self._evictable[b]
+                self._free.append(b)
+        return len(dropped)
+
     # views ------------------------------------------------------------------------------------
 
     def block_table(self, seq_id: Hashable) -> list[int]:

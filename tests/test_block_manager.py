@@ -185,6 +185,26 @@ def test_reset_prefix_cache_evicts_unreferenced_blocks_only():
     assert bm.admit("b2", [4, 5, 6]) == 2  # still held by b, so still cached
 
 
+def test_drop_cached_frees_one_extra_keys_blocks_and_keeps_the_others():
+    bm = BlockManager(16, 4)
+    prompt = list(range(9))
+    run_prompt(bm, "old", prompt, extra_key=("sql", 0))
+    run_prompt(bm, "base", prompt)
+    bm.free("old")
+    run_prompt(bm, "held", prompt, extra_key=("sql", 0))  # hits the two cached blocks and holds them
+    bm.free("base")
+    assert bm.num_cached_blocks == 2  # base's (the sql ones are held)
+    assert bm.drop_cached(("sql", 0)) == 2
+    assert bm.admit("probe", prompt, extra_key=("sql", 0)) == 0  # no hit any more
+    bm.free("probe")
+    before_free = bm.num_free_blocks
+    bm.free("held")  # its blocks left the cache: freed, not evictable
+    assert bm.num_free_blocks == before_free + 3 and bm.num_cached_blocks == 2
+    assert run_prompt(bm, "base2", prompt) == 8  # other keys untouched
+    with pytest.raises(KVArgumentError):
+        bm.drop_cached(["unhashable"])
+
+
 def test_disabled_prefix_caching_never_hits_and_frees_everything():
     bm = BlockManager(8, 2, enable_prefix_caching=False)
     run_prompt(bm, "a", [1, 2, 3, 4, 5])

@@ -527,3 +527,56 @@ def test_unloading_an_adapter_mid_run_fails_only_its_requests(setup, run_ahead):
     assert finals[doomed].finish_reason == "error" and "no longer loaded" in finals[doomed].error
     assert finals[kept].finish_reason == "length" and finals[kept].token_ids == peft_greedy(s, None, [2, 7, 1, 8], 8)
     assert engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["plain", "run_ahead"])
+def test_reloading_a_name_with_other_weights_never_serves_the_old_cached_kv(setup, run_ahead):
+    """unload_adapter("sql") + load_adapter("sql", other weights): the prefix cache is keyed by the
+    adapter's load, not its name, so the same prompt recomputes its K/V and the output is the new
+    weights' peft greedy output; the blocks cached under the old load leave the cache."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    gen = small_generator(s, max_loras=2, max_rank=MAX_RANK)
+    gen.load_adapter("sql", s.dirs["a2"])
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=run_ahead)
+    p = SamplingParams(temperature=0.0, max_new_tokens=5)
+    prompt = [5, 9, 2, 7, 7, 1, 3, 8, 4, 6]
+    first = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert first.token_ids == peft_greedy(s, "a2", prompt, 5)
+    again = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert again.num_cached_tokens == 8  # same weights: the cache serves the prompt's full blocks
+    old_key = gen.adapter_cache_key("sql")
+    gen.unload_adapter("sql")
+    gen.load_adapter("sql", s.dirs["c8"])
+    assert gen.adapter_cache_key("sql") != old_key
+    out = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert out.num_cached_tokens == 0 and out.token_ids == peft_greedy(s, "c8", prompt, 5)
+    assert all(key[2] != old_key for key in engine.block_manager._cache)  # dropped, not just unreachable
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_request_running_when_its_adapter_is_reloaded_fails_alone(setup):
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    gen = small_generator(s, max_loras=2, max_rank=MAX_RANK)
+    gen.load_adapter("sql", s.dirs["a2"])
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=False)
+    p = SamplingParams(temperature=0.0, max_new_tokens=8)
+    doomed = engine.add_request([3, 1, 4], p, adapter="sql")
+    kept = engine.add_request([2, 7, 1, 8], p)
+    finals = {}
+    for _ in range(3):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    gen.unload_adapter("sql")
+    gen.load_adapter("sql", s.dirs["c8"])
+    late = engine.add_request([3, 1, 4], p, adapter="sql")  # takes the new load's key
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals[doomed].finish_reason == "error" and "reloaded" in finals[doomed].error
+    assert finals[kept].token_ids == peft_greedy(s, None, [2, 7, 1, 8], 8)
+    assert finals[late].token_ids == peft_greedy(s, "c8", [3, 1, 4], 8)
+    assert engine.block_manager.num_used_blocks == 0

@@ -164,6 +164,16 @@ class TextGenerator:
                             "expected a loaded adapter, got none loaded (LoRA not enabled)")
         self.lora_manager.unload_adapter(name)
 
+    def adapter_cache_key(self, name: str):
+        """The prefix-cache key of K/V computed under the loaded adapter `name` (LoraManager.cache_key):
+        a new one after every load, so a reload under the same name never reuses old K/V."""
+        from adapters import LoraError, LoraErrorCode
+
+        if self.lora_manager is None:
+            raise LoraError(LoraErrorCode.NOT_LOADED, f"adapter_cache_key(name={name!r})",
+                            "expected a loaded adapter, got none loaded (LoRA not enabled)")
+        return self.lora_manager.cache_key(name)
+
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order ([] before enable_lora)."""
         return list(self.loaded_adapters())

@@ -110,6 +110,7 @@ class LLMEngine:
         self.async_scheduling = bool(async_scheduling)
         self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
+        self._adapter_keys: set = set()  # prefix-cache keys ((adapter, load id)) given to requests
         if freeze_gc:
             # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
             # objects) leaves the garbage collector's generations, as serving engines do after
@@ -145,6 +146,8 @@ class LLMEngine:
             req.params = self._check_params(sampling_params)
             req.prompt_ids = self._check_prompt(prompt, req.params)
             req.adapter = self._check_adapter(adapter)
+            if req.adapter is not None:
+                req.cache_key = self.generator.adapter_cache_key(req.adapter)
             req.generator = req.params.make_generator(self.generator.device)
         except Exception as e:  # anything wrong with this request (a TypeError from a bad params
             # dict, a tokenizer raising) fails it alone; the id must not stay taken
@@ -154,6 +157,8 @@ class LLMEngine:
         p = req.params
         if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
             self._history_reqs.add(rid)
+        if req.cache_key is not None:
+            self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
         return rid
 
@@ -247,6 +252,8 @@ class LLMEngine:
         scheduling, validation and attention planning overlap the device's previous step, and
         outputs come one step() later. Requests that finish on a token the device ran ahead of
         have that extra row discarded."""
+        if self._adapter_keys:
+            self._drop_stale_adapters()
         outputs, self._reports = self._reports, []
         prev, self._inflight = self._inflight, None
         if prev is not None and not self._may_run_ahead():
@@ -264,6 +271,28 @@ class LLMEngine:
             outputs += self._complete(prev)
         self._notify(outputs)
         return outputs
+
+    def _drop_stale_adapters(self) -> None:
+        """Adapters unloaded (or unloaded and loaded again under the same name) since requests
+        took their cache keys: those requests fail (their K/V came from weights that are gone),
+        and the prefix cache drops the blocks of the old key, which no request can reach now."""
+        stale = set()
+        for key in self._adapter_keys:
+            name = key[0]
+            if name not in self.generator.loaded_adapters() or self.generator.adapter_cache_key(name) != key:
+                stale.add(key)
+        if not stale:
+            return
+        for req in [r for r in self.requests.values() if r.cache_key in stale and not r.finished]:
+            name = req.adapter
+            why = (f"adapter {name!r} was reloaded since the request started (its K/V came from the "
+                   f"unloaded weights)" if name in self.generator.loaded_adapters()
+                   else f"adapter {name!r} is no longer loaded")
+            self._finish(req, "error", why)
+            self._reports.append(req.output([], None, self.tokenizer is not None))
+        for key in stale:
+            self.block_manager.drop_cached(key)
+        self._adapter_keys -= stale
 
     def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
