@@ -45,6 +45,7 @@ max_rank is small (fold="auto": <= FOLD_MAX_SLOT_RANK). Eager steps keep the shr
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -120,6 +121,12 @@ class LoraManager:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.device, self.dtype = torch.device(device), dtype
         self.kernel = _resolve_kernel(kernel, self.device, dtype)
+        # sizes, before anything is allocated
+        if max_rank > hidden_size:  # every projection has hidden_size as its input or output width
+            raise LoraError(LoraErrorCode.RANK_TOO_LARGE, "max_rank",
+                            f"expected max_rank <= hidden_size={hidden_size} (no projection has a useful "
+                            f"rank above it), got {max_rank}")
+        _check_fits(self.shapes, max_loras, max_rank, self.device, dtype)
         R = max_rank
         z = dict(device=self.device, dtype=dtype)
         self.lora_a = {m: torch.zeros(num_layers, max_loras, len(subs) * R, self.shapes.in_features(m), **z)
@@ -166,7 +173,7 @@ class LoraManager:
     def load_adapter(self, name: str, path: str) -> int:
         """Load the PEFT adapter folder `path` under `name` into a free slot; return the slot."""
         self._check_can_add(name)  # before reading a possibly large file
-        return self.add_adapter(read_peft_adapter(name, path, self.shapes))
+        return self.add_adapter(read_peft_adapter(name, path, self.shapes, max_rank=self.max_rank))
 
     def add_adapter(self, adapter: PeftAdapter) -> int:
         """Copy an adapter already in memory (e.g. read_peft_adapter's) into a free slot; return the slot.
@@ -177,6 +184,15 @@ class LoraManager:
         if adapter.max_rank > self.max_rank:
             raise LoraError(LoraErrorCode.RANK_TOO_LARGE, f"load_adapter(name={adapter.name!r})",
                             f"expected rank <= max_rank={self.max_rank}, got {adapter.max_rank}")
+        if self.dtype.is_floating_point:  # finite in float32 may still overflow the slots' dtype
+            limit = torch.finfo(self.dtype).max
+            for (layer, proj), (a, b) in adapter.weights.items():
+                for name, w in (("lora_A", a), ("lora_B * scale", b)):
+                    if w.numel() and not bool(w.abs().max() <= limit):
+                        raise LoraError(LoraErrorCode.NON_FINITE_WEIGHTS, f"load_adapter(name={adapter.name!r})",
+                                        f"expected finite {name} values within {self.dtype}'s range "
+                                        f"(|x| <= {limit:g}) for layer {layer} {proj}, got max |x| = "
+                                        f"{float(w.abs().max()):g}")
         slot = self._slot_names.index(None)
         self._write_slot(slot, adapter)
         self._slot_names[slot] = adapter.name
@@ -442,6 +458,44 @@ class LoraManager:
             workspace = torch.empty(SEGMENT_GEMM_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
             self._segment_gemm = flashinfer.SegmentGEMMWrapper(workspace)
         return self._segment_gemm
+
+
+def stack_bytes(shapes: LoraShapes, max_loras: int, max_rank: int, dtype: torch.dtype) -> int:
+    """Bytes of the slot stacks a LoraManager allocates (A and B of every fused module, ranks)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_slot_layer = 0
+    for m, subs in FUSED_MODULES.items():
+        per_slot_layer += (len(subs) * shapes.in_features(m) + sum(shapes.out_features(m))) * max_rank * elem
+        per_slot_layer += len(subs) * 4  # int32 ranks
+    return per_slot_layer * max_loras * shapes.num_layers
+
+
+def _check_fits(shapes: LoraShapes, max_loras: int, max_rank: int, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse slot stacks larger than the device's free memory, before allocating any of it."""
+    need, free = stack_bytes(shapes, max_loras, max_rank, dtype), _free_bytes(device)
+    if free is not None and need > free:
+        raise LoraStateError(LoraErrorCode.INSUFFICIENT_MEMORY, "enable_lora(max_loras, max_rank)",
+                             f"expected slot stacks that fit the {free / 2**30:.2f} GiB free on {device}, got "
+                             f"{need / 2**30:.2f} GiB for max_loras={max_loras}, max_rank={max_rank}")
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory of the device (CUDA: the driver's count; CPU: MemAvailable); None if unknown."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
 
 
 def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:

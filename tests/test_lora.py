@@ -346,11 +346,42 @@ def bad_adapters(setup, tmp_path_factory):
     os.makedirs(root / "no_config")
     shutil.copy(root / "wrong_r" / "adapter_model.safetensors", root / "no_config")
     made["no_config"] = (str(root / "no_config"), LoraErrorCode.MISSING_FILE)
+    # non-finite weights and bad scaling numbers (json writes NaN / Infinity, and reads them back)
+    from safetensors.torch import load_file, save_file
+
+    def variant(name, cfg_update=None, poison=None):
+        shutil.copytree(s.dirs["a2"], root / name)
+        if cfg_update:
+            path = root / name / "adapter_config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **cfg_update}))
+        if poison is not None:
+            path = str(root / name / "adapter_model.safetensors")
+            state = load_file(path)
+            key = sorted(k for k in state if "lora_B" in k)[0]
+            state[key] = state[key].clone()
+            state[key].view(-1)[1] = poison
+            save_file(state, path, metadata={"format": "pt"})
+        return str(root / name)
+
+    made["nan_weight"] = (variant("nan_weight", poison=float("nan")), LoraErrorCode.NON_FINITE_WEIGHTS)
+    made["inf_weight"] = (variant("inf_weight", poison=float("inf")), LoraErrorCode.NON_FINITE_WEIGHTS)
+    made["overflow_scaled"] = (variant("overflow_scaled", {"lora_alpha": 1e38}, poison=1e38),
+                               LoraErrorCode.NON_FINITE_WEIGHTS)
+    for bad_alpha, tag in [(float("nan"), "nan"), (float("inf"), "inf"), (0, "zero"), (-2.0, "negative")]:
+        made[f"alpha_{tag}"] = (variant(f"alpha_{tag}", {"lora_alpha": bad_alpha}), LoraErrorCode.INVALID_CONFIG)
+    made["r_zero"] = (variant("r_zero", {"r": 0}), LoraErrorCode.INVALID_CONFIG)
+    made["r_negative"] = (variant("r_negative", {"r": -2}), LoraErrorCode.INVALID_CONFIG)
+    made["rank_pattern_zero"] = (variant("rank_pattern_zero", {"rank_pattern": {"q_proj": 0}}),
+                                 LoraErrorCode.INVALID_CONFIG)
+    made["alpha_pattern_nan"] = (variant("alpha_pattern_nan", {"alpha_pattern": {"q_proj": float("nan")}}),
+                                 LoraErrorCode.INVALID_CONFIG)
     return made
 
 
 BAD = ["rank16", "pattern16", "embed", "lm_head", "lm_head_regex", "modules_to_save", "dora", "other_base",
-       "deeper_base", "wrong_r", "no_folder", "no_weights", "no_config"]
+       "deeper_base", "wrong_r", "no_folder", "no_weights", "no_config", "nan_weight", "inf_weight",
+       "overflow_scaled", "alpha_nan", "alpha_inf", "alpha_zero", "alpha_negative", "r_zero", "r_negative",
+       "rank_pattern_zero", "alpha_pattern_nan"]
 
 
 def snapshot(m: LoraManager):
@@ -415,6 +446,18 @@ def test_name_and_state_errors(setup):
     assert_unchanged(gen.lora_manager, snap)
 
 
+def test_enable_lora_refuses_oversized_stacks_and_stays_disabled(setup):
+    s = setup("llama")
+    gen = TextGenerator.from_pretrained(s.base, device="cpu", dtype=torch.float32)
+    for kw, code in [(dict(max_rank=2**20), LoraErrorCode.RANK_TOO_LARGE),
+                     (dict(max_loras=2**40, max_rank=8), LoraErrorCode.INSUFFICIENT_MEMORY)]:
+        with pytest.raises((LoraError, LoraStateError)) as e:
+            gen.enable_lora(**kw)
+        assert e.value.code == code and gen.lora_manager is None
+    gen.enable_lora(max_loras=1, max_rank=MAX_RANK)
+    gen.load_adapter("a2", s.dirs["a2"])
+
+
 def test_manager_arguments_are_checked():
     kw = dict(num_layers=2, hidden_size=8, q_size=8, kv_size=4, intermediate_size=16, device="cpu",
               dtype=torch.float32)
@@ -423,6 +466,14 @@ def test_manager_arguments_are_checked():
         with pytest.raises(LoraError) as e:
             LoraManager(**{**kw, **bad})
         assert e.value.code == LoraErrorCode.INVALID_ARGUMENT, bad
+    # sizes are checked before anything is allocated: a rank above hidden_size, or stacks larger
+    # than the free memory (here 2**40 slots: petabytes), are refused at once
+    with pytest.raises(LoraError) as e:
+        LoraManager(**kw, max_rank=2**20)
+    assert e.value.code == LoraErrorCode.RANK_TOO_LARGE and "hidden_size=8" in str(e.value)
+    with pytest.raises(LoraStateError) as e:
+        LoraManager(**kw, max_loras=2**40, max_rank=4)
+    assert e.value.code == LoraErrorCode.INSUFFICIENT_MEMORY and "GiB" in str(e.value)
     m = LoraManager(**kw, max_loras=3, max_rank=4)
     assert m.lora_a["qkv"].shape == (2, 3, 12, 8) and [b.shape[2] for b in m.lora_b["qkv"]] == [8, 4, 4]
     assert m.lora_a["down"].shape == (2, 3, 4, 16) and m.lora_b["gate_up"][1].shape == (2, 3, 16, 4)

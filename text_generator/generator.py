@@ -150,7 +150,7 @@ class TextGenerator:
         cfg, shard = self.config, self.model_wrapper.shard
         shapes = LoraShapes(cfg.num_layers, cfg.hidden_size, cfg.num_heads * cfg.head_dim,
                             cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
-        adapter = read_peft_adapter(name, path, shapes)
+        adapter = read_peft_adapter(name, path, shapes, max_rank=self.lora_manager.max_rank)
         adapter.weights = {key: shard.shard_lora(key[1], a, b) for key, (a, b) in adapter.weights.items()}
         return self.lora_manager.add_adapter(adapter)
 
