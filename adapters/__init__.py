@@ -17,12 +17,15 @@ This package imports neither model_wrapper nor text_generator; its errors carry 
 """
 
 from adapters.errors import LoraError, LoraErrorCode, LoraStateError
+from adapters.ids import AdapterIdsError, AdapterIdsFault, resolve_adapter_ids
 from adapters.lora_batch import LoraBatch
 from adapters.lora_manager import LoraManager
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 
 __all__ = [
+    "AdapterIdsError",
+    "AdapterIdsFault",
     "FUSED_MODULES",
     "LoraBatch",
     "LoraError",
@@ -33,4 +36,5 @@ __all__ = [
     "PEFT_MODULES",
     "PeftAdapter",
     "read_peft_adapter",
+    "resolve_adapter_ids",
 ]

@@ -334,7 +334,8 @@ class LoraManager:
 
     # -- the per-step mapping ------------------------------------------------------------------
     def slots_for(self, adapter_ids: Sequence[str | None]) -> list[int]:
-        """Host: the slot of each adapter name, -1 for None / "base"; raises NOT_LOADED for others.
+        """Host: the slot of each adapter name, -1 for None / "base"; a name with no slot (not
+        loaded: adapter_ids that skipped the boundary's resolve_adapter_ids) raises NOT_LOADED.
 
         For a CUDA-graph runner filling make_graph_batch's buffer (one entry per decode token)."""
         slots = []
@@ -357,7 +358,9 @@ class LoraManager:
     def make_batch(self, adapter_ids: Sequence[str | None], batch) -> LoraBatch:
         """Map each token to its adapter slot and group the tokens by slot, once per step.
 
-        adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model.
+        adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model;
+               as resolved by adapters.ids.resolve_adapter_ids at the step's boundary (not
+               checked again here, beyond the name -> slot lookup).
         batch: the step's ForwardBatch (duck-typed): q_lens_cpu [B] int host, tokens laid out
                request after request.
         Everything is computed on the host and copied to the device without a sync.
@@ -365,9 +368,6 @@ class LoraManager:
         q = batch.q_lens_cpu.to(torch.int64)
         B = int(q.shape[0])
         ids = list(adapter_ids) * B if len(adapter_ids) == 1 else list(adapter_ids)
-        if len(ids) != B:
-            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "adapter_ids",
-                            f"expected 1 or batch size {B} entries, got {len(adapter_ids)}")
         slots = self.slots_for(ids)
         T = int(q.sum())
         if self._buffers is not None and T > self.max_num_tokens:

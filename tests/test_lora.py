@@ -17,7 +17,8 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adapters import LoraError, LoraErrorCode, LoraManager, LoraStateError
+from adapters import (AdapterIdsError, AdapterIdsFault, LoraError, LoraErrorCode, LoraManager, LoraStateError,
+                      resolve_adapter_ids)
 from adapters.peft_adapter import pattern_value
 from conftest import PagedHarness, hf_model, make_checkpoint, rel_err
 from text_generator import TextGenerator
@@ -265,6 +266,31 @@ def test_make_batch_groups_tokens_by_slot_once(setup):
     with pytest.raises(LoraError) as e:
         m.make_batch(["zzz", None], fake_batch([1, 1]))
     assert e.value.code == LoraErrorCode.NOT_LOADED
+
+
+@pytest.mark.parametrize("ids, batch, want", [
+    (None, 3, None),
+    (["a"], 3, ["a", "a", "a"]),
+    (("a", None, "base"), 3, ["a", None, None]),
+    (["base"], 2, None),  # no request uses an adapter
+    ([None, "base"], 2, None),
+    ("a", 2, AdapterIdsFault.TYPE),
+    ({"a": 1}, 1, AdapterIdsFault.TYPE),
+    (["a", 3], 2, AdapterIdsFault.TYPE),
+    (["a", "a", "a"], 2, AdapterIdsFault.TOO_LONG),
+    ([], 2, AdapterIdsFault.LENGTH),
+    (["a", None], 3, AdapterIdsFault.LENGTH),
+    (["a", "zz"], 2, AdapterIdsFault.NOT_LOADED),
+])
+def test_the_adapter_id_rule(ids, batch, want):
+    """adapters.ids.resolve_adapter_ids, the one place that says what adapter_ids may be."""
+    if isinstance(want, AdapterIdsFault):
+        with pytest.raises(AdapterIdsError) as e:
+            resolve_adapter_ids(ids, batch, ["a", "b"])
+        assert e.value.fault is want and e.value.argument.startswith("adapter_ids")
+        assert "expected" in e.value.detail and "got" in e.value.detail
+    else:
+        assert resolve_adapter_ids(ids, batch, ["a", "b"]) == want
 
 
 # -- adapter_ids validation leaves the cache untouched ------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from adapters.ids import AdapterIdsError, AdapterIdsFault, resolve_adapter_ids
 from text_generator.errors import ErrorCode, ForwardArgumentError
 
 KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len", "prev_token_ids"})
@@ -314,28 +315,21 @@ def _q_lens(q_lens, is_prefill: bool, L: torch.Tensor, T: int, device) -> torch.
     return q
 
 
+# adapters.ids' rule, raised under forward_tensor's codes
+_ADAPTER_CODES = {
+    AdapterIdsFault.TYPE: ErrorCode.INVALID_TYPE,
+    AdapterIdsFault.TOO_LONG: ErrorCode.ADAPTER_IDS_TOO_LONG,
+    AdapterIdsFault.LENGTH: ErrorCode.ADAPTER_IDS_LENGTH,
+    AdapterIdsFault.NOT_LOADED: ErrorCode.ADAPTER_NOT_LOADED,
+}
+
+
 def _adapter_ids(adapter_ids, B: int, loaded: Sequence[str]) -> list[str | None] | None:
-    if adapter_ids is None:
-        return None
-    if isinstance(adapter_ids, str) or not isinstance(adapter_ids, (list, tuple)):
-        _fail(ErrorCode.INVALID_TYPE, "adapter_ids", f"expected a list of str or None, got {type(adapter_ids).__name__}")
-    if len(adapter_ids) > B:
-        _fail(ErrorCode.ADAPTER_IDS_TOO_LONG, "adapter_ids",
-              f"expected at most batch size {B} entries, got {len(adapter_ids)}")
-    if len(adapter_ids) not in (1, B):
-        _fail(ErrorCode.ADAPTER_IDS_LENGTH, "adapter_ids",
-              f"expected 1 entry (whole batch) or {B} (one per request), got {len(adapter_ids)}")
-    names = []
-    for i, a in enumerate(adapter_ids):
-        if a is not None and not isinstance(a, str):
-            _fail(ErrorCode.INVALID_TYPE, f"adapter_ids[{i}]", f"expected str or None, got {type(a).__name__}")
-        if a is not None and a != "base" and a not in loaded:
-            _fail(ErrorCode.ADAPTER_NOT_LOADED, "adapter_ids",
-                  f"expected a loaded adapter ({sorted(loaded)} or 'base'), got {a!r} for request {i}")
-        names.append(None if a in (None, "base") else a)
-    if len(names) == 1:
-        names = names * B
-    return None if all(n is None for n in names) else names
+    """The step's one check of adapter_ids (adapters.ids.resolve_adapter_ids): -> per request, or None."""
+    try:
+        return resolve_adapter_ids(adapter_ids, B, loaded)
+    except AdapterIdsError as e:
+        _fail(_ADAPTER_CODES[e.fault], e.argument, e.detail)
 
 
 def _prev_token_ids(value, T: int, vocab_size: int, device: torch.device):

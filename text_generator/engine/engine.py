@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 from loguru import logger
 
+from adapters.ids import AdapterIdsError, resolve_adapter_ids
 from kv_manager import BlockManager
 from text_generator.errors import ErrorCode, ForwardArgumentError
 from text_generator.engine.request import Request, RequestOutput
@@ -222,13 +223,12 @@ class LLMEngine:
         return ids
 
     def _check_adapter(self, adapter) -> str | None:
-        """-> the adapter name, or None for the base model."""
-        if adapter is None or adapter == "base":
-            return None
-        loaded = list(self.generator.loaded_adapters())
-        if not isinstance(adapter, str) or adapter not in loaded:
-            raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
-        return adapter
+        """-> the adapter name, or None for the base model (adapters.ids' rule, for one request)."""
+        try:
+            ids = resolve_adapter_ids([adapter], 1, list(self.generator.loaded_adapters()))
+        except AdapterIdsError as e:
+            raise ValueError(f"adapter: {e.detail}") from None
+        return None if ids is None else ids[0]
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
