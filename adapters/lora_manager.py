@@ -45,7 +45,6 @@ max_rank is small (fold="auto": <= FOLD_MAX_SLOT_RANK). Eager steps keep the shr
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
@@ -55,6 +54,7 @@ from adapters.lora_batch import LoraBatch, lora_groups
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 from adapters.side_stream import SideStream
+from kv_manager.kv_cache import free_memory_bytes
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
 # Graph batches: the qkv expand runs inside the RoPE + K/V-store kernel and the gate_up expand inside
@@ -126,7 +126,7 @@ class LoraManager:
             raise LoraError(LoraErrorCode.RANK_TOO_LARGE, "max_rank",
                             f"expected max_rank <= hidden_size={hidden_size} (no projection has a useful "
                             f"rank above it), got {max_rank}")
-        _check_fits(self.shapes, max_loras, max_rank, self.device, dtype)
+        _check_fits(self.shapes, max_loras, max_rank, self.device, dtype, max_num_tokens)
         R = max_rank
         z = dict(device=self.device, dtype=dtype)
         self.lora_a = {m: torch.zeros(num_layers, max_loras, len(subs) * R, self.shapes.in_features(m), **z)
@@ -460,42 +460,29 @@ class LoraManager:
         return self._segment_gemm
 
 
-def stack_bytes(shapes: LoraShapes, max_loras: int, max_rank: int, dtype: torch.dtype) -> int:
+def stack_bytes(shapes: LoraShapes, max_loras: int, max_rank: int, dtype: torch.dtype,
+                max_num_tokens: int | None = None) -> int:
     """Bytes of the slot stacks a LoraManager allocates (A and B of every fused module, ranks)."""
     elem = torch.empty((), dtype=dtype).element_size()
     per_slot_layer = 0
     for m, subs in FUSED_MODULES.items():
         per_slot_layer += (len(subs) * shapes.in_features(m) + sum(shapes.out_features(m))) * max_rank * elem
         per_slot_layer += len(subs) * 4  # int32 ranks
-    return per_slot_layer * max_loras * shapes.num_layers
+    mapping = 0 if max_num_tokens is None else max_num_tokens * (4 + 8)  # token_slot int32, perm int64
+    return per_slot_layer * max_loras * shapes.num_layers + mapping
 
 
-def _check_fits(shapes: LoraShapes, max_loras: int, max_rank: int, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuse slot stacks larger than the device's free memory, before allocating any of it."""
-    need, free = stack_bytes(shapes, max_loras, max_rank, dtype), _free_bytes(device)
+def _check_fits(shapes: LoraShapes, max_loras: int, max_rank: int, device: torch.device, dtype: torch.dtype,
+                max_num_tokens: int | None) -> None:
+    """Refuse slot stacks (and mapping buffers) larger than the device's free memory, before
+    allocating any of it."""
+    need = stack_bytes(shapes, max_loras, max_rank, dtype, max_num_tokens)
+    free = free_memory_bytes(device)
     if free is not None and need > free:
         raise LoraStateError(LoraErrorCode.INSUFFICIENT_MEMORY, "enable_lora(max_loras, max_rank)",
                              f"expected slot stacks that fit the {free / 2**30:.2f} GiB free on {device}, got "
-                             f"{need / 2**30:.2f} GiB for max_loras={max_loras}, max_rank={max_rank}")
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    """Free memory of the device (CUDA: the driver's count; CPU: MemAvailable); None if unknown."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
+                             f"{need / 2**30:.2f} GiB for max_loras={max_loras}, max_rank={max_rank}, "
+                             f"max_num_tokens={max_num_tokens}")
 
 
 def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:

@@ -500,6 +500,9 @@ def test_manager_arguments_are_checked():
     with pytest.raises(LoraStateError) as e:
         LoraManager(**kw, max_loras=2**40, max_rank=4)
     assert e.value.code == LoraErrorCode.INSUFFICIENT_MEMORY and "GiB" in str(e.value)
+    with pytest.raises(LoraStateError) as e:  # the per-step mapping buffers count too
+        LoraManager(**kw, max_loras=1, max_rank=4, max_num_tokens=2**50)
+    assert e.value.code == LoraErrorCode.INSUFFICIENT_MEMORY
     m = LoraManager(**kw, max_loras=3, max_rank=4)
     assert m.lora_a["qkv"].shape == (2, 3, 12, 8) and [b.shape[2] for b in m.lora_b["qkv"]] == [8, 4, 4]
     assert m.lora_a["down"].shape == (2, 3, 4, 16) and m.lora_b["gate_up"][1].shape == (2, 3, 16, 4)
