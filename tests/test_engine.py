@@ -518,3 +518,40 @@ def test_a_draft_model_drafter_with_a_full_pool_degrades_to_plain_decoding(gen, 
     for p, o in zip(prompts, outs):
         assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 8), o.error
     assert engine.block_manager.num_used_blocks == 0 and drafter.bm.num_used_blocks == 0
+
+
+class BrokenDrafter:
+    """An n-gram drafter whose propose raises every other call."""
+
+    def __init__(self):
+        from text_generator.speculative import NgramDrafter
+
+        self.inner, self.calls = NgramDrafter(), 0
+
+    def start(self, *a):
+        self.inner.start(*a)
+
+    def update(self, *a):
+        self.inner.update(*a)
+
+    def finish(self, *a):
+        self.inner.finish(*a)
+
+    def propose(self, *a):
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("drafter bug")
+        return self.inner.propose(*a)
+
+
+def test_a_raising_drafter_costs_drafts_not_requests(gen, reference):
+    rng = random.Random(4)
+    motif = [rng.randrange(VOCAB) for _ in range(5)]
+    prompts = [motif * 3, [9, 2, 6]]
+    drafter = BrokenDrafter()
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, speculative=drafter)
+    outs = engine.generate(prompts, greedy_params(10), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 10), o.error
+    assert drafter.calls >= 2 and engine.block_manager.num_used_blocks == 0
+    assert not engine.abort(["unhashable"])

@@ -166,7 +166,7 @@ class LLMEngine:
     def abort(self, request_id: str) -> bool:
         """Stop a live request; it is reported with finish_reason "abort" at the next step.
         Returns False if no live request has this id."""
-        req = self.requests.get(request_id)
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or req.finished:
             return False
         self._finish(req, "abort")
@@ -496,6 +496,18 @@ class LLMEngine:
             self._draft_update(req, new)
         return req.output(new, delta, self.tokenizer is not None)
 
+    def stop_drafting(self, request_ids, error: Exception) -> None:
+        """The drafter failed on these requests: they decode without drafts from now on (a later
+        token starts them afresh in the drafter)."""
+        logger.warning("drafter failed on requests {}, which decode without drafts now: {}",
+                       list(request_ids), _describe(error))
+        for rid in request_ids:
+            self._drafting.discard(rid)
+            try:
+                self.drafter.finish(rid)
+            except Exception:  # (a drafter that failed half-way may not know the request)
+                pass
+
     def _draft_update(self, req: Request, new: list[int]) -> None:
         """Tell the drafter the request's new tokens (starting it first). A drafter that fails
         (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
@@ -507,12 +519,7 @@ class LLMEngine:
                 self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
             self.drafter.update(rid, new)
         except Exception as e:
-            logger.warning("drafter failed on request {}, which decodes without drafts now: {}", rid, _describe(e))
-            self._drafting.discard(rid)
-            try:
-                self.drafter.finish(rid)
-            except Exception:  # (a drafter that failed in start may not know the request)
-                pass
+            self.stop_drafting([rid], e)
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
