@@ -19,6 +19,7 @@ blocks; the others go on. A drafter that fails on a request stops drafting for i
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import time
@@ -187,6 +188,10 @@ class LLMEngine:
         if params is None:
             return SamplingParams()
         if isinstance(params, dict):
+            known = {f.name for f in dataclasses.fields(SamplingParams)}
+            unknown = sorted(map(str, set(params) - known))
+            if unknown:
+                raise ValueError(f"sampling_params: expected SamplingParams fields ({sorted(known)}), got {unknown}")
             return SamplingParams(**params)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected a SamplingParams, a dict or None, got {type(params).__name__}")
