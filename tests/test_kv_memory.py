@@ -91,3 +91,16 @@ def test_profiled_cache_fits_on_the_gpu():
     cache = allocate_kv_cache(spec, num_blocks, 16, device="cuda")  # what was profiled fits
     assert cache[0][0].shape == (num_blocks, 16, 8, 128)
     del cache
+
+
+def test_allocate_kv_cache_refuses_bad_or_oversized_requests_before_allocating():
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    for bad in [(0, 16), (4.0, 16), (4, True), ("4", 16)]:
+        with pytest.raises(KVArgumentError) as err:
+            allocate_kv_cache(spec, *bad)
+        assert err.value.code is KVErrorCode.INVALID_ARGUMENT and isinstance(err.value, ValueError)
+    with pytest.raises(KVCacheError) as err:  # 2**40 blocks: exabytes, refused at once
+        allocate_kv_cache(spec, 2**40, 16)
+    assert err.value.code is KVErrorCode.INSUFFICIENT_MEMORY and "GiB" in str(err.value)
+    cache = allocate_kv_cache(spec, 4, 16)
+    assert len(cache) == 2 and cache[0][0].shape == (4, 16, 2, 16)

@@ -148,7 +148,7 @@ class TextGenerator:
         cfg, shard = self.config, self.model_wrapper.shard
         shapes = LoraShapes(cfg.num_layers, cfg.hidden_size, cfg.num_heads * cfg.head_dim,
                             cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
-        adapter = read_peft_adapter(name, path, shapes)
+        adapter = read_peft_adapter(name, path, shapes, max_rank=self.lora_manager.max_rank)
         adapter.weights = {key: shard.shard_lora(key[1], a, b) for key, (a, b) in adapter.weights.items()}
         return self.lora_manager.add_adapter(adapter)
 
@@ -161,6 +161,16 @@ class TextGenerator:
             raise LoraError(code, f"unload_adapter(name={name!r})",
                             "expected a loaded adapter, got none loaded (LoRA not enabled)")
         self.lora_manager.unload_adapter(name)
+
+    def adapter_cache_key(self, name: str):
+        """The prefix-cache key of K/V computed under the loaded adapter `name` (LoraManager.cache_key):
+        a new one after every load, so a reload under the same name never reuses old K/V."""
+        from adapters import LoraError, LoraErrorCode
+
+        if self.lora_manager is None:
+            raise LoraError(LoraErrorCode.NOT_LOADED, f"adapter_cache_key(name={name!r})",
+                            "expected a loaded adapter, got none loaded (LoRA not enabled)")
+        return self.lora_manager.cache_key(name)
 
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order ([] before enable_lora)."""

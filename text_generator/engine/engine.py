@@ -16,12 +16,14 @@ Structured requests (SamplingParams.structured) get a grammar at add_request
 token advances the grammar, and its termination ends the request with "stop".
 
 Request-level problems (bad sampling parameters, a prompt longer than max_seq_len, an adapter
-that is not loaded, a request the KV pool can never hold) finish that request with
-finish_reason "error" and a message; the others go on.
+that is not loaded, a request the KV pool can never hold, its stream_callback or the tokenizer
+raising on its text) finish that request with finish_reason "error" and a message, and free its
+blocks; the others go on. A drafter that fails on a request stops drafting for it (plain steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import time
@@ -31,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 from loguru import logger
 
+from adapters.ids import AdapterIdsError, resolve_adapter_ids
 from kv_manager import BlockManager
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
 from text_generator.engine.request import Request, RequestOutput
@@ -116,6 +119,7 @@ class LLMEngine:
         self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
+        self._adapter_keys: set = set()  # prefix-cache keys ((adapter, load id)) given to requests
         if freeze_gc:
             # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
             # objects) leaves the garbage collector's generations, as serving engines do after
@@ -134,24 +138,32 @@ class LLMEngine:
         stream_callback: Callable[[RequestOutput], None] | None = None,
     ) -> str:
         """Queue a request; returns its id. A problem with the request itself does not raise:
-        the request finishes with finish_reason "error" in the next step's outputs. Raises
-        ValueError for a request_id that is still live, and a coded error for structured output
-        that cannot be had (ForwardArgumentError INVALID_STRUCTURED_OUTPUT: xgrammar does not
-        compile it; GeneratorStateError STRUCTURED_OUTPUT_UNAVAILABLE: no xgrammar or no
-        tokenizer); then no request is left behind."""
+        the request finishes with finish_reason "error" in the next step's outputs (and its id
+        is free again). Raises ValueError for a request_id that is still live or a stream_callback
+        that is not callable, and a coded error for structured output that cannot be had
+        (ForwardArgumentError INVALID_STRUCTURED_OUTPUT: xgrammar does not compile it;
+        GeneratorStateError STRUCTURED_OUTPUT_UNAVAILABLE: no xgrammar or no tokenizer); then no
+        request is left behind."""
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"add_request: request_id {rid!r} is already live")
-        req = Request(rid, [], SamplingParams(), adapter=None if adapter == "base" else adapter)
+        if stream_callback is not None and not callable(stream_callback):
+            raise ValueError(f"add_request: stream_callback: expected a callable or None, "
+                             f"got {type(stream_callback).__name__}")
+        req = Request(rid, [], SamplingParams())
         self.requests[rid] = req
         if stream_callback is not None:
             self._callbacks[rid] = stream_callback
         try:
             req.params = self._check_params(sampling_params)
             req.prompt_ids = self._check_prompt(prompt, req.params)
-            self._check_adapter(req.adapter)
-        except ValueError as e:
-            self._finish(req, "error", str(e))
+            req.adapter = self._check_adapter(adapter)
+            if req.adapter is not None:
+                req.cache_key = self.generator.adapter_cache_key(req.adapter)
+            req.generator = req.params.make_generator(self.generator.device)
+        except Exception as e:  # anything wrong with this request (a TypeError from a bad params
+            # dict, a tokenizer raising) fails it alone; the id must not stay taken
+            self._finish(req, "error", _describe(e))
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
         if req.params.structured is not None:
@@ -161,17 +173,18 @@ class LLMEngine:
                 del self.requests[rid]
                 self._callbacks.pop(rid, None)
                 raise
-        req.generator = req.params.make_generator(self.generator.device)
         p = req.params
         if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
+        if req.cache_key is not None:
+            self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
         return rid
 
     def abort(self, request_id: str) -> bool:
         """Stop a live request; it is reported with finish_reason "abort" at the next step.
         Returns False if no live request has this id."""
-        req = self.requests.get(request_id)
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or req.finished:
             return False
         self._finish(req, "abort")
@@ -192,6 +205,10 @@ class LLMEngine:
         if params is None:
             return SamplingParams()
         if isinstance(params, dict):
+            known = {f.name for f in dataclasses.fields(SamplingParams)}
+            unknown = sorted(map(str, set(params) - known))
+            if unknown:
+                raise ValueError(f"sampling_params: expected SamplingParams fields ({sorted(known)}), got {unknown}")
             return SamplingParams(**params)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected a SamplingParams, a dict or None, got {type(params).__name__}")
@@ -209,10 +226,13 @@ class LLMEngine:
             if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
                 raise ValueError(f"prompt: expected a 1-D integer tensor, got {prompt.dtype} {list(prompt.shape)}")
             ids = prompt.tolist()
-        else:
+        elif isinstance(prompt, Sequence):
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise ValueError("prompt: expected a str or a sequence of int token ids")
+        else:
+            raise ValueError(f"prompt: expected a str, a sequence of int token ids or a 1-D integer tensor, "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt: expected at least one token, got none")
         vocab = self.generator.vocab_size
@@ -233,12 +253,13 @@ class LLMEngine:
             self._grammars = GrammarCompiler(self.tokenizer, self.generator.vocab_size, stops)
         return self._grammars
 
-    def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is None:
-            return
-        loaded = list(self.generator.loaded_adapters())
-        if adapter not in loaded:
-            raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
+    def _check_adapter(self, adapter) -> str | None:
+        """-> the adapter name, or None for the base model (adapters.ids' rule, for one request)."""
+        try:
+            ids = resolve_adapter_ids([adapter], 1, list(self.generator.loaded_adapters()))
+        except AdapterIdsError as e:
+            raise ValueError(f"adapter: {e.detail}") from None
+        return None if ids is None else ids[0]
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
@@ -262,6 +283,8 @@ class LLMEngine:
         scheduling, validation and attention planning overlap the device's previous step, and
         outputs come one step() later. Requests that finish on a token the device ran ahead of
         have that extra row discarded."""
+        if self._adapter_keys:
+            self._drop_stale_adapters()
         outputs, self._reports = self._reports, []
         prev, self._inflight = self._inflight, None
         if prev is not None and not self._may_run_ahead():
@@ -279,6 +302,28 @@ class LLMEngine:
             outputs += self._complete(prev)
         self._notify(outputs)
         return outputs
+
+    def _drop_stale_adapters(self) -> None:
+        """Adapters unloaded (or unloaded and loaded again under the same name) since requests
+        took their cache keys: those requests fail (their K/V came from weights that are gone),
+        and the prefix cache drops the blocks of the old key, which no request can reach now."""
+        stale = set()
+        for key in self._adapter_keys:
+            name = key[0]
+            if name not in self.generator.loaded_adapters() or self.generator.adapter_cache_key(name) != key:
+                stale.add(key)
+        if not stale:
+            return
+        for req in [r for r in self.requests.values() if r.cache_key in stale and not r.finished]:
+            name = req.adapter
+            why = (f"adapter {name!r} was reloaded since the request started (its K/V came from the "
+                   f"unloaded weights)" if name in self.generator.loaded_adapters()
+                   else f"adapter {name!r} is no longer loaded")
+            self._finish(req, "error", why)
+            self._reports.append(req.output([], None, self.tokenizer is not None))
+        for key in stale:
+            self.block_manager.drop_cached(key)
+        self._adapter_keys -= stale
 
     def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
@@ -462,29 +507,55 @@ class LLMEngine:
             req.metrics.first_token_time = now
         new: list[int] = []
         delta = "" if self.tokenizer is not None else None
-        reason = None
-        for tok in toks:
-            if at is None:
-                req.output_ids.append(tok)
-            req.metrics.token_times.append(now)
-            new.append(tok)
-            reason, d = self._check_token(req, tok)
-            if d:
-                delta += d
-            if reason is not None:
-                break
+        reason = error = None
+        try:
+            for tok in toks:
+                if at is None:
+                    req.output_ids.append(tok)
+                req.metrics.token_times.append(now)
+                new.append(tok)
+                reason, d = self._check_token(req, tok)
+                if d:
+                    delta += d
+                if reason is not None:
+                    break
+        except Exception as e:  # this request's detokenization or stop check failed: it alone
+            reason, error, delta = "error", f"detokenizing its output failed: {_describe(e)}", None
         if reason is not None:
             if req.pending:
                 del req.output_ids[len(req.output_ids) - req.pending:]
                 req.pending = 0
-            self._finish(req, reason, _GRAMMAR_REJECTED.format(new[-1]) if reason == "error" else None)
+            if error is None and reason == "error":  # the grammar refused the token
+                error = _GRAMMAR_REJECTED.format(new[-1])
+            self._finish(req, reason, error)
         elif self.drafter is not None:
-            rid = req.request_id
-            if rid not in self._drafting:
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
-                self._drafting.add(rid)
-            self.drafter.update(rid, new)
+            self._draft_update(req, new)
         return req.output(new, delta, self.tokenizer is not None)
+
+    def stop_drafting(self, request_ids, error: Exception) -> None:
+        """The drafter failed on these requests: they decode without drafts from now on (a later
+        token starts them afresh in the drafter)."""
+        logger.warning("drafter failed on requests {}, which decode without drafts now: {}",
+                       list(request_ids), _describe(error))
+        for rid in request_ids:
+            self._drafting.discard(rid)
+            try:
+                self.drafter.finish(rid)
+            except Exception:  # (a drafter that failed half-way may not know the request)
+                pass
+
+    def _draft_update(self, req: Request, new: list[int]) -> None:
+        """Tell the drafter the request's new tokens (starting it first). A drafter that fails
+        (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
+        token starts it afresh."""
+        rid = req.request_id
+        try:
+            if rid not in self._drafting:
+                self._drafting.add(rid)
+                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
+            self.drafter.update(rid, new)
+        except Exception as e:
+            self.stop_drafting([rid], e)
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
@@ -517,10 +588,24 @@ class LLMEngine:
         return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
+        """Call each output's stream_callback. One that raises fails its own request (reported
+        with finish_reason "error" at the next step, blocks freed, never called again); the
+        other callbacks still run."""
         for o in outputs:
             cb = self._callbacks.pop(o.request_id, None) if o.finished else self._callbacks.get(o.request_id)
-            if cb is not None:
+            if cb is None:
+                continue
+            try:
                 cb(o)
+            except Exception as e:
+                self._callbacks.pop(o.request_id, None)
+                req = self.requests.get(o.request_id)
+                why = f"its stream_callback raised {_describe(e)}"
+                if req is None or req.finished:
+                    logger.warning("request {}: {} on its final output", o.request_id, why)
+                    continue
+                self._finish(req, "error", why)
+                self._reports.append(req.output([], None, self.tokenizer is not None))
 
     # -- offline use -----------------------------------------------------------------------
     def generate(
@@ -590,6 +675,12 @@ def _find_stop(text: str, stops: list[str], old_len: int) -> int | None:
         if k != -1 and (best is None or k < best):
             best = k
     return best
+
+
+def _describe(e: Exception) -> str:
+    """An error message for a request's output: coded errors carry their own message."""
+    coded = type(e) is ValueError or hasattr(e, "code")
+    return str(e) if coded and str(e) else f"{type(e).__name__}: {e}"
 
 
 def _now() -> float:

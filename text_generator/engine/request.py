@@ -87,6 +87,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     adapter: str | None = None
+    cache_key: object = None  # the prefix-cache extra_key: the adapter's (name, load id), None for the base
     generator: torch.Generator | None = None
     grammar: RequestGrammar | None = None  # structured output: the grammar after output_ids
     output_ids: list[int] = field(default_factory=list)

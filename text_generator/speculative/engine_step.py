@@ -55,7 +55,11 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
     ids = [rid for rid, b in budgets.items() if b > 1]
     if not ids:
         return None
-    proposed = dict(zip(ids, drafter.propose(ids, [budgets[i] for i in ids])))
+    try:
+        proposed = dict(zip(ids, drafter.propose(ids, [budgets[i] for i in ids])))
+    except Exception as e:  # a failing drafter costs its speedup, never the step
+        engine.stop_drafting(ids, e)
+        return None
     trees = []
     for c in chunks:
         r = c.request
