@@ -29,10 +29,10 @@ from loguru import logger
 
 from kv_manager import BlockManager
 from text_generator.errors import ErrorCode, ForwardArgumentError
+from text_generator.engine.detokenizer import make_detokenizer
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
-from text_generator.tokenizer import decode_tokens
 
 
 class LLMEngine:
@@ -459,27 +459,34 @@ class LLMEngine:
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
-        stop strings, then the length limits) -> (finish reason or None, new text or None)."""
+        stop strings, then the length limits) -> (finish reason or None, new text or None).
+
+        The token's text comes from the request's incremental detokenizer (EOS and stop tokens
+        add none). Text that might begin a stop string is held back (req.held_text) until the
+        next tokens decide; a stop string found across any token boundary cuts the text right
+        before it. When the request finishes, the held text and the detokenizer's tail go out."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
         n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
         at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
-        delta = None
-        if self.tokenizer is not None:
-            text = decode_tokens(self.tokenizer, req.output_ids[:n_out - 1] if reason else req.output_ids[:n_out])
-            if reason is None and p.stop:
-                cut = _find_stop(text, p.stop, len(req.text))
-                if cut is not None:
-                    text, reason = text[:cut], "stop"
-            if reason is None and not at_limit:
-                if text.endswith("\ufffd"):
-                    text = req.text  # an incomplete UTF-8 character: wait for its other bytes
-                elif p.stop:  # hold back what may be the start of a stop string
-                    hold = max(map(len, p.stop)) - 1
-                    text = text[:max(len(req.text), len(text) - hold)]
-            delta, req.text = text[len(req.text):], text
         if reason is None and at_limit:
             reason = "length"
+        if self.tokenizer is None:
+            return reason, None
+        if req.detokenizer is None:
+            req.detokenizer = make_detokenizer(self.tokenizer)
+        new = req.detokenizer.step(tok) if reason != "stop" else ""  # EOS / stop tokens: no text
+        if reason is not None:
+            new += req.detokenizer.flush()
+        text = req.text + req.held_text + new
+        if p.stop:
+            cut = _find_stop(text, p.stop, len(req.text))
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        end = len(text)
+        if reason is None and p.stop:  # hold back what may be the start of a stop string
+            end = max(len(req.text), end - (max(map(len, p.stop)) - 1))
+        delta, req.text, req.held_text = text[len(req.text):end], text[:end], text[end:]
         return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
