@@ -141,29 +141,12 @@ def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
         if args.temperature != 0:
             print("note: --speculative drafts for greedy requests only (--temperature 0)", file=sys.stderr)
     max_seq_len = min(gen.max_position_embeddings, max_len)
-    num_blocks = args.num_blocks or _default_num_blocks(gen, args.block_size, max_seq_len,
-                                                        min(num_seqs, args.max_num_seqs))
-    if gen.tp_group.enabled:  # lockstep: every rank's scheduler must see the same number of blocks
-        import torch
-        import torch.distributed as dist
-
-        n = torch.tensor([num_blocks], dtype=torch.int64, device=gen.device)
-        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=gen.tp_group.group)
-        num_blocks = int(n.item())
-    return LLMEngine(gen, num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+    # the engine sizes the cache when --num-blocks is not given: for this many sequences at most
+    return LLMEngine(gen, num_blocks=args.num_blocks, block_size=args.block_size,
+                     max_num_seqs=min(num_seqs, args.max_num_seqs),
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok,
                      speculative=drafter)
-
-
-def _default_num_blocks(gen, block_size: int, max_seq_len: int, num_seqs: int) -> int:
-    per_seq = -(-max_seq_len // block_size)
-    if gen.device.type == "cuda":
-        from kv_manager import profile_num_blocks
-
-        return profile_num_blocks(gen.kv_cache_spec, block_size, device=gen.device, memory_fraction=0.9,
-                                  max_seq_len=max_seq_len)
-    return per_seq * max(num_seqs, 1) + 1
 
 
 def _load_loras(gen, specs: list[str]) -> None:
