@@ -160,3 +160,11 @@ def make_bpe_tokenizer(vocab_size: int = 320):
 @pytest.fixture(scope="session")
 def bpe_tokenizer():
     return make_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def bpe_checkpoint(tmp_path_factory, bpe_tokenizer):
+    """A tiny random Llama whose vocabulary is bpe_tokenizer's, with the tokenizer saved beside it."""
+    path = make_checkpoint(tmp_path_factory.mktemp("bpe_llama"), "llama", vocab_size=len(bpe_tokenizer))
+    bpe_tokenizer.save_pretrained(path)
+    return path

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from tests.conftest import hf_model, make_checkpoint
+from tests.conftest import hf_model
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.engine.detokenizer import ByteDetokenizer, WindowDetokenizer, make_detokenizer
@@ -64,10 +64,8 @@ def test_byte_detokenizer_matches_the_byte_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def bpe_ckpt(tmp_path_factory, bpe_tokenizer):
-    path = make_checkpoint(tmp_path_factory.mktemp("detok_llama"), "llama", vocab_size=len(bpe_tokenizer))
-    bpe_tokenizer.save_pretrained(path)
-    return path
+def bpe_ckpt(bpe_checkpoint):
+    return bpe_checkpoint
 
 
 @pytest.fixture(scope="module")
