@@ -46,7 +46,12 @@ def _shard_files(path: str) -> list[str]:
     else:
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
-        raise ModelLoadError(ModelErrorCode.MISSING_FILE, f"no *.safetensors weights in {path!r}")
+        hint = ""
+        if any(f.startswith("pytorch_model") and f.endswith(".bin") for f in os.listdir(path)):
+            hint = (" (it has PyTorch pickle weights, pytorch_model*.bin, which are not read: convert them once with "
+                    "transformers: AutoModelForCausalLM.from_pretrained(path).save_pretrained(path, "
+                    "safe_serialization=True))")
+        raise ModelLoadError(ModelErrorCode.MISSING_FILE, f"no *.safetensors weights in {path!r}{hint}")
     missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
     if missing:
         raise ModelLoadError(
@@ -95,7 +100,8 @@ def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
 
 
 def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device,
-               tp: TPGroup | None = None) -> CausalLM:
+               tp: TPGroup | None = None, progress: bool = True) -> CausalLM:
+    """progress: a tqdm bar on stderr over the shards (of two or more; rank 0 only under TP)."""
     files = _shard_files(path)
     tp = tp if tp is not None else TPGroup.single()
     with torch.device("meta"):
@@ -119,7 +125,8 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                 parts = _row_ranges(sizes, ours)
         pending.update((name, r) for r in parts) if parts else pending.add((name, None))
 
-    for file in tqdm(files, desc="loading shards", unit="shard", disable=len(files) < 2):
+    bar_off = not progress or len(files) < 2 or tp.rank != 0
+    for file in tqdm(files, desc="loading shards", unit="shard", disable=bar_off):
         with safe_open(file, framework="pt", device="cpu") as f:
             for hf_name in f.keys():
                 name, rows = _target(sizes, hf_name)

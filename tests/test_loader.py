@@ -30,6 +30,16 @@ def test_sharded_checkpoint_with_index(tmp_path):
     assert rel_err(_prefill_logits(gen, toks), model(torch.tensor([toks])).logits[0]) < 1e-4
 
 
+def test_loading_shards_shows_a_progress_bar_that_can_be_turned_off(tmp_path, capsys):
+    path = make_checkpoint(tmp_path / "src", "llama")
+    hf_model(path).save_pretrained(str(tmp_path / "sharded"), max_shard_size="20KB")
+    capsys.readouterr()
+    TextGenerator.from_pretrained(str(tmp_path / "sharded"), device="cpu")
+    assert "loading shards" in capsys.readouterr().err
+    TextGenerator.from_pretrained(str(tmp_path / "sharded"), device="cpu", progress=False)
+    assert "loading shards" not in capsys.readouterr().err
+
+
 def test_tied_embeddings_share_one_tensor(checkpoint_dir):
     path = checkpoint_dir("qwen2")  # made with tie_word_embeddings=True
     assert "lm_head.weight" not in load_file(os.path.join(path, "model.safetensors"))
@@ -101,6 +111,14 @@ def test_missing_files(checkpoint_dir, tmp_path):
               open(os.path.join(no_w, "model.safetensors.index.json"), "w"))
     msg = _expect(ModelErrorCode.MISSING_FILE, lambda: TextGenerator.from_pretrained(no_w, device="cpu"))
     assert "model-00002-of-00002.safetensors" in msg
+
+
+def test_pickle_only_checkpoint_gets_a_conversion_hint(checkpoint_dir, tmp_path):
+    old = _copy(checkpoint_dir("llama"), tmp_path / "bin")  # an old-style checkpoint: pickled weights only
+    torch.save(load_file(os.path.join(old, "model.safetensors")), os.path.join(old, "pytorch_model.bin"))
+    os.remove(os.path.join(old, "model.safetensors"))
+    msg = _expect(ModelErrorCode.MISSING_FILE, lambda: TextGenerator.from_pretrained(old, device="cpu"))
+    assert "pytorch_model" in msg and "safe_serialization=True" in msg
 
 
 def test_a_hub_id_is_not_fetched():

@@ -31,7 +31,7 @@ class TextGenerator:
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256,
-                        tp_group: TPGroup | None = None) -> "TextGenerator":
+                        tp_group: TPGroup | None = None, progress: bool = True) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -45,10 +45,12 @@ class TextGenerator:
                device=f"cuda:{local_rank}". Every rank must then make the same calls with the same
                tensors (SPMD); each loads only its weight slices, allocates a kv_cache of its own
                kv heads (kv_cache_spec is per rank) and gets the full-vocabulary logits.
+        progress: a progress bar (tqdm, on stderr) while loading a checkpoint of several shards.
         """
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
-            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group))
+            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group,
+            progress=progress))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property
