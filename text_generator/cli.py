@@ -1,8 +1,11 @@
 """The command line: `python -m text_generator generate ...` and `python -m text_generator bench ...`.
 
-generate  runs prompts (arguments or --file, one per line) through the reference engine and
-          prints each completion; without --model it uses the demo checkpoint (random weights:
-          the text is noise, and the CLI says so).
+generate  runs prompts (arguments or --file, one per line, read lazily up to --max-prompts)
+          through the reference engine and prints each completion in prompt order
+          (cli_printer.py): streamed as it grows on a terminal (--stream / --no-stream), or as
+          JSON lines (--json); --chat renders each prompt with the tokenizer's chat template,
+          --stop / --logprobs / --seed as SamplingParams. Without --model it uses the demo
+          checkpoint (random weights: the text is noise, and the CLI says so).
 bench     runs a synthetic offline load (random prompts of --input-len tokens, exactly
           --output-len new tokens each) and reports requests/s, output tokens/s, time to first
           token and inter-token latency (p50 / p99); --json writes them to a file.
@@ -10,6 +13,11 @@ bench     runs a synthetic offline load (random prompts of --input-len tokens, e
 Both shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
 --nproc-per-node N -m text_generator generate ... --tensor-parallel`): every rank runs the same
 engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints.
+
+A bad command line or checkpoint costs one line on stderr ("error: ...") and exit code 2; a
+prompt that fails inside the engine is reported with its output and makes the exit code 1.
+The library's log lines (loguru) show from --log-level (default WARNING) up; progress bars
+(loading shards, bench) go to stderr unless --no-progress.
 """
 
 from __future__ import annotations
@@ -299,7 +307,7 @@ def cmd_generate(args) -> int:
             file.close()
     engine = _make_engine(args, gen, tok, max(map(len, ids)) + args.max_new_tokens, len(ids))
     stream = sys.stdout.isatty() if args.stream is None else args.stream
-    shown = [[int(t) for t in p.text.replace(",", " ").split()] if args.token_ids else p.text for p in prompts]
+    shown = ids if args.token_ids else [p.text for p in prompts]
     printer = OrderedPrinter(shown, sys.stdout, stream=stream, json_lines=args.json_lines)
     index = {}
     for i, x in enumerate(ids):
