@@ -199,7 +199,7 @@ def test_cuda_on_a_cpu_only_machine_is_one_clear_line(cache):
     assert "--device" in line and "no CUDA" in line and "--device cpu" in line
 
 
-def test_pickle_only_checkpoint_gets_a_conversion_hint(run_main, checkpoint_dir, tmp_path):
+def test_pickle_only_checkpoint_gets_a_conversion_hint(run_main, checkpoint_dir, tmp_path, capsys):
     import shutil
 
     import torch
@@ -209,6 +209,7 @@ def test_pickle_only_checkpoint_gets_a_conversion_hint(run_main, checkpoint_dir,
     shutil.copytree(checkpoint_dir("llama"), old)
     torch.save(load_file(os.path.join(old, "model.safetensors")), os.path.join(old, "pytorch_model.bin"))
     os.remove(os.path.join(old, "model.safetensors"))
+    capsys.readouterr()  # making the checkpoint printed progress
     code, out, err = run_main(["generate", "1,2", "--token-ids", "--model", old])
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
     assert "pytorch_model" in err and "safe_serialization=True" in err
