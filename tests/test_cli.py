@@ -142,6 +142,7 @@ def test_generate_greedy_from_a_file_and_token_ids(run_main, tmp_path):
     (["generate", "x", "--max-model-len", "100000"], "--max-model-len"),
     (["generate", "hello world", "--max-model-len", "8"], "argument 1: expected at most 7 tokens"),
     (["generate", "--file", "/nonexistent/prompts.txt"], "/nonexistent/prompts.txt"),
+    (["generate", "--file", "/dev/null"], "at least one non-empty line"),
     (["bench", "--input-len", "2000", "--output-len", "100"], "--input-len + --output-len"),
 ])
 def test_bad_arguments_are_reported_cleanly(run_main, args, fragment):

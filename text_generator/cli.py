@@ -299,12 +299,14 @@ def cmd_generate(args) -> int:
         limit = _max_len(args, gen)
         prompts = read_prompts(args.prompts, file, args.file, max_prompts=args.max_prompts,
                                max_line_chars=limit * _CHARS_PER_TOKEN_CAP)
-        ids = to_token_ids(prompts, tok, token_ids=args.token_ids, chat=args.chat, max_len=limit)
+        prompts, ids = to_token_ids(prompts, tok, token_ids=args.token_ids, chat=args.chat, max_len=limit)
     except PromptError as e:
         raise CLIError(str(e)) from None
     finally:
         if file is not None:
             file.close()
+    if not ids:
+        raise CLIError(f"--file: expected at least one non-empty line in {args.file!r}, got none")
     engine = _make_engine(args, gen, tok, max(map(len, ids)) + args.max_new_tokens, len(ids))
     stream = sys.stdout.isatty() if args.stream is None else args.stream
     shown = ids if args.token_ids else [p.text for p in prompts]

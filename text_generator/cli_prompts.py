@@ -9,8 +9,9 @@ for an output token within the length limit is refused, naming where it came fro
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Iterator, TextIO
+from typing import Iterable, Iterator, TextIO
 
 
 class PromptError(Exception):
@@ -31,19 +32,19 @@ def open_prompt_file(path: str) -> TextIO:
 
 
 def read_prompts(arguments: list[str], file: TextIO | None, name: str, *, max_prompts: int,
-                 max_line_chars: int) -> list[Prompt]:
-    """Arguments first, then the file's non-empty lines (without their newline)."""
-    prompts = [Prompt(f"argument {i + 1}", p) for i, p in enumerate(arguments)]
-    if file is not None and len(prompts) <= max_prompts:
-        for lineno, line in _lines(file, name, max_line_chars):
-            if line.strip():
-                prompts.append(Prompt(f"line {lineno} of {name}", line))
-            if len(prompts) > max_prompts:
-                break
-    if len(prompts) > max_prompts:
-        raise PromptError(f"--max-prompts: expected at most {max_prompts} prompts (arguments and --file lines), "
-                          f"got more; raise --max-prompts or split the file")
-    return prompts
+                 max_line_chars: int) -> Iterator[Prompt]:
+    """Arguments first, then the file's non-empty lines (without their newline), one at a time:
+    the caller tokenizes each before the next line is read."""
+    n = 0
+    sources = (Prompt(f"argument {i + 1}", p) for i, p in enumerate(arguments))
+    lines = () if file is None else (Prompt(f"line {k} of {name}", t) for k, t in _lines(file, name, max_line_chars)
+                                     if t.strip())
+    for prompt in itertools.chain(sources, lines):
+        n += 1
+        if n > max_prompts:
+            raise PromptError(f"--max-prompts: expected at most {max_prompts} prompts (arguments and --file "
+                              f"lines), got more; raise --max-prompts or split the file")
+        yield prompt
 
 
 def _lines(f: TextIO, name: str, max_chars: int) -> Iterator[tuple[int, str]]:
@@ -64,11 +65,13 @@ def _lines(f: TextIO, name: str, max_chars: int) -> Iterator[tuple[int, str]]:
         yield lineno, text
 
 
-def to_token_ids(prompts: list[Prompt], tokenizer, *, token_ids: bool, chat: bool, max_len: int) -> list[list[int]]:
-    """Each prompt's ids; refuses one of max_len tokens or more (no room for an output token)."""
+def to_token_ids(prompts: Iterable[Prompt], tokenizer, *, token_ids: bool, chat: bool, max_len: int
+                 ) -> tuple[list[Prompt], list[list[int]]]:
+    """-> (the prompts, each one's ids); refuses one of max_len tokens or more (no room for an
+    output token)."""
     from text_generator.llm import render_chat
 
-    out = []
+    seen, out = [], []
     for p in prompts:
         if token_ids:
             try:
@@ -88,8 +91,9 @@ def to_token_ids(prompts: list[Prompt], tokenizer, *, token_ids: bool, chat: boo
         if len(ids) >= max_len:
             raise PromptError(f"{p.source}: expected at most {max_len - 1} tokens (--max-model-len {max_len} "
                               f"leaves room for one output token), got {len(ids)}")
+        seen.append(p)
         out.append(ids)
-    return out
+    return seen, out
 
 
 def _short(text: str, n: int = 40) -> str:
