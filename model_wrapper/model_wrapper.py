@@ -131,12 +131,12 @@ class ModelWrapper:
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256, tp_group: TPGroup | None = None,
-                        kernel_config: KernelConfig | None = None):
+                        kernel_config: KernelConfig | None = None, progress: bool = True):
         cfg = ModelConfig.from_pretrained(path)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)
         tp = tp_group if tp_group is not None else TPGroup.single()
-        model = load_model(path, cfg, dtype=dtype, device=device, tp=tp)
+        model = load_model(path, cfg, dtype=dtype, device=device, tp=tp, progress=progress)
         backend = make_backend(attention_backend, cfg, device, dtype, model.shard)
         logger.info("loaded {} ({} layers) on {} as {}, attention backend {}, tensor parallel rank {} of {}",
                     cfg.architecture, cfg.num_layers, device, dtype, backend.name, tp.rank, tp.world_size)

@@ -32,7 +32,8 @@ class TextGenerator:
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256,
-                        tp_group: TPGroup | None = None, kernel_config: KernelConfig | None = None) -> "TextGenerator":
+                        tp_group: TPGroup | None = None, kernel_config: KernelConfig | None = None,
+                        progress: bool = True) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -47,11 +48,12 @@ class TextGenerator:
                tensors (SPMD); each loads only its weight slices, allocates a kv_cache of its own
                kv heads (kv_cache_spec is per rank) and gets the full-vocabulary logits.
         kernel_config: model_wrapper.KernelConfig, the CUDA kernels' launch constants (None: defaults).
+        progress: a progress bar (tqdm, on stderr) while loading a checkpoint of several shards.
         """
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
             cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group,
-            kernel_config=kernel_config))
+            kernel_config=kernel_config, progress=progress))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property

@@ -34,20 +34,25 @@ import torch
 from loguru import logger
 
 from adapters.ids import AdapterIdsError, resolve_adapter_ids
-from kv_manager import BlockManager
+from kv_manager import BlockManager, default_num_blocks
+from kv_manager.memory import CPU_KV_BUDGET_BYTES
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
+from text_generator.engine.detokenizer import make_detokenizer
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
 from text_generator.structured import GrammarCompiler, mask_logits_
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
-from text_generator.tokenizer import decode_tokens
 
 
 class LLMEngine:
     """Owns the KV cache, the block manager, the scheduler and every live request.
 
     generator:   a TextGenerator (anything with its forward_tensor / allocate_kv_cache / config)
-    num_blocks:  KV blocks to allocate; block_size: tokens per block
+    num_blocks:  KV blocks to allocate; None: sized here (kv_manager.default_num_blocks) from
+                 kv_memory_fraction of the free memory on CUDA, elsewhere enough for max_num_seqs
+                 x max_seq_len tokens within kv_cpu_budget_bytes; under tensor parallelism the
+                 ranks agree on the smallest count
+    block_size:  tokens per block
     max_num_seqs: running requests at most; max_num_batched_tokens: tokens per step at most
     max_seq_len: longest prompt + output (default and limit: the model's max positions)
     tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
@@ -66,7 +71,7 @@ class LLMEngine:
         self,
         generator,
         *,
-        num_blocks: int,
+        num_blocks: int | None = None,
         block_size: int = 16,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
@@ -79,10 +84,17 @@ class LLMEngine:
         speculative=None,
         freeze_gc: bool = True,
         async_scheduling: bool | None = None,
+        kv_memory_fraction: float = 0.9,
+        kv_cpu_budget_bytes: int = CPU_KV_BUDGET_BYTES,
     ):
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
                              f"got {type(speculative).__name__}")
+        if not (isinstance(block_size, int) and block_size >= 1):
+            raise ValueError(f"LLMEngine: block_size: expected an int >= 1, got {block_size!r}")
+        if num_blocks is not None and not (isinstance(num_blocks, int) and num_blocks >= 1):
+            raise ValueError(f"LLMEngine: num_blocks: expected an int >= 1 or None (sized from memory), "
+                             f"got {num_blocks!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"LLMEngine: expected max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
                              f"got {max_num_seqs} and {max_num_batched_tokens}")
@@ -96,6 +108,9 @@ class LLMEngine:
         self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
+        if num_blocks is None:
+            num_blocks = _size_kv_cache(generator, block_size, max_seq_len, max_num_seqs, kv_memory_fraction,
+                                        kv_cpu_budget_bytes)
         self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size)
         watermark_blocks = min(int(watermark * num_blocks), num_blocks - 1)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
@@ -559,7 +574,12 @@ class LLMEngine:
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
-        stop strings, then the length limits) -> (finish reason or None, new text or None)."""
+        stop strings, then the length limits) -> (finish reason or None, new text or None).
+
+        The token's text comes from the request's incremental detokenizer (EOS and stop tokens
+        add none). Text that might begin a stop string is held back (req.held_text) until the
+        next tokens decide; a stop string found across any token boundary cuts the text right
+        before it. When the request finishes, the held text and the detokenizer's tail go out."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
         if req.grammar is not None:
@@ -569,22 +589,24 @@ class LLMEngine:
                 reason = "stop"
         n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
         at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
-        delta = None
-        if self.tokenizer is not None:
-            text = decode_tokens(self.tokenizer, req.output_ids[:n_out - 1] if reason else req.output_ids[:n_out])
-            if reason is None and p.stop:
-                cut = _find_stop(text, p.stop, len(req.text))
-                if cut is not None:
-                    text, reason = text[:cut], "stop"
-            if reason is None and not at_limit:
-                if text.endswith("\ufffd"):
-                    text = req.text  # an incomplete UTF-8 character: wait for its other bytes
-                elif p.stop:  # hold back what may be the start of a stop string
-                    hold = max(map(len, p.stop)) - 1
-                    text = text[:max(len(req.text), len(text) - hold)]
-            delta, req.text = text[len(req.text):], text
         if reason is None and at_limit:
             reason = "length"
+        if self.tokenizer is None:
+            return reason, None
+        if req.detokenizer is None:
+            req.detokenizer = make_detokenizer(self.tokenizer)
+        new = req.detokenizer.step(tok) if reason != "stop" else ""  # EOS / stop tokens: no text
+        if reason is not None:
+            new += req.detokenizer.flush()
+        text = req.text + req.held_text + new
+        if p.stop:
+            cut = _find_stop(text, p.stop, len(req.text))
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        end = len(text)
+        if reason is None and p.stop:  # hold back what may be the start of a stop string
+            end = max(len(req.text), end - (max(map(len, p.stop)) - 1))
+        delta, req.text, req.held_text = text[len(req.text):end], text[:end], text[end:]
         return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
@@ -656,6 +678,22 @@ class _InFlight:
     token_ids: torch.Tensor | None  # [S] on the device
     host: dict[str, torch.Tensor]  # the sampler's outputs, copying to (pinned) host memory
     event: object  # CUDA event after the copies (None on the CPU)
+
+
+def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: int, fraction: float,
+                   cpu_budget: int) -> int:
+    """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank; under
+    tensor parallelism every rank runs the same scheduler in lockstep, so all take the minimum."""
+    n = default_num_blocks(generator.kv_cache_spec, block_size, device=generator.device, max_seq_len=max_seq_len,
+                           max_num_seqs=max_num_seqs, memory_fraction=fraction, cpu_budget_bytes=cpu_budget)
+    tp = getattr(generator, "tp_group", None)
+    if tp is not None and tp.enabled:
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64, device=generator.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.group)
+        n = int(t.item())
+    return n
 
 
 def _token_span(req: Request, start: int, end: int) -> list[int]:

@@ -101,7 +101,10 @@ class Request:
     final_pending: bool = False
     finish_reason: str | None = None
     error: str | None = None
-    text: str = ""
+    text: str = ""  # reported text (what the deltas add up to)
+    # decoded but not yet reported: it may be the start of a stop string (engine._check_token)
+    held_text: str = ""
+    detokenizer: object | None = None  # engine/detokenizer.py, made at the first output token
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
