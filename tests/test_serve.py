@@ -371,3 +371,53 @@ def test_concurrent_streaming_clients_with_disconnects_lose_no_tokens(server, cl
                 (i, jobs[i])
     server.wait_idle()
     assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+
+
+def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(client, server, monkeypatch):
+    """A fault injected into the model's forward (the server's dependency, not the server)."""
+    server.wait_idle()
+    forward = server.engine.generator.forward_tensor
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(server.engine.generator, "forward_tensor", failing_once)
+    with pytest.raises(openai.InternalServerError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=4)
+    assert e.value.status_code == 500
+    assert_error(e, None, "TG_ENGINE_FAILED")
+    assert "injected device fault" in e.value.body["message"]
+    server.wait_idle()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+
+
+def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thread):
+    s = Server([make_chat_checkpoint(tmp_path, chat_template=None), "--device", "cpu", "--max-model-len", "64",
+                "--max-num-seqs", "2"])
+    try:
+        c = s.client()
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=str(tmp_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert_error(e, "messages", "TG_NO_CHAT_TEMPLATE")
+        assert c.completions.create(model=str(tmp_path), prompt="hi", max_tokens=2).choices[0].text is not None
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: expected \"auto\""),
+    (["--tensor-parallel"], "--tensor-parallel: serve runs on one device"),
+    (["--lora", "nameonly"], "--lora: expected NAME=PATH"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: expected a fraction"),
+])
+def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
+    from text_generator.cli import main
+
+    assert main(["serve", ckpt[0], "--device", "cpu", *flags]) == 2
+    assert message in capsys.readouterr().err
