@@ -309,20 +309,36 @@ def test_health_and_metrics(client, server):
 
 
 # -- disconnects and load ------------------------------------------------------------------------
-def test_a_client_that_disconnects_mid_stream_gives_every_block_back(server):
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_a_client_that_disconnects_gives_every_block_back(server, stream):
+    """A long request whose client hangs up (mid-stream, or while waiting for the whole answer)
+    is aborted: its blocks come back long before it could have run to its length."""
     server.wait_idle()
     lengths = server.state.metrics.requests.labels(finish_reason="length")
     before = lengths._value.get()
-    body = {"model": "tiny", "prompt": "one two three four", "max_tokens": MAX_MODEL_LEN - 16, "stream": True,
+    body = {"model": "tiny", "prompt": "one two three four", "max_tokens": MAX_MODEL_LEN - 16, "stream": stream,
             "ignore_eos": True, "temperature": 0}
-    with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
-        with http.stream("POST", "/v1/completions", json=body) as r:
-            events = 0
-            for line in r.iter_lines():
-                events += line.startswith("data: ")
-                if events == 3:
-                    break
-            assert server.engine.requests, "the request should still be running"
+    if stream:
+        with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                events = 0
+                for line in r.iter_lines():
+                    events += line.startswith("data: ")
+                    if events == 3:
+                        break
+                assert server.engine.requests, "the request should still be running"
+    else:  # a raw socket, closed once the engine runs the request
+        import json
+
+        payload = json.dumps(body).encode()
+        conn = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        deadline = time.monotonic() + 30
+        while not any(r.output_ids for r in list(server.engine.requests.values())):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.005)
+        conn.close()
     server.wait_idle()
     assert lengths._value.get() == before  # aborted, not run to its length
 
@@ -421,3 +437,47 @@ def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
 
     assert main(["serve", ckpt[0], "--device", "cpu", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_speculative_ngram_serving_keeps_greedy_text(ckpt, oracle, one_thread):
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "128",
+                "--max-num-seqs", "4", "--speculative", "ngram"])
+    try:
+        prompt = "one two three one two three one two"
+        r = s.client().completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        assert r.choices[0].text == expected_text(oracle, "tiny", oracle["tok"](prompt).input_ids, 16)[1]
+    finally:
+        s.close()
+
+
+def test_python_m_text_generator_serve_answers_over_http(ckpt):
+    """The command line end to end: a subprocess serving until it is stopped."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
+    proc = subprocess.Popen([sys.executable, "-m", "text_generator", "serve", ckpt[0], "--device", "cpu",
+                             "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "64"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                          http_client=httpx.Client(trust_env=False, timeout=60))
+        assert [m.id for m in c.models.list().data] == ["tiny"]
+        assert c.completions.create(model="tiny", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
