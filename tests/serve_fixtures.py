@@ -1,8 +1,13 @@
-"""A tiny chat checkpoint for the server tests: a BPE tokenizer trained here with `tokenizers`
-(special tokens, a BOS post-processor, a chat template in tokenizer_config.json), a random llama
-whose vocabulary is the tokenizer's, and a peft LoRA adapter over it. Nothing is downloaded."""
+"""For the server tests: a tiny chat checkpoint (a BPE tokenizer trained here with `tokenizers`:
+special tokens, a BOS post-processor, a chat template in tokenizer_config.json; a random llama
+whose vocabulary is the tokenizer's; a peft LoRA adapter over it), transformers' greedy and
+logprobs as the oracle, and `Server`: uvicorn in a thread. Nothing is downloaded."""
 
 from __future__ import annotations
+
+import socket
+import threading
+import time
 
 import torch
 
@@ -67,3 +72,46 @@ def logprobs_of(model, ids: list[int], new: list[int]) -> tuple[list[float], lis
         logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1:len(ids) + len(new) - 1].float()
     rows = torch.log_softmax(logits, dim=-1)
     return [float(rows[i, t]) for i, t in enumerate(new)], list(rows)
+
+
+class Server:
+    """uvicorn in a thread, on a socket bound to a free port."""
+
+    def __init__(self, argv: list[str]):
+        import uvicorn
+
+        from text_generator.cli import build_parser
+        from text_generator.serve import build_app, build_state
+
+        self.state = build_state(build_parser().parse_args(["serve", *argv]))
+        self.engine = self.state.loop.engine
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(build_app(self.state), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+
+    def client(self, **kw):
+        import httpx
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=60), **kw)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until the engine holds no request and no KV block (every block free or only cached)."""
+        deadline = time.monotonic() + timeout
+        while self.engine.requests or self.engine.block_manager.num_used_blocks:
+            assert time.monotonic() < deadline, (f"{len(self.engine.requests)} requests and "
+                                                 f"{self.engine.block_manager.num_used_blocks} blocks still held")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()

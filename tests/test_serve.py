@@ -9,21 +9,14 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import threading
 import time
 
+import httpx
+import openai
 import pytest
-import torch
 
-pytest.importorskip("fastapi")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-uvicorn = pytest.importorskip("uvicorn")
-
-from tests.conftest import hf_model  # noqa: E402
-from tests.serve_fixtures import greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer  # noqa: E402
-from text_generator.cli import build_parser  # noqa: E402
-from text_generator.serve import build_app, build_state  # noqa: E402
+from tests.conftest import hf_model
+from tests.serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
 MAX_MODEL_LEN = 256
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -36,41 +29,6 @@ def split(kw: dict) -> dict:
     out = {k: v for k, v in kw.items() if k not in EXTENSIONS}
     extra = {k: v for k, v in kw.items() if k in EXTENSIONS}
     return {**out, "extra_body": extra} if extra else out
-
-
-class Server:
-    """uvicorn in a thread, on a socket bound to a free port."""
-
-    def __init__(self, argv: list[str]):
-        self.state = build_state(build_parser().parse_args(["serve", *argv]))
-        self.engine = self.state.loop.engine
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(build_app(self.state), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.02)
-
-    def client(self, **kw) -> "openai.OpenAI":
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
-                             http_client=httpx.Client(trust_env=False, timeout=60), **kw)
-
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        """Until the engine holds no request and no KV block (every block free or only cached)."""
-        deadline = time.monotonic() + timeout
-        while self.engine.requests or self.engine.block_manager.num_used_blocks:
-            assert time.monotonic() < deadline, (f"{len(self.engine.requests)} requests and "
-                                                 f"{self.engine.block_manager.num_used_blocks} blocks still held")
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +198,13 @@ def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, 
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
     assert_error(e, "messages", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, logit_bias={"5": 10})
+    assert_error(e, "logit_bias", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       top_logprobs=2)
+    assert_error(e, "top_logprobs", "TG_INVALID_REQUEST")
     assert server.engine.block_manager.num_free_blocks == free and not server.engine.requests
 
 
@@ -315,7 +280,8 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
     is aborted: its blocks come back long before it could have run to its length."""
     server.wait_idle()
     lengths = server.state.metrics.requests.labels(finish_reason="length")
-    before = lengths._value.get()
+    aborts = server.state.metrics.requests.labels(finish_reason="abort")
+    before, aborted = lengths._value.get(), aborts._value.get()
     body = {"model": "tiny", "prompt": "one two three four", "max_tokens": MAX_MODEL_LEN - 16, "stream": stream,
             "ignore_eos": True, "temperature": 0}
     if stream:
@@ -340,7 +306,7 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
             time.sleep(0.005)
         conn.close()
     server.wait_idle()
-    assert lengths._value.get() == before  # aborted, not run to its length
+    assert lengths._value.get() == before and aborts._value.get() == aborted + 1  # aborted, not run to its length
 
 
 def test_concurrent_streaming_clients_with_disconnects_lose_no_tokens(server, client):

@@ -131,6 +131,11 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         adapter = state.adapter_for(body.model)
         _check_n(body.n)
+        if body.tools:
+            raise bad_request("tools: not supported by this server (no tool calling)", "tools")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request(f"top_logprobs: expected logprobs=true with it, got logprobs={body.logprobs}",
+                              "top_logprobs")
         messages = [{"role": m.role, "content": _content_text(m.content, i)} for i, m in enumerate(body.messages)]
         try:
             text = render_chat(state.tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
@@ -204,6 +209,8 @@ async def _run(state: ServerState, request: Request, body, adapter: str | None, 
                logprobs: int | None, *, chat: bool):
     """Submit n choices per prompt (choice index = prompt * n + j) and answer, streamed or not."""
     field_ = "messages" if chat else "prompt"
+    if body.logit_bias:
+        raise bad_request("logit_bias: not supported by this server", "logit_bias")
     params = []
     for ids in prompts:
         budget = max_new_tokens(body.max_tokens, len(ids), state.max_model_len, state.defaults, field_)

@@ -167,6 +167,8 @@ class EngineLoop:
             elif kind == "abort":
                 if self.engine.abort(cmd[1]):  # its blocks are free now; its report is dropped
                     self._forget(cmd[1])
+                    if self.metrics is not None:
+                        self.metrics.requests.labels(finish_reason="abort").inc()
             else:
                 _, fn, fut = cmd
                 if fut.set_running_or_notify_cancel():

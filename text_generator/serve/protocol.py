@@ -44,6 +44,7 @@ class _Sampling(_Request):
     seed: int | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None  # refused when non-empty (not supported)
     # vLLM extensions
     top_k: int | None = None
     min_p: float | None = None
@@ -78,6 +79,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None  # refused when non-empty (no tool calling)
     add_generation_prompt: bool = True
 
 
