@@ -130,6 +130,16 @@ def test_n_choices_are_independent_requests_on_one_prompt(client, oracle):
     assert [c.text for c in seeded.choices] == [c.text for c in again.choices]
 
 
+def test_n_choices_share_the_prompts_kv_blocks_through_the_prefix_cache(client, server):
+    """The first choice computes the prompt; the other three find its full blocks in the cache."""
+    cached = server.state.metrics.cached_prompt_tokens
+    before = cached._value.get()
+    prompt = [(7 * i) % 150 + 6 for i in range(41)]  # 10 full blocks of 4 tokens and one more
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=1.0, seed=1, n=4)
+    assert len(r.choices) == 4
+    assert cached._value.get() - before == 3 * 40
+
+
 def test_stop_strings_and_stop_token_ids_cut_the_greedy_text(client, oracle):
     ids = oracle["tok"](PROMPTS[1]).input_ids
     new, text = expected_text(oracle, "tiny", ids, 24)

@@ -10,6 +10,11 @@ engine needs no locks; the HTTP side never waits on a step. One RequestGroup hol
 requests of one HTTP request (n choices x prompts) and one queue for all their outputs.
 Aborting a group (client gone) takes its unfinished requests out of the engine at the next
 drain, which frees their blocks at once.
+
+Requests of a group with the same prompt (the n choices of one prompt) share its KV blocks
+through the prefix cache: the first one (the leader) enters the engine at once, the others
+when the leader's first output arrives, by which time its prompt blocks are committed to the
+cache (requests admitted in the same step would each compute the prompt).
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._groups: dict[str, RequestGroup] = {}  # engine thread only
+        self._followers: dict[str, list[tuple]] = {}  # leader id -> "add" commands waiting for it
         self._live = 0  # submitted and not yet finished; guarded by _lock
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -116,8 +122,11 @@ class EngineLoop:
         base = f"srv-{next(self._ids)}"
         rids = [f"{base}-{i}" for i in range(len(prompts))]
         group = RequestGroup(self, rids)
+        share = self.engine.block_manager.enable_prefix_caching
+        leaders: dict[tuple[int, ...], str] = {}
         for rid, ids, p in zip(rids, prompts, params):
-            self._put(("add", rid, ids, p, adapter, group))
+            leader = leaders.setdefault(tuple(ids), rid) if share else rid
+            self._put(("add", rid, ids, p, adapter, group, None if leader == rid else leader))
         return group
 
     async def call(self, fn: Callable[[LLMEngine], object]):
@@ -161,14 +170,16 @@ class EngineLoop:
                 return
             kind = cmd[0]
             if kind == "add":
-                _, rid, ids, params, adapter, group = cmd
+                rid, leader, group = cmd[1], cmd[6], cmd[5]
                 self._groups[rid] = group
-                self.engine.add_request(ids, params, adapter=adapter, request_id=rid)
+                if leader in self._followers:
+                    self._followers[leader].append(cmd)
+                    continue
+                self._followers[rid] = []
+                self._add(cmd)
             elif kind == "abort":
-                if self.engine.abort(cmd[1]):  # its blocks are free now; its report is dropped
-                    self._forget(cmd[1])
-                    if self.metrics is not None:
-                        self.metrics.requests.labels(finish_reason="abort").inc()
+                if self._abort(cmd[1]) and self.metrics is not None:
+                    self.metrics.requests.labels(finish_reason="abort").inc()
             else:
                 _, fn, fut = cmd
                 if fut.set_running_or_notify_cancel():
@@ -177,6 +188,29 @@ class EngineLoop:
                     except Exception as e:  # noqa: BLE001 - handed to the caller
                         fut.set_exception(e)
 
+    def _add(self, cmd: tuple) -> None:
+        _, rid, ids, params, adapter, _group, _leader = cmd
+        self.engine.add_request(ids, params, adapter=adapter, request_id=rid)
+
+    def _release_followers(self, leader: str) -> None:
+        """The leader's prompt is in the prefix cache (or it is gone): its followers enter now."""
+        for cmd in self._followers.pop(leader, ()):
+            self._add(cmd)
+
+    def _abort(self, rid: str) -> bool:
+        """Take rid out (its blocks are free at once; its report is dropped). False: not live."""
+        for followers in self._followers.values():
+            waiting = [c for c in followers if c[1] == rid]
+            if waiting:
+                followers.remove(waiting[0])
+                self._forget(rid)
+                return True
+        self._release_followers(rid)
+        if not self.engine.abort(rid):
+            return False
+        self._forget(rid)
+        return True
+
     def _forget(self, rid: str) -> None:
         if self._groups.pop(rid, None) is not None:
             with self._lock:
@@ -184,6 +218,7 @@ class EngineLoop:
 
     def _route(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
+            self._release_followers(out.request_id)
             group = self._groups.get(out.request_id)
             if group is None:
                 continue  # aborted by its client: nobody is listening
@@ -194,6 +229,7 @@ class EngineLoop:
             group.deliver(out)
 
     def _fail_all(self, message: str) -> None:
+        self._followers.clear()
         for rid in list(self._groups):
             group = self._groups[rid]
             self.engine.abort(rid)
