@@ -92,7 +92,9 @@ def build_app(state: ServerState) -> FastAPI:
     async def _invalid(_req, e: RequestValidationError):
         err = e.errors()[0] if e.errors() else {}
         param = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or None
-        msg = f"{param}: {err.get('msg', 'invalid request')}, got {err.get('input')!r}" if param else str(e)
+        got = repr(err.get("input"))
+        got = got if len(got) <= 200 else got[:200] + "..."
+        msg = f"{param}: {err.get('msg', 'invalid request')}, got {got}" if param else str(e)
         return JSONResponse(bad_request(msg, param).body(), status_code=400)
 
     @app.get("/health")
@@ -166,10 +168,11 @@ def build_app(state: ServerState) -> FastAPI:
         if name not in state.loras:
             raise APIError(404, ErrorCode.MODEL_NOT_FOUND, f"lora_name: expected a loaded adapter "
                            f"({sorted(state.loras)}), got {name!r}", "lora_name")
-        del state.loras[name]  # new requests are refused from now on; running ones fail at the next step
+        path = state.loras.pop(name)  # new requests are refused from now on; running ones fail at the next step
         try:
             await state.loop.call(lambda engine: engine.generator.unload_adapter(name))
         except (ValueError, RuntimeError) as e:
+            state.loras[name] = path
             raise bad_request(f"lora_name: unloading {name!r} failed: {e}", "lora_name", ErrorCode.ADAPTER_REFUSED) from None
         return {"status": "ok", "lora_name": name}
 
