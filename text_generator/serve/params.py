@@ -110,8 +110,11 @@ def structured_output(req: _Sampling):
     try:
         from text_generator.structured import StructuredOutput
     except ImportError:
-        raise APIError(400, ErrorCode.STRUCTURED_UNAVAILABLE, f"{fields[0]}: structured output not available in "
-                       "this build (text_generator.structured is missing)", fields[0]) from None
+        StructuredOutput = None
+    if StructuredOutput is None or "structured" not in SamplingParams.__dataclass_fields__:
+        raise APIError(400, ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE, f"{fields[0]}: structured output not available "
+                       "in this build (no text_generator.structured, or SamplingParams has no structured field)",
+                       fields[0])
     try:
         return StructuredOutput(**spec)
     except (ValueError, TypeError) as e:
