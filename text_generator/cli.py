@@ -6,11 +6,12 @@ generate  runs prompts (arguments or --file, one per line, read lazily up to --m
           JSON lines (--json); --chat renders each prompt with the tokenizer's chat template,
           --stop / --logprobs / --seed as SamplingParams. Without --model it uses the demo
           checkpoint (random weights: the text is noise, and the CLI says so).
+serve     an OpenAI-compatible HTTP server (text_generator/serve, the `serve` extra).
 bench     runs a synthetic offline load (random prompts of --input-len tokens, exactly
           --output-len new tokens each) and reports requests/s, output tokens/s, time to first
           token and inter-token latency (p50 / p99); --json writes them to a file.
 
-Both shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
+generate and bench shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
 --nproc-per-node N -m text_generator generate ... --tensor-parallel`): every rank runs the same
 engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints.
 
@@ -146,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", dest="json_path", help="write the results to this JSON file")
     _common(b)
     b.set_defaults(temperature=0.0)
+    from text_generator.serve.args import add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)"))
     return parser
 
 
@@ -388,13 +392,19 @@ def _setup_logging(level: str) -> None:
     logger.remove()
     logger.add(lambda m: sys.stderr.write(m), level=level, colorize=False,
                format="{time:HH:mm:ss} | {level: <7} | {name} | {message}")
+def cmd_serve(args) -> int:
+    try:
+        from text_generator.serve import server
+    except ImportError as e:
+        raise CLIError(f"serve: expected the serve extra (pip install 'text-generator[serve]'), got {e}") from None
+    return server.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "serve": cmd_serve}[args.command](args)
     except CLIError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,119 @@
+"""For the server tests: a tiny chat checkpoint (a BPE tokenizer trained here with `tokenizers`:
+special tokens, a BOS post-processor, a chat template in tokenizer_config.json; a random llama
+whose vocabulary is the tokenizer's; a peft LoRA adapter over it), transformers' greedy and
+logprobs as the oracle, and `Server`: uvicorn in a thread. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import torch
+
+from tests.conftest import hf_model, make_checkpoint
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]  # ids 0..5: bos 1, eos 2
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
+                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog", "a server streams tokens to many clients at once",
+    "paged attention keeps every block of the cache in a table", "hello world, how are you today?",
+    "one two three four five six seven eight nine ten", "json objects have keys and values: {\"a\": 1}",
+] * 4
+
+
+def make_tokenizer(chat_template: str | None = CHAT_TEMPLATE):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # GPT-2 style byte-level BPE; its alphabet is only the (ASCII) bytes of the corpus, so every
+    # token decodes to whole characters
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=160, special_tokens=SPECIALS))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   chat_template=chat_template)
+
+
+def make_chat_checkpoint(path, chat_template: str | None = CHAT_TEMPLATE) -> str:
+    tok = make_tokenizer(chat_template)
+    make_checkpoint(path, "llama", vocab_size=len(tok), bos_token_id=1, eos_token_id=2)
+    tok.save_pretrained(str(path))
+    return str(path)
+
+
+def make_lora(base: str, out_dir, seed: int = 1) -> str:
+    """A peft LoRA (rank 4 on q / v / down) with random nonzero B, saved to out_dir."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(hf_model(base), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                      target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
+def greedy(model, ids: list[int], n: int, eos: int = 2) -> list[int]:
+    """transformers' greedy generate: the new tokens (ending at EOS if it came)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    return out[0, len(ids):].tolist()
+
+
+def logprobs_of(model, ids: list[int], new: list[int]) -> tuple[list[float], list[torch.Tensor]]:
+    """log_softmax of transformers' logits: each new token's logprob and each position's full row."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + new])).logits[0, len(ids) - 1:len(ids) + len(new) - 1].float()
+    rows = torch.log_softmax(logits, dim=-1)
+    return [float(rows[i, t]) for i, t in enumerate(new)], list(rows)
+
+
+class Server:
+    """uvicorn in a thread, on a socket bound to a free port."""
+
+    def __init__(self, argv: list[str]):
+        import uvicorn
+
+        from text_generator.cli import build_parser
+        from text_generator.serve import build_app, build_state
+
+        self.state = build_state(build_parser().parse_args(["serve", *argv]))
+        self.engine = self.state.loop.engine
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(build_app(self.state), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+
+    def client(self, **kw):
+        import httpx
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=60), **kw)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until the engine holds no request and no KV block (every block free or only cached)."""
+        deadline = time.monotonic() + timeout
+        while self.engine.requests or self.engine.block_manager.num_used_blocks:
+            assert time.monotonic() < deadline, (f"{len(self.engine.requests)} requests and "
+                                                 f"{self.engine.block_manager.num_used_blocks} blocks still held")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()

@@ -1,0 +1,468 @@
+"""The OpenAI-compatible server, driven by the official `openai` client against a real uvicorn on
+127.0.0.1: greedy text equals transformers' greedy generate (peft's for a LoRA model name),
+logprobs equal log_softmax of transformers' logits, streams concatenate to the plain answer,
+errors carry OpenAI's body with our codes, and disconnects and a concurrent load give every KV
+block back."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import hf_model
+from tests.serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+
+MAX_MODEL_LEN = 256
+MAX_NUM_SEQS, MAX_QUEUE = 16, 48
+PROMPTS = ["the quick brown fox", "hello world, how are", "one two three"]
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")  # vLLM's fields
+
+
+def split(kw: dict) -> dict:
+    """Request fields -> the openai client's keyword arguments (extensions go in extra_body)."""
+    out = {k: v for k, v in kw.items() if k not in EXTENSIONS}
+    extra = {k: v for k, v in kw.items() if k in EXTENSIONS}
+    return {**out, "extra_body": extra} if extra else out
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    base = make_chat_checkpoint(tmp_path_factory.mktemp("serve_llama"))
+    return base, make_lora(base, tmp_path_factory.mktemp("serve_lora"))
+
+
+@pytest.fixture(scope="module")
+def server(ckpt, one_thread):
+    base, lora = ckpt
+    s = Server([base, "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny",
+                "--lora", f"sql={lora}", "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "4",
+                "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE)])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+@pytest.fixture(scope="module")
+def oracle(ckpt):
+    base, lora = ckpt
+    from peft import PeftModel
+
+    return {"tiny": hf_model(base), "sql": PeftModel.from_pretrained(hf_model(base), lora).eval(),
+            "tok": make_tokenizer()}
+
+
+def expected_text(oracle, model: str, ids: list[int], n: int) -> tuple[list[int], str]:
+    new = greedy(oracle[model], ids, n)
+    return new, oracle["tok"].decode(new, skip_special_tokens=True)
+
+
+def chat_ids(oracle, messages) -> list[int]:
+    out = oracle["tok"].apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+# -- answers ---------------------------------------------------------------------------------
+def test_models_lists_the_base_and_the_lora_adapters(client):
+    ids = {m.id for m in client.models.list().data}
+    assert ids == {"tiny", "sql"}
+
+
+@pytest.mark.parametrize("model", ["tiny", "sql"])
+def test_completion_greedy_text_is_transformers_greedy(client, oracle, model):
+    """A batch of prompts (one choice each) under the base model and under the LoRA model name
+    (peft's greedy)."""
+    r = client.completions.create(model=model, prompt=PROMPTS, max_tokens=12, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for p, c in zip(PROMPTS, r.choices):
+        new, text = expected_text(oracle, model, oracle["tok"](p).input_ids, 12)
+        assert c.text == text
+        assert c.finish_reason == ("stop" if new[-1] == 2 else "length")
+    assert r.usage.prompt_tokens == sum(len(oracle["tok"](p).input_ids) for p in PROMPTS)
+
+
+def test_chat_greedy_text_is_transformers_greedy_over_the_chat_template(client, oracle):
+    messages = [{"role": "system", "content": "one two"}, {"role": "user", "content": "hello world"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0)
+    ids = chat_ids(oracle, messages)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == expected_text(oracle, "tiny", ids, 10)[1]
+    assert r.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_streamed_chunks_concatenate_to_the_plain_answer_and_end_with_usage(client, chat):
+    kw = dict(model="tiny", max_tokens=16, temperature=0.9, top_p=0.9, seed=7, n=2)
+    if chat:
+        kw["messages"] = [{"role": "user", "content": "the lazy dog"}]
+        plain = client.chat.completions.create(**kw)
+        stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    else:
+        kw["prompt"] = "the lazy dog"
+        plain = client.completions.create(**kw)
+        stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    texts, reasons, chunks = ["", ""], [None, None], list(stream)
+    for ch in chunks[:-1]:
+        for c in ch.choices:
+            texts[c.index] += (c.delta.content or "") if chat else c.text
+            reasons[c.index] = c.finish_reason or reasons[c.index]
+    want = [c.message.content if chat else c.text for c in plain.choices]
+    assert texts == want
+    assert reasons == [c.finish_reason for c in plain.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_n_choices_are_independent_requests_on_one_prompt(client, oracle):
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, n=2)
+    text = expected_text(oracle, "tiny", oracle["tok"](PROMPTS[0]).input_ids, 8)[1]
+    assert [(c.index, c.text) for c in r.choices] == [(0, text), (1, text)]
+    seeded = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=3, n=2)
+    again = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=3, n=2)
+    assert [c.text for c in seeded.choices] == [c.text for c in again.choices]
+
+
+def test_n_choices_share_the_prompts_kv_blocks_through_the_prefix_cache(client, server):
+    """The first choice computes the prompt; the other three find its full blocks in the cache."""
+    cached = server.state.metrics.cached_prompt_tokens
+    before = cached._value.get()
+    prompt = [(7 * i) % 150 + 6 for i in range(41)]  # 10 full blocks of 4 tokens and one more
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=1.0, seed=1, n=4)
+    assert len(r.choices) == 4
+    assert cached._value.get() - before == 3 * 40
+
+
+def test_stop_strings_and_stop_token_ids_cut_the_greedy_text(client, oracle):
+    ids = oracle["tok"](PROMPTS[1]).input_ids
+    new, text = expected_text(oracle, "tiny", ids, 24)
+    if 2 in new:
+        new, text = new[:new.index(2)], oracle["tok"].decode(new[:new.index(2)], skip_special_tokens=True)
+    assert len(text) >= 6, "the oracle's text is too short for this test"
+    stop = text[3:5]
+    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].text == text[:text.find(stop)] and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=24, temperature=0,
+                                  extra_body={"stop_token_ids": [new[4]]})
+    k = new.index(new[4])
+    assert r.choices[0].text == oracle["tok"].decode(new[:k], skip_special_tokens=True)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == k + 1
+
+
+def test_logprobs_are_log_softmax_of_transformers_logits(client, oracle):
+    ids = oracle["tok"](PROMPTS[2]).input_ids
+    new = greedy(oracle["tiny"], ids, 6)
+    want, rows = logprobs_of(oracle["tiny"], ids, new)
+    r = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-4)
+    for top, row in zip(lp.top_logprobs, rows):  # token strings may collide: compare the values
+        assert sorted(top.values(), reverse=True) == pytest.approx(row.topk(3).values.tolist()[:len(top)], abs=1e-4)
+    messages = [{"role": "user", "content": "seven eight"}]
+    cids = chat_ids(oracle, messages)
+    cnew = greedy(oracle["tiny"], cids, 5)
+    cwant, crows = logprobs_of(oracle["tiny"], cids, cnew)
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(cwant, abs=1e-4)
+    for c, row in zip(content, crows):
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx(row.topk(2).values.tolist(), abs=1e-4)
+
+
+# -- refusals ----------------------------------------------------------------------------------
+def assert_error(exc_info, param: str | None, code: str) -> None:
+    body = exc_info.value.body
+    assert body["param"] == param and body["code"] == code and body["message"], body
+
+
+def test_unknown_model_is_404_naming_the_model(client, server):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="nope", prompt="hi", max_tokens=2)
+    assert_error(e, "model", "TG_MODEL_NOT_FOUND")
+    assert "nope" in e.value.body["message"]
+
+
+def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, server):
+    server.wait_idle()
+    free = server.engine.block_manager.num_free_blocks
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=list(range(10, 20)) * 30, max_tokens=2)
+    assert_error(e, "prompt", "TG_PROMPT_TOO_LONG")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=MAX_MODEL_LEN)
+    assert_error(e, "max_tokens", "TG_PROMPT_TOO_LONG")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, top_p=1.5)
+    assert_error(e, "top_p", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=[5, 10**6], max_tokens=2)
+    assert_error(e, "prompt", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+    assert_error(e, "messages", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, logit_bias={"5": 10})
+    assert_error(e, "logit_bias", "TG_INVALID_REQUEST")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                       top_logprobs=2)
+    assert_error(e, "top_logprobs", "TG_INVALID_REQUEST")
+    assert server.engine.block_manager.num_free_blocks == free and not server.engine.requests
+
+
+def test_more_requests_than_the_queue_holds_is_503(client, server):
+    with pytest.raises(openai.InternalServerError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, n=MAX_NUM_SEQS + MAX_QUEUE + 1)
+    assert e.value.status_code == 503
+    assert_error(e, None, "TG_QUEUE_FULL")
+
+
+def structured_available() -> bool:
+    """text_generator.structured and the engine's support for it (SamplingParams.structured)."""
+    try:
+        import text_generator.structured  # noqa: F401
+    except ImportError:
+        return False
+    from text_generator.sampling import SamplingParams
+
+    return "structured" in SamplingParams.__dataclass_fields__
+
+
+def test_structured_output_follows_a_json_schema(client):
+    if not structured_available():
+        pytest.skip("text_generator.structured is not in this build")
+    import json
+
+    # a boolean (a random model could write an integer's digits until max_tokens)
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "json"}], max_tokens=200, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    value = json.loads(r.choices[0].message.content)
+    assert set(value) == {"a"} and isinstance(value["a"], bool)
+
+
+def test_structured_output_is_refused_clearly_without_its_module(client):
+    if structured_available():
+        pytest.skip("text_generator.structured exists")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                       response_format={"type": "json_object"})
+    assert_error(e, "response_format", "TG_STRUCTURED_OUTPUT_UNAVAILABLE")
+    assert "structured output not available" in e.value.body["message"]
+
+
+# -- adapters, health, metrics ----------------------------------------------------------------
+def test_lora_adapters_load_and_unload_at_run_time(client, server, ckpt, oracle):
+    _, lora = ckpt
+    http = httpx.Client(base_url=server.url, trust_env=False, timeout=60)
+    assert http.post("/v1/load_lora_adapter", json={"lora_name": "sql2", "lora_path": lora}).status_code == 200
+    assert {m.id for m in client.models.list().data} == {"tiny", "sql", "sql2"}
+    r = client.completions.create(model="sql2", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+    assert r.choices[0].text == expected_text(oracle, "sql", oracle["tok"](PROMPTS[0]).input_ids, 8)[1]
+    bad = http.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/nonexistent"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "TG_ADAPTER_REFUSED"
+    assert http.post("/v1/unload_lora_adapter", json={"lora_name": "sql2"}).status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="sql2", prompt="hi", max_tokens=2)
+    gone = http.post("/v1/unload_lora_adapter", json={"lora_name": "sql2"})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "lora_name"
+
+
+def test_health_and_metrics(client, server):
+    client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    http = httpx.Client(base_url=server.url, trust_env=False, timeout=60)
+    assert http.get("/health").status_code == 200
+    text = http.get("/metrics").text
+    for name in ("tg_requests_total", "tg_time_to_first_token_seconds_count", "tg_inter_token_latency_seconds_count",
+                 "tg_e2e_request_latency_seconds_count", "tg_num_requests_waiting", "tg_num_requests_running",
+                 "tg_kv_cache_usage_ratio", "tg_prefix_cache_hit_rate", "tg_spec_decode_acceptance_rate"):
+        assert name in text, name
+    count = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("tg_time_to_first_token_seconds_count"))
+    assert count >= 1
+
+
+# -- disconnects and load ------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_a_client_that_disconnects_gives_every_block_back(server, stream):
+    """A long request whose client hangs up (mid-stream, or while waiting for the whole answer)
+    is aborted: its blocks come back long before it could have run to its length."""
+    server.wait_idle()
+    lengths = server.state.metrics.requests.labels(finish_reason="length")
+    aborts = server.state.metrics.requests.labels(finish_reason="abort")
+    before, aborted = lengths._value.get(), aborts._value.get()
+    body = {"model": "tiny", "prompt": "one two three four", "max_tokens": MAX_MODEL_LEN - 16, "stream": stream,
+            "ignore_eos": True, "temperature": 0}
+    if stream:
+        with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                events = 0
+                for line in r.iter_lines():
+                    events += line.startswith("data: ")
+                    if events == 3:
+                        break
+                assert server.engine.requests, "the request should still be running"
+    else:  # a raw socket, closed once the engine runs the request
+        import json
+
+        payload = json.dumps(body).encode()
+        conn = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+        deadline = time.monotonic() + 30
+        while not any(r.output_ids for r in list(server.engine.requests.values())):
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.005)
+        conn.close()
+    server.wait_idle()
+    assert lengths._value.get() == before and aborts._value.get() == aborted + 1  # aborted, not run to its length
+
+
+def test_concurrent_streaming_clients_with_disconnects_lose_no_tokens(server, client):
+    """32 streaming clients x 2 requests with mixed parameters, a quarter hanging up after a
+    few chunks; every finished stream equals the same request run alone, every block comes back
+    and /health answers."""
+    rng = random.Random(0)
+    kinds = [dict(temperature=0), dict(temperature=0.8, top_k=20, seed=11), dict(temperature=1.0, top_p=0.8, seed=5),
+             dict(temperature=0.7, min_p=0.1, seed=9), dict(temperature=0, frequency_penalty=0.5, presence_penalty=0.3),
+             dict(temperature=0, stop=["e"])]
+    jobs = [(rng.choice(PROMPTS) + " " * rng.randrange(2), rng.choice(kinds), rng.randrange(4, 20),
+             rng.random() < 0.25) for _ in range(64)]
+
+    async def run_all():
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                                     http_client=httpx.AsyncClient(trust_env=False, timeout=120))
+
+        async def one(job):
+            prompt, kw, n, hang_up = job
+            stream = await aclient.completions.create(model="tiny", prompt=prompt, max_tokens=n, stream=True,
+                                                     **split(kw))
+            text, k = "", 0
+            async for ch in stream:
+                text += ch.choices[0].text
+                k += 1
+                if hang_up and k == 2:
+                    await stream.close()
+                    return None
+            return text
+
+        async def worker(i):
+            return [await one(job) for job in jobs[2 * i:2 * i + 2]]
+
+        results = await asyncio.gather(*(worker(i) for i in range(32)))
+        await aclient.close()
+        return [t for pair in results for t in pair]
+
+    streamed = asyncio.run(run_all())
+    server.wait_idle()
+    assert sum(t is not None for t in streamed) >= 32
+    for i, ((p, kw, n, _), s) in enumerate(zip(jobs, streamed)):
+        if s is not None:  # a client that hung up has no text to compare
+            assert s == client.completions.create(model="tiny", prompt=p, max_tokens=n, **split(kw)).choices[0].text, \
+                (i, jobs[i])
+    server.wait_idle()
+    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+
+
+def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(client, server, monkeypatch):
+    """A fault injected into the model's forward (the server's dependency, not the server)."""
+    server.wait_idle()
+    forward = server.engine.generator.forward_tensor
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(server.engine.generator, "forward_tensor", failing_once)
+    with pytest.raises(openai.InternalServerError) as e:
+        client.completions.create(model="tiny", prompt="hi", max_tokens=4)
+    assert e.value.status_code == 500
+    assert_error(e, None, "TG_ENGINE_FAILED")
+    assert "injected device fault" in e.value.body["message"]
+    server.wait_idle()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+
+
+def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thread):
+    s = Server([make_chat_checkpoint(tmp_path, chat_template=None), "--device", "cpu", "--max-model-len", "64",
+                "--max-num-seqs", "2"])
+    try:
+        c = s.client()
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=str(tmp_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert_error(e, "messages", "TG_NO_CHAT_TEMPLATE")
+        assert c.completions.create(model=str(tmp_path), prompt="hi", max_tokens=2).choices[0].text is not None
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: expected \"auto\""),
+    (["--tensor-parallel"], "--tensor-parallel: serve runs on one device"),
+    (["--lora", "nameonly"], "--lora: expected NAME=PATH"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: expected a fraction"),
+])
+def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
+    from text_generator.cli import main
+
+    assert main(["serve", ckpt[0], "--device", "cpu", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_speculative_ngram_serving_keeps_greedy_text(ckpt, oracle, one_thread):
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "128",
+                "--max-num-seqs", "4", "--speculative", "ngram"])
+    try:
+        prompt = "one two three one two three one two"
+        r = s.client().completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0)
+        assert r.choices[0].text == expected_text(oracle, "tiny", oracle["tok"](prompt).input_ids, 16)[1]
+    finally:
+        s.close()
+
+
+def test_python_m_text_generator_serve_answers_over_http(ckpt):
+    """The command line end to end: a subprocess serving until it is stopped."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
+    proc = subprocess.Popen([sys.executable, "-m", "text_generator", "serve", ckpt[0], "--device", "cpu",
+                             "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "64"],
+                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                          http_client=httpx.Client(trust_env=False, timeout=60))
+        assert [m.id for m in c.models.list().data] == ["tiny"]
+        assert c.completions.create(model="tiny", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
