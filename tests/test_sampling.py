@@ -111,7 +111,9 @@ def allowed_set(logits: list[float], p: SamplingParams) -> set[int]:
     """Direct definition, tie-tolerant: a token passes a filter if the tokens STRICTLY better than
     it leave it room (any tie-break the sampler picks is then inside this set)."""
     t = 1.0 if p.greedy else p.temperature
-    x = [v / t for v in logits]
+    # scaled in float32, as the sampler sees them: a tiny logit over a temperature can round to a
+    # tie (-1.4e-45 / 2.5 is -0.0 in float32, not the float64 -5.6e-46)
+    x = (torch.tensor(logits, dtype=torch.float32) / t).tolist()
     m = max(x)
     z = sum(math.exp(v - m) for v in x)
     prob = [math.exp(v - m) / z for v in x]
