@@ -2,16 +2,23 @@
 
 Reads the JSON itself (not transformers' config classes) so that checkpoints saved by
 transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) both load.
+Every field the decoder uses is type- and range-checked here (a bad one is BAD_CONFIG naming
+it), and a quantized checkpoint is refused (check_quantization); the sizes are compared with
+the weights' headers later, in loader.py, before anything is allocated.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from dataclasses import dataclass, field
 
+from model_wrapper.checkpoint import read_json_object, resolve_file
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.models.families import FAMILIES, Family
+
+MAX_POSITIONS = 1 << 24  # rotary positions are float32, exact integers only up to 2**24
+CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float", "half", "float64")  # config.json "dtype"
 
 
 @dataclass(frozen=True)
@@ -55,24 +62,26 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ModelConfig":
-        if not os.path.isdir(path):
+        if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
             raise ModelLoadError(
                 ModelErrorCode.MISSING_FILE,
                 f"checkpoint path: expected a local folder (no hub access), got {path!r}",
             )
-        cfg_path = os.path.join(path, "config.json")
-        if not os.path.isfile(cfg_path):
+        if not os.path.lexists(os.path.join(path, "config.json")):
             raise ModelLoadError(
                 ModelErrorCode.MISSING_FILE, f"config.json not found in checkpoint folder {path!r}"
             )
-        with open(cfg_path) as f:
-            raw = json.load(f)
+        raw = read_json_object(resolve_file(path, "config.json", "config.json"), "config.json")
         return cls.from_dict(raw)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "ModelConfig":
+        """Every field is type- and range-checked: a bad value is BAD_CONFIG naming the field."""
+        if not isinstance(raw, dict):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"config: expected a dict, got {type(raw).__name__}")
+        check_quantization(raw)
         archs = raw.get("architectures") or []
-        arch = archs[0] if archs else None
+        arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
         if arch not in FAMILIES:
             raise ModelLoadError(
                 ModelErrorCode.UNSUPPORTED_ARCHITECTURE,
@@ -80,17 +89,20 @@ class ModelConfig:
             )
         family = FAMILIES[arch]
 
-        def need(key):
-            if key not in raw:
-                raise ModelLoadError(
-                    ModelErrorCode.BAD_CONFIG, f"config.json: missing required field {key!r}"
-                )
-            return raw[key]
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
-        head_dim = int(raw.get("head_dim") or hidden // heads)
+        hidden = _int(raw, "hidden_size")
+        heads = _int(raw, "num_attention_heads")
+        kv_heads = _int(raw, "num_key_value_heads", heads)
+        if raw.get("head_dim") is None and hidden % heads:
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG,
+                f"config.json: hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) "
+                "when head_dim is not given",
+            )
+        head_dim = _int(raw, "head_dim", hidden // heads)
+        if head_dim % 2:
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG, f"config.json head_dim: expected an even number (rotary pairs), got {head_dim}"
+            )
         if heads % kv_heads != 0:
             raise ModelLoadError(
                 ModelErrorCode.BAD_CONFIG,
@@ -102,35 +114,138 @@ class ModelConfig:
             raise ModelLoadError(
                 ModelErrorCode.UNSUPPORTED_FEATURE, f"config.json hidden_act: expected 'silu', got {act!r}"
             )
-        num_layers = int(need("num_hidden_layers"))
+        num_layers = _int(raw, "num_hidden_layers")
+        max_pos = _int(raw, "max_position_embeddings", 2048)
+        if max_pos > MAX_POSITIONS:
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG,
+                f"config.json max_position_embeddings: expected at most {MAX_POSITIONS} (float32 positions "
+                f"are exact up to 2**24), got {max_pos}",
+            )
+        eps = _float(raw, "rms_norm_eps", 1e-6, minimum=0.0)
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        if not isinstance(dtype_name, str) or dtype_name.replace("torch.", "") not in CONFIG_DTYPES:
+            raise ModelLoadError(
+                ModelErrorCode.UNSUPPORTED_DTYPE,
+                f"config.json dtype: expected one of {sorted(CONFIG_DTYPES)}, got {dtype_name!r}",
+            )
+        window = raw.get("sliding_window")
+        if window is not None and not (_is_int(window) and window >= 0):
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG, f"config.json sliding_window: expected null or an int >= 0, got {window!r}"
+            )
+        _int(raw, "max_window_layers", 0, minimum=0)
+        types = raw.get("layer_types")
+        if types is not None and not (isinstance(types, list) and len(types) == num_layers
+                                      and all(t in ("full_attention", "sliding_attention") for t in types)):
+            raise ModelLoadError(
+                ModelErrorCode.BAD_CONFIG,
+                f"config.json layer_types: expected {num_layers} of 'full_attention' / 'sliding_attention', "
+                f"got {types!r:.200}",
+            )
+        attention_bias = _bool(raw, "attention_bias")
+        _bool(raw, "use_sliding_window")
         return cls(
             architecture=arch,
             family=family,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=_int(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=_int(raw, "intermediate_size"),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            rms_norm_eps=eps,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=_bool(raw, "tie_word_embeddings"),
             rope=_rope_from_dict(raw),
             layer_windows=family.layer_windows(raw, num_layers),
-            qkv_bias=family.qkv_bias or bool(raw.get("attention_bias", False)),
-            o_bias=(not family.qkv_bias) and bool(raw.get("attention_bias", False)),
-            mlp_bias=bool(raw.get("mlp_bias", False)),
-            dtype_name=str(dtype_name),
+            qkv_bias=family.qkv_bias or attention_bias,
+            o_bias=(not family.qkv_bias) and attention_bias,
+            mlp_bias=_bool(raw, "mlp_bias"),
+            dtype_name=dtype_name.replace("torch.", ""),
         )
 
 
+# quantization_config.quant_method values this library serves; an FP8 implementation adds its
+# method here (and a quantized linear layer) - every other method is refused at load
+SUPPORTED_QUANTIZATION: frozenset[str] = frozenset()
+
+
+def check_quantization(raw: dict) -> None:
+    """Refuse a quantized checkpoint (config.json quantization_config) unless its method is served.
+
+    Loading quantized weights as if they were plain floats would silently produce garbage
+    (FP8 weights without their weight_scale_inv, int4 packs read as int32, ...).
+    """
+    # compression_config: the name llm-compressor (compressed-tensors) exports used before
+    q = raw.get("quantization_config", raw.get("compression_config"))
+    if q is None:
+        return
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method in SUPPORTED_QUANTIZATION:
+        return
+    raise ModelLoadError(
+        ModelErrorCode.UNSUPPORTED_QUANTIZATION,
+        f"config.json quantization_config.quant_method {method!r} is not supported "
+        f"(supported: {sorted(SUPPORTED_QUANTIZATION) or 'none, only unquantized float checkpoints'})",
+    )
+
+
+_MISSING = object()
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int(raw: dict, key: str, default=_MISSING, *, minimum: int = 1) -> int:
+    """raw[key] as an int >= minimum; absent or null -> default (required when no default)."""
+    value = raw.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"config.json: missing required field {key!r}")
+        return default
+    if not _is_int(value) or value < minimum:
+        raise ModelLoadError(
+            ModelErrorCode.BAD_CONFIG, f"config.json {key}: expected an integer >= {minimum}, got {value!r:.100}"
+        )
+    return value
+
+
+def _float(raw: dict, key: str, default: float, *, minimum: float, strict: bool = False, where: str = "") -> float:
+    """raw[key] as a finite float >= minimum (> minimum when strict); absent or null -> default."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > minimum if strict else value >= minimum))
+    if not ok:
+        op = ">" if strict else ">="
+        raise ModelLoadError(
+            ModelErrorCode.BAD_CONFIG, f"config.json {where}{key}: expected a finite number {op} {minimum}, "
+            f"got {value!r:.100}"
+        )
+    return float(value)
+
+
+def _bool(raw: dict, key: str, default: bool = False) -> bool:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"config.json {key}: expected true or false, got {value!r:.100}")
+    return value
+
+
 def _rope_from_dict(raw: dict) -> RopeConfig:
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = raw.get("rope_scaling") or {}
-    params = {**scaling, **params}
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    params, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, dict):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"config.json {key}: expected an object, got {value!r:.100}")
+    params = {**(scaling or {}), **(params or {})}
+    theta = _float(params, "rope_theta", _float(raw, "rope_theta", 10000.0, minimum=0.0, strict=True),
+                   minimum=0.0, strict=True, where="rope_parameters.")
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "linear", "llama3"):
         raise ModelLoadError(
@@ -141,11 +256,19 @@ def _rope_from_dict(raw: dict) -> RopeConfig:
         raise ModelLoadError(
             ModelErrorCode.UNSUPPORTED_FEATURE, "config.json partial_rotary_factor != 1 is not supported"
         )
+    where = "rope_parameters."
+    low = _float(params, "low_freq_factor", 1.0, minimum=0.0, strict=True, where=where)
+    high = _float(params, "high_freq_factor", 4.0, minimum=0.0, strict=True, where=where)
+    if rope_type == "llama3" and high == low:  # the smoothing divides by high - low
+        raise ModelLoadError(
+            ModelErrorCode.BAD_CONFIG,
+            f"config.json rope_parameters: llama3 scaling needs high_freq_factor != low_freq_factor, got {high} and {low}",
+        )
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        factor=_float(params, "factor", 1.0, minimum=0.0, strict=True, where=where),
+        low_freq_factor=low,
+        high_freq_factor=high,
+        original_max_position_embeddings=_int(params, "original_max_position_embeddings", 8192),
     )

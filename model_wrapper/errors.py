@@ -17,6 +17,15 @@ class ModelErrorCode(str, Enum):
     MISSING_TENSOR = "MODEL_MISSING_TENSOR"
     MISSHAPEN_TENSOR = "MODEL_MISSHAPEN_TENSOR"
     BACKEND_UNAVAILABLE = "MODEL_BACKEND_UNAVAILABLE"
+    UNSUPPORTED_QUANTIZATION = "MODEL_UNSUPPORTED_QUANTIZATION"  # config.json quantization_config
+    UNSUPPORTED_DTYPE = "MODEL_UNSUPPORTED_DTYPE"  # a tensor or requested dtype that is not a float type
+    UNSUPPORTED_FORMAT = "MODEL_UNSUPPORTED_FORMAT"  # pytorch_model.bin and other non-safetensors weights
+    UNEXPECTED_TENSOR = "MODEL_UNEXPECTED_TENSOR"  # a checkpoint tensor the config has no place for
+    DUPLICATE_TENSOR = "MODEL_DUPLICATE_TENSOR"  # one tensor name in two shards
+    CORRUPT_FILE = "MODEL_CORRUPT_FILE"  # unreadable JSON or safetensors (truncated, lying header)
+    BAD_INDEX = "MODEL_BAD_INDEX"  # model.safetensors.index.json malformed or disagreeing with the shards
+    UNSAFE_PATH = "MODEL_UNSAFE_PATH"  # a file that resolves outside the checkpoint folder
+    NONFINITE_WEIGHT = "MODEL_NONFINITE_WEIGHT"  # NaN or inf in a weight
 
 
 class ModelLoadError(ValueError):

@@ -1,23 +1,25 @@
 """Checkpoint loading: a Hugging Face folder (config.json + *.safetensors) into a CausalLM.
 
-Reads one file or the shards listed in model.safetensors.index.json, with a tqdm bar over
-shards; casts to the requested dtype; fills the fused qkv_proj / gate_up_proj from the
-checkpoint's separate projections; ties lm_head to the embedding when the config says so.
-Never touches a hub: a path that is not a local folder is an error. Under tensor parallelism
+checkpoint.py reads and checks the files' headers; here they are compared with the model the
+config describes (every checkpoint tensor used exactly once, every parameter filled exactly
+once, shapes and float dtypes as the config says) before any memory is allocated. Then the
+data is read (a tqdm bar over shards), refused if not finite, cast to the requested dtype; the
+fused qkv_proj / gate_up_proj are filled from the checkpoint's separate projections; lm_head is
+tied to the embedding when the config says so. Never touches a hub. Under tensor parallelism
 (a TPGroup of world > 1) each rank reads only its slice of each sharded tensor (safetensors
 get_slice; rules in model_wrapper/parallel.py) into a model built with its own sizes.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import math
+import re
 
 import torch
-from loguru import logger
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
+from model_wrapper.checkpoint import FLOAT_DTYPES, TensorInfo, read_checkpoint
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.models.decoder import CausalLM
@@ -32,29 +34,6 @@ _FUSED = {
 }
 
 
-def _shard_files(path: str) -> list[str]:
-    if not os.path.isdir(path):
-        raise ModelLoadError(
-            ModelErrorCode.MISSING_FILE, f"checkpoint path: expected a local folder, got {path!r}"
-        )
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(os.path.join(path, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise ModelLoadError(ModelErrorCode.MISSING_FILE, f"no *.safetensors weights in {path!r}")
-    missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
-    if missing:
-        raise ModelLoadError(
-            ModelErrorCode.MISSING_FILE, f"shards listed in the index are missing from {path!r}: {missing}"
-        )
-    return [os.path.join(path, f) for f in files]
-
-
 def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]:
     """Rows of each part in a fused parameter; a TPShard gives this rank's (local) sizes."""
     if fused.endswith("qkv_proj"):
@@ -65,7 +44,7 @@ def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]
 
 
 def _target(cfg: ModelConfig | TPShard, name: str):
-    """HF tensor name -> (our parameter name, row range or None), or None to skip."""
+    """HF tensor name -> (our parameter name, its row range for a fused part or None)."""
     for hf, (ours, part) in _FUSED.items():
         marker = f".{hf}."
         if marker in name:
@@ -86,7 +65,7 @@ def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
     if shape != want:
         raise ModelLoadError(
             ModelErrorCode.MISSHAPEN_TENSOR,
-            f"{hf_name} in {os.path.basename(file)}: expected shape {want}, got {shape}",
+            f"{hf_name} in {file}: expected shape {want}, got {shape}",
         )
     if rng is None:
         return sl[:], dst
@@ -96,7 +75,13 @@ def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
 
 def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device,
                tp: TPGroup | None = None) -> CausalLM:
-    files = _shard_files(path)
+    """Check the checkpoint's headers against cfg, then build the model and fill every parameter.
+
+    Nothing is allocated before the headers agree with the config (layer count, every tensor's
+    name, shape and float dtype), so a config that lies about sizes is refused in milliseconds.
+    """
+    tensors, paths = read_checkpoint(path)
+    wanted = _expected_tensors(cfg, tensors, paths)
     tp = tp if tp is not None else TPGroup.single()
     with torch.device("meta"):
         model = CausalLM(cfg, tp)
@@ -119,29 +104,30 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                 parts = _row_ranges(sizes, ours)
         pending.update((name, r) for r in parts) if parts else pending.add((name, None))
 
+    files = sorted({tensors[n].file for n in wanted})
     for file in tqdm(files, desc="loading shards", unit="shard", disable=len(files) < 2):
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for hf_name in f.keys():
-                name, rows = _target(sizes, hf_name)
-                if name not in params:
-                    if not (cfg.tie_word_embeddings and name == "lm_head.weight"):
-                        logger.debug("ignoring checkpoint tensor {}", hf_name)
-                    continue
-                param = params[name]
-                dst = param.data if rows is None else param.data[rows[0] : rows[1]]
-                if tp.enabled:
-                    t, dst = _read_shard(f, hf_name, dst, shard, file)
-                else:
-                    t = f.get_tensor(hf_name)
-                if tuple(t.shape) != tuple(dst.shape):
-                    raise ModelLoadError(
-                        ModelErrorCode.MISSHAPEN_TENSOR,
-                        f"{hf_name} in {os.path.basename(file)}: expected shape {tuple(dst.shape)}, "
-                        f"got {tuple(t.shape)}",
-                    )
-                with torch.no_grad():
-                    dst.copy_(t.to(dtype))
-                pending.discard((name, rows))
+        try:
+            with safe_open(paths[file], framework="pt", device="cpu") as f:
+                for hf_name in sorted(n for n in wanted if tensors[n].file == file):
+                    name, rows = _target(sizes, hf_name)
+                    param = params[name]
+                    dst = param.data if rows is None else param.data[rows[0] : rows[1]]
+                    if tp.enabled:
+                        t, dst = _read_shard(f, hf_name, dst, shard, file)
+                    else:
+                        t = f.get_tensor(hf_name)
+                    if tuple(t.shape) != tuple(dst.shape):
+                        raise ModelLoadError(
+                            ModelErrorCode.MISSHAPEN_TENSOR,
+                            f"{hf_name} in {file}: expected shape {tuple(dst.shape)}, got {tuple(t.shape)}",
+                        )
+                    with torch.no_grad():
+                        dst.copy_(_finite_cast(hf_name, file, t, dtype))
+                    pending.discard((name, rows))
+        except ModelLoadError:
+            raise
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelLoadError(ModelErrorCode.CORRUPT_FILE, f"{file}: unreadable safetensors data: {e}") from None
     if pending:
         names = sorted(_hf_name(n, r, sizes) for n, r in pending)
         raise ModelLoadError(
@@ -151,6 +137,122 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     if cfg.tie_word_embeddings:
         model.tie_weights()
     return model.eval().requires_grad_(False)
+
+
+def _finite_cast(hf_name: str, file: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t cast to dtype; NaN / inf are refused: they would make outputs NaN, or finite garbage."""
+    cast = t.to(dtype)
+    if not bool(torch.isfinite(cast).all()):
+        if bool(torch.isfinite(t).all()):
+            raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
+                                 f"{hf_name} in {file}: values exceed the range of {dtype} (inf after the cast); "
+                                 "load in a wider dtype")
+        raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
+                             f"{hf_name} in {file}: expected finite weights, got NaN or inf")
+    return cast
+
+
+def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: dict[str, str]) -> set[str]:
+    """The checkpoint tensors the model reads, after checking that they are exactly the model's.
+
+    Raises MISSING_TENSOR / UNEXPECTED_TENSOR / MISSHAPEN_TENSOR / UNSUPPORTED_DTYPE from the
+    headers alone. The layer count is compared first, so that a config claiming 10**6 layers is
+    refused before a model of that many layers is described, even on the meta device.
+    """
+    layers = {int(m.group(1)) for n in tensors if (m := _LAYER.match(n))}
+    missing_layers = cfg.num_layers - sum(1 for i in layers if i < cfg.num_layers)
+    if missing_layers:
+        raise ModelLoadError(
+            ModelErrorCode.MISSING_TENSOR,
+            f"config.json num_hidden_layers={cfg.num_layers}: the checkpoint lacks {missing_layers} of "
+            f"those layers (it holds {len(layers)}: {_span(layers)})",
+        )
+    extra = sorted(i for i in layers if i >= cfg.num_layers)
+    if extra:
+        names = sorted(n for n in tensors if (m := _LAYER.match(n)) and int(m.group(1)) >= cfg.num_layers)
+        raise ModelLoadError(
+            ModelErrorCode.UNEXPECTED_TENSOR,
+            f"config.json num_hidden_layers={cfg.num_layers}, but the checkpoint holds layers up to {extra[-1]} "
+            f"({len(names)} unused tensors, e.g. {names[:3]})",
+        )
+    # no tensor of the model can have a side longer than the longest in the file (each of those is
+    # backed by data, so bounded by the file size): this bounds the meta model built next
+    longest = max((d for t in tensors.values() if math.prod(t.shape) for d in t.shape), default=0)
+    sizes = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+             "intermediate_size": cfg.intermediate_size, "num_attention_heads * head_dim": cfg.num_heads * cfg.head_dim}
+    for field, n in sizes.items():
+        if n > longest:
+            raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
+                                 f"config.json {field}={n}: larger than any tensor side in the checkpoint "
+                                 f"(longest {longest})")
+    with torch.device("meta"):  # global shapes, no memory
+        plan = CausalLM(cfg, TPGroup.single())
+    shapes = {}
+    for name, p in plan.named_parameters():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        shapes.update(_split_fused(cfg, name, tuple(p.shape)))
+    missing = sorted(n for n in shapes if n not in tensors)
+    if missing:
+        raise ModelLoadError(ModelErrorCode.MISSING_TENSOR,
+                             f"checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:5]}")
+    for n, shape in shapes.items():
+        if tensors[n].shape != shape:
+            raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
+                                 f"{n} in {tensors[n].file}: expected shape {shape} (from config.json), "
+                                 f"got {tensors[n].shape}")
+        if tensors[n].dtype not in FLOAT_DTYPES:
+            raise ModelLoadError(ModelErrorCode.UNSUPPORTED_DTYPE,
+                                 f"{n} in {tensors[n].file}: expected a float tensor ({sorted(FLOAT_DTYPES)}), "
+                                 f"got {tensors[n].dtype}")
+    ignored = [n for n in tensors if n.endswith(_RECOMPUTED)]
+    if cfg.tie_word_embeddings and "lm_head.weight" in tensors and _same_tensor(
+            tensors, paths, "lm_head.weight", "model.embed_tokens.weight"):
+        ignored.append("lm_head.weight")  # a tied model saved with both copies: transformers ties them too
+    unused = sorted(n for n in tensors if n not in shapes and n not in ignored)
+    if unused:
+        hint = (" (config.json says tie_word_embeddings=true, but lm_head.weight differs from the embedding: "
+                "set it to false)" if "lm_head.weight" in unused else "")
+        raise ModelLoadError(ModelErrorCode.UNEXPECTED_TENSOR,
+                             f"checkpoint holds {len(unused)} tensor(s) the model has no place for{hint}, "
+                             f"e.g. {unused[:5]}")
+    return set(shapes)
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+_RECOMPUTED = ".rotary_emb.inv_freq"  # old exports saved this buffer; it is recomputed from config.json
+
+
+def _split_fused(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """One of our parameters -> the checkpoint tensor(s) filling it, with their shapes."""
+    for hf, (ours, part) in _FUSED.items():
+        if f".{ours}." in name:
+            break
+    else:
+        return {name: shape}
+    out = {}
+    for hf, (o, part) in _FUSED.items():
+        if o == ours:
+            a, b = _row_ranges(cfg, ours)[part]
+            out[name.replace(f".{ours}.", f".{hf}.")] = (b - a, *shape[1:])
+    return out
+
+
+def _same_tensor(tensors: dict[str, TensorInfo], paths: dict[str, str], a: str, b: str) -> bool:
+    """Whether checkpoint tensors a and b hold the same values (read only when shapes agree)."""
+    if b not in tensors or tensors[a].shape != tensors[b].shape:
+        return False
+    try:
+        with safe_open(paths[tensors[a].file], framework="pt") as fa, safe_open(paths[tensors[b].file], framework="pt") as fb:
+            return torch.equal(fa.get_tensor(a), fb.get_tensor(b))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelLoadError(ModelErrorCode.CORRUPT_FILE, f"{tensors[a].file}: unreadable safetensors data: {e}") from None
+
+
+def _span(layers: set[int]) -> str:
+    if not layers:
+        return "none"
+    return f"{min(layers)}..{max(layers)}" if len(layers) == max(layers) - min(layers) + 1 else str(sorted(layers)[:8])
 
 
 def _hf_name(name: str, rows, cfg: ModelConfig | TPShard) -> str:

@@ -33,15 +33,20 @@ _DTYPES = {
 
 def resolve_dtype(dtype, cfg: ModelConfig, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ModelLoadError(
+                ModelErrorCode.UNSUPPORTED_DTYPE,
+                f"dtype: expected torch.float32, torch.bfloat16 or torch.float16, got {dtype}",
+            )
         return dtype
     if dtype in (None, "auto"):
         d = _DTYPES.get(cfg.dtype_name.replace("torch.", ""), torch.float32)
         # fp32 checkpoints run in bf16 on GPUs, as vLLM's dtype="auto" does
         return torch.bfloat16 if (device.type == "cuda" and d == torch.float32) else d
-    if dtype in _DTYPES:
+    if isinstance(dtype, str) and dtype in _DTYPES:
         return _DTYPES[dtype]
     raise ModelLoadError(
-        ModelErrorCode.UNSUPPORTED_FEATURE, f"dtype: expected one of {sorted(_DTYPES)} or a torch.dtype, got {dtype!r}"
+        ModelErrorCode.UNSUPPORTED_DTYPE, f"dtype: expected one of {sorted(_DTYPES)} or a torch.dtype, got {dtype!r}"
     )
 
 

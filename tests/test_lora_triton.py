@@ -448,7 +448,7 @@ def test_graph_batch_under_cuda_graph_replays_with_new_slots():
 
     graph = capture(step)
     # Oracle: the torch kernel in fp32 (same seeded adapters). The graph's bf16 result may be no worse than
-    # twice the torch kernel's own bf16 error against it, plus a little (the README's bf16 method).
+    # twice the torch kernel's own bf16 error against it, plus a little.
     m32 = loaded_manager(device="cuda", dtype=torch.float32)
     for ids in (["r8", None, "r2_qv", "r5_l1", "r8", None, "r8", "r2_qv"], [None] * 8, ["r5_l1"] * 7 + ["r8"]):
         buf[:T].copy_(torch.tensor(m.slots_for(ids), dtype=torch.int32))

@@ -428,7 +428,7 @@ def test_shard_rules():
     with pytest.raises(ModelLoadError, match="num_attention_heads"):
         TPShard.of(_cfg(num_attention_heads=6, num_key_value_heads=6), TPGroup(0, 4))
     with pytest.raises(ModelLoadError, match="num_key_value_heads"):
-        TPShard.of(_cfg(num_attention_heads=12, num_key_value_heads=3), TPGroup(0, 2))
+        TPShard.of(_cfg(num_attention_heads=12, num_key_value_heads=3, head_dim=8), TPGroup(0, 2))
     with pytest.raises(ModelLoadError, match="intermediate_size"):
         TPShard.of(_cfg(intermediate_size=111), TPGroup(0, 2))
     if not dist.is_initialized():

@@ -1,9 +1,9 @@
 """TextGenerator: the library's public face, and its one central call, forward_tensor.
 
-A serving scheduler calls forward_tensor once per step with flat tensors (see the contract in
-README.md). The generator validates every argument (text_generator.validation), builds the
-step's ForwardBatch once, and hands it to the ModelWrapper; nothing touches kv_cache before
-validation has passed.
+A serving scheduler calls forward_tensor once per step with flat tensors (the contract:
+docs/forward_tensor.md). The generator validates every argument (text_generator.validation),
+builds the step's ForwardBatch once, and hands it to the ModelWrapper; nothing touches kv_cache
+before validation has passed.
 """
 
 from __future__ import annotations

@@ -59,8 +59,18 @@ class TorchAttentionBackend(AttentionBackend):
         qp = torch.cat((q, q.new_zeros(1, H, D)))[self._pad_index].float()  # [B, max_q, H, D]
         qp = qp.view(B, max_q, kvh, g, D)
         scores = torch.einsum("bqhgd,bkhd->bhgqk", qp, k) * self.scale
-        mask = self._mask(window)[:, None, None, :, :]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key -> 0
-        out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v).reshape(B * max_q, H, D)
+        vis = self._mask(window)  # [B, max_q, max_kv]
+        mask = vis[:, None, None, :, :]
+        scores = scores.masked_fill(~mask, float("-inf"))  # a NaN key a query cannot see drops out here
+        probs = torch.softmax(scores, dim=-1)
+        probs = probs.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # rows with no visible key -> 0
+        # Non-finite values must reach exactly the queries that see them, as in transformers: a
+        # masked key's probability 0 times a NaN value would give NaN to queries that cannot see it
+        # (and unused cache slots may hold anything), so such values are zeroed and the visible
+        # ones put back as NaN. Finite values pass unchanged: their outputs are bit-identical.
+        bad = ~torch.isfinite(v).all(-1)  # [B, max_kv, kvh]
+        out = torch.einsum("bhgqk,bkhd->bqhgd", probs, v.masked_fill(bad[..., None], 0.0))
+        sees_bad = torch.einsum("bqk,bkh->bqh", vis.float(), bad.float()) > 0  # [B, max_q, kvh]
+        out = out.masked_fill(sees_bad[:, :, :, None, None], float("nan"))
+        out = out.reshape(B * max_q, H, D)
         return out.index_select(0, self._unpad).to(q.dtype)
