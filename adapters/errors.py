@@ -24,7 +24,9 @@ class LoraErrorCode(str, Enum):
     UNSUPPORTED_CONFIG = "LORA_UNSUPPORTED_CONFIG"  # DoRA, LoRA bias, trainable biases, not LORA, ...
     UNSUPPORTED_MODULE = "LORA_UNSUPPORTED_MODULE"  # embed_tokens, lm_head, modules_to_save, unknown
     SHAPE_MISMATCH = "LORA_SHAPE_MISMATCH"  # weights that do not fit the base model
-    RANK_TOO_LARGE = "LORA_RANK_TOO_LARGE"
+    NON_FINITE_WEIGHTS = "LORA_NON_FINITE_WEIGHTS"  # NaN / inf in lora_A / lora_B (or after scaling)
+    RANK_TOO_LARGE = "LORA_RANK_TOO_LARGE"  # an adapter above max_rank, or max_rank above hidden_size
+    INSUFFICIENT_MEMORY = "LORA_INSUFFICIENT_MEMORY"  # slot stacks larger than the device's free memory
     NO_FREE_SLOT = "LORA_NO_FREE_SLOT"
     NOT_LOADED = "LORA_NOT_LOADED"  # unload (or map) a name that is not loaded
     UNLOAD_BASE = "LORA_UNLOAD_BASE"  # "base" is the model itself, never loaded or unloaded

@@ -1,9 +1,9 @@
 """LoraBatch: one step's adapter mapping, and the batched LoRA matmuls every projection calls.
 
 Built once per step by LoraManager.make_batch from the per-request adapter list (host) and the
-step's token layout; the model then brackets each projection y = x @ W^T with
-`pending = begin(layer, module, x)` before it and `y = finish(pending, y)` after it (or calls
-`apply(layer, module, x, y)` after it: the same numbers, without the overlap below).
+step's token layout; each projection's wrapper (adapters.lora_layers.LoraLinear) then brackets
+y = x @ W^T with `pending = begin(layer, module, x)` before it and `y = finish(pending, y)` after
+it (`apply(layer, module, x, y)` after it gives the same numbers, without the overlap below).
 Tokens are grouped by adapter slot once, on the host, with no device sync:
 
     requests:   r0 (slot 2, 3 tokens)  r1 (base, 2)  r2 (slot 0, 1)  r3 (slot 2, 2)
@@ -21,7 +21,7 @@ LoraManager.make_graph_batch). With the triton kernel and a manager that overlap
 default), begin launches the shrink on the manager's side stream, where it runs while the base
 GEMM runs, and finish joins it and launches the expand (adapters.side_stream); the other
 kernels run all their work in finish. In a graph batch of a manager that folded its A stacks
-into the base weights (LoraManager.fold_into), the model calls project_folded instead: one GEMM
+into the base weights (LoraManager.fold_into), the wrapper calls project_folded instead: one GEMM
 gives the base output and the shrink, no shrink kernel, no side stream.
 """
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class LoraDelta(NamedTuple):
     """A projection's LoRA delta that the kernel consuming y adds (LoraBatch.finish_deferred; the
-    fused kernels of model_wrapper/layers/triton_ops.py): for token t with slot >= 0 and sub-module i,
+    fused kernels of model_wrapper/kernels/lora_epilogues.py): for token t with slot >= 0 and sub-module i,
     y[t, off_i + n] += round(sum_p s[p, t, i*R + r]) @ B_i[slot, n, :rank_i].
 
     s:          [splits, T, n_sub * rank] float32: the shrink's partial sums, complete on the current stream;
@@ -225,7 +225,7 @@ class LoraBatch:
     @property
     def defers_norms(self) -> bool:
         """Whether a model may leave the o and down deltas to its residual-add + RMSNorm kernels
-        (model_wrapper/layers/triton_ops.add_lora_rms_norm): a graph batch of the triton kernel with
+        (model_wrapper/kernels/lora_epilogues.add_lora_rms_norm): a graph batch of the triton kernel with
         the runner's token groups whose manager defers all four fused modules."""
         return (self.kernel == "triton" and self.segments is None and self.groups is not None
                 and self.manager.fuse_modules >= {"qkv", "o", "gate_up", "down"})

@@ -2,8 +2,9 @@
 
 Data flow: a PEFT folder -> read_peft_adapter (host, validated, scaling folded into B) -> copied
 into a free slot of the preallocated stacks here (load_adapter). Each step, the generator calls
-make_batch(adapter_ids, forward_batch) once; the LoraBatch it returns is what the model's
-projections call (LoraBatch.apply).
+make_batch(adapter_ids, forward_batch) once (through the ForwardBatch's LoRA part,
+adapters.lora_layers.LoraStep); the LoraBatch it returns is what the LoraLinear wrappers of the
+model's projections call (LoraBatch.begin / finish).
 
 Slot stacks, per fused module (see adapters.shapes), R = max_rank, all zeros at construction:
 
@@ -54,17 +55,18 @@ from adapters.lora_batch import LoraBatch, lora_groups
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 from adapters.side_stream import SideStream
+from kv_manager.kv_cache import free_memory_bytes
 
 KERNELS = ("auto", "torch", "flashinfer", "triton")
 # Graph batches: the qkv expand runs inside the RoPE + K/V-store kernel and the gate_up expand inside
-# SiLU-and-mul (model_wrapper/layers/triton_ops.py), one launch fewer per projection. RoPE + store
+# SiLU-and-mul (model_wrapper/kernels/lora_epilogues.py), one launch fewer per projection. RoPE + store
 # goes token by token, so tokens sharing an adapter each read its B: measured on an H100 (batch 32,
 # 16 adapters) a gain at rank 16 (replay +13.0% -> +11.0% over the base model) but a loss at rank 64
 # with one shared adapter (+16.9% -> +26.4%); hence only up to max_rank 16. SiLU-and-mul goes slot
 # by slot over the runner's token groups instead (each B read once; rank 16, 1 / 4 / 16 adapters:
 # +11.4 / +11.5 / +12.6% -> +10.7 / +10.2 / +11.3%). The o / down deltas go into the residual add +
 # RMSNorm, slot by slot and column-parallel, the norm's division left to RoPE + store / SiLU-and-mul
-# after the next GEMM (model_wrapper/layers/triton_ops.add_lora_rms_norm; one program per token
+# after the next GEMM (model_wrapper/kernels/lora_epilogues.add_lora_rms_norm; one program per token
 # streaming B measured a loss): same-run A/B, 1 / 4 / 16 adapters, +10.9 / +10.4 / +11.5% ->
 # +10.7 / +9.3 / +10.5%. Without the runner's groups (or a model that cannot take the division
 # later) o / down keep their expand kernels.
@@ -120,6 +122,12 @@ class LoraManager:
         self.max_loras, self.max_rank = max_loras, max_rank
         self.device, self.dtype = torch.device(device), dtype
         self.kernel = _resolve_kernel(kernel, self.device, dtype)
+        # sizes, before anything is allocated
+        if max_rank > hidden_size:  # every projection has hidden_size as its input or output width
+            raise LoraError(LoraErrorCode.RANK_TOO_LARGE, "max_rank",
+                            f"expected max_rank <= hidden_size={hidden_size} (no projection has a useful "
+                            f"rank above it), got {max_rank}")
+        _check_fits(self.shapes, max_loras, max_rank, self.device, dtype, max_num_tokens)
         R = max_rank
         z = dict(device=self.device, dtype=dtype)
         self.lora_a = {m: torch.zeros(num_layers, max_loras, len(subs) * R, self.shapes.in_features(m), **z)
@@ -131,6 +139,10 @@ class LoraManager:
         self._layer_weights: dict[tuple[int, str], tuple] = {}
         self._slot_names: list[str | None] = [None] * max_loras
         self._slots: dict[str, int] = {}  # name -> slot, in load order
+        # name -> its load id: a count of every load ever made here, so a name unloaded and
+        # loaded again (perhaps with other weights) gets a new one (see cache_key)
+        self._load_ids: dict[str, int] = {}
+        self._loads = 0
         # per slot: (layer, fused module) -> ((sub-module index, rank), ...) it adapts
         self._targets: list[dict[tuple[int, str], tuple[tuple[int, int], ...]]] = [{} for _ in range(max_loras)]
         self.max_num_tokens = max_num_tokens
@@ -162,7 +174,7 @@ class LoraManager:
     def load_adapter(self, name: str, path: str) -> int:
         """Load the PEFT adapter folder `path` under `name` into a free slot; return the slot."""
         self._check_can_add(name)  # before reading a possibly large file
-        return self.add_adapter(read_peft_adapter(name, path, self.shapes))
+        return self.add_adapter(read_peft_adapter(name, path, self.shapes, max_rank=self.max_rank))
 
     def add_adapter(self, adapter: PeftAdapter) -> int:
         """Copy an adapter already in memory (e.g. read_peft_adapter's) into a free slot; return the slot.
@@ -173,10 +185,21 @@ class LoraManager:
         if adapter.max_rank > self.max_rank:
             raise LoraError(LoraErrorCode.RANK_TOO_LARGE, f"load_adapter(name={adapter.name!r})",
                             f"expected rank <= max_rank={self.max_rank}, got {adapter.max_rank}")
+        if self.dtype.is_floating_point:  # finite in float32 may still overflow the slots' dtype
+            limit = torch.finfo(self.dtype).max
+            for (layer, proj), (a, b) in adapter.weights.items():
+                for name, w in (("lora_A", a), ("lora_B * scale", b)):
+                    if w.numel() and not bool(w.abs().max() <= limit):
+                        raise LoraError(LoraErrorCode.NON_FINITE_WEIGHTS, f"load_adapter(name={adapter.name!r})",
+                                        f"expected finite {name} values within {self.dtype}'s range "
+                                        f"(|x| <= {limit:g}) for layer {layer} {proj}, got max |x| = "
+                                        f"{float(w.abs().max()):g}")
         slot = self._slot_names.index(None)
         self._write_slot(slot, adapter)
         self._slot_names[slot] = adapter.name
         self._slots[adapter.name] = slot
+        self._load_ids[adapter.name] = self._loads
+        self._loads += 1
         return slot
 
     def _check_can_add(self, name) -> None:
@@ -201,6 +224,7 @@ class LoraManager:
             raise LoraError(LoraErrorCode.NOT_LOADED, arg,
                             f"expected one of the loaded adapters {self.list_adapters()}, got {name!r}")
         slot = self._slots.pop(name)
+        del self._load_ids[name]
         self._slot_names[slot] = None
         self._targets[slot] = {}
         for ranks in self.lora_rank.values():
@@ -209,6 +233,16 @@ class LoraManager:
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order."""
         return list(self._slots)
+
+    def cache_key(self, name: str) -> tuple[str, int]:
+        """The prefix-cache key of K/V computed under the loaded adapter `name`: (name, load id).
+        It identifies the weights, not only the name: after unload_adapter(name) and a new
+        load_adapter(name, ...) the key differs, so K/V cached under the old weights is never
+        served again (a block manager's extra_key; see adapters' package docstring)."""
+        if not isinstance(name, str) or name not in self._slots:
+            raise LoraError(LoraErrorCode.NOT_LOADED, f"cache_key(name={name!r})",
+                            f"expected one of the loaded adapters {self.list_adapters()}, got {name!r}")
+        return name, self._load_ids[name]
 
     def slot_of(self, name: str) -> int:
         return self._slots[name]
@@ -301,7 +335,8 @@ class LoraManager:
 
     # -- the per-step mapping ------------------------------------------------------------------
     def slots_for(self, adapter_ids: Sequence[str | None]) -> list[int]:
-        """Host: the slot of each adapter name, -1 for None / "base"; raises NOT_LOADED for others.
+        """Host: the slot of each adapter name, -1 for None / "base"; a name with no slot (not
+        loaded: adapter_ids that skipped the boundary's resolve_adapter_ids) raises NOT_LOADED.
 
         For a CUDA-graph runner filling make_graph_batch's buffer (one entry per decode token)."""
         slots = []
@@ -324,7 +359,9 @@ class LoraManager:
     def make_batch(self, adapter_ids: Sequence[str | None], batch) -> LoraBatch:
         """Map each token to its adapter slot and group the tokens by slot, once per step.
 
-        adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model.
+        adapter_ids: per request (length 1 = the whole batch); None or "base" = the base model;
+               as resolved by adapters.ids.resolve_adapter_ids at the step's boundary (not
+               checked again here, beyond the name -> slot lookup).
         batch: the step's ForwardBatch (duck-typed): q_lens_cpu [B] int host, tokens laid out
                request after request.
         Everything is computed on the host and copied to the device without a sync.
@@ -332,9 +369,6 @@ class LoraManager:
         q = batch.q_lens_cpu.to(torch.int64)
         B = int(q.shape[0])
         ids = list(adapter_ids) * B if len(adapter_ids) == 1 else list(adapter_ids)
-        if len(ids) != B:
-            raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "adapter_ids",
-                            f"expected 1 or batch size {B} entries, got {len(adapter_ids)}")
         slots = self.slots_for(ids)
         T = int(q.sum())
         if self._buffers is not None and T > self.max_num_tokens:
@@ -425,6 +459,31 @@ class LoraManager:
             workspace = torch.empty(SEGMENT_GEMM_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
             self._segment_gemm = flashinfer.SegmentGEMMWrapper(workspace)
         return self._segment_gemm
+
+
+def stack_bytes(shapes: LoraShapes, max_loras: int, max_rank: int, dtype: torch.dtype,
+                max_num_tokens: int | None = None) -> int:
+    """Bytes of the slot stacks a LoraManager allocates (A and B of every fused module, ranks)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_slot_layer = 0
+    for m, subs in FUSED_MODULES.items():
+        per_slot_layer += (len(subs) * shapes.in_features(m) + sum(shapes.out_features(m))) * max_rank * elem
+        per_slot_layer += len(subs) * 4  # int32 ranks
+    mapping = 0 if max_num_tokens is None else max_num_tokens * (4 + 8)  # token_slot int32, perm int64
+    return per_slot_layer * max_loras * shapes.num_layers + mapping
+
+
+def _check_fits(shapes: LoraShapes, max_loras: int, max_rank: int, device: torch.device, dtype: torch.dtype,
+                max_num_tokens: int | None) -> None:
+    """Refuse slot stacks (and mapping buffers) larger than the device's free memory, before
+    allocating any of it."""
+    need = stack_bytes(shapes, max_loras, max_rank, dtype, max_num_tokens)
+    free = free_memory_bytes(device)
+    if free is not None and need > free:
+        raise LoraStateError(LoraErrorCode.INSUFFICIENT_MEMORY, "enable_lora(max_loras, max_rank)",
+                             f"expected slot stacks that fit the {free / 2**30:.2f} GiB free on {device}, got "
+                             f"{need / 2**30:.2f} GiB for max_loras={max_loras}, max_rank={max_rank}, "
+                             f"max_num_tokens={max_num_tokens}")
 
 
 def _resolve_kernel(kernel: str, device: torch.device, dtype: torch.dtype) -> str:

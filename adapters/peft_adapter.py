@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from adapters.errors import LoraError, LoraErrorCode
 from adapters.shapes import PEFT_MODULES, PEFT_PARENTS, LoraShapes
@@ -74,9 +74,11 @@ def pattern_value(patterns: dict, module_key: str, default):
     return patterns.get(module_key, default)
 
 
-def read_peft_adapter(name: str, path: str, shapes: LoraShapes) -> PeftAdapter:
+def read_peft_adapter(name: str, path: str, shapes: LoraShapes, *, max_rank: int | None = None) -> PeftAdapter:
     """Read and validate `path`; raise LoraError (MISSING_FILE, INVALID_CONFIG, UNSUPPORTED_*,
-    SHAPE_MISMATCH) naming `load_adapter(name=...)` and what was expected."""
+    SHAPE_MISMATCH, RANK_TOO_LARGE, NON_FINITE_WEIGHTS) naming `load_adapter(name=...)` and what
+    was expected. Names and shapes (and the rank against max_rank, if given) are checked from the
+    safetensors header, before any tensor is read: an oversized file is refused unread."""
     arg = f"load_adapter(name={name!r})"
 
     def fail(code: LoraErrorCode, message: str):
@@ -102,17 +104,18 @@ def read_peft_adapter(name: str, path: str, shapes: LoraShapes) -> PeftAdapter:
     rank, alpha, rank_pattern, alpha_pattern, use_rslora = _check_config(cfg, fail)
 
     try:
-        state = load_file(weights_path, device="cpu")
+        with safe_open(weights_path, framework="pt", device="cpu") as f:
+            header = {key: list(f.get_slice(key).get_shape()) for key in f.keys()}
+            _check_header(header, shapes, max_rank, fail)
+            state = {key: f.get_tensor(key) for key in header}
+    except LoraError:
+        raise
     except Exception as e:  # safetensors raises its own error types for a corrupt file
         fail(LoraErrorCode.INVALID_CONFIG, f"expected a readable {WEIGHTS_FILE}, got {type(e).__name__}: {e}")
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in state.items():
+    for key, tensor in state.items():  # every key's name passed _check_header
         m = _KEY.match(key)
-        mod = _MODULE.match(m["module"]) if m else None
-        if mod is None or mod["proj"] not in PEFT_MODULES or PEFT_PARENTS[mod["proj"]] != mod["parent"]:
-            fail(LoraErrorCode.UNSUPPORTED_MODULE,
-                 f"expected only lora_A / lora_B weights of {sorted(PEFT_MODULES)} in model.layers.N, "
-                 f"got tensor {key!r}")
+        mod = _MODULE.match(m["module"])
         layer = int(mod["layer"])
         if layer >= shapes.num_layers:
             fail(LoraErrorCode.SHAPE_MISMATCH,
@@ -143,10 +146,16 @@ def read_peft_adapter(name: str, path: str, shapes: LoraShapes) -> PeftAdapter:
                  f"expected {module_key} of rank {r_cfg} (adapter_config.json r / rank_pattern), "
                  f"got weights of rank {r}")
         a_alpha = pattern_value(alpha_pattern, module_key, alpha)
-        if not isinstance(a_alpha, (int, float)) or isinstance(a_alpha, bool):
-            fail(LoraErrorCode.INVALID_CONFIG, f"expected a number as alpha of {module_key}, got {a_alpha!r}")
+        if not _positive_number(a_alpha):
+            fail(LoraErrorCode.INVALID_CONFIG, f"expected a finite positive number as alpha of {module_key}, "
+                                               f"got {a_alpha!r}")
         scale = a_alpha / math.sqrt(r) if use_rslora else a_alpha / r
-        weights[(layer, proj)] = (a.float(), b.float() * scale)
+        a, b = a.float(), b.float() * scale
+        for what, w in ((f"{module_key}.lora_A", a), (f"{module_key}.lora_B * scale ({scale:g})", b)):
+            if not bool(torch.isfinite(w).all()):
+                fail(LoraErrorCode.NON_FINITE_WEIGHTS, f"expected finite values in {what}, got "
+                     f"{int((~torch.isfinite(w)).sum())} NaN / inf of {w.numel()}")
+        weights[(layer, proj)] = (a, b)
     return PeftAdapter(name=name, path=path, weights=weights)
 
 
@@ -175,19 +184,52 @@ def _check_config(cfg: dict, fail):
         # a str is "all-linear" or a regex: the saved weights show what it matched
         fail(LoraErrorCode.INVALID_CONFIG, f"expected target_modules as a list or a str, got {targets!r}")
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha")
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+    if not _positive_int(rank):
         fail(LoraErrorCode.INVALID_CONFIG, f"expected r as a positive int, got {rank!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        fail(LoraErrorCode.INVALID_CONFIG, f"expected lora_alpha as a number, got {alpha!r}")
+    if not _positive_number(alpha):
+        fail(LoraErrorCode.INVALID_CONFIG, f"expected lora_alpha as a finite positive number, got {alpha!r}")
     patterns = []
     for key in ("rank_pattern", "alpha_pattern"):
         p = cfg.get(key) or {}
         if not isinstance(p, dict):
             fail(LoraErrorCode.INVALID_CONFIG, f"expected {key} as an object, got {p!r}")
-        for k in p:
+        for k, v in p.items():
             try:
                 re.compile(k)
             except re.error as e:
                 fail(LoraErrorCode.INVALID_CONFIG, f"expected {key} keys as regular expressions, got {k!r} ({e})")
+            ok, want = (_positive_int(v), "a positive int") if key == "rank_pattern" else \
+                (_positive_number(v), "a finite positive number")
+            if not ok:
+                fail(LoraErrorCode.INVALID_CONFIG, f"expected {key}[{k!r}] as {want}, got {v!r}")
         patterns.append(p)
     return rank, alpha, patterns[0], patterns[1], bool(cfg.get("use_rslora", False))
+
+
+def _check_header(header: dict[str, list[int]], shapes: LoraShapes, max_rank: int | None, fail) -> None:
+    """Shapes from the safetensors header, before any tensor is read: each lora_A is [r, in] and
+    each lora_B [out, r] with in / out at most the base model's widest projection and r at most
+    max_rank, so a file is never read into memory only to be refused (the full checks follow)."""
+    widest = max(max(shapes.in_features(m), *shapes.out_features(m)) for m in ("qkv", "o", "gate_up", "down"))
+    for key, shape in header.items():
+        m = _KEY.match(key)
+        mod = _MODULE.match(m["module"]) if m else None
+        if mod is None or mod["proj"] not in PEFT_MODULES or PEFT_PARENTS[mod["proj"]] != mod["parent"]:
+            fail(LoraErrorCode.UNSUPPORTED_MODULE,
+                 f"expected only lora_A / lora_B weights of {sorted(PEFT_MODULES)} in model.layers.N, "
+                 f"got tensor {key!r}")
+        if len(shape) != 2 or max(shape, default=0) > max(widest, max_rank or 0):
+            fail(LoraErrorCode.SHAPE_MISMATCH,
+                 f"expected 2-D lora weights of at most {widest} rows / columns, got {key!r} of shape {shape}")
+        if max_rank is not None:
+            r = shape[0] if m["ab"] == "A" else shape[1]
+            if r > max_rank:
+                fail(LoraErrorCode.RANK_TOO_LARGE, f"expected rank <= max_rank={max_rank}, got {r}")
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _positive_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0

@@ -138,7 +138,7 @@ def _expand(s_ptr, b0_ptr, b1_ptr, b2_ptr, rank_ptr, token_slot_ptr, perm_ptr, i
     n = first + tl.arange(0, BLOCK_N)
     # weights, ranks and slots are written by no kernel of this step: read them before the wait;
     # whole rows of B (zero past the rank; s is masked by it), so that the mask is constant along r
-    # and the tile is read in 16-byte vectors (model_wrapper/layers/triton_ops._b_mask)
+    # and the tile is read in 16-byte vectors (model_wrapper/kernels/lora_epilogues._b_mask)
     b_ok = (n < n_out)[None, :] & used & (rank > 0)
     if RPAD:
         b_ok = b_ok & (r < R)[:, None]

@@ -1,5 +1,5 @@
-"""A/B of the decode CUDA graphs' attention: the Triton split-KV kernel (attention/triton_decode.py,
-the default) against FlashInfer's tensor-core decode wrapper (cuda_graph.TRITON_DECODE = False).
+"""A/B of the decode CUDA graphs' attention: the Triton split-KV kernel (kernels/decode_attention.py,
+the default) against FlashInfer's tensor-core decode wrapper (KernelConfig.triton_decode = False).
 Llama-3-8B-shaped bf16 (32 / 8 heads, head_dim 128), pages of 16 shuffled, one run on one GPU:
 
 1. the attention alone: 8 layers' caches (distinct pages), their 8 calls 4 times over in one
@@ -16,6 +16,7 @@ writes decode_attention.json and decode_attention.png to benchmarks/results (or 
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -26,9 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.ab_gemv import decode_panels, graph_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
-from model_wrapper import cuda_graph
 from model_wrapper.attention.flashinfer_backend import page_metadata
-from model_wrapper.attention.triton_decode import decode_splits, paged_decode_attention
+from model_wrapper.kernels.decode_attention import decode_splits, paged_decode_attention
 
 VARIANTS = {"FlashInfer decode": (False,), "Triton decode (default)": (True,)}
 HEADS, KV_HEADS, HEAD_DIM, PAGE, LAYERS = 32, 8, 128, 16, 8
@@ -101,7 +101,7 @@ def main():
     weight_bytes = sum(p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "embed_tokens" not in n)
 
     def configure(triton):
-        cuda_graph.TRITON_DECODE = triton
+        mw.set_kernel_config(dataclasses.replace(mw.kernel_config, triton_decode=triton))
 
     res["cases"] = run_variants(gen, kv, perm, VARIANTS, configure, (1, 8, 32, 64, 128), (512, 2048), weight_bytes,
                                 bw, block_size)

@@ -14,6 +14,7 @@ writes gemv.json and gemv.png to benchmarks/results (or to $OUT when OUT is set)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
-from model_wrapper.layers import triton_ops
+from model_wrapper.kernels.gemv import gemv
 
 VARIANTS = {  # name: (GEMV_MAX_TOKENS, Triton's add + RMSNorm)
     "cuBLAS + FlashInfer norm": (0, False),
@@ -78,7 +79,7 @@ def run_variants(gen, kv, perm, variants: dict, configure, batches, contexts, we
     for rnd in range(2):
         for name, settings in variants.items():
             configure(*settings)
-            graphs._graphs, graphs._key, graphs._pool = {}, None, None  # recapture with this variant
+            graphs.drop()  # recapture with this variant
             for B in batches:
                 for ctx in contexts:
                     c = {"round": rnd, "variant": name, **decode_case(gen, kv, perm, B, ctx, weight_bytes, bw, block_size)}
@@ -149,7 +150,7 @@ def main():
         p.numel() * p.element_size() for n, p in mw.model.named_parameters() if "layernorm" in n)
     res["projections"] = []
     for T in (1, 2, 4):
-        for name, fn in (("cuBLAS", torch.nn.functional.linear), ("GEMV", triton_ops.gemv)):
+        for name, fn in (("cuBLAS", torch.nn.functional.linear), ("GEMV", gemv)):
             ms = projections_ms(mw, T, fn)
             res["projections"].append({"tokens": T, "kernel": name, "ms": ms, "TBps": proj_bytes / ms / 1e9})
             print(f"projections alone, {T} token(s), {name:6s}: {ms:.3f} ms ({proj_bytes / ms / 1e9:.2f} TB/s; "
@@ -160,7 +161,7 @@ def main():
         return x, residual
 
     def configure(max_tokens, tnorm):
-        triton_ops.GEMV_MAX_TOKENS = max_tokens
+        mw.set_kernel_config(dataclasses.replace(mw.kernel_config, gemv_max_tokens=max_tokens))
         kernels.add_rms_norm = triton_norm if tnorm else flashinfer_norm
 
     res["cases"] = run_variants(gen, kv, perm, VARIANTS, configure, (1, 2), (512, 2048, 4096), weight_bytes, bw,

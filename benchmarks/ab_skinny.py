@@ -11,7 +11,7 @@
    GEMM; Triton's add + RMSNorm up to 64 tokens (it lets the next kernel launch at once);
    SiLU-and-mul in the gate_up GEMM's epilogue (kernels.gate_up_silu; also at batch 1, in the
    GEMV); FlashInfer's decode planned without KV splits where the bucket's (request, KV head)
-   pairs fill the SMs (cuda_graph.UNSPLIT_KV). Two interleaved rounds.
+   pairs fill the SMs (KernelConfig.unsplit_kv). Two interleaved rounds.
 
     source .gpu/device-setup.sh && python3 benchmarks/ab_skinny.py > benchmarks/results/skinny.log
 
@@ -19,6 +19,7 @@ writes skinny.json and skinny.png to benchmarks/results (or to $OUT when OUT is 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -29,18 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.ab_gemv import decode_panels, graph_ms, run_variants, save_results
 from benchmarks.bench_forward import copy_bandwidth
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
-from model_wrapper import cuda_graph
-from model_wrapper.layers import triton_ops
+from model_wrapper.kernels import KernelConfig
+from model_wrapper.kernels.gemm import skinny_gemm
 from model_wrapper.layers.kernels import TorchKernels
 
-VARIANTS = {  # name: (SKINNY_MAX_TOKENS, NORM_MAX_TOKENS, gate_up + SiLU fused, cuda_graph.UNSPLIT_KV)
-    "cuBLAS + FlashInfer norm": (triton_ops.GEMV_MAX_TOKENS, triton_ops.GEMV_MAX_TOKENS, False, False),
-    "skinny + FlashInfer norm": (64, triton_ops.GEMV_MAX_TOKENS, False, False),
+VARIANTS = {  # name: (skinny_max_tokens, norm_max_tokens, gate_up + SiLU fused, unsplit_kv)
+    "cuBLAS + FlashInfer norm": (KernelConfig.gemv_max_tokens, KernelConfig.gemv_max_tokens, False, False),
+    "skinny + FlashInfer norm": (64, KernelConfig.gemv_max_tokens, False, False),
     "skinny + Triton norm": (64, 64, False, False),
     "+ SiLU in the GEMM": (64, 64, True, False),
     "+ unsplit KV (default)": (64, 64, True, True),
 }
-DEFAULT = (triton_ops.SKINNY_MAX_TOKENS, triton_ops.NORM_MAX_TOKENS, True, cuda_graph.UNSPLIT_KV)
+DEFAULT = (KernelConfig.skinny_max_tokens, KernelConfig.norm_max_tokens, True, KernelConfig.unsplit_kv)
 
 
 def shape_us(weights, M, linear) -> float:
@@ -75,7 +76,7 @@ def main():
         nbytes = ws[0].numel() * ws[0].element_size()
         for M in (4, 8, 16, 32, 64):
             row = {"shape": name, "N": ws[0].shape[0], "K": ws[0].shape[1], "tokens": M}
-            for kernel, fn in (("cuBLAS", torch.nn.functional.linear), ("skinny", triton_ops.skinny_gemm)):
+            for kernel, fn in (("cuBLAS", torch.nn.functional.linear), ("skinny", skinny_gemm)):
                 us = shape_us(ws, M, fn)
                 row[kernel + "_us"], row[kernel + "_TBps"] = us, nbytes / us / 1e6
             res["shapes"].append(row)
@@ -86,8 +87,9 @@ def main():
     fused, unfused = kernels.gate_up_silu, functools.partial(TorchKernels.gate_up_silu, kernels)  # GEMM, silu_mul
 
     def configure(skinny_max, norm_max, silu, unsplit):
-        triton_ops.SKINNY_MAX_TOKENS, triton_ops.NORM_MAX_TOKENS = skinny_max, norm_max
-        kernels.gate_up_silu, cuda_graph.UNSPLIT_KV = fused if silu else unfused, unsplit
+        mw.set_kernel_config(dataclasses.replace(mw.kernel_config, skinny_max_tokens=skinny_max,
+                                                 norm_max_tokens=norm_max, unsplit_kv=unsplit))
+        kernels.gate_up_silu = fused if silu else unfused
 
     res["cases"] = run_variants(gen, kv, perm, VARIANTS, configure, (1, 4, 8, 16, 32, 64), (512, 2048), weight_bytes,
                                 bw, block_size)

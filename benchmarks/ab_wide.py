@@ -1,5 +1,5 @@
 """A/B of the gate_up projection of long prefills: Triton's wide GEMM with SiLU-and-mul in its
-epilogue (triton_ops.wide_gate_up_silu) against cuBLAS + silu_and_mul (Llama-3-8B-shaped bf16,
+epilogue (kernels/gemm.wide_gate_up_silu) against cuBLAS + silu_and_mul (Llama-3-8B-shaped bf16,
 one H100 run), in two parts:
 
 1. the MLP's first half alone, x of T = 512-8192 tokens: cuBLAS's GEMM, then silu_and_mul,
@@ -15,6 +15,7 @@ writes wide.json and wide.png to benchmarks/results (or to $OUT when OUT is set)
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -25,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.ab_gemv import save_results
 from benchmarks.bench_forward import gemm_chain, prefill_step, timed
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
-from model_wrapper.layers import triton_ops
+from model_wrapper.kernels.activation import silu_and_mul
+from model_wrapper.kernels.gemm import wide_gate_up_silu
 
 
 def events_us(fn, n=10, rounds=3) -> float:
@@ -52,8 +54,8 @@ def kernel_cases(cfg) -> list[dict]:
     for T in (512, 1024, 2048, 4096, 8192):
         x = torch.randn(T, h, device="cuda", dtype=torch.bfloat16)
         gemm = events_us(lambda x=x: F.linear(x, w))
-        pair = events_us(lambda x=x: triton_ops.silu_and_mul(F.linear(x, w)))
-        wide = events_us(lambda x=x: triton_ops.wide_gate_up_silu(x, w))
+        pair = events_us(lambda x=x: silu_and_mul(F.linear(x, w)))
+        wide = events_us(lambda x=x: wide_gate_up_silu(x, w))
         flop = 2 * T * 2 * n * h
         rows.append({"tokens": T, "cublas_gemm_us": gemm, "cublas_silu_us": pair, "wide_us": wide,
                      "cublas_TFLOPs": flop / gemm / 1e6, "wide_TFLOPs": flop / wide / 1e6})
@@ -67,20 +69,21 @@ def prefill_cases(cfg) -> list[dict]:
     gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
     kv = gen.allocate_kv_cache(8192, 16)
     perm = torch.randperm(8192)
-    on, rows = triton_ops.WIDE_MIN_TOKENS, []
+    mw = gen.model_wrapper
+    on, rows = mw.kernel_config, []
     for T in (1024, 2048, 4096, 8192):
         step = prefill_step(gen, kv, 16, T, perm)
         iters = max(4, 32768 // T)
         chain = min(gemm_chain(cfg, T, "cuda", iters)[0] for _ in range(2))
         for rnd in range(2):
-            for name, min_tokens in (("cuBLAS + silu_and_mul", 1 << 62), ("wide GEMM + SiLU", on)):
-                triton_ops.WIDE_MIN_TOKENS = min_tokens
+            for name, min_tokens in (("cuBLAS + silu_and_mul", 1 << 62), ("wide GEMM + SiLU", on.wide_min_tokens)):
+                mw.set_kernel_config(dataclasses.replace(on, wide_min_tokens=min_tokens))
                 t = timed(step, iters=iters, warmup=2)
                 rows.append({"tokens": T, "variant": name, "round": rnd, "ms": t * 1e3, "gemm_chain_ms": chain * 1e3,
                              "ratio_to_gemm_chain": t / chain})
                 print(f"prefill T={T:5d} round {rnd} {name:22s}: {t * 1e3:7.2f} ms, GEMM chain {chain * 1e3:7.2f} ms, "
                       f"x{t / chain:.3f}", flush=True)
-        triton_ops.WIDE_MIN_TOKENS = on
+        mw.set_kernel_config(on)
     return rows
 
 

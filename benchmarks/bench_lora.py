@@ -214,10 +214,10 @@ def main(argv=None):
             manager = LoraManager(**shapes, max_loras=max(counts), max_rank=rank, device=device, dtype=dtype,
                                   kernel=kernel, overlap=overlap, fuse_expand=not args.no_fuse,
                                   fold=False if args.no_fold else "auto")
-            manager.fold_into(gen.model_wrapper.lora_linears())  # as enable_lora does (where manager.folds)
+            # as gen.enable_lora does: wrap the projections (once), fold (where manager.folds), attach the
+            # graphs (they carry LoRA when the kernel allows: triton)
+            gen.model_wrapper.enable_lora(manager)
             gen.lora_manager = manager  # the generator's documented attribute; one manager per (kernel, rank)
-            if gen.model_wrapper.graphs is not None:  # graphs carry LoRA when the kernel allows (triton)
-                gen.model_wrapper.graphs.attach_lora(manager)
             for a in range(max(counts)):
                 manager.add_adapter(random_adapter(f"a{a}", manager, rank, device))
             if kernel == kernels[0]:  # load_adapter from a PEFT folder on disk, into a freed slot

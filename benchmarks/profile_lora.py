@@ -78,13 +78,12 @@ def main(argv=None):
                           kv_size=cfg.num_kv_heads * cfg.head_dim, intermediate_size=cfg.intermediate_size,
                           max_loras=16, max_rank=args.rank, device=device, dtype=dtype, kernel="triton",
                           fold=False if args.no_fold else "auto")
-    manager.fold_into(gen.model_wrapper.lora_linears())  # as enable_lora does (where manager.folds)
     for a in range(16):
         manager.add_adapter(random_adapter(f"a{a}", manager, args.rank, device))
     rows = {"base": measure(bench, None)}
     kernel_table(bench, None, "base model")
+    gen.model_wrapper.enable_lora(manager)  # as gen.enable_lora does: wrap, fold (where manager.folds), attach
     gen.lora_manager = manager
-    gen.model_wrapper.graphs.attach_lora(manager)
     for n in (1, 16):
         rows[f"{n} adapters"] = measure(bench, [f"a{i % n}" for i in range(args.batch)])
     print(f"batch {args.batch} @ {args.context}, rank {args.rank}")

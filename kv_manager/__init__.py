@@ -3,7 +3,7 @@
 from kv_manager.block_manager import BlockManager
 from kv_manager.errors import KVArgumentError, KVCacheError, KVErrorCode
 from kv_manager.kv_cache import KVCacheSpec, allocate_kv_cache
-from kv_manager.memory import num_blocks_for_budget, profile_num_blocks
+from kv_manager.memory import default_num_blocks, num_blocks_for_budget, profile_num_blocks
 
 __all__ = [
     "BlockManager",
@@ -12,6 +12,7 @@ __all__ = [
     "KVCacheSpec",
     "KVErrorCode",
     "allocate_kv_cache",
+    "default_num_blocks",
     "num_blocks_for_budget",
     "profile_num_blocks",
 ]

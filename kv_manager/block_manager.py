@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kv_manager.arguments import arg_error, as_int, check_hashable, token_list
 from kv_manager.errors import KVArgumentError, KVCacheError, KVErrorCode
 
 # Parent entry id of a sequence's first block; real entry ids count up from 0.
@@ -73,13 +74,19 @@ class BlockManager:
     ) -> None:
         """num_blocks: blocks in the caller's kv_cache; block_size: tokens per block;
         watermark_blocks: blocks `can_admit` keeps free for the growth of running sequences."""
+        num_blocks = as_int(num_blocks, "BlockManager: num_blocks")
+        block_size = as_int(block_size, "BlockManager: block_size")
+        watermark_blocks = as_int(watermark_blocks, "BlockManager: watermark_blocks")
+        if not isinstance(enable_prefix_caching, bool):
+            raise arg_error(f"BlockManager: expected enable_prefix_caching as a bool, "
+                             f"got {type(enable_prefix_caching).__name__}")
         if num_blocks < 1 or block_size < 1:
-            raise _arg_error(
+            raise arg_error(
                 f"BlockManager: expected num_blocks >= 1 and block_size >= 1, "
                 f"got num_blocks={num_blocks}, block_size={block_size}"
             )
         if not 0 <= watermark_blocks < num_blocks:
-            raise _arg_error(
+            raise arg_error(
                 f"BlockManager: expected 0 <= watermark_blocks < num_blocks={num_blocks}, "
                 f"got watermark_blocks={watermark_blocks}"
             )
@@ -105,8 +112,10 @@ class BlockManager:
         token) would fit with >= watermark_blocks blocks still available afterwards. Cache hits
         and evictable cached blocks count as available."""
         tokens = _prompt(token_ids, "can_admit")
+        check_hashable(extra_key, "can_admit: extra_key")
+        reserve_tokens = as_int(reserve_tokens, "can_admit: reserve_tokens")
         if reserve_tokens < 0:
-            raise _arg_error(f"can_admit: expected reserve_tokens >= 0, got {reserve_tokens}")
+            raise arg_error(f"can_admit: expected reserve_tokens >= 0, got {reserve_tokens}")
         hits = self._match(tokens, extra_key)
         need = self._blocks_for(len(tokens) + reserve_tokens) - len(hits)
         return self._available(hits) - need >= self.watermark_blocks
@@ -123,11 +132,14 @@ class BlockManager:
         token is always left to compute so that the caller gets its logits. The watermark is
         `can_admit`'s policy; admit only needs the blocks to exist.
         """
+        check_hashable(seq_id, "admit: seq_id")
         if seq_id in self._seqs:
             raise KVArgumentError(
                 KVErrorCode.DUPLICATE_SEQUENCE, f"admit: seq_id={seq_id!r} is already admitted"
             )
         tokens = _prompt(token_ids, "admit")
+        check_hashable(extra_key, "admit: extra_key")  # checked before any state changes: the cache
+        # keys (and so a later commit) hash it
         hits = self._match(tokens, extra_key)
         need = self._blocks_for(len(tokens)) - len(hits)
         available = self._available(hits)
@@ -152,8 +164,9 @@ class BlockManager:
         """Whether `append` of num_tokens tokens would find its blocks (ignores the watermark,
         which exists precisely so that running sequences can keep growing)."""
         seq = self._get(seq_id, "can_append")
+        num_tokens = as_int(num_tokens, "can_append: num_tokens")
         if num_tokens < 0:
-            raise _arg_error(f"can_append: expected num_tokens >= 0, got {num_tokens}")
+            raise arg_error(f"can_append: expected num_tokens >= 0, got {num_tokens}")
         need = self._blocks_for(len(seq.tokens) + num_tokens) - len(seq.blocks)
         return need <= self._available()
 
@@ -162,7 +175,7 @@ class BlockManager:
         `[len(token_ids)]`, slot = block_id * block_size + offset. They are not computed until
         `commit`; the block they go into is always this sequence's own (see the invariants)."""
         seq = self._get(seq_id, "append")
-        new = _as_list(token_ids)
+        new = token_list(token_ids, "append")
         start, end = len(seq.tokens), len(seq.tokens) + len(new)
         need = self._blocks_for(end) - len(seq.blocks)
         seq.blocks += self._allocate_or_refuse(need, f"append: need {need} blocks for {len(new)} tokens of "
@@ -175,6 +188,7 @@ class BlockManager:
         [token_ids[i]])` for every i, in one call, all or nothing: if the pool cannot give every
         sequence its block, OUT_OF_BLOCKS is raised and nothing changes. Returns the slots, int64
         `[len(seq_ids)]`."""
+        token_ids = token_list(token_ids, "append_many")
         seqs = self._distinct(seq_ids, len(token_ids), "token_ids", "append_many")
         bs = self.block_size
         # a sequence needs a new block exactly when its next position starts one
@@ -182,7 +196,7 @@ class BlockManager:
         fresh = iter(self._allocate_or_refuse(
             need, f"append_many: need {need} blocks for one token of each of {len(seqs)} sequences"))
         out: list[int] = []
-        for seq, tok in zip(seqs, _as_list(token_ids)):
+        for seq, tok in zip(seqs, token_ids):
             pos = len(seq.tokens)
             if pos == len(seq.blocks) * bs:
                 seq.blocks.append(next(fresh))
@@ -195,6 +209,7 @@ class BlockManager:
         step). Only now do the full blocks among them enter the prefix cache: speculative tokens
         are truncated before their commit, so only finalized tokens are ever cached."""
         seq = self._get(seq_id, "commit")
+        num_computed_tokens = as_int(num_computed_tokens, "commit: num_computed_tokens")
         _check_commit(seq, seq_id, num_computed_tokens, "commit")
         seq.num_computed = num_computed_tokens
         if self.enable_prefix_caching:
@@ -205,16 +220,19 @@ class BlockManager:
         engine that appended a placeholder for a token still on the device writes the real one
         before the commit that may enter it into the prefix cache."""
         seq = self._get(seq_id, "set_token")
+        position = as_int(position, "set_token: position")
+        token_id = token_list([token_id], "set_token")[0]
         if not seq.num_computed <= position < len(seq.tokens):
-            raise _arg_error(
+            raise arg_error(
                 f"set_token: expected position in [{seq.num_computed}, {len(seq.tokens)}) (uncommitted "
                 f"tokens) for seq_id={seq_id!r}, got {position}"
             )
-        seq.tokens[position] = int(token_id)
+        seq.tokens[position] = token_id
 
     def commit_many(self, seq_ids: Sequence[Hashable], num_computed_tokens: Sequence[int]) -> None:
         """`commit(seq_ids[i], num_computed_tokens[i])` for every i, all checked before any is
         applied (a bad entry raises and commits nothing)."""
+        num_computed_tokens = [as_int(n, "commit_many: num_computed_tokens") for n in num_computed_tokens]
         seqs = self._distinct(seq_ids, len(num_computed_tokens), "num_computed_tokens", "commit_many")
         for seq_id, seq, n in zip(seq_ids, seqs, num_computed_tokens):
             _check_commit(seq, seq_id, n, "commit_many")
@@ -234,8 +252,9 @@ class BlockManager:
         never touches another sequence's K/V.
         """
         seq = self._get(seq_id, "truncate")
+        num_tokens = as_int(num_tokens, "truncate: num_tokens")
         if not seq.num_computed <= num_tokens <= len(seq.tokens):
-            raise _arg_error(
+            raise arg_error(
                 f"truncate: expected num_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
                 f"(num_computed_tokens .. num_tokens; committed tokens are never rolled back) "
                 f"for seq_id={seq_id!r}, got {num_tokens}"
@@ -255,6 +274,7 @@ class BlockManager:
         child's next forward step ([] if none).
         """
         parent = self._get(parent_id, "fork")
+        check_hashable(child_id, "fork: child_id")
         if child_id in self._seqs:
             raise KVArgumentError(
                 KVErrorCode.DUPLICATE_SEQUENCE, f"fork: child_id={child_id!r} is already admitted"
@@ -289,6 +309,21 @@ class BlockManager:
             self._free.append(b)
         self._evictable.clear()
 
+    def drop_cached(self, extra_key: Hashable) -> int:
+        """Take every block cached under extra_key out of the prefix cache (e.g. the K/V of an
+        adapter that was unloaded: no later key can reach them). Blocks no sequence holds
+        become free; held ones stay with their sequences and are freed when released. Returns
+        how many blocks left the cache. Costs a pass over the cache: for rare events only."""
+        check_hashable(extra_key, "drop_cached: extra_key")
+        dropped = [(key, b) for key, b in self._cache.items() if key[2] == extra_key]
+        for key, b in dropped:
+            del self._cache[key]
+            self._key[b] = None
+            if b in self._evictable:
+                del self._evictable[b]
+                self._free.append(b)
+        return len(dropped)
+
     # views ------------------------------------------------------------------------------------
 
     def block_table(self, seq_id: Hashable) -> list[int]:
@@ -302,11 +337,12 @@ class BlockManager:
         seq_ids[i] padded with `pad`; width defaults to the longest table (a fixed width keeps
         shapes static, e.g. for CUDA graphs)."""
         tables = [self._get(s, "block_tables").blocks for s in seq_ids]
+        pad = as_int(pad, "block_tables: pad")
         longest = max(map(len, tables), default=0)
         if width is None:
             width = longest
-        elif width < longest:
-            raise _arg_error(
+        elif as_int(width, "block_tables: width") < longest:
+            raise arg_error(
                 f"block_tables: expected width >= {longest} (the longest table), got {width}"
             )
         flat: list[int] = []
@@ -319,8 +355,9 @@ class BlockManager:
         """Slots of tokens [start, end) of the sequence, int64 `[end - start]` (e.g. a prompt's
         uncached part after admit: `slots(s, num_cached, len(prompt))`)."""
         seq = self._get(seq_id, "slots")
+        start, end = as_int(start, "slots: start"), as_int(end, "slots: end")
         if not 0 <= start <= end <= len(seq.tokens):
-            raise _arg_error(
+            raise arg_error(
                 f"slots: expected 0 <= start <= end <= num_tokens={len(seq.tokens)} "
                 f"for seq_id={seq_id!r}, got start={start}, end={end}"
             )
@@ -358,6 +395,8 @@ class BlockManager:
     def _get(self, seq_id: Hashable, where: str) -> _Seq:
         try:
             return self._seqs[seq_id]
+        except TypeError:
+            raise arg_error(f"{where}: expected a hashable seq_id, got {type(seq_id).__name__}") from None
         except KeyError:
             raise KVArgumentError(
                 KVErrorCode.UNKNOWN_SEQUENCE,
@@ -367,11 +406,11 @@ class BlockManager:
     def _distinct(self, seq_ids: Sequence[Hashable], n_values: int, values: str, where: str) -> list[_Seq]:
         """The sequences of a batched call: admitted, distinct, one value each."""
         if len(seq_ids) != n_values:
-            raise _arg_error(f"{where}: expected one value per sequence, got {len(seq_ids)} seq_ids "
+            raise arg_error(f"{where}: expected one value per sequence, got {len(seq_ids)} seq_ids "
                              f"and {n_values} {values}")
         seqs = [self._get(s, where) for s in seq_ids]
         if len(set(map(id, seqs))) != len(seqs):
-            raise _arg_error(f"{where}: expected distinct seq_ids, got a repeated one")
+            raise arg_error(f"{where}: expected distinct seq_ids, got a repeated one")
         return seqs
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -466,7 +505,7 @@ class BlockManager:
 
 def _check_commit(seq: _Seq, seq_id: Hashable, n: int, where: str) -> None:
     if not seq.num_computed <= n <= len(seq.tokens):
-        raise _arg_error(
+        raise arg_error(
             f"{where}: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
             f"(already computed .. num_tokens) for seq_id={seq_id!r}, got {n}"
         )
@@ -480,17 +519,8 @@ def _tensor(values: list[int], typecode: str, dtype: torch.dtype) -> torch.Tenso
     return torch.frombuffer(array(typecode, values), dtype=dtype)
 
 
-def _as_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
-    # A tensor's elements would hash by identity, never hitting the cache: take Python ints.
-    return token_ids.tolist() if isinstance(token_ids, torch.Tensor) else list(token_ids)
-
-
 def _prompt(token_ids: Sequence[int] | torch.Tensor, where: str) -> list[int]:
-    tokens = _as_list(token_ids)
+    tokens = token_list(token_ids, where)
     if not tokens:
-        raise _arg_error(f"{where}: expected a non-empty prompt, got 0 token_ids")
+        raise arg_error(f"{where}: expected a non-empty prompt, got 0 token_ids")
     return tokens
-
-
-def _arg_error(message: str) -> KVArgumentError:
-    return KVArgumentError(KVErrorCode.INVALID_ARGUMENT, message)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kv_manager.errors import KVArgumentError, KVCacheError, KVErrorCode
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
@@ -47,11 +49,23 @@ def allocate_kv_cache(
     block_size: int,
     device: torch.device | str | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Allocate zeroed K/V tensors `[num_blocks, block_size, num_kv_heads, head_dim]` per layer."""
-    if num_blocks < 1 or block_size < 1:
-        raise ValueError(
-            f"allocate_kv_cache: expected num_blocks >= 1 and block_size >= 1, "
-            f"got num_blocks={num_blocks}, block_size={block_size}"
+    """Allocate zeroed K/V tensors `[num_blocks, block_size, num_kv_heads, head_dim]` per layer.
+
+    Refused before anything is allocated: non-int or non-positive sizes (KV_INVALID_ARGUMENT,
+    a ValueError), and a cache larger than the device's free memory (KV_INSUFFICIENT_MEMORY)."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (num_blocks, block_size)):
+        raise KVArgumentError(
+            KVErrorCode.INVALID_ARGUMENT,
+            f"allocate_kv_cache: expected num_blocks >= 1 and block_size >= 1 (ints), "
+            f"got num_blocks={num_blocks!r}, block_size={block_size!r}",
+        )
+    need = spec.bytes_per_block(block_size) * num_blocks
+    free = free_memory_bytes(torch.device(device) if device is not None else torch.device("cpu"))
+    if free is not None and need > free:
+        raise KVCacheError(
+            KVErrorCode.INSUFFICIENT_MEMORY,
+            f"allocate_kv_cache: expected a cache that fits the {free / 2**30:.2f} GiB free on "
+            f"{device or 'cpu'}, got {need / 2**30:.2f} GiB for num_blocks={num_blocks} of {block_size} tokens",
         )
     shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     return [
@@ -61,3 +75,19 @@ def allocate_kv_cache(
         )
         for _ in range(spec.num_layers)
     ]
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory of a device (CUDA: the driver's count; CPU: MemAvailable), None if unknown:
+    for refusing an allocation that cannot fit before making it, not for sizing a pool."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None

@@ -87,3 +87,40 @@ def profile_num_blocks(
         device, free_bytes / 2**30, total_bytes / 2**30, memory_fraction, num_blocks, block_size,
     )
     return num_blocks
+
+
+CPU_KV_BUDGET_BYTES = 2 << 30  # like vLLM's CPU backend default (4 GiB) halved: CPU runs are small
+
+
+def default_num_blocks(
+    spec: KVCacheSpec,
+    block_size: int,
+    *,
+    device: torch.device | str,
+    max_seq_len: int,
+    max_num_seqs: int,
+    memory_fraction: float = 0.9,
+    cpu_budget_bytes: int = CPU_KV_BUDGET_BYTES,
+) -> int:
+    """The block count an engine takes when the caller gives none.
+
+    CUDA: profile_num_blocks (memory_fraction of the free memory). Elsewhere: enough blocks
+    for max_num_seqs sequences of max_seq_len tokens (plus one spare block, so a full batch
+    is never short of one by rounding), capped by cpu_budget_bytes; raises
+    KVCacheError(INSUFFICIENT_MEMORY) if the budget cannot hold one such sequence.
+    """
+    if block_size < 1 or max_seq_len < 1 or max_num_seqs < 1:
+        raise KVArgumentError(
+            KVErrorCode.INVALID_ARGUMENT,
+            f"default_num_blocks: expected block_size, max_seq_len and max_num_seqs >= 1, got "
+            f"block_size={block_size}, max_seq_len={max_seq_len}, max_num_seqs={max_num_seqs}",
+        )
+    if torch.device(device).type == "cuda":
+        return profile_num_blocks(spec, block_size, device=device, memory_fraction=memory_fraction,
+                                  max_seq_len=max_seq_len)
+    wanted = -(-max_seq_len // block_size) * max_num_seqs + 1
+    fits = num_blocks_for_budget(spec, block_size, cpu_budget_bytes, max_seq_len=max_seq_len)
+    if fits < wanted:
+        logger.info("KV cache on {}: {} blocks for {} sequences of {} tokens exceed the {:.2f} GiB budget; "
+                    "taking {}", device, wanted, max_num_seqs, max_seq_len, cpu_budget_bytes / 2**30, fits)
+    return min(wanted, fits)

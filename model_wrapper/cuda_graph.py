@@ -2,14 +2,15 @@
 
 A decode step with one token per request, no masks and no LoRA, whose batch fits the largest
 bucket, replays a graph captured for the smallest bucket >= batch. Per replay, on the host only:
-fill pinned staging buffers (token ids, positions, write slots, page metadata), copy them into
-the graph's static inputs, replay. No host-device sync. The graphs' decode attention is the
-Triton kernel of attention/triton_decode.py, which reads the page metadata (kv_indptr,
-kv_indices, kv_last_page_len) from the bucket's static buffers; where it does not fit (another
-dtype, head_dim or cache layout, or TRITON_DECODE off) it is FlashInfer's decode wrapper, planned
-per replay (it copies the metadata into its own fixed buffers).
+fill pinned staging buffers (token ids, positions, write slots), copy them into the graph's
+static inputs, let the attention backend fill its metadata, replay. No host-device sync. The
+runner knows the attention backend only through its three hooks: init_cuda_graph_state (a
+bucket's static attention buffers, before capture), init_forward_metadata_capture_cuda_graph
+(the backend the captured step runs) and init_forward_metadata_replay_cuda_graph (the page
+metadata of a replay); FlashInfer's are in attention/flashinfer_graph.py (the Triton decode
+kernel, or FlashInfer's graph wrappers where it does not fit or KernelConfig.triton_decode is off).
 
-Padding rows carry slot -1, which the K/V store kernel skips (layers/triton_ops.py), so a replay
+Padding rows carry slot -1, which the K/V store kernel skips (kernels/kv_store.py), so a replay
 writes nowhere the caller did not name; padding requests read one page (the first page of
 request 0) and their logits are dropped.
 
@@ -38,21 +39,17 @@ import weakref
 import torch
 from loguru import logger
 
-from model_wrapper.attention.backend import AttentionBackend
+from adapters.lora_layers import LoraStep
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
+from model_wrapper.kernels.config import KernelConfig
 
-UNSPLIT_KV = True  # buckets whose (request, KV head) pairs fill the SMs plan FlashInfer unsplit
-# Graphs run decode attention on the Triton kernel (attention/triton_decode.py) where it fits (16-bit
-# K/V of the model's dtype, a power-of-two head_dim); False: FlashInfer's decode wrapper, as eager steps.
-TRITON_DECODE = True
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32) + tuple(range(40, 257, 8))
 
 
 class _Bucket:
-    """Static buffers, the decode attention's metadata (the Triton kernel's, or FlashInfer's graph
-    wrappers) and the captured graph of one batch size."""
+    """Static inputs, the attention backend's graph state and the captured graph of one batch size."""
 
-    def __init__(self, size: int, max_pages: int, device, windows, backend, tc: bool, triton: bool):
+    def __init__(self, size: int, device, attn_state):
         self.size = size
         # static inputs: token ids, positions, K/V slots (-1 = padding); one copy per replay
         self.inputs = torch.zeros(3, size, dtype=torch.int64, device=device)
@@ -60,70 +57,11 @@ class _Bucket:
         self.staging = torch.zeros(3, size, dtype=torch.int64).pin_memory()
         self.token_slot = torch.full((size,), -1, dtype=torch.int32, device=device)  # LoRA slots
         self.token_slot_staging = torch.full((size,), -1, dtype=torch.int32).pin_memory()
-        # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
-        # with a blocking copy, device ones without
-        self.indices_staging = torch.zeros(size * max_pages, dtype=torch.int32).pin_memory()
-        self.indices = torch.zeros(size * max_pages, dtype=torch.int32, device=device)
         self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.triton = triton
-        self.wrappers = {}  # FlashInfer's, one per window
-        if triton:  # the kernel's metadata: kv_indptr [size + 1], then kv_last_page_len [size]
-            from model_wrapper.attention.triton_decode import decode_splits
-
-            self.meta = torch.zeros(2 * size + 1, dtype=torch.int32, device=device)
-            self.meta_staging = torch.zeros(2 * size + 1, dtype=torch.int32).pin_memory()
-            self.kv_indptr, self.kv_last = self.meta[: size + 1], self.meta[size + 1:]
-            self.splits = decode_splits(size, backend.num_kv_heads, sms)
-        else:
-            self._flashinfer_wrappers(size, max_pages, device, windows, backend, tc, sms)
+        # the decode attention's static metadata (backend.init_cuda_graph_state), refilled per replay
+        self.attn_state = attn_state
         self.graph = None
         self.logits = None
-
-    def _flashinfer_wrappers(self, size, max_pages, device, windows, backend, tc, sms):
-        import flashinfer
-
-        # FlashInfer splits each request's KV over several programs (then merges) unless told not
-        # to; with a program per (request, KV head) already filling the SMs the split only costs.
-        # Measured on an H100 (Llama-3-8B, tensor-core decode, graph replay): unsplit at batch 32 /
-        # 64 -0.10 / -0.15 ms a step at 512 and 2048 tokens (benchmarks/ab_skinny.py); at batch 1 /
-        # 8 and 2048 tokens +0.59 / +0.26 ms (a scratch A/B), hence the rule. Unsplit replays are
-        # also deterministic.
-        self.split_kv = not UNSPLIT_KV or size * backend.num_kv_heads < sms
-        for w in windows:
-            self.wrappers[w] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tc,
-                paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=device),
-                paged_kv_indices_buffer=torch.zeros(size * max_pages, dtype=torch.int32, device=device),
-                paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device),
-            )
-
-
-class _GraphAttention(AttentionBackend):
-    """The attention a captured step runs: the Triton decode kernel over the bucket's metadata, or
-    the bucket's planned FlashInfer wrappers; nothing else."""
-
-    name = "flashinfer-graph"
-
-    def __init__(self, backend, bucket: _Bucket):
-        super().__init__(backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale)
-        self.backend, self.bucket = backend, bucket
-        self.stores_flat_slots = backend.stores_flat_slots  # write_kv is the backend's
-
-    def plan(self, batch):  # planned by DecodeGraphRunner outside the graph
-        pass
-
-    def write_kv(self, k_cache, v_cache, k, v, batch):
-        self.backend.write_kv(k_cache, v_cache, k, v, batch)  # skips the -1 slots of padding
-
-    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
-        b = self.bucket
-        if b.triton:
-            from model_wrapper.attention.triton_decode import paged_decode_attention
-
-            return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, b.kv_indptr,
-                                          b.indices, b.kv_last, self.scale, window=window, splits=b.splits)
-        return b.wrappers[window].run(q, (k_cache, v_cache))
 
 
 class DecodeGraphRunner:
@@ -136,11 +74,11 @@ class DecodeGraphRunner:
     every graph holding its collectives is gone; release the generator first.
     """
 
-    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS):
+    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS, config: KernelConfig | None = None):
         self.mw = weakref.proxy(wrapper)
+        self.config = config if config is not None else KernelConfig()  # triton_decode, unsplit_kv
         self.buckets = sorted(b for b in buckets if b <= max_batch) or [max_batch]
         self.max_batch = self.buckets[-1]
-        self.windows = [None] + list(wrapper.backend.windows)
         self._graphs: dict[int, _Bucket] = {}
         self._key = None
         self._pool = None
@@ -150,6 +88,11 @@ class DecodeGraphRunner:
         """Capture LoRA into the graphs from now on when its kernel is graph-safe (Triton);
         otherwise steps with adapters run eagerly. Drops graphs captured without it."""
         self.lora = manager if getattr(manager, "kernel", None) == "triton" else None
+        self._graphs, self._key, self._pool = {}, None, None
+
+    def drop(self) -> None:
+        """Forget every captured graph: the next replay of each bucket captures it again (after a
+        change of kernel configuration, see ModelWrapper.set_kernel_config)."""
         self._graphs, self._key, self._pool = {}, None, None
 
     def can_run(self, batch: ForwardBatch) -> bool:
@@ -166,41 +109,6 @@ class DecodeGraphRunner:
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
                 tuple(kv_cache[0][0].shape), block_size)
 
-    def _plan(self, bucket: _Bucket, block_tables_cpu, seq_lens_cpu, page):
-        from model_wrapper.attention.flashinfer_backend import page_metadata
-
-        B, b = seq_lens_cpu.shape[0], bucket.size
-        tables = torch.full((b, block_tables_cpu.shape[1]), -1, dtype=torch.int32)
-        tables[:B] = block_tables_cpu
-        tables[B:, 0] = block_tables_cpu[0, 0]
-        lens = torch.ones(b, dtype=torch.int32)
-        lens[:B] = seq_lens_cpu
-        indptr, indices, last = page_metadata(tables, lens, page, pin=not bucket.triton)
-        n = indices.numel()
-        bucket.indices_staging[:n] = indices
-        bucket.indices[:n].copy_(bucket.indices_staging[:n], non_blocking=True)
-        if bucket.triton:
-            bucket.meta_staging[: b + 1] = indptr
-            bucket.meta_staging[b + 1:] = last
-            bucket.meta.copy_(bucket.meta_staging, non_blocking=True)
-            return
-        be = self.mw.backend
-        for w, wrapper in bucket.wrappers.items():
-            wrapper.plan(indptr, bucket.indices[:n], last, be.num_heads, be.num_kv_heads, be.head_dim, page,
-                         window_left=-1 if w is None else w - 1, q_data_type=self.mw.dtype,
-                         kv_data_type=self.mw.dtype, sm_scale=be.scale, disable_split_kv=not bucket.split_kv)
-
-    def _triton_fits(self, kv_cache) -> bool:
-        if not TRITON_DECODE:
-            return False
-        try:
-            from model_wrapper.attention import triton_decode
-        except ImportError:  # no Triton
-            return False
-        k = kv_cache[0][0]
-        return triton_decode.fits(self.mw.dtype, k.dtype, k.shape[-1]) and all(
-            c.is_contiguous() for pair in kv_cache for c in pair)
-
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
         one = torch.ones(bucket.size, dtype=torch.int32)
         return ForwardBatch(
@@ -210,21 +118,19 @@ class DecodeGraphRunner:
             q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
-            max_q=1, max_kv=1, lora=None if self.lora is None else self.lora.make_graph_batch(bucket.token_slot,
-                                                                                          bucket.lora_groups))
+            max_q=1, max_kv=1, lora=None if self.lora is None else LoraStep(
+                None, self.lora, self.lora.make_graph_batch(bucket.token_slot, bucket.lora_groups)))
 
     def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
         mw = self.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
-        bucket = _Bucket(size, max_pages, mw.device, self.windows, mw.backend, mw.backend.tensor_cores,
-                         self._triton_fits(kv_cache))
+        bucket = _Bucket(size, mw.device, mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config))
         if self.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
             bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32, device=mw.device)
             bucket.lora_groups_staging = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32).pin_memory()
         batch = self._static_batch(bucket, block_size)
-        attn = _GraphAttention(mw.backend, bucket)
-        # plan: every padding request reads page 0 of the scratch cache during warm-up
-        self._plan(bucket, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), block_size)
+        # the attention the graph runs; every padding request reads page 0 of the scratch cache during warm-up
+        attn = mw.backend.init_forward_metadata_capture_cuda_graph(bucket.attn_state, block_size)
         scratch = [(torch.zeros_like(k[:1]), torch.zeros_like(v[:1])) for k, v in kv_cache]
         bucket.slots.fill_(-1)  # warm-up writes nothing
         stream = torch.cuda.Stream()
@@ -264,10 +170,11 @@ class DecodeGraphRunner:
         st[0, :B] = batch.input_ids_cpu
         st[1, :B] = batch.positions_cpu
         st[2, :B] = batch.slots_cpu
-        self._plan(bucket, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size)
+        self.mw.backend.init_forward_metadata_replay_cuda_graph(bucket.attn_state, batch.block_tables_cpu,
+                                                                batch.seq_lens_cpu, batch.block_size)
         bucket.inputs.copy_(st, non_blocking=True)
         if self.lora is not None:  # (staging buffers are refilled only after `copied`)
-            ids = batch.adapter_ids
+            ids = None if batch.lora is None else batch.lora.adapter_ids
             bucket.token_slot_staging.fill_(-1)
             if ids is not None:
                 bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)

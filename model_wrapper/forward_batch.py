@@ -13,12 +13,12 @@ Token layout (requests one after another, q_len_r new tokens each; L_r = input_l
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
 
 import torch
+
+from adapters.lora_layers import LoraStep
 
 
 class ForwardMode(IntEnum):
@@ -52,10 +52,9 @@ class ForwardBatch:
     spec_mask:       [T, max_q] bool, host (True = attend) or None; backends plan from it
     atten_mask:      [T, max_kv] bool, host (True = attend) or None
     max_q, max_kv:   host ints
-    lora:            adapters' per-step mapping (adapters.LoraBatch) or None; made by ensure_lora
-                     only where the step runs eagerly (a decode graph replay maps adapter_ids itself)
-    adapter_ids:     per request (validated; length 1 = the whole batch), or None without LoRA
-    lora_maker:      (adapter_ids, batch) -> LoraBatch (LoraManager.make_batch), or None
+    lora:            the LoRA part (adapters.LoraStep: adapter_ids, manager, mapping), or None for a
+                     step without adapters; its mapping is made by ensure_lora only where the step
+                     runs eagerly (a decode graph replay maps adapter_ids itself)
     extras:          per-feature metadata a backend or feature adds (e.g. CUDA-graph state)
     """
 
@@ -81,9 +80,7 @@ class ForwardBatch:
     atten_mask: torch.Tensor | None
     max_q: int
     max_kv: int
-    lora: Any = None
-    adapter_ids: list | None = None
-    lora_maker: Callable[[list, ForwardBatch], Any] | None = None
+    lora: LoraStep | None = None
     extras: dict = field(default_factory=dict)
     # (tokens, rows, index), all on the device: input_ids[rows] = tokens[index] (already applied
     # to input_ids; a CUDA-graph replay applies it to its static input buffer)
@@ -91,14 +88,14 @@ class ForwardBatch:
 
     @property
     def uses_lora(self) -> bool:
-        """Whether the step names adapters (its LoraBatch may not be made yet: ensure_lora)."""
-        return self.lora is not None or self.adapter_ids is not None
+        """Whether the step names adapters (its mapping may not be made yet: ensure_lora)."""
+        return self.lora is not None
 
     def ensure_lora(self) -> None:
-        """Make the step's LoraBatch from adapter_ids, where it names adapters and has none yet:
-        once, before an eager forward (host work a decode graph replay does not need)."""
-        if self.lora is None and self.adapter_ids is not None:
-            self.lora = self.lora_maker(self.adapter_ids, self)
+        """Make the LoRA part's per-token mapping, where the step names adapters and it has none
+        yet: once, before an eager forward (host work a decode graph replay does not need)."""
+        if self.lora is not None:
+            self.lora.prepare(self)
 
     @property
     def batch_size(self) -> int:

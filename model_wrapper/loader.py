@@ -74,11 +74,12 @@ def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
 
 
 def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device,
-               tp: TPGroup | None = None) -> CausalLM:
+               tp: TPGroup | None = None, progress: bool = True) -> CausalLM:
     """Check the checkpoint's headers against cfg, then build the model and fill every parameter.
 
     Nothing is allocated before the headers agree with the config (layer count, every tensor's
     name, shape and float dtype), so a config that lies about sizes is refused in milliseconds.
+    progress: a tqdm bar on stderr over the shards (of two or more; rank 0 only under TP).
     """
     tensors, paths = read_checkpoint(path)
     wanted = _expected_tensors(cfg, tensors, paths)
@@ -105,7 +106,8 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         pending.update((name, r) for r in parts) if parts else pending.add((name, None))
 
     files = sorted({tensors[n].file for n in wanted})
-    for file in tqdm(files, desc="loading shards", unit="shard", disable=len(files) < 2):
+    bar_off = not progress or len(files) < 2 or tp.rank != 0
+    for file in tqdm(files, desc="loading shards", unit="shard", disable=bar_off):
         try:
             with safe_open(paths[file], framework="pt", device="cpu") as f:
                 for hf_name in sorted(n for n in wanted if tensors[n].file == file):

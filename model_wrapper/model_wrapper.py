@@ -15,9 +15,11 @@ from loguru import logger
 
 from kv_manager import KVCacheSpec
 from model_wrapper.attention import AttentionBackend, TorchAttentionBackend
+from model_wrapper.attention.kv_store import KVStore
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
 from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
@@ -88,17 +90,26 @@ BLAS_MAX_TOKENS = 256  # steps up to this many tokens (decode, CUDA graph bucket
 class ModelWrapper:
     def __init__(self, model: CausalLM, cfg: ModelConfig, backend: AttentionBackend,
                  device: torch.device, dtype: torch.dtype, *, cuda_graphs: bool = True,
-                 max_graph_batch: int = 256):
+                 max_graph_batch: int = 256, kernel_config: KernelConfig | None = None):
+        """kernel_config: the CUDA kernels' launch constants and switches (None: KernelConfig()'s
+        defaults); the kernels object and the graph runner hold it."""
         self.model, self.cfg, self.backend = model, cfg, backend
+        self.kernel_config = kernel_config if kernel_config is not None else KernelConfig()
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
             device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.dtype = device, dtype
         inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
         if backend.name == "flashinfer":  # fused kernels come with the CUDA backend
-            self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings)
+            self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings, self.kernel_config)
         else:
-            self.kernels = TorchKernels(inv_freq, dtype)
+            self.kernels = TorchKernels(inv_freq, dtype, self.kernel_config)
+        # the one K/V writer: the Triton store (and the fused RoPE + store, sharing the kernels' RoPE
+        # table) with the CUDA backend, the torch reference otherwise; layers reach it through the backend
+        fast = backend.name == "flashinfer"
+        self.kv_store = KVStore(triton=fast, rope_table=self.kernels.cos_sin_cache if fast else None,
+                                config=self.kernel_config)
+        backend.kv_store = self.kv_store
         self.graphs = None
         # the cuBLAS front end of the GEMMs of steps of at most BLAS_MAX_TOKENS tokens (torch.backends.
         # cuda.preferred_blas_library), set for the duration of such a forward only. cuBLASLt:
@@ -112,23 +123,35 @@ class ModelWrapper:
         # graphs need the K/V store kernel that skips the -1 slots of padding rows (Triton);
         # under TP they capture the NCCL collectives too (every rank captures and replays the
         # same buckets, since every rank makes the same calls)
-        if cuda_graphs and backend.name == "flashinfer" and backend._store_kv is not None:
+        if cuda_graphs and backend.supports_cuda_graphs and self.kv_store.graph_safe:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
-            self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch)
+            self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch, config=self.kernel_config)
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
-                        cuda_graphs: bool = True, max_graph_batch: int = 256, tp_group: TPGroup | None = None):
+                        cuda_graphs: bool = True, max_graph_batch: int = 256, tp_group: TPGroup | None = None,
+                        kernel_config: KernelConfig | None = None, progress: bool = True):
         cfg = ModelConfig.from_pretrained(path)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)
         tp = tp_group if tp_group is not None else TPGroup.single()
-        model = load_model(path, cfg, dtype=dtype, device=device, tp=tp)
+        model = load_model(path, cfg, dtype=dtype, device=device, tp=tp, progress=progress)
         backend = make_backend(attention_backend, cfg, device, dtype, model.shard)
         logger.info("loaded {} ({} layers) on {} as {}, attention backend {}, tensor parallel rank {} of {}",
                     cfg.architecture, cfg.num_layers, device, dtype, backend.name, tp.rank, tp.world_size)
-        return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch)
+        return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch,
+                   kernel_config=kernel_config)
+
+    def set_kernel_config(self, config: KernelConfig) -> None:
+        """Run the following steps with another KernelConfig (a benchmark's variant): the kernels and
+        the graph runner take it, and captured graphs are dropped (captured again on their next use)."""
+        self.kernel_config = config
+        self.kernels.config = config
+        self.kv_store.config = config
+        if self.graphs is not None:
+            self.graphs.config = config
+            self.graphs.drop()
 
     @property
     def tp(self) -> TPGroup:
@@ -139,13 +162,34 @@ class ModelWrapper:
         """This rank's sizes: local q / kv heads, intermediate and vocab slice (the model's at TP 1)."""
         return self.model.shard
 
+    def enable_lora(self, manager) -> None:
+        """Run `manager`'s adapters (an adapters.LoraManager) in this model from now on.
+
+        Wraps every decoder layer's projection in adapters' LoraLinear (once; a later manager
+        reuses the wrappers: they read the step's adapters from its ForwardBatch); where decode
+        CUDA graphs run and there is no tensor parallelism, folds the manager's A stacks into the
+        base weights (LoraManager.fold_into: row-parallel outputs are all-reduced, which wants
+        contiguous tensors, not the folded GEMMs' strided views); and hands the manager to the
+        graphs, which also drops graphs captured before (they hold the weights' old storage).
+        """
+        from adapters import LoraLinear
+
+        def wrap(proj, layer: int, name: str):
+            return proj if isinstance(proj, LoraLinear) else LoraLinear(proj, layer, name)
+
+        self.model.wrap_projections(wrap)
+        if self.graphs is not None and not self.tp.enabled:
+            manager.fold_into(self.lora_linears())
+        if self.graphs is not None:
+            self.graphs.attach_lora(manager)
+
     def lora_linears(self) -> dict:
-        """{(layer, fused module): nn.Linear} of the projections LoRA adapts (LoraManager.fold_into)."""
+        """{(layer, fused module): Linear} of the projections LoRA adapts (LoraManager.fold_into):
+        the base linears, under their wrappers where enable_lora put them."""
         out = {}
-        for i, layer in enumerate(self.model.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            out.update({(i, "qkv"): attn.qkv_proj, (i, "o"): attn.o_proj, (i, "gate_up"): mlp.gate_up_proj,
-                        (i, "down"): mlp.down_proj})
+        for key, (parent, attr) in self.model.projections().items():
+            p = getattr(parent, attr)
+            out[key] = getattr(p, "base", p)
         return out
 
     @property

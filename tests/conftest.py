@@ -132,3 +132,39 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (float32)."""
     a, b = a.detach().float(), b.detach().float()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+BPE_CORPUS = [
+    "Hello world, héllo wörld! Grüße aus Köln.",
+    "日本語のテキストと中文文本。", "emoji ✓ 🙂 🚀 and symbols € £ ¥",
+    "the quick brown fox jumps over the lazy dog", "naïve café façade coöperate",
+    "Привет мир, как дела?", "def f(x):\n    return x * 2\n",
+] * 20
+
+
+def make_bpe_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer trained here on a small multilingual corpus (multi-byte
+    characters split over several tokens), as a transformers fast tokenizer; EOS is "<eos>"."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    raw.train_from_iterator(BPE_CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", clean_up_tokenization_spaces=False)
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    return make_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def bpe_checkpoint(tmp_path_factory, bpe_tokenizer):
+    """A tiny random Llama whose vocabulary is bpe_tokenizer's, with the tokenizer saved beside it."""
+    path = make_checkpoint(tmp_path_factory.mktemp("bpe_llama"), "llama", vocab_size=len(bpe_tokenizer))
+    bpe_tokenizer.save_pretrained(path)
+    return path

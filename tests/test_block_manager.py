@@ -28,6 +28,49 @@ def snapshot(bm: BlockManager) -> tuple:
     return bm.num_free_blocks, bm.num_cached_blocks, bm.num_used_blocks, seqs
 
 
+def deep_snapshot(bm: BlockManager) -> tuple:
+    """snapshot() plus the private state (cache dict, refcounts, keys, free list, LRU order,
+    entry counter, per-sequence chains): a refused call must leave all of it as it was."""
+    seqs = {s: (list(q.tokens), list(q.blocks), q.num_computed, q.extra_key, list(q.chain))
+            for s, q in bm._seqs.items()}
+    return (snapshot(bm), dict(bm._cache), list(bm._ref), list(bm._key), list(bm._entry), list(bm._free),
+            list(bm._evictable), bm._next_entry, seqs)
+
+
+def bad_calls(bm: BlockManager, sid) -> list:
+    """Calls with a badly typed argument on a live sequence sid: each must raise
+    KV_INVALID_ARGUMENT and change nothing."""
+    return [
+        lambda: bm.commit(sid, 8.0),
+        lambda: bm.commit(sid, "3"),
+        lambda: bm.commit(sid, True),
+        lambda: bm.commit_many([sid], [1.0]),
+        lambda: bm.admit("new", [1, 2, 3, 4, 5], extra_key=["unhashable"]),
+        lambda: bm.admit("new", [1], extra_key={"a": 1}),
+        lambda: bm.can_admit([1, 2], extra_key=[1]),
+        lambda: bm.admit(["unhashable"], [1, 2]),
+        lambda: bm.admit("new", [1.0, 2.0]),
+        lambda: bm.admit("new", "abc"),
+        lambda: bm.admit("new", [[1, 2], [3, 4]]),
+        lambda: bm.admit("new", torch.tensor([[1, 2]])),
+        lambda: bm.admit("new", torch.tensor([1.0, 2.0])),
+        lambda: bm.admit("new", [1, -2]),
+        lambda: bm.append(sid, [1.5]),
+        lambda: bm.append(sid, ["a"]),
+        lambda: bm.append(sid, torch.tensor([[1]])),
+        lambda: bm.append_many([sid], [2.0]),
+        lambda: bm.append_many([sid], torch.tensor([[2]])),
+        lambda: bm.set_token(sid, bm.num_tokens(sid) - 1, 1.5),
+        lambda: bm.set_token(sid, float(bm.num_tokens(sid) - 1), 1),
+        lambda: bm.truncate(sid, float(bm.num_tokens(sid))),
+        lambda: bm.can_append(sid, 1.0),
+        lambda: bm.slots(sid, 0.0, 1),
+        lambda: bm.block_tables([sid], width=2.5),
+        lambda: bm.fork(sid, ["child"]),
+        lambda: bm.free(["unhashable"]),
+    ]
+
+
 def run_prompt(bm: BlockManager, seq_id, prompt, extra_key=None) -> int:
     """Admit, compute and commit a whole prompt; returns the cached-token count."""
     cached = bm.admit(seq_id, prompt, extra_key=extra_key)
@@ -140,6 +183,26 @@ def test_reset_prefix_cache_evicts_unreferenced_blocks_only():
     assert (bm.num_free_blocks, bm.num_cached_blocks, bm.num_used_blocks) == (6, 0, 2)
     assert bm.admit("a2", [1, 2, 3]) == 0
     assert bm.admit("b2", [4, 5, 6]) == 2  # still held by b, so still cached
+
+
+def test_drop_cached_frees_one_extra_keys_blocks_and_keeps_the_others():
+    bm = BlockManager(16, 4)
+    prompt = list(range(9))
+    run_prompt(bm, "old", prompt, extra_key=("sql", 0))
+    run_prompt(bm, "base", prompt)
+    bm.free("old")
+    run_prompt(bm, "held", prompt, extra_key=("sql", 0))  # hits the two cached blocks and holds them
+    bm.free("base")
+    assert bm.num_cached_blocks == 2  # base's (the sql ones are held)
+    assert bm.drop_cached(("sql", 0)) == 2
+    assert bm.admit("probe", prompt, extra_key=("sql", 0)) == 0  # no hit any more
+    bm.free("probe")
+    before_free = bm.num_free_blocks
+    bm.free("held")  # its blocks left the cache: freed, not evictable
+    assert bm.num_free_blocks == before_free + 3 and bm.num_cached_blocks == 2
+    assert run_prompt(bm, "base2", prompt) == 8  # other keys untouched
+    with pytest.raises(KVArgumentError):
+        bm.drop_cached(["unhashable"])
 
 
 def test_disabled_prefix_caching_never_hits_and_frees_everything():
@@ -300,6 +363,22 @@ def test_argument_errors_are_value_errors_with_codes():
         assert isinstance(err.value, ValueError) and err.value.code is code
         assert str(err.value).startswith(f"[{code.value}] ") and text in str(err.value)
     assert snapshot(bm) == before
+
+
+def test_badly_typed_arguments_are_refused_before_any_state_changes():
+    bm = BlockManager(8, 2)
+    bm.admit("a", [1, 2, 3, 4, 5])
+    bm.commit("a", 4)
+    bm.append("a", [6])
+    before = deep_snapshot(bm)
+    for i, call in enumerate(bad_calls(bm, "a")):
+        with pytest.raises(KVArgumentError) as err:
+            call()
+        assert err.value.code is KVErrorCode.INVALID_ARGUMENT, i
+        assert deep_snapshot(bm) == before, i
+    # numpy-style ints and 0-d integer tensors are ints
+    bm.commit("a", torch.tensor(5))
+    assert bm.num_computed_tokens("a") == 5
 
 
 # random state machine --------------------------------------------------------------------------
@@ -513,6 +592,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         del self.seqs[sid]
 
     @precondition(lambda self: self.bm.num_cached_blocks)
+    @rule(data=st.data())
+    def refused_call(self, data):
+        """A badly typed call on a live sequence raises KV_INVALID_ARGUMENT and changes nothing."""
+        if not self.seqs:
+            return
+        sid = self.live(data)
+        calls = bad_calls(self.bm, sid)
+        call = calls[data.draw(st.integers(0, len(calls) - 1))]
+        before = deep_snapshot(self.bm)
+        with pytest.raises(KVArgumentError) as err:
+            call()
+        assert err.value.code is KVErrorCode.INVALID_ARGUMENT
+        assert deep_snapshot(self.bm) == before
+
     @rule()
     def reset_prefix_cache(self):
         self.bm.reset_prefix_cache()

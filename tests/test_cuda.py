@@ -21,7 +21,8 @@ flashinfer = pytest.importorskip("flashinfer")
 
 import transformers  # noqa: E402
 
-from model_wrapper import cuda_graph
+from model_wrapper.attention.flashinfer_backend import PagedPlan, RaggedPlan  # noqa: E402
+from model_wrapper.kernels import KernelConfig  # noqa: E402
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels  # noqa: E402
 from model_wrapper.layers.rotary import inv_frequencies  # noqa: E402
 from model_wrapper.config import RopeConfig  # noqa: E402
@@ -110,10 +111,10 @@ def test_fresh_prompts_attend_over_their_own_kv_with_the_ragged_kernel(gpu_ckpt,
     prompts = {0: list(range(3, 40)), 1: [7, 8, 9, 10, 11], 2: list(range(60, 81))}
     n = sum(len(p) for p in prompts.values())
     first = h.step(prompts, is_prefill=True, lm_head_indices=torch.arange(n))
-    assert gen.model_wrapper.backend._plan[0] == "ragged"
+    assert isinstance(gen.model_wrapper.backend._plan, RaggedPlan)
     more = [90, 91, 92, 93]
     second = h.step({1: more}, is_prefill=True, lm_head_indices=torch.arange(len(more)))
-    assert gen.model_wrapper.backend._plan[0] == "single"  # a prefix: the paged kernel
+    assert isinstance(gen.model_wrapper.backend._plan, PagedPlan)  # a prefix: the paged kernel
     ref32, ref16 = hf_cuda(path, torch.float32), hf_cuda(path, torch.bfloat16)
     rows, start = [], 0
     for rid, toks in prompts.items():
@@ -197,7 +198,7 @@ def test_gemv_matches_the_product(dt):
     that of cuBLAS on the same operands (both round once) plus a floor. Shapes: a row wider than a
     tile and not a power of two, a weight count that leaves the last program part-empty, a bias;
     a strided x goes to cuBLAS."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
     torch.manual_seed(1)
     for T, (N, K), bias in ((1, (96, 1000), False), (2, (4100, 512), True), (1, (300, 14336), False),
@@ -225,7 +226,7 @@ def test_skinny_gemm_matches_the_product(dt):
     error at most that of cuBLAS on the same operands plus a floor, at token counts padding to
     16 / 32 / 64 and on shapes of each config class (Llama-3-8B's qkv, o, gate_up, down, and a
     ragged N with a bias); its fits rules."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the skinny GEMM runs on sm90 only")
@@ -253,7 +254,7 @@ def test_gate_up_silu_matches_the_unfused_pair():
     """kernels.gate_up_silu (SiLU-and-mul in the GEMV's / skinny GEMM's epilogue) on Llama-3-8B's
     gate_up shape in bf16, 1-64 tokens: against silu(gate) * up of the float64 product rounded to
     bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a floor."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the skinny GEMM runs on sm90 only")
@@ -278,7 +279,7 @@ def test_wide_gate_up_silu_matches_the_unfused_pair():
     that do not, through kernels.gate_up_silu: against silu(gate) * up of the float64 product
     rounded to bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a
     floor. And its fits rules."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wide GEMM runs on sm90 only")
@@ -298,7 +299,7 @@ def test_wide_gate_up_silu_matches_the_unfused_pair():
             assert got.shape == (M, n) and got.dtype == bf
             assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, (M, n)
     w = torch.randn(128, 64, device="cuda", dtype=bf)
-    assert not triton_ops.wide_silu_fits(torch.randn(triton_ops.WIDE_MIN_TOKENS - 1, 64, device="cuda", dtype=bf), w)
+    assert not triton_ops.wide_silu_fits(torch.randn(KernelConfig().wide_min_tokens - 1, 64, device="cuda", dtype=bf), w)
     assert not triton_ops.wide_silu_fits(torch.randn(2048, 128, device="cuda", dtype=bf)[:, ::2], w)  # column stride 2
     assert not triton_ops.wide_silu_fits(torch.randn(2048, 64, device="cuda"), w.float())  # fp32: cuBLAS
     assert not triton_ops.wide_silu_fits(torch.randn(2048, 60, device="cuda", dtype=bf), w[:, :60].contiguous())
@@ -314,7 +315,7 @@ def test_long_prefill_runs_the_wide_gate_up_silu_and_matches_transformers(gpu_ck
     """A 2100-token prompt on Hopper: gate_up with SiLU-and-mul through the wide GEMM (its calls
     logged; a 40-token chunk after it through the skinny GEMM), then decode steps over the K/V that
     prefill stored. Every step's logits within the bf16 bound of transformers' fp32 logits."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wide GEMM runs on sm90 only")
@@ -351,9 +352,9 @@ def test_decode_runs_the_gemv_or_skinny_gemm_and_matches_transformers(gpu_ckpt, 
     the graph bucket of 8 under graphs), eager and under graphs: the projections go through the
     expected kernel (its calls logged) and the logits stay within the bf16 bound of transformers'
     fp32 logits at each step's tokens."""
-    from model_wrapper.layers import triton_ops
+    from model_wrapper.kernels import ops as triton_ops
 
-    kernel = "gemv" if batch <= triton_ops.GEMV_MAX_TOKENS else "skinny_gemm"
+    kernel = "gemv" if batch <= KernelConfig().gemv_max_tokens else "skinny_gemm"
     if kernel == "skinny_gemm" and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the skinny GEMM runs on sm90 only")
     path = gpu_ckpt("llama31")
@@ -410,21 +411,21 @@ def _decode_run(gen, prompts, tokens, block_size=16, num_blocks=64):
 
 @pytest.mark.parametrize("triton_decode", [True, False])
 @pytest.mark.parametrize("batch", [3, 8, 17])
-def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, triton_decode, monkeypatch):
+def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, triton_decode):
     """Graph replays (decode attention on the Triton kernel, or on FlashInfer's graph wrappers)
     against eager steps (FlashInfer's decode wrapper); buckets 4, 8 and 24 (split KV and not)."""
-    monkeypatch.setattr(cuda_graph, "TRITON_DECODE", triton_decode)
     path = gpu_ckpt("llama31")
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
     eager = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
-    graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
+                                          kernel_config=KernelConfig(triton_decode=triton_decode))
     tokens = torch.randint(0, 96, (6, batch), generator=g).tolist()
     a, ha = _decode_run(eager, prompts, tokens)
     b, hb = _decode_run(graph, prompts, tokens)
     buckets = graph.model_wrapper.graphs._graphs
     assert buckets, "no graph was captured"
-    assert all(bk.triton == triton_decode for bk in buckets.values())
+    assert all(bk.attn_state.triton == triton_decode for bk in buckets.values())
     for x, y in zip(a, b):
         assert rel_err(y, x) < 2e-2
         # the greedy tokens agree, but where eager's top two are closer than the two steps' logits

@@ -398,3 +398,160 @@ def test_speculative_decoding_keeps_greedy_outputs_and_saves_forwards(gen, refer
     assert steps_with_news[1] == len(got[1].token_ids)  # the sampled one: one token per step
     assert any(c["num_out"] is None and max(c["q_lens"]) > 1 for c in spy.calls)  # tree steps ran
     assert spec.block_manager.num_used_blocks == 0 and not spec._drafting
+
+
+@pytest.mark.parametrize("budget", [6, 7])
+def test_draft_model_drafter_survives_chains_trimmed_to_the_token_budget(gen, reference, budget):
+    """The target drafting for itself (every draft right) with a budget that trims one request's
+    chain: its next token is then the trimmed-off draft, whose K/V the drafter already wrote. The
+    drafter must still feed that token next time (an empty step was refused with
+    TG_INVALID_Q_LENS); outputs equal plain greedy decoding."""
+    from kv_manager import BlockManager
+    from text_generator.speculative import DraftModelDrafter
+
+    drafter = DraftModelDrafter(gen, gen.allocate_kv_cache(64, 4), BlockManager(64, 4), k=4)
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, max_num_batched_tokens=budget, speculative=drafter)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    outs = engine.generate(prompts, greedy_params(12), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 12), o.error
+    assert engine.num_accepted_tokens > 0
+    assert engine.block_manager.num_used_blocks == 0 and drafter.bm.num_used_blocks == 0
+
+
+# fault isolation --------------------------------------------------------------------------------
+
+
+def test_a_raising_stream_callback_fails_only_its_request(gen, reference):
+    engine = LLMEngine(gen, num_blocks=64, block_size=4)
+    calls = []
+
+    def bad(o):
+        calls.append(o)
+        if len(calls) == 2:
+            raise RuntimeError("client went away")
+
+    seen = []
+    doomed = engine.add_request([3, 1, 4, 1, 5], greedy_params(10), stream_callback=bad)
+    kept = engine.add_request([9, 2, 6], greedy_params(6), stream_callback=seen.append)
+    other = engine.add_request([2, 7, 1, 8], greedy_params(6))
+    finals = {}
+    while engine.has_unfinished():
+        for o in engine.step():  # must not raise
+            if o.finished:
+                finals[o.request_id] = o
+    assert finals[doomed].finish_reason == "error" and "client went away" in finals[doomed].error
+    assert "stream_callback" in finals[doomed].error and len(calls) == 2  # never called again
+    assert finals[kept].token_ids == reference((9, 2, 6), 6) and seen[-1].finished
+    assert [t for o in seen for t in o.new_token_ids] == finals[kept].token_ids
+    assert finals[other].token_ids == reference((2, 7, 1, 8), 6)
+    assert engine.block_manager.num_used_blocks == 0 and not engine.requests
+
+
+@pytest.mark.parametrize("prompt,params,adapter,fragment", [
+    ([1, 2], {"bogus": 1}, None, "bogus"),
+    ([1, 2], {"temperature": "hot"}, None, "temperature"),
+    (5, None, None, "prompt"),
+    ([1.5, 2], None, None, "prompt"),
+    (None, None, None, "prompt"),
+    ([1, 2], None, ["a"], "adapter"),
+    ([1, 2], None, 7, "adapter"),
+])
+def test_a_bad_request_fails_alone_and_leaves_its_id_free(gen, reference, prompt, params, adapter, fragment):
+    engine = LLMEngine(gen, num_blocks=64, block_size=4)
+    rid = engine.add_request(prompt, params, adapter=adapter, request_id="x")
+    good = engine.add_request([9, 2, 6], greedy_params(3))
+    assert "x" not in engine.requests  # not a zombie: the id is free again
+    finals = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o
+    assert rid == "x" and finals["x"].finish_reason == "error" and fragment in finals["x"].error
+    assert finals[good].token_ids == reference((9, 2, 6), 3)
+    again = engine.add_request([1, 2], greedy_params(2), request_id="x")
+    out = engine.generate([[9, 2, 6]], greedy_params(1), use_tqdm=False)
+    while engine.has_unfinished():
+        engine.step()
+    assert again == "x" and out[0].token_ids == reference((9, 2, 6), 1)
+
+
+class FlakyTokenizer(CharTokenizer):
+    """Decoding a sequence that contains `poison` raises: one request's text breaks, not the engine."""
+
+    def __init__(self, poison: int):
+        self.poison = poison
+
+    def decode(self, ids):
+        if self.poison in ids:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return super().decode(ids)
+
+
+def test_a_tokenizer_failing_on_one_requests_text_fails_only_that_request(gen, reference):
+    a, b = (5, 17, 33, 2), (9, 2, 6)
+    ref_a, ref_b = reference(a, 6), reference(b, 6)
+    poison = next(t for t in ref_a if t not in ref_b)
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, tokenizer=FlakyTokenizer(poison))
+    ra, rb = engine.add_request(list(a), greedy_params(6)), engine.add_request(list(b), greedy_params(6))
+    finals = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                finals[o.request_id] = o
+    assert finals[ra].finish_reason == "error" and "UnicodeDecodeError" in finals[ra].error
+    assert finals[rb].finish_reason == "length" and finals[rb].token_ids == ref_b
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_draft_model_drafter_with_a_full_pool_degrades_to_plain_decoding(gen, reference):
+    """The draft model's own KV pool holds 3 blocks of 4 tokens: admitting a request there fails
+    (OUT_OF_BLOCKS) or leaves no room for drafts. Those requests decode without drafts; no step
+    fails and the outputs are plain greedy decoding."""
+    from kv_manager import BlockManager
+    from text_generator.speculative import DraftModelDrafter
+
+    drafter = DraftModelDrafter(gen, gen.allocate_kv_cache(3, 4), BlockManager(3, 4), k=4)
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, speculative=drafter)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12], [4, 4]]
+    outs = engine.generate(prompts, greedy_params(8), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 8), o.error
+    assert engine.block_manager.num_used_blocks == 0 and drafter.bm.num_used_blocks == 0
+
+
+class BrokenDrafter:
+    """An n-gram drafter whose propose raises every other call."""
+
+    def __init__(self):
+        from text_generator.speculative import NgramDrafter
+
+        self.inner, self.calls = NgramDrafter(), 0
+
+    def start(self, *a):
+        self.inner.start(*a)
+
+    def update(self, *a):
+        self.inner.update(*a)
+
+    def finish(self, *a):
+        self.inner.finish(*a)
+
+    def propose(self, *a):
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("drafter bug")
+        return self.inner.propose(*a)
+
+
+def test_a_raising_drafter_costs_drafts_not_requests(gen, reference):
+    rng = random.Random(4)
+    motif = [rng.randrange(VOCAB) for _ in range(5)]
+    prompts = [motif * 3, [9, 2, 6]]
+    drafter = BrokenDrafter()
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, speculative=drafter)
+    outs = engine.generate(prompts, greedy_params(10), use_tqdm=False)
+    for p, o in zip(prompts, outs):
+        assert o.finish_reason == "length" and o.token_ids == reference(tuple(p), 10), o.error
+    assert drafter.calls >= 2 and engine.block_manager.num_used_blocks == 0
+    assert not engine.abort(["unhashable"])

@@ -91,3 +91,52 @@ def test_profiled_cache_fits_on_the_gpu():
     cache = allocate_kv_cache(spec, num_blocks, 16, device="cuda")  # what was profiled fits
     assert cache[0][0].shape == (num_blocks, 16, 8, 128)
     del cache
+
+
+def test_allocate_kv_cache_refuses_bad_or_oversized_requests_before_allocating():
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    for bad in [(0, 16), (4.0, 16), (4, True), ("4", 16)]:
+        with pytest.raises(KVArgumentError) as err:
+            allocate_kv_cache(spec, *bad)
+        assert err.value.code is KVErrorCode.INVALID_ARGUMENT and isinstance(err.value, ValueError)
+    with pytest.raises(KVCacheError) as err:  # 2**40 blocks: exabytes, refused at once
+        allocate_kv_cache(spec, 2**40, 16)
+    assert err.value.code is KVErrorCode.INSUFFICIENT_MEMORY and "GiB" in str(err.value)
+    cache = allocate_kv_cache(spec, 4, 16)
+    assert len(cache) == 2 and cache[0][0].shape == (4, 16, 2, 16)
+# default_num_blocks, and the engine that sizes its own cache with it ------------------------------
+
+
+def test_default_on_cpu_holds_max_num_seqs_full_sequences_within_the_budget():
+    from kv_manager import default_num_blocks
+
+    # 64-token sequences are 4 blocks of 16; 3 of them + 1 spare = 13 blocks = 26,624 bytes
+    assert default_num_blocks(SPEC, 16, device="cpu", max_seq_len=64, max_num_seqs=3) == 13
+    assert default_num_blocks(SPEC, 16, device="cpu", max_seq_len=64, max_num_seqs=3,
+                              cpu_budget_bytes=10 * 2048 + 5) == 10  # capped by the budget
+    with pytest.raises(KVCacheError) as err:  # not even one sequence fits
+        default_num_blocks(SPEC, 16, device="cpu", max_seq_len=64, max_num_seqs=3, cpu_budget_bytes=3 * 2048)
+    assert err.value.code is KVErrorCode.INSUFFICIENT_MEMORY
+    with pytest.raises(KVArgumentError, match="max_num_seqs=0"):
+        default_num_blocks(SPEC, 16, device="cpu", max_seq_len=64, max_num_seqs=0)
+
+
+def test_engine_sizes_its_cache_when_num_blocks_is_not_given(checkpoint_dir):
+    from text_generator import TextGenerator
+    from text_generator.engine import LLMEngine
+
+    gen = TextGenerator.from_pretrained(checkpoint_dir("llama"), device="cpu", dtype=torch.float32)
+    cfg = gen.config
+    engine = LLMEngine(gen, block_size=4, max_seq_len=40, max_num_seqs=3, freeze_gc=False)
+    assert engine.block_manager.num_blocks == 10 * 3 + 1
+    k, v = engine.kv_cache[0]
+    assert len(engine.kv_cache) == cfg.num_layers and tuple(k.shape) == (31, 4, cfg.num_kv_heads, cfg.head_dim)
+    per_block = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * 4  # K and V, fp32, 4 tokens
+    small = LLMEngine(gen, block_size=4, max_seq_len=40, max_num_seqs=3, kv_cpu_budget_bytes=12 * per_block,
+                      freeze_gc=False)
+    assert small.block_manager.num_blocks == 12
+    out = small.generate([[1, 2, 3]] * 3, dict(temperature=0, max_new_tokens=30, ignore_eos=True), use_tqdm=False)
+    assert all(len(o.token_ids) == 30 for o in out)  # fewer blocks than the load: preemption copes
+    for bad in (dict(num_blocks=0), dict(block_size=0), dict(num_blocks=2.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            LLMEngine(gen, freeze_gc=False, **bad)

@@ -30,6 +30,16 @@ def test_sharded_checkpoint_with_index(tmp_path):
     assert rel_err(_prefill_logits(gen, toks), model(torch.tensor([toks])).logits[0]) < 1e-4
 
 
+def test_loading_shards_shows_a_progress_bar_that_can_be_turned_off(tmp_path, capsys):
+    path = make_checkpoint(tmp_path / "src", "llama")
+    hf_model(path).save_pretrained(str(tmp_path / "sharded"), max_shard_size="20KB")
+    capsys.readouterr()
+    TextGenerator.from_pretrained(str(tmp_path / "sharded"), device="cpu")
+    assert "loading shards" in capsys.readouterr().err
+    TextGenerator.from_pretrained(str(tmp_path / "sharded"), device="cpu", progress=False)
+    assert "loading shards" not in capsys.readouterr().err
+
+
 def test_tied_embeddings_share_one_tensor(checkpoint_dir):
     path = checkpoint_dir("qwen2")  # made with tie_word_embeddings=True
     assert "lm_head.weight" not in load_file(os.path.join(path, "model.safetensors"))

@@ -17,7 +17,8 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from adapters import LoraError, LoraErrorCode, LoraManager, LoraStateError
+from adapters import (AdapterIdsError, AdapterIdsFault, LoraError, LoraErrorCode, LoraManager, LoraStateError,
+                      resolve_adapter_ids)
 from adapters.peft_adapter import pattern_value
 from conftest import PagedHarness, hf_model, make_checkpoint, rel_err
 from text_generator import TextGenerator
@@ -267,6 +268,31 @@ def test_make_batch_groups_tokens_by_slot_once(setup):
     assert e.value.code == LoraErrorCode.NOT_LOADED
 
 
+@pytest.mark.parametrize("ids, batch, want", [
+    (None, 3, None),
+    (["a"], 3, ["a", "a", "a"]),
+    (("a", None, "base"), 3, ["a", None, None]),
+    (["base"], 2, None),  # no request uses an adapter
+    ([None, "base"], 2, None),
+    ("a", 2, AdapterIdsFault.TYPE),
+    ({"a": 1}, 1, AdapterIdsFault.TYPE),
+    (["a", 3], 2, AdapterIdsFault.TYPE),
+    (["a", "a", "a"], 2, AdapterIdsFault.TOO_LONG),
+    ([], 2, AdapterIdsFault.LENGTH),
+    (["a", None], 3, AdapterIdsFault.LENGTH),
+    (["a", "zz"], 2, AdapterIdsFault.NOT_LOADED),
+])
+def test_the_adapter_id_rule(ids, batch, want):
+    """adapters.ids.resolve_adapter_ids, the one place that says what adapter_ids may be."""
+    if isinstance(want, AdapterIdsFault):
+        with pytest.raises(AdapterIdsError) as e:
+            resolve_adapter_ids(ids, batch, ["a", "b"])
+        assert e.value.fault is want and e.value.argument.startswith("adapter_ids")
+        assert "expected" in e.value.detail and "got" in e.value.detail
+    else:
+        assert resolve_adapter_ids(ids, batch, ["a", "b"]) == want
+
+
 # -- adapter_ids validation leaves the cache untouched ------------------------------------------
 
 @pytest.mark.parametrize("adapter_ids, code", [
@@ -346,11 +372,42 @@ def bad_adapters(setup, tmp_path_factory):
     os.makedirs(root / "no_config")
     shutil.copy(root / "wrong_r" / "adapter_model.safetensors", root / "no_config")
     made["no_config"] = (str(root / "no_config"), LoraErrorCode.MISSING_FILE)
+    # non-finite weights and bad scaling numbers (json writes NaN / Infinity, and reads them back)
+    from safetensors.torch import load_file, save_file
+
+    def variant(name, cfg_update=None, poison=None):
+        shutil.copytree(s.dirs["a2"], root / name)
+        if cfg_update:
+            path = root / name / "adapter_config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **cfg_update}))
+        if poison is not None:
+            path = str(root / name / "adapter_model.safetensors")
+            state = load_file(path)
+            key = sorted(k for k in state if "lora_B" in k)[0]
+            state[key] = state[key].clone()
+            state[key].view(-1)[1] = poison
+            save_file(state, path, metadata={"format": "pt"})
+        return str(root / name)
+
+    made["nan_weight"] = (variant("nan_weight", poison=float("nan")), LoraErrorCode.NON_FINITE_WEIGHTS)
+    made["inf_weight"] = (variant("inf_weight", poison=float("inf")), LoraErrorCode.NON_FINITE_WEIGHTS)
+    made["overflow_scaled"] = (variant("overflow_scaled", {"lora_alpha": 1e38}, poison=1e38),
+                               LoraErrorCode.NON_FINITE_WEIGHTS)
+    for bad_alpha, tag in [(float("nan"), "nan"), (float("inf"), "inf"), (0, "zero"), (-2.0, "negative")]:
+        made[f"alpha_{tag}"] = (variant(f"alpha_{tag}", {"lora_alpha": bad_alpha}), LoraErrorCode.INVALID_CONFIG)
+    made["r_zero"] = (variant("r_zero", {"r": 0}), LoraErrorCode.INVALID_CONFIG)
+    made["r_negative"] = (variant("r_negative", {"r": -2}), LoraErrorCode.INVALID_CONFIG)
+    made["rank_pattern_zero"] = (variant("rank_pattern_zero", {"rank_pattern": {"q_proj": 0}}),
+                                 LoraErrorCode.INVALID_CONFIG)
+    made["alpha_pattern_nan"] = (variant("alpha_pattern_nan", {"alpha_pattern": {"q_proj": float("nan")}}),
+                                 LoraErrorCode.INVALID_CONFIG)
     return made
 
 
 BAD = ["rank16", "pattern16", "embed", "lm_head", "lm_head_regex", "modules_to_save", "dora", "other_base",
-       "deeper_base", "wrong_r", "no_folder", "no_weights", "no_config"]
+       "deeper_base", "wrong_r", "no_folder", "no_weights", "no_config", "nan_weight", "inf_weight",
+       "overflow_scaled", "alpha_nan", "alpha_inf", "alpha_zero", "alpha_negative", "r_zero", "r_negative",
+       "rank_pattern_zero", "alpha_pattern_nan"]
 
 
 def snapshot(m: LoraManager):
@@ -415,6 +472,18 @@ def test_name_and_state_errors(setup):
     assert_unchanged(gen.lora_manager, snap)
 
 
+def test_enable_lora_refuses_oversized_stacks_and_stays_disabled(setup):
+    s = setup("llama")
+    gen = TextGenerator.from_pretrained(s.base, device="cpu", dtype=torch.float32)
+    for kw, code in [(dict(max_rank=2**20), LoraErrorCode.RANK_TOO_LARGE),
+                     (dict(max_loras=2**40, max_rank=8), LoraErrorCode.INSUFFICIENT_MEMORY)]:
+        with pytest.raises((LoraError, LoraStateError)) as e:
+            gen.enable_lora(**kw)
+        assert e.value.code == code and gen.lora_manager is None
+    gen.enable_lora(max_loras=1, max_rank=MAX_RANK)
+    gen.load_adapter("a2", s.dirs["a2"])
+
+
 def test_manager_arguments_are_checked():
     kw = dict(num_layers=2, hidden_size=8, q_size=8, kv_size=4, intermediate_size=16, device="cpu",
               dtype=torch.float32)
@@ -423,6 +492,17 @@ def test_manager_arguments_are_checked():
         with pytest.raises(LoraError) as e:
             LoraManager(**{**kw, **bad})
         assert e.value.code == LoraErrorCode.INVALID_ARGUMENT, bad
+    # sizes are checked before anything is allocated: a rank above hidden_size, or stacks larger
+    # than the free memory (here 2**40 slots: petabytes), are refused at once
+    with pytest.raises(LoraError) as e:
+        LoraManager(**kw, max_rank=2**20)
+    assert e.value.code == LoraErrorCode.RANK_TOO_LARGE and "hidden_size=8" in str(e.value)
+    with pytest.raises(LoraStateError) as e:
+        LoraManager(**kw, max_loras=2**40, max_rank=4)
+    assert e.value.code == LoraErrorCode.INSUFFICIENT_MEMORY and "GiB" in str(e.value)
+    with pytest.raises(LoraStateError) as e:  # the per-step mapping buffers count too
+        LoraManager(**kw, max_loras=1, max_rank=4, max_num_tokens=2**50)
+    assert e.value.code == LoraErrorCode.INSUFFICIENT_MEMORY
     m = LoraManager(**kw, max_loras=3, max_rank=4)
     assert m.lora_a["qkv"].shape == (2, 3, 12, 8) and [b.shape[2] for b in m.lora_b["qkv"]] == [8, 4, 4]
     assert m.lora_a["down"].shape == (2, 3, 4, 16) and m.lora_b["gate_up"][1].shape == (2, 3, 16, 4)
@@ -526,4 +606,57 @@ def test_unloading_an_adapter_mid_run_fails_only_its_requests(setup, run_ahead):
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert finals[doomed].finish_reason == "error" and "no longer loaded" in finals[doomed].error
     assert finals[kept].finish_reason == "length" and finals[kept].token_ids == peft_greedy(s, None, [2, 7, 1, 8], 8)
+    assert engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["plain", "run_ahead"])
+def test_reloading_a_name_with_other_weights_never_serves_the_old_cached_kv(setup, run_ahead):
+    """unload_adapter("sql") + load_adapter("sql", other weights): the prefix cache is keyed by the
+    adapter's load, not its name, so the same prompt recomputes its K/V and the output is the new
+    weights' peft greedy output; the blocks cached under the old load leave the cache."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    gen = small_generator(s, max_loras=2, max_rank=MAX_RANK)
+    gen.load_adapter("sql", s.dirs["a2"])
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=run_ahead)
+    p = SamplingParams(temperature=0.0, max_new_tokens=5)
+    prompt = [5, 9, 2, 7, 7, 1, 3, 8, 4, 6]
+    first = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert first.token_ids == peft_greedy(s, "a2", prompt, 5)
+    again = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert again.num_cached_tokens == 8  # same weights: the cache serves the prompt's full blocks
+    old_key = gen.adapter_cache_key("sql")
+    gen.unload_adapter("sql")
+    gen.load_adapter("sql", s.dirs["c8"])
+    assert gen.adapter_cache_key("sql") != old_key
+    out = engine.generate([prompt], p, adapters="sql", use_tqdm=False)[0]
+    assert out.num_cached_tokens == 0 and out.token_ids == peft_greedy(s, "c8", prompt, 5)
+    assert all(key[2] != old_key for key in engine.block_manager._cache)  # dropped, not just unreachable
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_request_running_when_its_adapter_is_reloaded_fails_alone(setup):
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    s = setup("llama")
+    gen = small_generator(s, max_loras=2, max_rank=MAX_RANK)
+    gen.load_adapter("sql", s.dirs["a2"])
+    engine = LLMEngine(gen, num_blocks=64, block_size=4, async_scheduling=False)
+    p = SamplingParams(temperature=0.0, max_new_tokens=8)
+    doomed = engine.add_request([3, 1, 4], p, adapter="sql")
+    kept = engine.add_request([2, 7, 1, 8], p)
+    finals = {}
+    for _ in range(3):
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    gen.unload_adapter("sql")
+    gen.load_adapter("sql", s.dirs["c8"])
+    late = engine.add_request([3, 1, 4], p, adapter="sql")  # takes the new load's key
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals[doomed].finish_reason == "error" and "reloaded" in finals[doomed].error
+    assert finals[kept].token_ids == peft_greedy(s, None, [2, 7, 1, 8], 8)
+    assert finals[late].token_ids == peft_greedy(s, "c8", [3, 1, 4], 8)
     assert engine.block_manager.num_used_blocks == 0

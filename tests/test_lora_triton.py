@@ -23,7 +23,10 @@ if importlib.util.find_spec("triton") is None:
 from triton_interpret import INTERPRET  # before the kernels: sets up the interpreter
 
 import adapters.triton_kernels as tk
-import model_wrapper.layers.triton_ops as tops
+import model_wrapper.kernels.ops as tops
+from model_wrapper.kernels import KernelConfig
+from model_wrapper.kernels import gemm
+from model_wrapper.kernels.gemm import _skinny_config
 import adapters.lora_manager as lora_manager_module  # noqa: E402
 from adapters import PEFT_MODULES, LoraError, LoraErrorCode, LoraManager, LoraStateError, PeftAdapter  # noqa: E402
 from adapters.lora_batch import LoraDelta, lora_groups  # noqa: E402
@@ -635,7 +638,7 @@ def test_silu_and_mul_lora_adds_the_gate_up_delta_first(dtype, T, N):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_gemv_is_the_product_with_bias_and_part_filled_programs(dtype):
-    """triton_ops.gemv (the projections of one- and two-token steps on the CUDA path) against the
+    """kernels.gemv (the projections of one- and two-token steps on the CUDA path) against the
     float64 product: rows narrower than a tile and wider than one (not powers of two), a last
     program with rows past N, a bias. bf16 runs on CUDA (test_cuda.test_gemv_matches_the_product)."""
     g = torch.Generator().manual_seed(2)
@@ -650,16 +653,30 @@ def test_gemv_is_the_product_with_bias_and_part_filled_programs(dtype):
         assert rel_err(got.double(), want) < TOL[dtype], (N, K)
 
 
+def test_a_kernel_config_moves_the_bounds_and_the_tiles():
+    """KernelConfig, passed explicitly, is what the kernels read: the token bounds of gemv and
+    add_rms_norm move with it, and gemv with another tile (more, smaller programs) and warp count
+    is still the float64 product."""
+    g = torch.Generator().manual_seed(12)
+    w = (torch.randn(40, 96, generator=g) / 96**0.5).to(DEVICE, torch.float32)
+    x = torch.randn(4, 96, generator=g).to(DEVICE, torch.float32)
+    wide = KernelConfig(gemv_max_tokens=4, norm_max_tokens=3, gemv_tile=1024, gemv_warps=4)
+    assert not tops.gemv_fits(x, w) and tops.gemv_fits(x, w, wide)
+    assert tops.add_rms_norm_fits(x, x) and not tops.add_rms_norm_fits(x, x, wide)
+    got = tops.gemv(x, w, cfg=wide)
+    assert rel_err(got.double(), x.double() @ w.double().t()) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
-    """triton_ops.skinny_gemm (the projections of 3-64-token steps on Hopper) against the float64
+    """kernels.skinny_gemm (the projections of 3-64-token steps on Hopper) against the float64
     product: token counts that pad to each of 16 / 32 / 64, a K that is not a multiple of the K
     step, a last program with rows past N, a bias, and each config class of _skinny_config (its
     rows per program and K steps). bf16 runs on CUDA (test_cuda.test_skinny_gemm_matches_the_product)."""
     g = torch.Generator().manual_seed(4)
     cases = ((3, 70, 300, True), (17, 6150, 64, False), (64, 100, 520, True), (33, 12300, 32, True),
              (9, 33, 1000, False), (20, 50, 1100, True), (4, 40, 8300, True))
-    used = {tops._skinny_config(max(16, 1 << (M - 1).bit_length()), N, K) for M, N, K, _ in cases}
+    used = {_skinny_config(max(16, 1 << (M - 1).bit_length()), N, K) for M, N, K, _ in cases}
     assert used == {(64, 256, 3, 4), (16, 256, 6, 2), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8)}
     for M, N, K, bias in cases:
         w = (torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype)
@@ -674,7 +691,7 @@ def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_gemv_and_skinny_gemm_with_silu_are_silu_and_mul_of_the_product(dtype):
     """silu=True (kernels.gate_up_silu: the MLP's gate_up projection with SiLU-and-mul in its
-    epilogue) of triton_ops.gemv (1-2 tokens) and skinny_gemm (3-64): against silu(gate) * up of
+    epilogue) of kernels.gemv (1-2 tokens) and skinny_gemm (3-64): against silu(gate) * up of
     the float64 product rounded to the dtype (as the unfused GEMM's output), gate rows first;
     output widths that leave the last program part-filled, with and without a bias."""
     g = torch.Generator().manual_seed(6)
@@ -685,20 +702,20 @@ def test_gemv_and_skinny_gemm_with_silu_are_silu_and_mul_of_the_product(dtype):
         x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
         y = (x.double() @ w.double().t() + (b.double() if bias else 0)).to(dtype).double()
         want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
-        got = (tops.gemv if M <= tops.GEMV_MAX_TOKENS else tops.skinny_gemm)(x, w, b, silu=True)
+        got = (tops.gemv if M <= KernelConfig().gemv_max_tokens else tops.skinny_gemm)(x, w, b, silu=True)
         assert got.dtype == dtype and got.shape == (M, n)
         assert rel_err(got.double(), want) < TOL[dtype], (M, n, K)
 
 
 def test_wide_gate_up_silu_is_silu_and_mul_of_the_product(monkeypatch):
-    """triton_ops.wide_gate_up_silu (the gate_up projection of prefills of WIDE_MIN_TOKENS or more
+    """kernels.wide_gate_up_silu (the gate_up projection of prefills of KernelConfig.wide_min_tokens or more
     on Hopper) in fp16 against silu(gate) * up of the float64 product rounded to fp16, gate rows
     first, with and without a bias; with small tiles, so that rows and columns both span several
     tiles, the last ones part-filled, and K is not a multiple of its step. bf16 runs on CUDA
     (test_cuda.test_wide_gate_up_silu_matches_the_unfused_pair)."""
     if not INTERPRET and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wide GEMM (TMA) runs on sm90 only")
-    monkeypatch.setattr(tops, "_wide_config", lambda M: (32, 32, 32, 2, 4, 2))
+    monkeypatch.setattr(gemm, "_wide_config", lambda M: (32, 32, 32, 2, 4, 2))
     g = torch.Generator().manual_seed(8)
     dt = torch.float16
     for M, n, K, bias in ((70, 48, 80, False), (33, 80, 200, True)):
@@ -714,7 +731,7 @@ def test_wide_gate_up_silu_is_silu_and_mul_of_the_product(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_add_rms_norm_is_the_reference_residual_add_and_norm(dtype):
-    """triton_ops.add_rms_norm (before the GEMV of one- and two-token steps), in place, against the
+    """kernels.add_rms_norm (before the GEMV of one- and two-token steps), in place, against the
     reference arithmetic (norm.rms_norm: transformers' LlamaRMSNorm) on rows that are not a power of two."""
     from model_wrapper.layers.norm import rms_norm
 

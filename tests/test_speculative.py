@@ -498,6 +498,18 @@ def test_lora_applies_to_every_tree_token(checkpoint_dir, tmp_path):
     dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3))
     assert dec.generate(prompts, 16, adapter_ids=["ad", None]) == ref
     assert dec.stats.accepted > 0
+    # reloaded under the same name with other weights: the prompt's K/V cached under the first
+    # load must not be reused (the prefix-cache key is the adapter's load, not its name)
+    other = get_peft_model(hf_model(path), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
+    torch.manual_seed(13)
+    with torch.no_grad():
+        for name, p in other.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+    other.save_pretrained(str(tmp_path / "ad2"))
+    gen.unload_adapter("ad")
+    gen.load_adapter("ad", str(tmp_path / "ad2"))
+    assert dec.generate(prompts[:1], 16, adapter_ids=["ad"]) == [hf_greedy(other.eval(), prompts[0], 16)]
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,4 +1,4 @@
-"""The Triton paged decode attention (model_wrapper/attention/triton_decode.py) against a direct
+"""The Triton paged decode attention (model_wrapper/kernels/decode_attention.py) against a direct
 computation: softmax(q k^T * scale) v over each request's keys, gathered page by page from the
 caches in float64, with the window applied as a mask.
 
@@ -21,7 +21,7 @@ if importlib.util.find_spec("triton") is None:
 
 from triton_interpret import INTERPRET  # before the kernel: sets up the interpreter
 
-from model_wrapper.attention.triton_decode import paged_decode_attention
+from model_wrapper.kernels.decode_attention import paged_decode_attention
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 pytestmark = [] if INTERPRET else [pytest.mark.cuda]  # on a GPU machine: with the other `-m cuda` tests

@@ -162,6 +162,47 @@ def test_kv_cache_wrong_layout_rejected(gen):
     assert info.value.code == ErrorCode.KV_CACHE_MISMATCH
 
 
+def alias(kv, how: str):
+    """A kv_cache over the same memory as kv in which two tensors share memory."""
+    k0, v0 = kv[0]
+    if how == "one pair for two layers":
+        return [kv[0], kv[0]] + list(kv[2:])
+    if how == "k is v":
+        return [(k0, k0)] + list(kv[1:])
+    if how == "overlapping views":  # v0 starts one block into k0's memory
+        flat = k0.view(-1)
+        n = k0[1:].numel()
+        return [(k0[:-1], flat[k0[0].numel():k0[0].numel() + n].view(k0[:-1].shape))] + \
+            [(k[:-1], v[:-1]) for k, v in kv[1:]]
+    raise AssertionError(how)
+
+
+ALIASES = ["one pair for two layers", "k is v", "overlapping views"]
+
+
+@pytest.mark.parametrize("how", ALIASES)
+def test_kv_cache_tensors_sharing_memory_are_refused(gen, how):
+    args = valid_call(gen)
+    kv = args["kv_cache"]
+    snap = snapshot(kv)
+    args["kv_cache"] = alias(kv, how)
+    with pytest.raises(ForwardArgumentError) as info:
+        call(gen, args)
+    assert info.value.code == ErrorCode.KV_CACHE_ALIASED and "shared with kv_cache[" in str(info.value)
+    assert unchanged(kv, snap)
+
+
+def test_kv_cache_as_disjoint_views_of_one_buffer_gives_the_same_logits(gen):
+    """One allocation cut into 2 * num_layers disjoint tensors is a valid cache (no false alarm)."""
+    kv = gen.allocate_kv_cache(16, BS)
+    shape = kv[0][0].shape
+    buf = torch.zeros(2 * len(kv), *shape, dtype=kv[0][0].dtype)
+    views = [(buf[2 * i], buf[2 * i + 1]) for i in range(len(kv))]
+    want = call(gen, valid_call(gen, kv))
+    got = call(gen, valid_call(gen, views))
+    assert torch.equal(got, want)
+
+
 # ---- fuzz ---------------------------------------------------------------------------------
 _GARBAGE = st.one_of(
     st.none(), st.integers(-5, 200), st.floats(allow_nan=True), st.text(max_size=3), st.booleans(),
@@ -177,11 +218,14 @@ _ARGS = ["input_ids", "position_ids", "is_prefill", "kv_cache", "block_tables", 
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.dictionaries(st.sampled_from(_ARGS), _GARBAGE, min_size=1, max_size=4))
-def test_fuzz_malformed_arguments(gen, replacements):
+@given(st.dictionaries(st.sampled_from(_ARGS), _GARBAGE, min_size=0, max_size=4),
+       st.sampled_from([None] + ALIASES))
+def test_fuzz_malformed_arguments(gen, replacements, aliased):
     args = valid_call(gen)
     kv = args["kv_cache"]
     snap = snapshot(kv)
+    if aliased is not None:
+        args["kv_cache"] = alias(kv, aliased)
     args.update(replacements)
     try:
         out = call(gen, args)
@@ -190,4 +234,5 @@ def test_fuzz_malformed_arguments(gen, replacements):
         assert str(e).startswith(f"[{e.code.value}]")
         assert unchanged(kv, snap), f"rejected call wrote to the cache: {e}"
     else:
+        assert aliased is None, "an aliased kv_cache was accepted"
         assert out.dtype == torch.float32 and out.dim() == 2 and out.shape[1] == gen.vocab_size

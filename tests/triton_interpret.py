@@ -7,6 +7,8 @@ launched, and patches two things of Triton 3.6's interpreter:
   interpreter runs them as it runs its own functions;
 - it turns a loop bound into an int with int() of a 1-element array, which NumPy >= 2.4
   refuses: it reads the element instead (upstream fixed it the same way).
+Triton 3.9's interpreter loads and stores in C++, which takes bool masks only, while a mask the
+compiler reads as i1 can be an int array here (an `&` with an int operand): it is cast to bool.
 The interpreter computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so
 kernels are checked in fp32 / fp16 there and in bf16 only on CUDA.
 """
@@ -38,3 +40,16 @@ if INTERPRET:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     _interpreter._patch_lang_tensor = _patch_lang_tensor
+
+    _builder = _interpreter.InterpreterBuilder
+
+    def _bool_mask(mask):
+        if getattr(mask.data, "dtype", bool) != bool:  # (3.7 hands some masks over as memoryviews)
+            mask = _interpreter.TensorHandle(mask.data.astype(bool), mask.dtype)
+        return mask
+
+    _masked_load, _masked_store = _builder.create_masked_load, _builder.create_masked_store
+    _builder.create_masked_load = \
+        lambda self, ptrs, mask, *a, **kw: _masked_load(self, ptrs, _bool_mask(mask), *a, **kw)
+    _builder.create_masked_store = \
+        lambda self, ptrs, value, mask, *a, **kw: _masked_store(self, ptrs, value, _bool_mask(mask), *a, **kw)

@@ -1,8 +1,11 @@
 """The command line: `python -m text_generator generate ...` and `python -m text_generator bench ...`.
 
-generate  runs prompts (arguments or --file, one per line) through the reference engine and
-          prints each completion; without --model it uses the demo checkpoint (random weights:
-          the text is noise, and the CLI says so).
+generate  runs prompts (arguments or --file, one per line, read lazily up to --max-prompts)
+          through the reference engine and prints each completion in prompt order
+          (cli_printer.py): streamed as it grows on a terminal (--stream / --no-stream), or as
+          JSON lines (--json); --chat renders each prompt with the tokenizer's chat template,
+          --stop / --logprobs / --seed as SamplingParams. Without --model it uses the demo
+          checkpoint (random weights: the text is noise, and the CLI says so).
 bench     runs a synthetic offline load (random prompts of --input-len tokens, exactly
           --output-len new tokens each) and reports requests/s, output tokens/s, time to first
           token and inter-token latency (p50 / p99); --json writes them to a file.
@@ -10,6 +13,11 @@ bench     runs a synthetic offline load (random prompts of --input-len tokens, e
 Both shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
 --nproc-per-node N -m text_generator generate ... --tensor-parallel`): every rank runs the same
 engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints.
+
+A bad command line or checkpoint costs one line on stderr ("error: ...") and exit code 2; a
+prompt that fails inside the engine is reported with its output and makes the exit code 1.
+The library's log lines (loguru) show from --log-level (default WARNING) up; progress bars
+(loading shards, bench) go to stderr unless --no-progress.
 """
 
 from __future__ import annotations
@@ -23,48 +31,118 @@ import sys
 import time
 
 _BACKENDS = ("auto", "torch", "flashinfer")
+_DTYPES = ("float32", "bfloat16", "float16")
+_LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+_FMT = argparse.ArgumentDefaultsHelpFormatter
+# A --file line longer than this many characters per --max-model-len token is refused before
+# it is tokenized (no tokenizer's tokens come near 64 characters on average), so an endless
+# line never has to fit in memory.
+_CHARS_PER_TOKEN_CAP = 64
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line costs one line on stderr (exit code 2), not the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see --help)\n")
+
+
+def _int_at_least(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {v}")
+        return v
+
+    parse.__name__ = f"int >= {lo}"  # argparse names the type in some messages
+    return parse
+
+
+def _device(s: str) -> str:
+    """A device string that this machine has: checked at parse time, so no traceback later."""
+    import torch
+
+    try:
+        dev = torch.device(s)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {s!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"expected a CUDA device this machine has, got {s!r} but torch sees no CUDA GPU "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise argparse.ArgumentTypeError(f"expected cuda:0 .. cuda:{n - 1}, got {s!r}")
+    elif dev.type != "cpu":
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {s!r}")
+    return s
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local checkpoint folder (default: the random demo checkpoint)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: the checkpoint's)")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 ... (None: cuda if available)")
+    p.add_argument("--dtype", default=None, choices=_DTYPES, help="None: the checkpoint's (bfloat16 for fp32 on CUDA)")
     p.add_argument("--attention-backend", default="auto", choices=_BACKENDS)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=None,
-                   help="KV blocks (default: 90%% of free memory on CUDA, enough for the load on CPU)")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=_int_at_least(1), default=16, help="tokens per KV block")
+    p.add_argument("--num-blocks", type=_int_at_least(1), default=None,
+                   help="KV blocks (None: 90%% of free memory on CUDA, enough for the load on CPU)")
+    p.add_argument("--max-model-len", type=_int_at_least(2), default=None,
+                   help="longest prompt + output (None: the prompts' need, at most the model's limit)")
+    p.add_argument("--max-num-seqs", type=_int_at_least(1), default=64, help="requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048, help="tokens per step")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="load a PEFT LoRA adapter (repeatable)")
-    p.add_argument("--adapter", default=None, help="adapter NAME every prompt runs under (default: base model)")
+    p.add_argument("--adapter", default=None, help="adapter NAME every prompt runs under (None: the base model)")
     p.add_argument("--speculative", action="store_true",
                    help="speculative decoding with n-gram prompt lookup (greedy requests: --temperature 0)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-k", type=int, default=-1, help="-1 = off")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="prompt i samples with seed + i (None: unseeded)")
     p.add_argument("--tensor-parallel", action="store_true",
                    help="shard the model over the ranks of torchrun (NCCL on CUDA, gloo on CPU); rank 0 prints")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (loading shards, bench) on stderr")
+    # also accepted after the subcommand; SUPPRESS keeps the global value when it is not given here
+    p.add_argument("--log-level", choices=_LOG_LEVELS, default=argparse.SUPPRESS,
+                   help="as the global --log-level (default: WARNING)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m text_generator", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m text_generator", description=__doc__.split("\n\n")[0],
+                                     formatter_class=_FMT)
+    parser.add_argument("--log-level", choices=_LOG_LEVELS, default="WARNING",
+                        help="the library's log lines (loguru) on stderr at this level and above")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text for prompts")
+    g = sub.add_parser("generate", help="generate text for prompts", formatter_class=_FMT)
     g.add_argument("prompts", nargs="*", help="prompts (text; comma-separated token ids with --token-ids)")
-    g.add_argument("--file", help="read prompts from a file, one per line")
+    g.add_argument("--file", help="read prompts from a file, one per line (empty lines skipped)")
+    g.add_argument("--max-prompts", type=_int_at_least(1), default=10000,
+                   help="refuse more prompts than this (arguments and --file lines together)")
     g.add_argument("--token-ids", action="store_true", help="prompts are comma-separated token ids")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--chat", action="store_true",
+                   help="each prompt is a user message, rendered with the tokenizer's chat template")
+    g.add_argument("--max-new-tokens", type=_int_at_least(1), default=64)
     g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop before this text (repeatable)")
+    g.add_argument("--logprobs", type=_int_at_least(0), default=None, metavar="N",
+                   help="report each token's logprob and the top N alternatives (None: off)")
+    g.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="print text as it is generated (None: when stdout is a terminal)")
+    g.add_argument("--json", dest="json_lines", action="store_true",
+                   help="print one JSON object per prompt (text, token_ids, finish_reason, logprobs)")
     _common(g)
-    b = sub.add_parser("bench", help="synthetic throughput / latency benchmark")
-    b.add_argument("--num-prompts", type=int, default=64)
-    b.add_argument("--input-len", type=int, default=128)
-    b.add_argument("--output-len", type=int, default=64)
+    b = sub.add_parser("bench", help="synthetic throughput / latency benchmark", formatter_class=_FMT)
+    b.add_argument("--num-prompts", type=_int_at_least(1), default=64)
+    b.add_argument("--input-len", type=_int_at_least(1), default=128)
+    b.add_argument("--output-len", type=_int_at_least(1), default=64)
     b.add_argument("--json", dest="json_path", help="write the results to this JSON file")
     _common(b)
     b.set_defaults(temperature=0.0)
@@ -80,6 +158,9 @@ def _load_model(args):
     from text_generator import TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
+    names = [spec.partition("=")[0] for spec in args.lora]
+    if args.adapter not in (None, "base", *names):
+        raise CLIError(f"--adapter: expected 'base' or a name given with --lora ({names}), got {args.adapter!r}")
     tp = _init_tensor_parallel(args) if args.tensor_parallel else None
     if args.model is None:
         from text_generator.demo import ensure_demo_checkpoint
@@ -94,7 +175,8 @@ def _load_model(args):
     else:
         path = args.model
     gen = TextGenerator.from_pretrained(path, device=args.device, dtype=args.dtype,
-                                        attention_backend=args.attention_backend, tp_group=tp)
+                                        attention_backend=args.attention_backend, tp_group=tp,
+                                        progress=not args.no_progress)
     _load_loras(gen, args.lora)
     return gen, load_tokenizer(path)
 
@@ -130,7 +212,17 @@ def _barrier() -> None:
     dist.barrier()
 
 
+def _max_len(args, gen) -> int:
+    """The length limit prompts are checked against: --max-model-len, else the model's own."""
+    limit = gen.max_position_embeddings
+    if args.max_model_len is not None and args.max_model_len > limit:
+        raise CLIError(f"--max-model-len: expected at most the model's max_position_embeddings {limit}, "
+                       f"got {args.max_model_len}")
+    return args.max_model_len or limit
+
+
 def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
+    """max_len: the longest prompt + output this load needs (the cache is sized for num_seqs of them)."""
     from text_generator.engine import LLMEngine
 
     drafter = None
@@ -140,30 +232,13 @@ def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
         drafter = NgramDrafter()
         if args.temperature != 0:
             print("note: --speculative drafts for greedy requests only (--temperature 0)", file=sys.stderr)
-    max_seq_len = min(gen.max_position_embeddings, max_len)
-    num_blocks = args.num_blocks or _default_num_blocks(gen, args.block_size, max_seq_len,
-                                                        min(num_seqs, args.max_num_seqs))
-    if gen.tp_group.enabled:  # lockstep: every rank's scheduler must see the same number of blocks
-        import torch
-        import torch.distributed as dist
-
-        n = torch.tensor([num_blocks], dtype=torch.int64, device=gen.device)
-        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=gen.tp_group.group)
-        num_blocks = int(n.item())
-    return LLMEngine(gen, num_blocks=num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+    max_seq_len = args.max_model_len or min(gen.max_position_embeddings, max_len)
+    # the engine sizes the cache when --num-blocks is not given: for this many sequences at most
+    return LLMEngine(gen, num_blocks=args.num_blocks, block_size=args.block_size,
+                     max_num_seqs=min(num_seqs, args.max_num_seqs),
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok,
                      speculative=drafter)
-
-
-def _default_num_blocks(gen, block_size: int, max_seq_len: int, num_seqs: int) -> int:
-    per_seq = -(-max_seq_len // block_size)
-    if gen.device.type == "cuda":
-        from kv_manager import profile_num_blocks
-
-        return profile_num_blocks(gen.kv_cache_spec, block_size, device=gen.device, memory_fraction=0.9,
-                                  max_seq_len=max_seq_len)
-    return per_seq * max(num_seqs, 1) + 1
 
 
 def _load_loras(gen, specs: list[str]) -> None:
@@ -189,47 +264,64 @@ def _load_loras(gen, specs: list[str]) -> None:
         gen.load_adapter(name, path)
 
 
-def _params(args, max_new_tokens: int, ignore_eos: bool):
+def _params(args, max_new_tokens: int, ignore_eos: bool, **extra):
     from text_generator.sampling import SamplingParams
 
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed,
-                              max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+                              max_new_tokens=max_new_tokens, ignore_eos=ignore_eos, **extra)
     except ValueError as e:
         raise CLIError(str(e)) from None
 
 
 def cmd_generate(args) -> int:
-    prompts = list(args.prompts)
-    if args.file:
-        with open(args.file) as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
-    if not prompts:
+    from text_generator.cli_printer import OrderedPrinter
+    from text_generator.cli_prompts import PromptError, open_prompt_file, read_prompts, to_token_ids
+
+    if args.json_lines and args.stream:
+        raise CLIError("--stream and --json: expected one of them (--json prints each prompt's object when it ends)")
+    if args.chat and args.token_ids:
+        raise CLIError("--chat and --token-ids: expected one of them (--chat renders text with the chat template)")
+    if not args.prompts and not args.file:
         raise CLIError("generate: give prompts as arguments or with --file")
-    if args.token_ids:
-        try:
-            prompts = [[int(t) for t in p.replace(",", " ").split()] for p in prompts]
-        except ValueError:
-            raise CLIError("--token-ids: expected comma-separated integers") from None
-    params = _params(args, args.max_new_tokens, args.ignore_eos)
-    gen, tok = _load_model(args)
-    if tok is None and not args.token_ids:
-        raise CLIError("generate: this checkpoint has no tokenizer files; pass token ids with --token-ids")
-    ids = prompts if args.token_ids else [list(tok.encode(p)) for p in prompts]
+    if args.stop and any(not s for s in args.stop):
+        raise CLIError("--stop: expected a non-empty text, got ''")
+    params = _params(args, args.max_new_tokens, args.ignore_eos, stop=args.stop, logprobs=args.logprobs)
+    file = None
+    try:
+        file = open_prompt_file(args.file) if args.file else None  # a bad path fails before the slow load
+        gen, tok = _load_model(args)
+        if tok is None and not args.token_ids:
+            raise CLIError("generate: this checkpoint has no tokenizer files; pass token ids with --token-ids")
+        if tok is None and args.stop:
+            raise CLIError("--stop: stop strings need a tokenizer; this checkpoint has none")
+        limit = _max_len(args, gen)
+        prompts = read_prompts(args.prompts, file, args.file, max_prompts=args.max_prompts,
+                               max_line_chars=limit * _CHARS_PER_TOKEN_CAP)
+        prompts, ids = to_token_ids(prompts, tok, token_ids=args.token_ids, chat=args.chat, max_len=limit)
+    except PromptError as e:
+        raise CLIError(str(e)) from None
+    finally:
+        if file is not None:
+            file.close()
+    if not ids:
+        raise CLIError(f"--file: expected at least one non-empty line in {args.file!r}, got none")
     engine = _make_engine(args, gen, tok, max(map(len, ids)) + args.max_new_tokens, len(ids))
-    # one seed per prompt: the same seed would give every prompt the same random stream
-    per_prompt = [params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
-                  for i in range(len(ids))]
-    outs = engine.generate(ids, per_prompt, adapters=args.adapter, use_tqdm=False)
-    for i, (p, o) in enumerate(zip(prompts, outs)):
-        print(f"=== [{i}] {p!r}")
-        if o.finish_reason == "error":
-            print(f"error: {o.error}")
-            continue
-        print(o.text if o.text is not None else o.token_ids)
-        print(f"--- {len(o.token_ids)} tokens, finish_reason={o.finish_reason}")
-    return 0 if all(o.finish_reason != "error" for o in outs) else 1
+    stream = sys.stdout.isatty() if args.stream is None else args.stream
+    shown = ids if args.token_ids else [p.text for p in prompts]
+    printer = OrderedPrinter(shown, sys.stdout, stream=stream, json_lines=args.json_lines)
+    index = {}
+    for i, x in enumerate(ids):
+        # one seed per prompt: the same seed would give every prompt the same random stream
+        p = params if params.seed is None else dataclasses.replace(params, seed=params.seed + i)
+        index[engine.add_request(x, p, adapter=args.adapter)] = i
+    failed = False
+    while engine.has_unfinished():
+        for o in engine.step():
+            printer.add(index[o.request_id], o)
+            failed |= o.finish_reason == "error"
+    return 1 if failed else 0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -255,17 +347,19 @@ def summarize(outputs, elapsed: float) -> dict:
 
 
 def cmd_bench(args) -> int:
-    if min(args.num_prompts, args.input_len, args.output_len) < 1:
-        raise CLIError("bench: --num-prompts, --input-len and --output-len must be >= 1")
     params = _params(args, args.output_len, True)
     gen, tok = _load_model(args)
+    limit = _max_len(args, gen)
+    if args.input_len + args.output_len > limit:
+        raise CLIError(f"bench: expected --input-len + --output-len <= {limit} (--max-model-len or the model's "
+                       f"limit), got {args.input_len} + {args.output_len}")
     engine = _make_engine(args, gen, tok, args.input_len + args.output_len, args.num_prompts)
     rng = random.Random(0 if args.seed is None else args.seed)
     prompts = [[rng.randrange(gen.vocab_size) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
     engine.generate([prompts[0][:8]], dataclasses.replace(params, max_new_tokens=2), use_tqdm=False)
     engine.block_manager.reset_prefix_cache()  # the warm-up must not serve the load from cache
     t0 = time.perf_counter()
-    outs = engine.generate(prompts, params, adapters=args.adapter, use_tqdm=False)
+    outs = engine.generate(prompts, params, adapters=args.adapter, use_tqdm=not args.no_progress)  # bar on stderr
     elapsed = time.perf_counter() - t0
     errors = [o.error for o in outs if o.finish_reason == "error"]
     if errors:
@@ -286,8 +380,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _setup_logging(level: str) -> None:
+    """The library logs through loguru; the CLI shows its lines at `level` and above on stderr
+    (read at each write, so a redirected sys.stderr is followed)."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(lambda m: sys.stderr.write(m), level=level, colorize=False,
+               format="{time:HH:mm:ss} | {level: <7} | {name} | {message}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
     try:
         return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
     except CLIError as e:

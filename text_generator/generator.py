@@ -12,8 +12,9 @@ from typing import Sequence
 
 import torch
 
+from adapters import LoraStep
 from kv_manager import KVCacheSpec, allocate_kv_cache
-from model_wrapper import ForwardBatch, ModelConfig, ModelWrapper, TPGroup
+from model_wrapper import ForwardBatch, KernelConfig, ModelConfig, ModelWrapper, TPGroup
 from text_generator.validation import validate_step
 
 
@@ -31,7 +32,8 @@ class TextGenerator:
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256,
-                        tp_group: TPGroup | None = None) -> "TextGenerator":
+                        tp_group: TPGroup | None = None, kernel_config: KernelConfig | None = None,
+                        progress: bool = True) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -45,10 +47,13 @@ class TextGenerator:
                device=f"cuda:{local_rank}". Every rank must then make the same calls with the same
                tensors (SPMD); each loads only its weight slices, allocates a kv_cache of its own
                kv heads (kv_cache_spec is per rank) and gets the full-vocabulary logits.
+        kernel_config: model_wrapper.KernelConfig, the CUDA kernels' launch constants (None: defaults).
+        progress: a progress bar (tqdm, on stderr) while loading a checkpoint of several shards.
         """
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
-            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group))
+            cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group,
+            kernel_config=kernel_config, progress=progress))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property
@@ -121,13 +126,8 @@ class TextGenerator:
             kv_size=shard.num_kv_heads * cfg.head_dim, intermediate_size=shard.intermediate_size,
             max_loras=max_loras, max_rank=max_rank, device=self.device, dtype=self.dtype,
             max_num_tokens=max_num_tokens, kernel=kernel, overlap=overlap, fuse_expand=fuse_expand, fold=fold)
-        # folding serves the decode graphs only; not under TP (row-parallel outputs are all-reduced,
-        # which wants contiguous tensors, not the folded GEMMs' strided views)
-        if self.model_wrapper.graphs is not None and not self.model_wrapper.tp.enabled:
-            self.lora_manager.fold_into(self.model_wrapper.lora_linears())
-        if self.model_wrapper.graphs is not None:  # the decode graphs now carry the LoRA kernels (this
-            # also drops graphs captured before the fold, which hold the weights' old storage)
-            self.model_wrapper.graphs.attach_lora(self.lora_manager)
+        # the projections wrapped, the A stacks folded where the decode graphs run, the graphs told
+        self.model_wrapper.enable_lora(self.lora_manager)
         return self.lora_manager
 
     def load_adapter(self, name: str, path: str) -> int:
@@ -150,7 +150,7 @@ class TextGenerator:
         cfg, shard = self.config, self.model_wrapper.shard
         shapes = LoraShapes(cfg.num_layers, cfg.hidden_size, cfg.num_heads * cfg.head_dim,
                             cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
-        adapter = read_peft_adapter(name, path, shapes)
+        adapter = read_peft_adapter(name, path, shapes, max_rank=self.lora_manager.max_rank)
         adapter.weights = {key: shard.shard_lora(key[1], a, b) for key, (a, b) in adapter.weights.items()}
         return self.lora_manager.add_adapter(adapter)
 
@@ -163,6 +163,16 @@ class TextGenerator:
             raise LoraError(code, f"unload_adapter(name={name!r})",
                             "expected a loaded adapter, got none loaded (LoRA not enabled)")
         self.lora_manager.unload_adapter(name)
+
+    def adapter_cache_key(self, name: str):
+        """The prefix-cache key of K/V computed under the loaded adapter `name` (LoraManager.cache_key):
+        a new one after every load, so a reload under the same name never reuses old K/V."""
+        from adapters import LoraError, LoraErrorCode
+
+        if self.lora_manager is None:
+            raise LoraError(LoraErrorCode.NOT_LOADED, f"adapter_cache_key(name={name!r})",
+                            "expected a loaded adapter, got none loaded (LoRA not enabled)")
+        return self.lora_manager.cache_key(name)
 
     def list_adapters(self) -> list[str]:
         """Names of the loaded adapters, in load order ([] before enable_lora)."""
@@ -219,5 +229,5 @@ class TextGenerator:
             prev_token_ids=step.prev_token_ids,
         )
         if step.adapter_ids is not None:  # mapped by a graph replay, or by make_batch before an eager run
-            batch.adapter_ids, batch.lora_maker = step.adapter_ids, self.lora_manager.make_batch
+            batch.lora = LoraStep(step.adapter_ids, self.lora_manager)
         return mw.forward(batch, kv_cache)

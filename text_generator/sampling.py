@@ -30,6 +30,9 @@ from typing import Sequence
 
 import torch
 
+from text_generator.errors import ErrorCode, ForwardArgumentError
+from text_generator.structured import StructuredOutput
+
 # A top_k that disables the filter: vLLM uses -1, transformers 0; both mean "whole vocabulary".
 _TOP_K_OFF = (-1, 0)
 
@@ -52,6 +55,11 @@ class SamplingParams:
     stop_token_ids:     tokens that end the request (kept in token_ids, left out of text)
     stop:               strings that end the request; the text is cut before them
     ignore_eos:         keep going past the EOS token
+    structured:         None, or a StructuredOutput (text_generator.structured): the output must
+                        match a JSON schema / JSON object / regex / grammar. The engine masks the
+                        logits with the request's grammar before this sampler runs (a caller with
+                        its own loop uses structured.mask_logits_); logprobs are then those of
+                        the masked distribution
     """
 
     temperature: float = 1.0
@@ -67,6 +75,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -92,6 +101,11 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.stop[{i}]: expected a non-empty str, got {s!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"SamplingParams.ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        if isinstance(self.structured, dict):  # e.g. SamplingParams(**json) from a config file
+            self.structured = StructuredOutput.from_dict(self.structured)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ForwardArgumentError(ErrorCode.INVALID_STRUCTURED_OUTPUT, "SamplingParams.structured",
+                                       f"expected a StructuredOutput or None, got {type(self.structured).__name__}")
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
+from adapters.ids import AdapterIdsError, AdapterIdsFault, resolve_adapter_ids
 from text_generator.errors import ErrorCode, ForwardArgumentError
 
 KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len", "prev_token_ids"})
@@ -78,7 +79,9 @@ def _first_bad(mask: torch.Tensor) -> int:
 
 
 def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device) -> tuple[int, int]:
-    """-> (num_blocks, block_size) shared by every layer."""
+    """-> (num_blocks, block_size) shared by every layer; the 2 * num_layers tensors must not share
+    memory (one pair for two layers, k is v, overlapping views of one buffer: each write would land
+    in another layer's or the other half's K/V)."""
     if not isinstance(kv_cache, (list, tuple)):
         _fail(ErrorCode.INVALID_TYPE, "kv_cache", f"expected a list of (k_cache, v_cache), got {type(kv_cache).__name__}")
     if len(kv_cache) != num_layers:
@@ -103,7 +106,25 @@ def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, de
                 _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the model device {device}, got {t.device}")
             if not t.is_contiguous():
                 _fail(ErrorCode.KV_CACHE_MISMATCH, arg, "expected a contiguous tensor")
+    _check_no_aliasing(kv_cache)
     return ref[0], ref[1]
+
+
+def _check_no_aliasing(kv_cache) -> None:
+    """Refuse cache tensors whose memory overlaps. Each is contiguous (checked before), so it
+    covers exactly [data_ptr, data_ptr + nbytes): sort the 2 * num_layers ranges by start and
+    compare neighbours. Host pointers only: no device sync."""
+    spans = []
+    for i, pair in enumerate(kv_cache):
+        for name, t in zip(("k_cache", "v_cache"), pair):
+            start = t.data_ptr()
+            spans.append((start, start + t.numel() * t.element_size(), f"kv_cache[{i}].{name}"))
+    spans.sort()
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            _fail(ErrorCode.KV_CACHE_ALIASED, second,
+                  f"expected memory of its own (each layer's k_cache and v_cache separate tensors), "
+                  f"got memory shared with {first}")
 
 
 def _mask(x: Any, arg: str, rows: int, cols: int, model_device: torch.device) -> torch.Tensor:
@@ -294,28 +315,21 @@ def _q_lens(q_lens, is_prefill: bool, L: torch.Tensor, T: int, device) -> torch.
     return q
 
 
+# adapters.ids' rule, raised under forward_tensor's codes
+_ADAPTER_CODES = {
+    AdapterIdsFault.TYPE: ErrorCode.INVALID_TYPE,
+    AdapterIdsFault.TOO_LONG: ErrorCode.ADAPTER_IDS_TOO_LONG,
+    AdapterIdsFault.LENGTH: ErrorCode.ADAPTER_IDS_LENGTH,
+    AdapterIdsFault.NOT_LOADED: ErrorCode.ADAPTER_NOT_LOADED,
+}
+
+
 def _adapter_ids(adapter_ids, B: int, loaded: Sequence[str]) -> list[str | None] | None:
-    if adapter_ids is None:
-        return None
-    if isinstance(adapter_ids, str) or not isinstance(adapter_ids, (list, tuple)):
-        _fail(ErrorCode.INVALID_TYPE, "adapter_ids", f"expected a list of str or None, got {type(adapter_ids).__name__}")
-    if len(adapter_ids) > B:
-        _fail(ErrorCode.ADAPTER_IDS_TOO_LONG, "adapter_ids",
-              f"expected at most batch size {B} entries, got {len(adapter_ids)}")
-    if len(adapter_ids) not in (1, B):
-        _fail(ErrorCode.ADAPTER_IDS_LENGTH, "adapter_ids",
-              f"expected 1 entry (whole batch) or {B} (one per request), got {len(adapter_ids)}")
-    names = []
-    for i, a in enumerate(adapter_ids):
-        if a is not None and not isinstance(a, str):
-            _fail(ErrorCode.INVALID_TYPE, f"adapter_ids[{i}]", f"expected str or None, got {type(a).__name__}")
-        if a is not None and a != "base" and a not in loaded:
-            _fail(ErrorCode.ADAPTER_NOT_LOADED, "adapter_ids",
-                  f"expected a loaded adapter ({sorted(loaded)} or 'base'), got {a!r} for request {i}")
-        names.append(None if a in (None, "base") else a)
-    if len(names) == 1:
-        names = names * B
-    return None if all(n is None for n in names) else names
+    """The step's one check of adapter_ids (adapters.ids.resolve_adapter_ids): -> per request, or None."""
+    try:
+        return resolve_adapter_ids(adapter_ids, B, loaded)
+    except AdapterIdsError as e:
+        _fail(_ADAPTER_CODES[e.fault], e.argument, e.detail)
 
 
 def _prev_token_ids(value, T: int, vocab_size: int, device: torch.device):

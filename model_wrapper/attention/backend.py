@@ -1,8 +1,9 @@
 """The attention-backend interface: what a layer may ask of paged attention.
 
-Per step the model wrapper calls `plan(batch)` once; each layer then calls `write_kv` (this
-step's K/V into the caller's cache at batch.slots) and `run` (attention of the new tokens over
-their request's paged K/V). A backend knows nothing of the model beyond head counts.
+Per step the model wrapper calls `plan(batch)` once; each layer then writes this step's K/V
+into the caller's cache through the backend's `kv_store` (attention/kv_store.KVStore, the one
+K/V writer) and calls `run` (attention of the new tokens over their request's paged K/V). A
+backend knows nothing of the model beyond head counts.
 """
 
 from __future__ import annotations
@@ -11,20 +12,20 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from model_wrapper.attention.kv_store import KVStore
 from model_wrapper.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
     name = "abstract"
-    # True: the caches are written at flat slots ([num_blocks * block_size] rows of kv_heads * head_dim)
-    # with -1 skipped, so a fused kernel may store K/V itself (kernels.rope_store) instead of write_kv
-    stores_flat_slots = False
+    supports_cuda_graphs = False  # implements the three CUDA-graph hooks below
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
+        self.kv_store = KVStore()  # the layers' K/V writer; ModelWrapper sets the one it built
 
     @abstractmethod
     def plan(self, batch: ForwardBatch) -> None:
@@ -46,23 +47,24 @@ class AttentionBackend(ABC):
 
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], already holding this
         step's K/V. window: a token sees the last `window` keys (itself included), or all.
-        k, v: this step's own K/V [T, num_kv_heads, head_dim] (what write_kv wrote; rows may be
+        k, v: this step's own K/V [T, num_kv_heads, head_dim] (what kv_store wrote; rows may be
         strided), which a backend may attend over directly where no request has K/V from before
         this step; None: read the caches.
         """
 
-    def write_kv(
-        self,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        batch: ForwardBatch,
-    ) -> None:
-        """Write k, v [T, num_kv_heads, head_dim] at batch.slots; tokens with slot -1 write nothing."""
-        idx = batch.write_token_index
-        slots = batch.write_slots
-        if idx is not None:
-            k, v = k.index_select(0, idx), v.index_select(0, idx)
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k.to(k_cache.dtype))
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v.to(v_cache.dtype))
+    # -- CUDA graphs of decode steps (model_wrapper/cuda_graph.py): one state per batch bucket ---------
+    def init_cuda_graph_state(self, size: int, max_pages: int, kv_cache, config):
+        """-> the static buffers the decode attention of a graph bucket of `size` requests reads (each
+        request at most max_pages pages of kv_cache; config: a KernelConfig), allocated before capture."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
+
+    def init_forward_metadata_capture_cuda_graph(self, state, page: int) -> "AttentionBackend":
+        """Before warm-up and capture: plan state for padding only (every request reads one page) and
+        -> the backend the captured step runs (its run() reads only state's buffers; no plan)."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
+
+    def init_forward_metadata_replay_cuda_graph(self, state, block_tables_cpu: torch.Tensor,
+                                                seq_lens_cpu: torch.Tensor, page: int) -> None:
+        """Before a replay, on the host only: fill state's metadata for the real requests
+        (block_tables_cpu [B, max_blocks] int32, seq_lens_cpu [B]); the bucket's other rows are padding."""
+        raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")

@@ -22,9 +22,12 @@ planning needs no device sync:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from model_wrapper.attention.backend import AttentionBackend
+from model_wrapper.attention.flashinfer_graph import DecodeGraphState, GraphAttention, make_state, plan_replay
 from model_wrapper.attention.masks import flat_custom_mask
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
@@ -62,8 +65,40 @@ def only_own_kv(batch: ForwardBatch) -> bool:
     return batch.write_token_index is None and torch.equal(batch.seq_lens_cpu.long(), batch.q_lens_cpu.long())
 
 
+@dataclass
+class PagedPlan:
+    """One kind of kernel for the whole step over the paged caches: wrappers maps each window
+    (None: full attention) to its planned decode, prefill or masked-prefill wrapper."""
+
+    wrappers: dict
+
+
+@dataclass
+class RaggedPlan:
+    """A prefill over the step's own K/V only (only_own_kv): wrappers maps each window to its
+    planned ragged wrapper; run() needs the step's k, v [T, num_kv_heads, head_dim]."""
+
+    wrappers: dict
+
+
+@dataclass
+class SplitPlan:
+    """A mixed step: the single-token decode rows to decode wrappers, the rest to prefill wrappers.
+
+    decode, prefill: window -> planned wrapper of each part
+    decode_tokens:   [T_decode] int64, device: the decode rows of q, in token order
+    prefill_tokens:  [T_prefill] int64, device: the other rows
+    """
+
+    decode: dict
+    prefill: dict
+    decode_tokens: torch.Tensor
+    prefill_tokens: torch.Tensor
+
+
 class FlashInferAttentionBackend(AttentionBackend):
     name = "flashinfer"
+    supports_cuda_graphs = True
 
     def __init__(self, num_heads, num_kv_heads, head_dim, *, device, dtype, layer_windows=(), scale=None):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
@@ -71,12 +106,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer
 
         self._fi = flashinfer
-        try:
-            from model_wrapper.layers.triton_ops import store_kv
-        except ImportError:  # no Triton: the base class's index_copy_ path
-            store_kv = None
-        self._store_kv = store_kv
-        self.stores_flat_slots = store_kv is not None
         self.device = torch.device(device)
         self.windows = sorted({w for w in layer_windows if w is not None}) or []
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
@@ -85,7 +114,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._prefill: dict[int | None, object] = {}
         self._masked: dict[int | None, object] = {}
         self._ragged: dict[int | None, object] = {}
-        self._plan = None
+        self._plan: PagedPlan | RaggedPlan | SplitPlan | None = None
 
     # wrappers are made lazily, one per (kind, window), and reused across steps
     def _wrapper(self, kind: str, window):
@@ -140,7 +169,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
             qo = batch.qo_indptr_cpu.pin_memory()
-            self._plan = ("single", {
+            self._plan = PagedPlan({
                 w: self._plan_prefill("masked", w, qo, indptr, d_indices, last, page, dtype,
                                       mask=to_dev(flat_custom_mask(batch, w)))
                 for w in windows})
@@ -148,17 +177,17 @@ class FlashInferAttentionBackend(AttentionBackend):
         if batch.max_q == 1:  # every request decodes one token
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
-            self._plan = ("single", {w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
+            self._plan = PagedPlan({w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
             return
         is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
         if not bool(is_dec.any()):
             qo = batch.qo_indptr_cpu.pin_memory()
             if only_own_kv(batch):  # nothing cached: the step's own K/V, no page table
-                self._plan = ("ragged", {w: self._plan_ragged(w, qo, dtype) for w in windows})
+                self._plan = RaggedPlan({w: self._plan_ragged(w, qo, dtype) for w in windows})
                 return
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
-            self._plan = ("single", {
+            self._plan = PagedPlan({
                 w: self._plan_prefill("prefill", w, qo, indptr, d_indices, last, page, dtype)
                 for w in windows})
             return
@@ -176,24 +205,45 @@ class FlashInferAttentionBackend(AttentionBackend):
         d_idx, p_idx = to_dev(d_idx), to_dev(p_idx)
         dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
         pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
-        self._plan = ("split", dec, pre, to_dev(dec_tok), to_dev(pre_tok))
-
-    def write_kv(self, k_cache, v_cache, k, v, batch):
-        """One kernel for K and V; -1 slots are skipped inside it (no filtering on the host)."""
-        if self._store_kv is None:
-            return super().write_kv(k_cache, v_cache, k, v, batch)
-        self._store_kv(k, v, k_cache, v_cache, batch.slots)
+        self._plan = SplitPlan(dec, pre, to_dev(dec_tok), to_dev(pre_tok))
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
-        kind = self._plan[0]
-        if kind == "single":
-            return self._plan[1][window].run(q, (k_cache, v_cache))
-        if kind == "ragged":
+        plan = self._plan
+        if isinstance(plan, PagedPlan):
+            return plan.wrappers[window].run(q, (k_cache, v_cache))
+        if isinstance(plan, RaggedPlan):
             if k is None or v is None:
                 raise RuntimeError("a step planned for ragged prefill needs its own k and v in run()")
-            return self._plan[1][window].run(q, k, v)
-        _, dec, pre, dec_tok, pre_tok = self._plan
+            return plan.wrappers[window].run(q, k, v)
+        dec_tok, pre_tok = plan.decode_tokens, plan.prefill_tokens
         out = torch.empty_like(q)
-        out.index_copy_(0, dec_tok, dec[window].run(q.index_select(0, dec_tok), (k_cache, v_cache)))
-        out.index_copy_(0, pre_tok, pre[window].run(q.index_select(0, pre_tok), (k_cache, v_cache)))
+        out.index_copy_(0, dec_tok, plan.decode[window].run(q.index_select(0, dec_tok), (k_cache, v_cache)))
+        out.index_copy_(0, pre_tok, plan.prefill[window].run(q.index_select(0, pre_tok), (k_cache, v_cache)))
         return out
+
+    # -- CUDA graphs (attention/flashinfer_graph.py) ------------------------------------------------
+    def init_cuda_graph_state(self, size, max_pages, kv_cache, config) -> DecodeGraphState:
+        """The Triton decode kernel's metadata where config.triton_decode and the kernel fits (16-bit
+        K/V of the model's dtype, a power-of-two head_dim, contiguous caches); else FlashInfer's graph
+        wrappers, one per window (planned unsplit where config.unsplit_kv and the pairs fill the SMs)."""
+        return make_state(self, size, max_pages, [None] + self.windows, self._triton_decode_fits(kv_cache, config),
+                          config.unsplit_kv)
+
+    def _triton_decode_fits(self, kv_cache, config) -> bool:
+        if not config.triton_decode:
+            return False
+        try:
+            from model_wrapper.kernels import decode_attention
+        except ImportError:  # no Triton
+            return False
+        k = kv_cache[0][0]
+        return decode_attention.fits(self.kv_dtype, k.dtype, k.shape[-1]) and all(
+            c.is_contiguous() for pair in kv_cache for c in pair)
+
+    def init_forward_metadata_capture_cuda_graph(self, state: DecodeGraphState, page: int) -> GraphAttention:
+        plan_replay(self, state, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), page)
+        return GraphAttention(self, state)
+
+    def init_forward_metadata_replay_cuda_graph(self, state: DecodeGraphState, block_tables_cpu, seq_lens_cpu,
+                                                page) -> None:
+        plan_replay(self, state, block_tables_cpu, seq_lens_cpu, page)

@@ -14,20 +14,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 
 class TorchKernels:
     name = "torch"
-    fuses_lora = False  # silu_mul and rope_store accept a deferred LoRA delta (lora=...)
-    fuses_rope_store = False  # rope_store: RoPE + the K/V store in one kernel
+    fuses_lora = False  # silu_mul and the K/V store's rope_write accept a deferred LoRA delta (lora=...)
     # add_rms_norm_lora: the o / down LoRA delta, the residual add and RMSNorm column-parallel, the
-    # norm's division left to silu_mul / rope_store (scale=...) after the next GEMM
+    # norm's division left to silu_mul / KVStore.rope_write (scale=...) after the next GEMM
     fuses_norm_scale = False
 
-    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, config: KernelConfig | None = None):
         self.inv_freq = inv_freq  # [head_dim // 2] float32
         self.dtype = dtype
+        self.config = config if config is not None else KernelConfig()  # launch constants (CUDA kernels)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, K] -> x @ weight^T (+ bias): the model's projections and lm_head."""
@@ -78,32 +79,33 @@ def _rotate(x, cos, sin):
 class FlashInferKernels(TorchKernels):
     name = "flashinfer"
 
-    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, max_positions: int):
-        super().__init__(inv_freq, dtype)
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype, max_positions: int,
+                 config: KernelConfig | None = None):
+        super().__init__(inv_freq, dtype, config)
         import flashinfer
 
         self._fi = flashinfer
         try:
-            from model_wrapper.layers import triton_ops
+            from model_wrapper.kernels import ops as triton_ops
         except ImportError:  # no Triton: torch's silu and mul
             triton_ops = None
         self._triton = triton_ops
-        head_dim = 2 * inv_freq.shape[0]
         self.fuses_lora = self.fuses_norm_scale = triton_ops is not None
-        self.fuses_rope_store = triton_ops is not None and head_dim & (head_dim - 1) == 0  # power of two
         pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
         freqs = pos[:, None] * inv_freq[None, :]
-        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()  # [P, D] fp32
+        # [P, D] fp32, cos half then sin half: rope() here and the K/V store's fused RoPE (KVStore.rope_table)
+        self.cos_sin_cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
     def linear(self, x, weight, bias=None):
         """Steps of one or two tokens: Triton's GEMV, which reads the weights while the kernel
-        before it drains (layers/triton_ops.gemv); of 3-64 tokens on Hopper: Triton's skinny
-        tensor-core GEMM (triton_ops.skinny_gemm); otherwise cuBLAS."""
+        before it drains (kernels/gemv.py); of 3-64 tokens on Hopper: Triton's skinny
+        tensor-core GEMM (kernels/gemm.py); otherwise cuBLAS."""
         if self._triton is not None:
-            if self._triton.gemv_fits(x, weight):
-                return self._triton.gemv(x, weight, bias)
-            if self._triton.skinny_fits(x, weight):
-                return self._triton.skinny_gemm(x, weight, bias)
+            cfg = self.config
+            if self._triton.gemv_fits(x, weight, cfg):
+                return self._triton.gemv(x, weight, bias, cfg=cfg)
+            if self._triton.skinny_fits(x, weight, cfg):
+                return self._triton.skinny_gemm(x, weight, bias, cfg=cfg)
         return F.linear(x, weight, bias)
 
     def gate_up_silu(self, x, weight, bias=None):
@@ -111,11 +113,12 @@ class FlashInferKernels(TorchKernels):
         epilogue, each product rounded first as in the unfused pair; otherwise GEMM, then silu_mul."""
         t = self._triton
         if t is not None:
-            if t.gemv_fits(x, weight) and x.shape[1] <= t.GEMV_MAX_K // 2:  # holds a gate and an up row
-                return t.gemv(x, weight, bias, silu=True)
-            if t.skinny_fits(x, weight):
-                return t.skinny_gemm(x, weight, bias, silu=True)
-            if t.wide_silu_fits(x, weight):
+            cfg = self.config
+            if t.gemv_fits(x, weight, cfg) and x.shape[1] <= cfg.gemv_max_k // 2:  # holds a gate and an up row
+                return t.gemv(x, weight, bias, silu=True, cfg=cfg)
+            if t.skinny_fits(x, weight, cfg):
+                return t.skinny_gemm(x, weight, bias, silu=True, cfg=cfg)
+            if t.wide_silu_fits(x, weight, cfg):
                 return t.wide_gate_up_silu(x, weight, bias)
         return super().gate_up_silu(x, weight, bias)
 
@@ -125,8 +128,8 @@ class FlashInferKernels(TorchKernels):
         return self._fi.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
     def add_rms_norm(self, x, residual, weight, eps):
-        if self._triton is not None and self._triton.add_rms_norm_fits(x, residual):
-            self._triton.add_rms_norm(x, residual, weight, eps)  # lets the GEMV after it launch at once
+        if self._triton is not None and self._triton.add_rms_norm_fits(x, residual, self.config):
+            self._triton.add_rms_norm(x, residual, weight, eps, self.config)  # lets the GEMV after it launch at once
         else:
             self._fi.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm(residual)
         return x, residual
@@ -139,25 +142,17 @@ class FlashInferKernels(TorchKernels):
         if self._triton is None:
             return super().silu_mul(gate_up, lora, scale)
         if lora is not None:
-            return self._triton.silu_and_mul_lora(gate_up, lora, scale)
+            return self._triton.silu_and_mul_lora(gate_up, lora, scale, self.config)
         if scale is not None:
             raise RuntimeError("silu_mul: a RowScale comes only with the gate_up LoRA delta")
-        return self._triton.silu_and_mul(gate_up)
+        return self._triton.silu_and_mul(gate_up, self.config)
 
     def add_rms_norm_lora(self, x, residual, weight, eps, lora):
         """add_rms_norm with x's deferred LoRA delta `lora` (o or down) added first, in one column-
         parallel kernel that leaves the division by rms to the kernel after the next GEMM:
         -> (weight * (residual + x + delta), residual + x + delta, RowScale), x and residual in place."""
-        scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora)
+        scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora, self.config)
         return x, residual, scale
-
-    def rope_store(self, qkv, positions, num_heads, num_kv_heads, head_dim, k_cache, v_cache, slots, lora=None,
-                   scale=None):
-        """In place on qkv [T, (Hq + 2 Hk) * D]: (its rows normalised by scale, the qkv LoRA delta
-        added,) RoPE on q and k, and k, v written at flat `slots` of the caches: one kernel
-        (layers/triton_ops.rope_store_kv)."""
-        self._triton.rope_store_kv(qkv, positions, self.cos_sin_cache, num_heads, num_kv_heads, head_dim,
-                                   k_cache, v_cache, slots, lora, scale)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

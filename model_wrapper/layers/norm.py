@@ -23,3 +23,24 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    @staticmethod
+    def takes_tail(kernels) -> bool:
+        """Whether add() can take a projection's tail with these kernels (leaving a row scale)."""
+        return kernels.fuses_norm_scale
+
+    def add(self, h: torch.Tensor, residual: torch.Tensor | None, kernels, tail=None):
+        """The pre-norm residual stream, h [T, d] the previous block's output:
+        -> (x = norm(residual + h), residual + h, scale), h and residual possibly updated in place.
+
+        residual None (the first layer): (norm(h), h, None). tail: the pending part of h that a
+        projection left (adapters' LoraDelta); the kernel adds it first and leaves the division by
+        rms to the kernels after the next GEMM: x is then the undivided rows and scale (a RowScale)
+        their divisor; otherwise scale is None.
+        """
+        if residual is None:
+            return kernels.rms_norm(h, self.weight, self.eps), h, None
+        if tail is not None:
+            return kernels.add_rms_norm_lora(h, residual, self.weight, self.eps, tail)
+        x, residual = kernels.add_rms_norm(h, residual, self.weight, self.eps)
+        return x, residual, None

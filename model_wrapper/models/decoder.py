@@ -3,14 +3,13 @@
 Weights are fused where that saves launches (q/k/v in qkv_proj, gate/up in gate_up_proj); the
 loader fills the fused tensors from the checkpoint's separate ones. A family changes only the
 flags in ModelConfig (biases, q/k norm, per-layer sliding windows). The model owns no cache
-bookkeeping: the attention backend writes and reads K/V; LoRA, when a batch carries it, adds
-its deltas around each projection: `pending = batch.lora.begin(layer, module, x)` before the base
-GEMM (on CUDA the LoRA shrink then runs beside it, on a side stream), `batch.lora.finish(pending,
-y)` after it; or, where the manager folded its A stacks into the weights (decode graphs), one
-`batch.lora.project_folded` call does the GEMM with the shrink in it and the expand. Under
-tensor parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py) each rank builds the
-layers with its own sizes (TPShard) and the row-parallel projections, the embedding and lm_head
-run their collectives.
+bookkeeping: the attention backend writes and reads K/V. Each projection is a Linear
+(layers/linear.py) called as `y, tail = proj(x, batch, kernels, fuse_tail)`: where the kernel
+after it can finish pending work on y (the fused RoPE + K/V store, the residual add + RMSNorm),
+the model says so and hands the projection's tail to that kernel unopened. Under tensor
+parallelism (a TPGroup of world > 1, see model_wrapper/parallel.py) each rank builds the layers
+with its own sizes (TPShard) and the row-parallel projections, the embedding and lm_head run
+their collectives.
 """
 
 from __future__ import annotations
@@ -21,82 +20,47 @@ from torch import nn
 
 from model_wrapper.config import ModelConfig
 from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.layers.linear import Linear, RowParallelLinear
+from model_wrapper.layers.mlp import make_mlp
 from model_wrapper.layers.norm import RMSNorm
 from model_wrapper.parallel import TPGroup, TPShard
 
 
-# RoPE + K/V store as one kernel (one program per token and head) up to this many tokens: measured
-# on an H100 (Llama-3-8B) a gain in decode steps, the same at a 2k-token prefill (49.6 vs 49.7
-# ms) and a loss at 4k (104.8 vs 102.7 ms) against FlashInfer's RoPE and the store kernel
-ROPE_STORE_MAX_TOKENS = 1024
-
-
-def _project(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str, kernels,
-             defer: bool = False):
-    """-> (x @ W^T + b, None) (kernels.linear) with the LoRA delta added, or with defer (the
-    caller's next kernel adds it) possibly (y, LoraDelta) where the batch leaves the expand to y's
-    consumer."""
-    lora = batch.lora
-    if lora is not None and lora.folds(layer, name):  # the shrink rides in the GEMM's extra rows
-        return lora.project_folded(layer, name, x, defer)
-    pending = None if lora is None else lora.begin(layer, name, x)  # before the GEMM: it may overlap it
-    y = kernels.linear(x, linear.weight, linear.bias)
-    if lora is None:
-        return y, None
-    if defer:
-        return y, lora.finish_deferred(pending, y)
-    return lora.finish(pending, y), None
-
-
-def _project_row_parallel(linear: nn.Linear, x: torch.Tensor, batch: ForwardBatch, layer: int, name: str,
-                          kernels, tp: TPGroup, defer: bool = False):
-    """Row-parallel projection: partial sums of this rank's input columns (LoRA's partial delta
-    included: it is linear in x), all-reduced; the (replicated) bias is added once, after the sum.
-    -> (y, None). Without TP: exactly _project (with defer, possibly (y, LoraDelta))."""
-    if not tp.enabled:
-        return _project(linear, x, batch, layer, name, kernels, defer)
-    lora = batch.lora
-    pending = None if lora is None else lora.begin(layer, name, x)
-    y = kernels.linear(x, linear.weight)
-    if lora is not None:
-        y = lora.finish(pending, y)
-    y = tp.all_reduce(y)
-    return (y if linear.bias is None else y + linear.bias), None
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
         super().__init__()
-        self.layer, self.tp = layer, tp
+        self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size = shard.num_heads * cfg.head_dim
         self.kv_size = shard.num_kv_heads * cfg.head_dim
         self.window = cfg.layer_windows[layer] if cfg.layer_windows else None
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, bias=cfg.o_bias, tp=tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
-        """RoPE, the K/V store (and the qkv LoRA expand) in one kernel where the backend's cache
-        layout allows it (flat slots) and no q/k norm sits between the projection and RoPE."""
-        return (kernels.fuses_rope_store and T <= ROPE_STORE_MAX_TOKENS and backend.stores_flat_slots
-                and self.q_norm is None and kv[0].dtype == self.qkv_proj.weight.dtype)
+        """RoPE, the K/V store (and the qkv projection's tail) in one kernel where the K/V store has that
+        path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
+        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, self.qkv_proj.weight.dtype)
 
-    def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, defer_o: bool = False):
-        """x [T, hidden] -> ([T, hidden], the o LoraDelta left to the caller or None); writes this
-        step's K/V into kv = (k_cache, v_cache). scale: x is add_rms_norm_lora's undivided rows and
-        this RowScale divides them (in the fused RoPE + store kernel)."""
+    def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, fuse_tail: bool = False):
+        """x [T, hidden] -> ([T, hidden], o's tail for the next norm or None); writes this step's
+        K/V into kv = (k_cache, v_cache). scale: the norm before took a tail and left x's rows
+        undivided; the fused RoPE + store kernel divides them. fuse_tail: the next norm can take
+        o's tail."""
         T = x.shape[0]
         fused = self.fuses_rope_store(T, kv, backend, kernels)
-        qkv, delta = _project(self.qkv_proj, x, batch, self.layer, "qkv", kernels, defer=fused)
+        qkv, tail = self.qkv_proj(x, batch, kernels, fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
-        if scale is not None and (not fused or delta is None):
-            raise RuntimeError("a RowScale needs the fused RoPE + store kernel and a deferred qkv delta")
+        if scale is not None and (not fused or tail is None):
+            raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
         if fused:
-            kernels.rope_store(qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, kv[0], kv[1],
-                               batch.slots, lora=delta, scale=scale)
+            backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
+                                        lora=tail, scale=scale)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -106,32 +70,9 @@ class Attention(nn.Module):
                 q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
-            backend.write_kv(kv[0], kv[1], k, v, batch)
+            backend.kv_store.write(kv, k, v, batch)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
-        return _project_row_parallel(self.o_proj, o.reshape(T, self.q_size), batch, self.layer, "o", kernels, self.tp,
-                                     defer_o)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup):
-        super().__init__()
-        self.layer, self.tp = layer, tp
-        self.inter = shard.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.inter, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(self.inter, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, x, batch: ForwardBatch, kernels, scale=None, defer_down: bool = False):
-        """-> (down_proj output, the down LoraDelta left to the caller or None); scale as in Attention."""
-        if batch.lora is None and scale is None:  # gate_up and SiLU-and-mul, fused where the kernels can
-            act = kernels.gate_up_silu(x, self.gate_up_proj.weight, self.gate_up_proj.bias)
-            return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", kernels, self.tp, defer_down)
-        gate_up, delta = _project(self.gate_up_proj, x, batch, self.layer, "gate_up", kernels,
-                                  defer=kernels.fuses_lora)
-        if scale is not None and delta is None:
-            raise RuntimeError("a RowScale needs a deferred gate_up delta")
-        # the gate_up LoRA expand, where deferred, added here (and the norm's division, with scale)
-        act = kernels.silu_mul(gate_up, lora=delta, scale=scale)
-        return _project_row_parallel(self.down_proj, act, batch, self.layer, "down", kernels, self.tp, defer_down)
+        return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
 
 
 class DecoderLayer(nn.Module):
@@ -140,35 +81,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer, shard, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, layer, shard, tp)
+        self.mlp = make_mlp(cfg, layer, shard, tp)
 
-    def forward(self, h, residual, rope, batch, kv, backend, kernels, pending=None, defer: bool = False,
-                defer_down: bool = False):
+    def forward(self, h, residual, rope, batch, kv, backend, kernels, tail=None, norm_tails: bool = False,
+                last: bool = False):
         """Pre-norm residual block in (output, residual) form so that the residual add and the
-        next norm fuse into one kernel: h_out + residual_out (+ the returned delta) is the block's
-        true output. -> (h_out, residual_out, the down LoraDelta left to the next norm or None).
+        next norm fuse into one kernel: h_out + residual_out (+ the returned tail) is the block's
+        true output. -> (h_out, residual_out, the down projection's tail for the next norm or None).
 
-        pending: the previous block's down delta (h lacks it). defer: the o delta goes into the
-        post-attention norm, and `pending` into the input norm, each a column-parallel kernel whose
-        division by rms the kernel after the next GEMM does (a RowScale); defer_down: the down delta
-        comes back for the next block's input norm."""
-        eps = self.input_layernorm.eps
-        scale = None
-        if residual is None:
-            residual, x = h, kernels.rms_norm(h, self.input_layernorm.weight, eps)
-        elif pending is not None:
-            x, residual, scale = kernels.add_rms_norm_lora(h, residual, self.input_layernorm.weight, eps, pending)
-        else:
-            x, residual = kernels.add_rms_norm(h, residual, self.input_layernorm.weight, eps)
-        h, delta = self.self_attn(x, rope, batch, kv, backend, kernels, scale, defer)
-        scale = None
-        if delta is not None:
-            x, residual, scale = kernels.add_rms_norm_lora(h, residual, self.post_attention_layernorm.weight, eps,
-                                                           delta)
-        else:
-            x, residual = kernels.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
-        h, delta = self.mlp(x, batch, kernels, scale, defer and defer_down)
-        return h, residual, delta
+        tail: the previous block's (h lacks it). norm_tails: this step's norms may take the o and
+        down tails (CausalLM.forward), except after the last block's down."""
+        x, residual, scale = self.input_layernorm.add(h, residual, kernels, tail)
+        h, tail = self.self_attn(x, rope, batch, kv, backend, kernels, scale, norm_tails)
+        x, residual, scale = self.post_attention_layernorm.add(h, residual, kernels, tail)
+        h, tail = self.mlp(x, batch, kernels, scale, norm_tails and not last)
+        return h, residual, tail
 
 
 class DecoderModel(nn.Module):
@@ -192,7 +119,7 @@ class CausalLM(nn.Module):
         self.tp = tp if tp is not None else TPGroup.single()
         self.shard = TPShard.of(cfg, self.tp)
         self.model = DecoderModel(cfg, self.shard, self.tp)
-        self.lm_head = nn.Linear(cfg.hidden_size, self.shard.vocab_shard, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, self.shard.vocab_shard, bias=False)
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
@@ -201,28 +128,46 @@ class CausalLM(nn.Module):
         """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
         rope = kernels.rope_tables(batch.positions)  # once per step, shared by every layer
         h = self._embed(batch.input_ids)
-        residual, pending = None, None
-        defer = self._defers_norms(batch, kv_cache, backend, kernels)
+        residual, tail = None, None
+        norm_tails = self._norms_take_tails(batch, kv_cache, backend, kernels)
         last = len(self.model.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_cache)):
-            h, residual, pending = layer(h, residual, rope, batch, kv, backend, kernels, pending, defer, i < last)
+            h, residual, tail = layer(h, residual, rope, batch, kv, backend, kernels, tail, norm_tails, i == last)
         if batch.lm_head_indices is not None:  # norm and project only the rows asked for
             h = h.index_select(0, batch.lm_head_indices)
             residual = residual.index_select(0, batch.lm_head_indices)
-        h, _ = kernels.add_rms_norm(h, residual, self.model.norm.weight, self.model.norm.eps)
+        h, _, _ = self.model.norm.add(h, residual, kernels)
         if not self.tp.enabled:
-            return kernels.linear(h, self.lm_head.weight).float()
-        logits = self.tp.all_gather_last(kernels.linear(h, self.lm_head.weight))  # [num_out, W * vocab_shard]
+            return self.lm_head.project(h, kernels).float()
+        logits = self.tp.all_gather_last(self.lm_head.project(h, kernels))  # [num_out, W * vocab_shard]
         return logits[:, : self.cfg.vocab_size].float()
 
-    def _defers_norms(self, batch: ForwardBatch, kv_cache, backend, kernels) -> bool:
-        """Whether this step adds the o / down LoRA deltas inside the residual-add + RMSNorm kernels
-        (DecoderLayer.forward's defer): a LoRA graph batch that defers every fused module's expand
-        (LoraBatch.defers_norms), kernels that take a RowScale, and the fused RoPE + store path."""
-        lora = batch.lora
-        return (lora is not None and not self.tp.enabled and kernels.fuses_norm_scale and lora.defers_norms
-                and self.model.layers[0].self_attn.fuses_rope_store(batch.input_ids.shape[0], kv_cache[0], backend,
-                                                                    kernels))
+    def _norms_take_tails(self, batch: ForwardBatch, kv_cache, backend, kernels) -> bool:
+        """Whether this step's residual-add + RMSNorm kernels may take the o / down projections'
+        tails (DecoderLayer.forward's norm_tails). Such a norm leaves its division by rms (a row
+        scale) to the kernel after the next GEMM, so the kernels must take that scale, and every
+        layer's qkv must go through the fused RoPE + store kernel (a function of the step's size,
+        the cache and the backend, the same for every layer). A projection hands over a tail only
+        where it has one (its wrapper decides)."""
+        return self.model.norm.takes_tail(kernels) and self.model.layers[0].self_attn.fuses_rope_store(
+            batch.input_ids.shape[0], kv_cache[0], backend, kernels)
+
+    def projections(self) -> dict[tuple[int, str], tuple[nn.Module, str]]:
+        """{(layer, name): (parent module, attribute)} of every decoder layer's projection: each
+        `<name>_proj` module (qkv and o in the attention, gate_up and down in a dense MLP)."""
+        out = {}
+        for i, layer in enumerate(self.model.layers):
+            for path, parent in layer.named_modules():
+                for attr, _ in parent.named_children():
+                    if attr.endswith("_proj") and not path.endswith("_proj"):
+                        out[(i, attr[: -len("_proj")])] = (parent, attr)
+        return out
+
+    def wrap_projections(self, wrap) -> None:
+        """Replace every decoder layer's projection p with wrap(p, layer, name) (see projections()),
+        a module with p's call (layers/linear.py), e.g. one that adds a feature around p."""
+        for (i, name), (parent, attr) in self.projections().items():
+            setattr(parent, attr, wrap(getattr(parent, attr), i, name))
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden]; vocab-parallel: each rank adds the rows of its own id range."""

@@ -11,13 +11,19 @@ Requests come in through `add_request` (token ids or text) and leave through the
     Sampler                       -> next tokens (+ logprobs)                  [sampling.py]
     stop checks, detokenization   -> RequestOutput per request with news
 
+Structured requests (SamplingParams.structured) get a grammar at add_request
+(text_generator/structured.py); their logits rows are masked before the Sampler, each emitted
+token advances the grammar, and its termination ends the request with "stop".
+
 Request-level problems (bad sampling parameters, a prompt longer than max_seq_len, an adapter
-that is not loaded, a request the KV pool can never hold) finish that request with
-finish_reason "error" and a message; the others go on.
+that is not loaded, a request the KV pool can never hold, its stream_callback or the tokenizer
+raising on its text) finish that request with finish_reason "error" and a message, and free its
+blocks; the others go on. A drafter that fails on a request stops drafting for it (plain steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import time
@@ -27,19 +33,26 @@ from typing import Callable, Sequence
 import torch
 from loguru import logger
 
-from kv_manager import BlockManager
-from text_generator.errors import ErrorCode, ForwardArgumentError
+from adapters.ids import AdapterIdsError, resolve_adapter_ids
+from kv_manager import BlockManager, default_num_blocks
+from kv_manager.memory import CPU_KV_BUDGET_BYTES
+from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
+from text_generator.engine.detokenizer import make_detokenizer
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.sampling import Sampler, SamplingParams
+from text_generator.structured import GrammarCompiler, mask_logits_
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
-from text_generator.tokenizer import decode_tokens
 
 
 class LLMEngine:
     """Owns the KV cache, the block manager, the scheduler and every live request.
 
     generator:   a TextGenerator (anything with its forward_tensor / allocate_kv_cache / config)
-    num_blocks:  KV blocks to allocate; block_size: tokens per block
+    num_blocks:  KV blocks to allocate; None: sized here (kv_manager.default_num_blocks) from
+                 kv_memory_fraction of the free memory on CUDA, elsewhere enough for max_num_seqs
+                 x max_seq_len tokens within kv_cpu_budget_bytes; under tensor parallelism the
+                 ranks agree on the smallest count
+    block_size:  tokens per block
     max_num_seqs: running requests at most; max_num_batched_tokens: tokens per step at most
     max_seq_len: longest prompt + output (default and limit: the model's max positions)
     tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
@@ -50,14 +63,15 @@ class LLMEngine:
                  greedy requests in decode-only steps (speculative/engine_step.py); None: off
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
-                 back to the plain order while a drafter is set or a live request uses penalties.
+                 back to the plain order while a drafter is set or a live request uses penalties
+                 or structured output.
     """
 
     def __init__(
         self,
         generator,
         *,
-        num_blocks: int,
+        num_blocks: int | None = None,
         block_size: int = 16,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 2048,
@@ -70,10 +84,17 @@ class LLMEngine:
         speculative=None,
         freeze_gc: bool = True,
         async_scheduling: bool | None = None,
+        kv_memory_fraction: float = 0.9,
+        kv_cpu_budget_bytes: int = CPU_KV_BUDGET_BYTES,
     ):
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
                              f"got {type(speculative).__name__}")
+        if not (isinstance(block_size, int) and block_size >= 1):
+            raise ValueError(f"LLMEngine: block_size: expected an int >= 1, got {block_size!r}")
+        if num_blocks is not None and not (isinstance(num_blocks, int) and num_blocks >= 1):
+            raise ValueError(f"LLMEngine: num_blocks: expected an int >= 1 or None (sized from memory), "
+                             f"got {num_blocks!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"LLMEngine: expected max_num_seqs >= 1 and max_num_batched_tokens >= 1, "
                              f"got {max_num_seqs} and {max_num_batched_tokens}")
@@ -87,6 +108,9 @@ class LLMEngine:
         self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
+        if num_blocks is None:
+            num_blocks = _size_kv_cache(generator, block_size, max_seq_len, max_num_seqs, kv_memory_fraction,
+                                        kv_cpu_budget_bytes)
         self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size)
         watermark_blocks = min(int(watermark * num_blocks), num_blocks - 1)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
@@ -109,6 +133,8 @@ class LLMEngine:
         self.async_scheduling = bool(async_scheduling)
         self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
+        self._grammars: GrammarCompiler | None = None  # built at the first structured request
+        self._adapter_keys: set = set()  # prefix-cache keys ((adapter, load id)) given to requests
         if freeze_gc:
             # What is alive now (the model, its CUDA graphs, every imported module: ~10^5-10^6
             # objects) leaves the garbage collector's generations, as serving engines do after
@@ -127,34 +153,53 @@ class LLMEngine:
         stream_callback: Callable[[RequestOutput], None] | None = None,
     ) -> str:
         """Queue a request; returns its id. A problem with the request itself does not raise:
-        the request finishes with finish_reason "error" in the next step's outputs. Raises
-        ValueError only for a request_id that is still live."""
+        the request finishes with finish_reason "error" in the next step's outputs (and its id
+        is free again). Raises ValueError for a request_id that is still live or a stream_callback
+        that is not callable, and a coded error for structured output that cannot be had
+        (ForwardArgumentError INVALID_STRUCTURED_OUTPUT: xgrammar does not compile it;
+        GeneratorStateError STRUCTURED_OUTPUT_UNAVAILABLE: no xgrammar or no tokenizer); then no
+        request is left behind."""
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"add_request: request_id {rid!r} is already live")
-        req = Request(rid, [], SamplingParams(), adapter=None if adapter == "base" else adapter)
+        if stream_callback is not None and not callable(stream_callback):
+            raise ValueError(f"add_request: stream_callback: expected a callable or None, "
+                             f"got {type(stream_callback).__name__}")
+        req = Request(rid, [], SamplingParams())
         self.requests[rid] = req
         if stream_callback is not None:
             self._callbacks[rid] = stream_callback
         try:
             req.params = self._check_params(sampling_params)
             req.prompt_ids = self._check_prompt(prompt, req.params)
-            self._check_adapter(req.adapter)
-        except ValueError as e:
-            self._finish(req, "error", str(e))
+            req.adapter = self._check_adapter(adapter)
+            if req.adapter is not None:
+                req.cache_key = self.generator.adapter_cache_key(req.adapter)
+            req.generator = req.params.make_generator(self.generator.device)
+        except Exception as e:  # anything wrong with this request (a TypeError from a bad params
+            # dict, a tokenizer raising) fails it alone; the id must not stay taken
+            self._finish(req, "error", _describe(e))
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
-        req.generator = req.params.make_generator(self.generator.device)
+        if req.params.structured is not None:
+            try:
+                req.grammar = self._grammar_compiler().compile(req.params.structured)
+            except (ForwardArgumentError, GeneratorStateError):
+                del self.requests[rid]
+                self._callbacks.pop(rid, None)
+                raise
         p = req.params
-        if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
+        if req.cache_key is not None:
+            self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
         return rid
 
     def abort(self, request_id: str) -> bool:
         """Stop a live request; it is reported with finish_reason "abort" at the next step.
         Returns False if no live request has this id."""
-        req = self.requests.get(request_id)
+        req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or req.finished:
             return False
         self._finish(req, "abort")
@@ -175,6 +220,10 @@ class LLMEngine:
         if params is None:
             return SamplingParams()
         if isinstance(params, dict):
+            known = {f.name for f in dataclasses.fields(SamplingParams)}
+            unknown = sorted(map(str, set(params) - known))
+            if unknown:
+                raise ValueError(f"sampling_params: expected SamplingParams fields ({sorted(known)}), got {unknown}")
             return SamplingParams(**params)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params: expected a SamplingParams, a dict or None, got {type(params).__name__}")
@@ -192,10 +241,13 @@ class LLMEngine:
             if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
                 raise ValueError(f"prompt: expected a 1-D integer tensor, got {prompt.dtype} {list(prompt.shape)}")
             ids = prompt.tolist()
-        else:
+        elif isinstance(prompt, Sequence):
             ids = list(prompt)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
                 raise ValueError("prompt: expected a str or a sequence of int token ids")
+        else:
+            raise ValueError(f"prompt: expected a str, a sequence of int token ids or a 1-D integer tensor, "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt: expected at least one token, got none")
         vocab = self.generator.vocab_size
@@ -207,12 +259,22 @@ class LLMEngine:
                              f"(room for one output token), got {len(ids)}")
         return ids
 
-    def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is None:
-            return
-        loaded = list(self.generator.loaded_adapters())
-        if adapter not in loaded:
-            raise ValueError(f"adapter: expected a loaded adapter ({sorted(loaded)} or 'base'), got {adapter!r}")
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise GeneratorStateError(ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE, "tokenizer",
+                                          "expected an engine with a tokenizer for structured output, got none")
+            stops = None if self.eos_token_id is None else [self.eos_token_id]
+            self._grammars = GrammarCompiler(self.tokenizer, self.generator.vocab_size, stops)
+        return self._grammars
+
+    def _check_adapter(self, adapter) -> str | None:
+        """-> the adapter name, or None for the base model (adapters.ids' rule, for one request)."""
+        try:
+            ids = resolve_adapter_ids([adapter], 1, list(self.generator.loaded_adapters()))
+        except AdapterIdsError as e:
+            raise ValueError(f"adapter: {e.detail}") from None
+        return None if ids is None else ids[0]
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
@@ -236,6 +298,8 @@ class LLMEngine:
         scheduling, validation and attention planning overlap the device's previous step, and
         outputs come one step() later. Requests that finish on a token the device ran ahead of
         have that extra row discarded."""
+        if self._adapter_keys:
+            self._drop_stale_adapters()
         outputs, self._reports = self._reports, []
         prev, self._inflight = self._inflight, None
         if prev is not None and not self._may_run_ahead():
@@ -253,6 +317,28 @@ class LLMEngine:
             outputs += self._complete(prev)
         self._notify(outputs)
         return outputs
+
+    def _drop_stale_adapters(self) -> None:
+        """Adapters unloaded (or unloaded and loaded again under the same name) since requests
+        took their cache keys: those requests fail (their K/V came from weights that are gone),
+        and the prefix cache drops the blocks of the old key, which no request can reach now."""
+        stale = set()
+        for key in self._adapter_keys:
+            name = key[0]
+            if name not in self.generator.loaded_adapters() or self.generator.adapter_cache_key(name) != key:
+                stale.add(key)
+        if not stale:
+            return
+        for req in [r for r in self.requests.values() if r.cache_key in stale and not r.finished]:
+            name = req.adapter
+            why = (f"adapter {name!r} was reloaded since the request started (its K/V came from the "
+                   f"unloaded weights)" if name in self.generator.loaded_adapters()
+                   else f"adapter {name!r} is no longer loaded")
+            self._finish(req, "error", why)
+            self._reports.append(req.output([], None, self.tokenizer is not None))
+        for key in stale:
+            self.block_manager.drop_cached(key)
+        self._adapter_keys -= stale
 
     def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
@@ -289,7 +375,8 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         with a drafter (it proposes from the tokens), nor while a live request's sampling reads
-        its own output history (penalties)."""
+        its own output history (penalties; a grammar, which masks a token only once it has
+        accepted the previous one)."""
         return self.async_scheduling and self.drafter is None and not self._history_reqs
 
     def _launch(self, logits: torch.Tensor, chunks: list[ScheduledChunk], sampled: list[Request]) -> "_InFlight":
@@ -401,6 +488,8 @@ class LLMEngine:
         if not reqs:
             return []
         params = [r.params for r in reqs]
+        if any(r.grammar is not None for r in reqs):
+            logits = mask_logits_(logits.float().contiguous(), [r.grammar for r in reqs])
         out = self.sampler(
             logits, params, prompt_ids=[r.prompt_ids for r in reqs], output_ids=[r.output_ids for r in reqs],
             generators=[r.generator for r in reqs])
@@ -433,60 +522,112 @@ class LLMEngine:
             req.metrics.first_token_time = now
         new: list[int] = []
         delta = "" if self.tokenizer is not None else None
-        reason = None
-        for tok in toks:
-            if at is None:
-                req.output_ids.append(tok)
-            req.metrics.token_times.append(now)
-            new.append(tok)
-            reason, d = self._check_token(req, tok)
-            if d:
-                delta += d
-            if reason is not None:
-                break
+        reason = error = None
+        try:
+            for tok in toks:
+                if at is None:
+                    req.output_ids.append(tok)
+                req.metrics.token_times.append(now)
+                new.append(tok)
+                reason, d = self._check_token(req, tok)
+                if d:
+                    delta += d
+                if reason is not None:
+                    break
+        except Exception as e:  # this request's detokenization or stop check failed: it alone
+            reason, error, delta = "error", f"detokenizing its output failed: {_describe(e)}", None
         if reason is not None:
             if req.pending:
                 del req.output_ids[len(req.output_ids) - req.pending:]
                 req.pending = 0
-            self._finish(req, reason)
+            if error is None and reason == "error":  # the grammar refused the token
+                error = _GRAMMAR_REJECTED.format(new[-1])
+            self._finish(req, reason, error)
         elif self.drafter is not None:
-            rid = req.request_id
-            if rid not in self._drafting:
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
-                self._drafting.add(rid)
-            self.drafter.update(rid, new)
+            self._draft_update(req, new)
         return req.output(new, delta, self.tokenizer is not None)
+
+    def stop_drafting(self, request_ids, error: Exception) -> None:
+        """The drafter failed on these requests: they decode without drafts from now on (a later
+        token starts them afresh in the drafter)."""
+        logger.warning("drafter failed on requests {}, which decode without drafts now: {}",
+                       list(request_ids), _describe(error))
+        for rid in request_ids:
+            self._drafting.discard(rid)
+            try:
+                self.drafter.finish(rid)
+            except Exception:  # (a drafter that failed half-way may not know the request)
+                pass
+
+    def _draft_update(self, req: Request, new: list[int]) -> None:
+        """Tell the drafter the request's new tokens (starting it first). A drafter that fails
+        (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
+        token starts it afresh."""
+        rid = req.request_id
+        try:
+            if rid not in self._drafting:
+                self._drafting.add(rid)
+                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
+            self.drafter.update(rid, new)
+        except Exception as e:
+            self.stop_drafting([rid], e)
 
     def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
         """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
-        stop strings, then the length limits) -> (finish reason or None, new text or None)."""
+        stop strings, then the length limits) -> (finish reason or None, new text or None).
+
+        The token's text comes from the request's incremental detokenizer (EOS and stop tokens
+        add none). Text that might begin a stop string is held back (req.held_text) until the
+        next tokens decide; a stop string found across any token boundary cuts the text right
+        before it. When the request finishes, the held text and the detokenizer's tail go out."""
         p = req.params
         reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
+        if req.grammar is not None:
+            if not req.grammar.accept(tok):  # the mask forbade it: only a broken row of logits gets here
+                return "error", None
+            if req.grammar.terminated:  # it took the stop token that completes the structure
+                reason = "stop"
         n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
         at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
-        delta = None
-        if self.tokenizer is not None:
-            text = decode_tokens(self.tokenizer, req.output_ids[:n_out - 1] if reason else req.output_ids[:n_out])
-            if reason is None and p.stop:
-                cut = _find_stop(text, p.stop, len(req.text))
-                if cut is not None:
-                    text, reason = text[:cut], "stop"
-            if reason is None and not at_limit:
-                if text.endswith("\ufffd"):
-                    text = req.text  # an incomplete UTF-8 character: wait for its other bytes
-                elif p.stop:  # hold back what may be the start of a stop string
-                    hold = max(map(len, p.stop)) - 1
-                    text = text[:max(len(req.text), len(text) - hold)]
-            delta, req.text = text[len(req.text):], text
         if reason is None and at_limit:
             reason = "length"
+        if self.tokenizer is None:
+            return reason, None
+        if req.detokenizer is None:
+            req.detokenizer = make_detokenizer(self.tokenizer)
+        new = req.detokenizer.step(tok) if reason != "stop" else ""  # EOS / stop tokens: no text
+        if reason is not None:
+            new += req.detokenizer.flush()
+        text = req.text + req.held_text + new
+        if p.stop:
+            cut = _find_stop(text, p.stop, len(req.text))
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        end = len(text)
+        if reason is None and p.stop:  # hold back what may be the start of a stop string
+            end = max(len(req.text), end - (max(map(len, p.stop)) - 1))
+        delta, req.text, req.held_text = text[len(req.text):end], text[:end], text[end:]
         return reason, delta
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
+        """Call each output's stream_callback. One that raises fails its own request (reported
+        with finish_reason "error" at the next step, blocks freed, never called again); the
+        other callbacks still run."""
         for o in outputs:
             cb = self._callbacks.pop(o.request_id, None) if o.finished else self._callbacks.get(o.request_id)
-            if cb is not None:
+            if cb is None:
+                continue
+            try:
                 cb(o)
+            except Exception as e:
+                self._callbacks.pop(o.request_id, None)
+                req = self.requests.get(o.request_id)
+                why = f"its stream_callback raised {_describe(e)}"
+                if req is None or req.finished:
+                    logger.warning("request {}: {} on its final output", o.request_id, why)
+                    continue
+                self._finish(req, "error", why)
+                self._reports.append(req.output([], None, self.tokenizer is not None))
 
     # -- offline use -----------------------------------------------------------------------
     def generate(
@@ -522,6 +663,7 @@ class LLMEngine:
         return [final[i] for i in ids]
 
 
+_GRAMMAR_REJECTED = "token {} is outside the request's structured-output grammar"
 PLACEHOLDER = 0  # the id standing in input_ids / output_ids for a token still on the device
 
 
@@ -536,6 +678,22 @@ class _InFlight:
     token_ids: torch.Tensor | None  # [S] on the device
     host: dict[str, torch.Tensor]  # the sampler's outputs, copying to (pinned) host memory
     event: object  # CUDA event after the copies (None on the CPU)
+
+
+def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: int, fraction: float,
+                   cpu_budget: int) -> int:
+    """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank; under
+    tensor parallelism every rank runs the same scheduler in lockstep, so all take the minimum."""
+    n = default_num_blocks(generator.kv_cache_spec, block_size, device=generator.device, max_seq_len=max_seq_len,
+                           max_num_seqs=max_num_seqs, memory_fraction=fraction, cpu_budget_bytes=cpu_budget)
+    tp = getattr(generator, "tp_group", None)
+    if tp is not None and tp.enabled:
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64, device=generator.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.group)
+        n = int(t.item())
+    return n
 
 
 def _token_span(req: Request, start: int, end: int) -> list[int]:
@@ -555,6 +713,12 @@ def _find_stop(text: str, stops: list[str], old_len: int) -> int | None:
         if k != -1 and (best is None or k < best):
             best = k
     return best
+
+
+def _describe(e: Exception) -> str:
+    """An error message for a request's output: coded errors carry their own message."""
+    coded = type(e) is ValueError or hasattr(e, "code")
+    return str(e) if coded and str(e) else f"{type(e).__name__}: {e}"
 
 
 def _now() -> float:

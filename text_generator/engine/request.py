@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from text_generator.sampling import SamplingParams
+from text_generator.structured import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -86,7 +87,9 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     adapter: str | None = None
+    cache_key: object = None  # the prefix-cache extra_key: the adapter's (name, load id), None for the base
     generator: torch.Generator | None = None
+    grammar: RequestGrammar | None = None  # structured output: the grammar after output_ids
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens with K/V in the cache
@@ -98,7 +101,10 @@ class Request:
     final_pending: bool = False
     finish_reason: str | None = None
     error: str | None = None
-    text: str = ""
+    text: str = ""  # reported text (what the deltas add up to)
+    # decoded but not yet reported: it may be the start of a stop string (engine._check_token)
+    held_text: str = ""
+    detokenizer: object | None = None  # engine/detokenizer.py, made at the first output token
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0

@@ -136,7 +136,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             req = self.waiting[0]
             tokens = req.tokens
-            if not self.bm.can_admit(tokens, extra_key=req.adapter, reserve_tokens=1):
+            if not self.bm.can_admit(tokens, extra_key=req.cache_key, reserve_tokens=1):
                 if self.running:
                     break  # wait for running requests to finish and free blocks
                 # Nothing else holds blocks: admit without the watermark if it fits at all.
@@ -155,7 +155,7 @@ class Scheduler:
         return SchedulerOutput(chunks, flat, preempted, failed)
 
     def _admit(self, req: Request, tokens: list[int]) -> None:
-        cached = self.bm.admit(req.request_id, tokens, extra_key=req.adapter)
+        cached = self.bm.admit(req.request_id, tokens, extra_key=req.cache_key)
         self.waiting.popleft()
         req.num_computed, req.num_registered = cached, len(tokens)
         if req.num_cached_tokens is None:

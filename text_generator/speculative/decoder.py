@@ -144,7 +144,8 @@ class SpeculativeDecoder:
                  eos_token_id: int | None = None) -> list[list[int]]:
         """-> the generated tokens of each prompt (at most max_new_tokens; stops after eos).
         adapter_ids: one LoRA adapter per prompt (or None); it applies to every token of the
-        request's prefill and trees, and is the request's prefix-cache extra_key."""
+        request's prefill and trees, and its load (TextGenerator.adapter_cache_key) is the
+        request's prefix-cache extra_key: K/V of an earlier load of the name is never reused."""
         B = len(prompts)
         budget = [max_new_tokens] * B if isinstance(max_new_tokens, int) else list(max_new_tokens)
         adapters = list(adapter_ids) if adapter_ids is not None else [None] * B
@@ -174,7 +175,8 @@ class SpeculativeDecoder:
         return len(out) >= budget or (eos is not None and eos in out)
 
     def _prefill(self, ids, prompts, adapters, out) -> None:
-        cached = [self.bm.admit(s, list(p), extra_key=a) for s, p, a in zip(ids, prompts, adapters)]
+        keys = [None if a in (None, "base") else self.gen.adapter_cache_key(a) for a in adapters]
+        cached = [self.bm.admit(s, list(p), extra_key=k) for s, p, k in zip(ids, prompts, keys)]
         q = [len(p) - c for p, c in zip(prompts, cached)]
         toks = torch.cat([torch.as_tensor(list(p[c:])) for p, c in zip(prompts, cached)])
         pos = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, cached)])

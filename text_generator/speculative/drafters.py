@@ -150,8 +150,11 @@ class DraftModelDrafter:
         s = self._seqs[seq_id]
         n = len(s.context)
         usable = max(0, s.computed - n)  # drafts with K/V (all but the last one proposed)
+        # The last emitted token is never counted as computed, even when it equals a draft whose
+        # K/V is written (a chain the engine trimmed to its token budget): the next proposal
+        # must feed at least that token to get the logits it drafts from.
         match = 0
-        while match < min(len(emitted), usable) and emitted[match] == s.drafted[match]:
+        while match < min(len(emitted) - 1, usable) and emitted[match] == s.drafted[match]:
             match += 1
         s.computed = min(s.computed, n + match)
         self.bm.truncate(seq_id, n + match)
@@ -164,6 +167,7 @@ class DraftModelDrafter:
         """A chain of min(k, budget - 1) greedy drafts per request (fewer near max_seq_len)."""
         states = [self._seqs[s] for s in seq_ids]
         ks = [max(0, min(self.k, b - 1, self.max_seq_len - len(st.context))) for st, b in zip(states, budgets)]
+        self._fit_pool(seq_ids, ks)
         # step 0 feeds every token without draft K/V; step j > 0 feeds the draft of step j - 1
         feed = [self.bm.token_ids(s)[st.computed:] for s, st in zip(seq_ids, states)]
         for j in range(max(ks, default=0)):
@@ -175,6 +179,18 @@ class DraftModelDrafter:
                 self.bm.append(seq_ids[i], [t])
                 feed[i] = [t]
         return [DraftTree.chain([st.context[-1]] + st.drafted) for st in states]
+
+    def _fit_pool(self, seq_ids: Sequence[Hashable], ks: list[int]) -> None:
+        """Shorten the chains (in place; first come first served) so that all the drafts find
+        blocks in the draft model's pool: a full pool gives shorter or no drafts, never an
+        OUT_OF_BLOCKS in the middle of a proposal."""
+        bm, bs = self.bm, self.bm.block_size
+        available = bm.num_free_blocks + bm.num_cached_blocks
+        for i, s in enumerate(seq_ids):
+            n, held = bm.num_tokens(s), len(bm.block_table(s))
+            while ks[i] > 0 and -(-(n + ks[i]) // bs) - held > available:
+                ks[i] -= 1
+            available -= max(0, -(-(n + ks[i]) // bs) - held)
 
     def _forward(self, seq_ids: list, feeds: list[list[int]]) -> list[int]:
         """One draft-model step over each request's last len(feed) tokens (in the block manager,

@@ -3,7 +3,8 @@
 When an engine has a drafter (`LLMEngine(..., speculative=NgramDrafter())`) and a step holds
 only decodes, the engine runs this step instead of a plain one:
 
-    eligible requests (greedy, no penalties, no logprobs): drafter.propose -> DraftTree
+    eligible requests (greedy, no penalties, no logprobs; structured ones too, verified under
+        their grammar): drafter.propose -> DraftTree
         (root = the request's last token), pruned to the token budget, max_seq_len and the
         tokens still wanted; drafts appended to the block manager only where blocks are free
     other requests: a lone-root tree (a plain decode)
@@ -26,7 +27,7 @@ from text_generator.engine.scheduler import ScheduledChunk
 from text_generator.sampling import SamplingParams
 from text_generator.speculative.decoder import compact_accepted_kv
 from text_generator.speculative.tree import DraftTree, build_tree_batch
-from text_generator.speculative.verify import verify_greedy
+from text_generator.speculative.verify import verify_greedy, verify_greedy_grammar
 
 if TYPE_CHECKING:
     from text_generator.engine import LLMEngine
@@ -35,8 +36,9 @@ MAX_TREE_NODES = 16  # per request and step, the root included
 
 
 def can_draft(p: SamplingParams) -> bool:
-    """Greedy verification reproduces argmax of the raw logits: penalties would change the
-    target, and logprobs are not computed for accepted drafts."""
+    """Greedy verification reproduces argmax of the raw logits (masked by the request's grammar
+    for structured output): penalties would change the target, and logprobs are not computed
+    for accepted drafts."""
     return p.greedy and not p.has_penalties and p.logprobs is None
 
 
@@ -53,7 +55,11 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
     ids = [rid for rid, b in budgets.items() if b > 1]
     if not ids:
         return None
-    proposed = dict(zip(ids, drafter.propose(ids, [budgets[i] for i in ids])))
+    try:
+        proposed = dict(zip(ids, drafter.propose(ids, [budgets[i] for i in ids])))
+    except Exception as e:  # a failing drafter costs its speedup, never the step
+        engine.stop_drafting(ids, e)
+        return None
     trees = []
     for c in chunks:
         r = c.request
@@ -90,7 +96,8 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
             r.num_computed = s + 1
             plain.append(b)
             continue
-        v = verify_greedy(t, logits[off[b]:off[b + 1]])
+        rows = logits[off[b]:off[b + 1]]
+        v = verify_greedy(t, rows) if r.grammar is None else verify_greedy_grammar(t, rows, r.grammar)
         # speculative.commit_accepted without its final append of the bonus token, which may
         # need a block the pool no longer has; the engine registers it at the next step
         src = batch.slots[off[b]:off[b + 1]][v.path]

@@ -9,6 +9,20 @@ Greedy (temperature 0): node i is accepted iff every node on its path equals the
 parent's row; the deepest accepted node wins (first in index order among equals), and the bonus
 is the argmax of its row. The output is therefore plain greedy decoding, token for token.
 
+Greedy under a grammar (structured output, `verify_greedy_grammar`): a node's target is the
+argmax of its row masked by the grammar's state after the root-to-node path, so the accepted
+path is walked with the request's grammar, node by node (a draft the grammar forbids is never
+the masked argmax, so it is rejected):
+
+    node = root
+    loop: target = masked argmax of node's row (grammar state = after the path so far)
+          a child drafting target, and target does not end the grammar? accept it, descend
+          otherwise: target is the bonus; stop
+    then undo the walk's accepts (GrammarMatcher.rollback): the engine's emit advances the
+    grammar over the emitted tokens, as for any step
+
+which is plain structured greedy decoding, token for token.
+
 Sampling (temperature > 0): recursive rejection sampling with deterministic drafts (a one-hot
 draft distribution per child, as an n-gram or greedy draft model proposes). At the current node
 with target distribution p, the children are tried in index order: child c (token x) is accepted
@@ -82,6 +96,30 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
             best = i
     path = tree.path(best)
     return Verdict(path, [tree.tokens[i] for i in path[1:]] + [target[best]])
+
+
+def verify_greedy_grammar(tree: DraftTree, logits: torch.Tensor, grammar) -> Verdict:
+    """verify_greedy with each node's row masked by `grammar` (a structured.RequestGrammar at
+    the root's state; left at that state on return)."""
+    children = tree.children()
+    node, path, out = 0, [0], []
+    try:
+        while True:
+            target = grammar.next_greedy(logits[node])
+            nxt = next((c for c in children[node] if tree.tokens[c] == target), None)
+            if nxt is not None:
+                if not grammar.accept(target):
+                    nxt = None
+                elif grammar.terminated:  # nothing follows the stop token: emit it as the bonus
+                    grammar.rollback(1)
+                    nxt = None
+            out.append(target)
+            if nxt is None:
+                return Verdict(path, out)
+            path.append(nxt)
+            node = nxt
+    finally:
+        grammar.rollback(len(path) - 1)
 
 
 def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Verdict:

@@ -13,13 +13,9 @@ read BLOCK_N keys a step with an online softmax in fp32. With one split it write
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
 merges the splits of each (request, head).
 
-Measured on an H100 (Llama-3-8B: 32 / 8 heads, head_dim 128, pages of 16 shuffled;
-benchmarks/ab_decode_attention.py, results/decode_attention.json), against FlashInfer's
-tensor-core decode as the graphs planned it: decode steps (graphs, batch 1-128, context 512 and
-2048) 0.1-2.5 % faster at all ten points, e.g. batch 64 x 512 7.84 -> 7.64 ms, batch 1 x 2048 5.63
--> 5.54; the kernel alone at 0.27-0.99 of the copy bandwidth where FlashInfer's is at 0.23-0.98
-(slower only at batch 32 x 4096: 187.0 against 185.3 us). Settings from scratch sweeps: 64 keys a
-step in 3 stages (2 stages lost up to 4 % at long contexts, 32 keys up to 20 %).
+Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
+steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
+3 stages: fewer keys or stages lost at long contexts in a sweep.
 """
 
 from __future__ import annotations

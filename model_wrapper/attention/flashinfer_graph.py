@@ -1,0 +1,138 @@
+"""The FlashInfer backend's decode attention inside CUDA graphs: per bucket, static page metadata
+and the attention a captured step runs.
+
+The graph runner (model_wrapper/cuda_graph.py) sees only the backend's three hooks
+(AttentionBackend.init_cuda_graph_state / init_forward_metadata_capture_cuda_graph /
+init_forward_metadata_replay_cuda_graph); this module is what they build for FlashInfer:
+
+    DecodeGraphState   one bucket's static buffers: page indices (and, for the Triton kernel,
+                       kv_indptr + kv_last_page_len), or FlashInfer's graph wrappers (one per window)
+    GraphAttention     the backend a captured step runs: the Triton decode kernel
+                       (kernels/decode_attention.py) over the state's metadata where it fits, else
+                       the state's planned FlashInfer wrappers
+
+Per replay, on the host only: the bucket's page metadata goes into pinned staging buffers, then
+one non-blocking copy to the device (the Triton kernel's), or FlashInfer's plan into its wrappers'
+fixed buffers. Padding requests read one page (the first page of request 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from model_wrapper.attention.backend import AttentionBackend
+
+
+@dataclass
+class DecodeGraphState:
+    """Static attention buffers of one decode-graph bucket of `size` requests (int32, pinned host
+    staging -> device; the device tensors are the ones the graph reads).
+
+    size:            requests in the bucket (padding included)
+    triton:          whether the graph runs the Triton decode kernel (else FlashInfer's wrappers)
+    indices_staging: [size * max_pages] pinned; indices: the same on the device (kv_indices)
+    meta_staging:    [2 * size + 1] pinned (Triton): kv_indptr [size + 1], then kv_last_page_len [size]
+    meta:            the same on the device; kv_indptr / kv_last are its two views
+    splits:          KV splits per (request, KV head) of the Triton kernel
+    wrappers:        FlashInfer's BatchDecodeWithPagedKVCacheWrapper per window (use_cuda_graph)
+    split_kv:        whether FlashInfer's plan may split the KV of a request (not: disable_split_kv)
+    """
+
+    size: int
+    triton: bool
+    indices_staging: torch.Tensor
+    indices: torch.Tensor
+    meta_staging: torch.Tensor | None = None
+    meta: torch.Tensor | None = None
+    kv_indptr: torch.Tensor | None = None
+    kv_last: torch.Tensor | None = None
+    splits: int = 1
+    wrappers: dict = field(default_factory=dict)
+    split_kv: bool = True
+
+
+def make_state(backend, size: int, max_pages: int, windows, triton: bool, unsplit_kv: bool) -> DecodeGraphState:
+    """A bucket's DecodeGraphState on backend.device (a FlashInferAttentionBackend)."""
+    device = backend.device
+    # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
+    # with a blocking copy, device ones without
+    state = DecodeGraphState(size, triton, torch.zeros(size * max_pages, dtype=torch.int32).pin_memory(),
+                             torch.zeros(size * max_pages, dtype=torch.int32, device=device))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if triton:  # the kernel's metadata: kv_indptr [size + 1], then kv_last_page_len [size]
+        from model_wrapper.kernels.decode_attention import decode_splits
+
+        state.meta = torch.zeros(2 * size + 1, dtype=torch.int32, device=device)
+        state.meta_staging = torch.zeros(2 * size + 1, dtype=torch.int32).pin_memory()
+        state.kv_indptr, state.kv_last = state.meta[: size + 1], state.meta[size + 1:]
+        state.splits = decode_splits(size, backend.num_kv_heads, sms)
+        return state
+    import flashinfer
+
+    # FlashInfer splits each request's KV over several programs (then merges) unless told not
+    # to; with a program per (request, KV head) already filling the SMs the split only costs
+    # (faster at large batches, slower at small ones: hence the rule). Unsplit replays are also
+    # deterministic.
+    state.split_kv = not unsplit_kv or size * backend.num_kv_heads < sms
+    for w in windows:
+        state.wrappers[w] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            backend.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=backend.tensor_cores,
+            paged_kv_indptr_buffer=torch.zeros(size + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buffer=torch.zeros(size * max_pages, dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buffer=torch.zeros(size, dtype=torch.int32, device=device),
+        )
+    return state
+
+
+def plan_replay(backend, state: DecodeGraphState, block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor,
+                page: int) -> None:
+    """Fill state's metadata for B = len(seq_lens_cpu) real requests (block_tables_cpu [B, W] int32,
+    seq_lens_cpu [B]); the size - B padding requests read one page (request 0's first) each."""
+    from model_wrapper.attention.flashinfer_backend import page_metadata
+
+    B, b = seq_lens_cpu.shape[0], state.size
+    tables = torch.full((b, block_tables_cpu.shape[1]), -1, dtype=torch.int32)
+    tables[:B] = block_tables_cpu
+    tables[B:, 0] = block_tables_cpu[0, 0]
+    lens = torch.ones(b, dtype=torch.int32)
+    lens[:B] = seq_lens_cpu
+    indptr, indices, last = page_metadata(tables, lens, page, pin=not state.triton)
+    n = indices.numel()
+    state.indices_staging[:n] = indices
+    state.indices[:n].copy_(state.indices_staging[:n], non_blocking=True)
+    if state.triton:
+        state.meta_staging[: b + 1] = indptr
+        state.meta_staging[b + 1:] = last
+        state.meta.copy_(state.meta_staging, non_blocking=True)
+        return
+    dtype = backend.kv_dtype
+    for w, wrapper in state.wrappers.items():
+        wrapper.plan(indptr, state.indices[:n], last, backend.num_heads, backend.num_kv_heads, backend.head_dim, page,
+                     window_left=-1 if w is None else w - 1, q_data_type=dtype, kv_data_type=dtype,
+                     sm_scale=backend.scale, disable_split_kv=not state.split_kv)
+
+
+class GraphAttention(AttentionBackend):
+    """The attention a captured step runs: the Triton decode kernel over the state's metadata, or
+    the state's planned FlashInfer wrappers; nothing else. K/V is written by the backend's store."""
+
+    name = "flashinfer-graph"
+
+    def __init__(self, backend, state: DecodeGraphState):
+        super().__init__(backend.num_heads, backend.num_kv_heads, backend.head_dim, backend.scale)
+        self.state = state
+        self.kv_store = backend.kv_store  # skips the -1 slots of padding (KVStore.graph_safe)
+
+    def plan(self, batch):  # planned by the replay hook, outside the graph
+        pass
+
+    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
+        s = self.state
+        if s.triton:
+            from model_wrapper.kernels.decode_attention import paged_decode_attention
+
+            return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, s.kv_indptr,
+                                          s.indices, s.kv_last, self.scale, window=window, splits=s.splits)
+        return s.wrappers[window].run(q, (k_cache, v_cache))

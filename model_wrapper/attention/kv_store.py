@@ -1,0 +1,85 @@
+"""KVStore: the one writer of K/V into the caller's paged caches.
+
+Every layer's K/V enters the cache here, by one of two methods:
+
+    write(layer_kv, k, v, batch)   k, v [T, kv_heads, head_dim] at batch.slots (slot -1: nothing)
+    rope_write(layer_kv, qkv, ...) RoPE on q and k of the fused projection qkv, in place, and k, v
+                                   at the slots: one kernel (the fast path, where fuses_rope says so)
+
+The caches are [num_blocks, block_size, kv_heads, head_dim] per K and V (DESIGN.md's layout); a
+flat slot s = block * block_size + offset is row s of the [num_blocks * block_size, kv_heads,
+head_dim] view. write has two implementations: the torch reference (index_copy_ of the written
+rows, whose -1 slots ForwardBatch filtered out on the host) and, on the CUDA path with Triton,
+one store kernel that skips -1 slots itself (kernels/kv_store.store_kv), which a CUDA graph's
+padded batch needs (graph_safe). The attention backend carries the store (AttentionBackend.kv_store)
+to the layers; ModelWrapper builds it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.kernels.config import KernelConfig
+
+
+class KVStore:
+    """Owns how K/V is written: the implementation (torch or Triton), the RoPE table of the fused
+    path (float32 [max_positions, head_dim]: cos half, then sin half; None: no fused path) and the
+    kernel configuration. It holds no cache tensors: each call names its layer's (k_cache, v_cache)."""
+
+    def __init__(self, *, triton: bool = False, rope_table: torch.Tensor | None = None,
+                 config: KernelConfig | None = None):
+        self._kernels = None
+        if triton:
+            try:
+                from model_wrapper.kernels import kv_store as kernels
+            except ImportError:  # no Triton: the torch reference
+                kernels = None
+            self._kernels = kernels
+        self.rope_table = rope_table if self._kernels is not None else None
+        self.config = config if config is not None else KernelConfig()
+
+    @property
+    def name(self) -> str:
+        return "torch" if self._kernels is None else "triton"
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether write takes a batch whose slots hold -1 (padding) on the device, with no host
+        filtering: what a CUDA graph's static batch needs."""
+        return self._kernels is not None
+
+    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+        """Whether rope_write takes a step of num_tokens tokens: the Triton kernel with a RoPE table
+        of a power-of-two head_dim, up to config.rope_store_max_tokens tokens (beyond, FlashInfer's
+        RoPE and the store kernel are faster), and a cache of the projection's dtype."""
+        if self.rope_table is None:
+            return False
+        head_dim = self.rope_table.shape[1]
+        return (head_dim & (head_dim - 1) == 0 and num_tokens <= self.config.rope_store_max_tokens
+                and kv_dtype == dtype)
+
+    def write(self, layer_kv, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
+        """Write k, v [T, kv_heads, head_dim] (rows may be strided) into layer_kv = (k_cache, v_cache)
+        at batch.slots; tokens with slot -1 write nothing."""
+        k_cache, v_cache = layer_kv
+        if self._kernels is not None:  # one kernel for K and V; -1 slots skipped inside it
+            self._kernels.store_kv(k, v, k_cache, v_cache, batch.slots)
+            return
+        idx = batch.write_token_index
+        slots = batch.write_slots
+        if idx is not None:
+            k, v = k.index_select(0, idx), v.index_select(0, idx)
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+    def rope_write(self, layer_kv, qkv: torch.Tensor, positions: torch.Tensor, num_heads: int, num_kv_heads: int,
+                   head_dim: int, slots: torch.Tensor, lora=None, scale=None) -> None:
+        """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): (its rows normalised by scale, a
+        RowScale; the qkv LoRA delta lora, a LoraDelta, added,) RoPE on q and k at positions [T], and
+        k, v written at slots [T] of layer_kv (-1: nothing): one kernel (kernels/kv_store.rope_store_kv).
+        Only where fuses_rope holds."""
+        k_cache, v_cache = layer_kv
+        self._kernels.rope_store_kv(qkv, positions, self.rope_table, num_heads, num_kv_heads, head_dim,
+                                    k_cache, v_cache, slots, lora, scale, self.config)

@@ -1,0 +1,50 @@
+"""What several kernel families share: programmatic dependent launch, the GPU-generation checks,
+and the SiLU-and-mul arithmetic of every kernel that ends in it.
+
+Programmatic dependent launch (PDL, Hopper and later, not under the interpreter): a kernel is
+launched while the kernel before it drains and waits (gdc_wait) before reading that kernel's
+output. The kernels that use it also let the next kernel launch at once (gdc_launch_dependents
+on entry): that kernel may then read, before its own wait, only what no kernel of the step
+writes (gemv: its weights). The LoRA-fused epilogues do not use it (no gain measured).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401 (re-exported to the kernels)
+
+from model_wrapper.kernels.config import KernelConfig
+
+DEFAULT = KernelConfig()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_plus(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def uses_pdl(device: torch.device, cfg: KernelConfig) -> bool:
+    """Whether a kernel on `device` launches with PDL: cfg.pdl on an sm90+ GPU."""
+    return cfg.pdl and _sm90_plus(device)
+
+
+def launch_args(pdl: bool) -> dict:
+    """The launch keywords of a kernel launched with (or without) PDL."""
+    return dict(launch_pdl=True) if pdl else {}
+
+
+@functools.cache
+def sm90(device: torch.device) -> bool:
+    """Hopper exactly: the skinny and wide GEMMs' configs (shared memory, TMA) are its own."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+@triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in fp32 (g, u of any float dtype)."""
+    g = g.to(tl.float32)
+    return g / (1.0 + tl.exp(-g)) * u.to(tl.float32)

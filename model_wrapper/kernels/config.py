@@ -1,0 +1,52 @@
+"""KernelConfig: every tuned launch constant and kernel switch of the CUDA path, in one object.
+
+The kernels object (layers/kernels.FlashInferKernels), the K/V store and the decode graph runner
+hold one and pass it to the kernels' host functions; ModelWrapper / TextGenerator take it as
+`kernel_config` (default: the values below) and a benchmark passes its variant as a new config
+(`dataclasses.replace(config, gemv_max_tokens=4)`, then ModelWrapper.set_kernel_config) instead
+of patching module globals. The measurements behind each value are in benchmarks/RESULTS.md and
+benchmarks/results/; a comment here says why in one line. No Triton import: the CPU path reads it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    # programmatic dependent launch on sm90+: a kernel launches while the one before it drains
+    # and waits (gdc_wait) before reading its output: hides the launch gap between dependent kernels
+    pdl: bool = True
+
+    # gemv (kernels/gemv.py): steps of 1..gemv_max_tokens tokens (beyond: skinny GEMM / cuBLAS)
+    gemv_max_tokens: int = 2  # at 4 tokens its fp32 FMAs lose to cuBLAS's tensor cores
+    gemv_tile: int = 16384  # weights a program holds in registers (8k / 32k within noise)
+    gemv_warps: int = 8
+    gemv_max_k: int = 32768  # widest row a program holds; wider rows go to cuBLAS
+
+    # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
+    # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
+    norm_max_tokens: int = 64
+
+    # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
+    skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
+
+    # wide gate_up + SiLU GEMM (kernels/gemm.py), sm90: steps of at least this many tokens
+    wide_min_tokens: int = 1024  # at 512 tokens it loses to cuBLAS + silu_and_mul
+
+    # RoPE + K/V store in one kernel (kernels/kv_store.py) up to this many tokens: a gain in
+    # decode, even at a 2k prefill, a loss at 4k against FlashInfer's RoPE + the store kernel
+    rope_store_max_tokens: int = 1024
+    rope_warps: int = 4  # (1 / 2 within noise, base and LoRA)
+
+    # the LoRA-fused epilogues (kernels/lora_epilogues.py)
+    silu_lora_block: int = 128  # columns per program
+    silu_lora_block_t: int = 16  # tokens of one group per tensor-core product (its smallest M)
+    silu_lora_warps: int = 4  # (64 / 128 columns x 2 / 4 / 8 warps within noise)
+    add_norm_block: int = 128  # columns per program of add_lora_rms_norm
+    add_norm_warps: int = 4  # (2 / 8 within noise)
+
+    # decode CUDA graphs (model_wrapper/cuda_graph.py)
+    triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits
+    unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit

@@ -1,0 +1,137 @@
+"""The Triton K/V writes into the paged caches [num_blocks, block_size, kv_heads, head_dim]
+(contiguous; flat slot s = block * block_size + offset is row s of the [blocks * block_size,
+kv_heads * head_dim] view; slot -1 writes nothing, so a padded graph batch simply carries -1):
+
+store_kv       this step's K and V rows at their slots, one launch (attention/kv_store.KVStore's
+               plain path on CUDA).
+rope_store_kv  RoPE on q and k in place and k, v written at their slots in one launch, with the
+               qkv LoRA delta and a deferred RMSNorm factor (lora_epilogues.RowScale) applied
+               first where given (KVStore.rope_write, the fused path).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
+from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.lora_epilogues import RowScale, lora_add, rank_args, row_scale, rope_lora_tiles, scale_args
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_k, stride_v, width,
+                     BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = (offs < width) & (slot >= 0)
+    k = tl.load(k_ptr + t * stride_k + offs, mask=m)
+    v = tl.load(v_ptr + t * stride_v + offs, mask=m)
+    tl.store(kc_ptr + slot * width + offs, k, mask=m)
+    tl.store(vc_ptr + slot * width + offs, v, mask=m)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """k, v [T, kv_heads, head_dim] (each row contiguous); caches [blocks, block_size, kv_heads,
+    head_dim] contiguous; slots [T] int64, -1 = skip."""
+    T = k.shape[0]
+    width = k.shape[1] * k.shape[2]
+    if T:
+        _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slots, k.stride(0), v.stride(0), width,
+                               BLOCK=triton.next_power_of_2(width))
+
+
+@triton.jit
+def _rotate_half_pair(x1, x2, cos, sin, dtype):
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    return (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+
+
+@triton.jit
+def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
+                       lslot_ptr, ss_ptr, R, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ, HK, nb, inv_n,
+                       eps, D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr, RPAD: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, SCALED: tl.constexpr, NB: tl.constexpr):
+    """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
+    j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot.
+    SCALED: qkv (and s) project add_lora_rms_norm's unnormalised rows: each is first multiplied by
+    the token's RMSNorm factor and rounded (written back too: qkv ends as the true projection).
+    Everything is read before anything is written (a store would hold later loads back)."""
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    full = tl.arange(0, D)
+    ok = half < D // 2
+    j = tl.maximum(head - HQ, 0)
+    kv = head >= HQ
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the GEMM that wrote qkv is complete
+    if LORA:
+        lslot = tl.load(lslot_ptr + t)
+        b1, b2, bvt, sub, rank, rank_v = rope_lora_tiles(bq_ptr, bk_ptr, bv_ptr, rank_ptr, lslot, head, j, half, full,
+                                                          ok, HQ, HK, R, D, BLOCK_R, RPAD)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * stride_cs + half)
+    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    row = qkv_ptr + t * stride_qkv
+    if head < HQ:
+        base = row + head * D  # q head `head`
+    else:
+        base = row + HQ * D + j * D  # k head j
+    vbase = row + (HQ + HK) * D + j * D  # v head j (for a kv head)
+    x1 = tl.load(base + half)
+    x2 = tl.load(base + D // 2 + half)
+    v = tl.load(vbase + full, mask=(full < D) & kv, other=0.0)
+    rs = 1.0
+    if SCALED:
+        rs = row_scale(ss_ptr, t, nb, inv_n, eps, NB)
+        x1 = (x1.to(tl.float32) * rs).to(dtype)
+        x2 = (x2.to(tl.float32) * rs).to(dtype)
+        v = (v.to(tl.float32) * rs).to(dtype)
+    if LORA:
+        x1 = lora_add(x1, b1, s_ptr, rank, lslot, t, sub, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
+        x2 = lora_add(x2, b2, s_ptr, rank, lslot, t, sub, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
+        v = lora_add(v, bvt, s_ptr, rank_v, lslot, t, 2, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
+    o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
+    tl.store(base + half, o1)
+    tl.store(base + D // 2 + half, o2)
+    if kv:  # v back, and k and v into the cache
+        if SCALED or LORA:
+            tl.store(vbase + full, v)
+        if slot >= 0:
+            cache = slot * (HK * D) + j * D
+            tl.store(kc_ptr + cache + half, o1)
+            tl.store(kc_ptr + cache + D // 2 + half, o2)
+            tl.store(vc_ptr + cache + full, v)
+
+
+def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
+                  num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slots: torch.Tensor, d=None, scale: RowScale | None = None,
+                  cfg: KernelConfig = DEFAULT) -> None:
+    """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): the qkv LoRA delta d (a LoraDelta, sub-
+    modules q, k, v; None = no LoRA) added, q and k rotated (neox form, cos / sin from the float32
+    [P, D] table: cos half then sin half), and k and v written at flat `slots` of the caches
+    [blocks, block_size, Hk, D] (contiguous; slot -1 writes nothing): RoPE, the K/V store and the
+    LoRA expand in one launch. scale: qkv and d.s project add_lora_rms_norm's unnormalised rows;
+    its RowScale normalises them first."""
+    T = qkv.shape[0]
+    if not T:
+        return
+    lora = d is not None
+    pdl = uses_pdl(qkv.device, cfg) and not lora and scale is None
+    s = d.s if lora else qkv
+    bq, bk, bv = d.b if lora else (qkv, qkv, qkv)
+    ss, nb, inv_n, eps = scale_args(scale, qkv)
+    _rope_store_kernel[(T, num_heads + num_kv_heads)](
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slots, s, bq, bk, bv, d.ranks if lora else slots,
+        d.token_slot if lora else slots, ss, d.rank if lora else 1, qkv.stride(0), s.stride(0) if lora else 0,
+        s.stride(1) if lora else 0, d.slot_stride if lora else 0, cos_sin_cache.stride(0), num_heads, num_kv_heads, nb,
+        inv_n, eps, D=head_dim, LORA=lora, **rank_args(d.rank if lora else 16), NUM_SPLITS=s.shape[0] if lora else 1,
+        PDL=pdl, SCALED=scale is not None, NB=triton.next_power_of_2(nb), num_warps=cfg.rope_warps, **launch_args(pdl))

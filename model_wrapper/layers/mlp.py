@@ -1,0 +1,40 @@
+"""The decoder layer's MLP: DenseMLP today, chosen per layer by make_mlp (an expert MLP comes next).
+
+An MLP is the only part of the model that knows its projections (gate_up_proj, down_proj); the
+layer calls `h, tail = mlp(x, batch, kernels, scale, fuse_tail)` and passes tail to its next norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model_wrapper.config import ModelConfig
+from model_wrapper.layers.linear import GateUpLinear, RowParallelLinear
+from model_wrapper.parallel import TPGroup, TPShard
+
+
+class DenseMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up fused in one [gate | up] projection.
+
+    Under TP gate_up is column-parallel (this rank's intermediate slice) and down row-parallel.
+    """
+
+    def __init__(self, cfg: ModelConfig, shard: TPShard, tp: TPGroup):
+        super().__init__()
+        inter = shard.intermediate_size
+        self.gate_up_proj = GateUpLinear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=cfg.mlp_bias, tp=tp)
+
+    def forward(self, x: torch.Tensor, batch, kernels, scale=None, fuse_tail: bool = False):
+        """x [T, hidden] -> (y [T, hidden], down's tail for the next norm or None).
+
+        scale: the norm before took a tail and left x's rows undivided; gate_up's SiLU-and-mul
+        divides them. fuse_tail: the next norm can take down's tail."""
+        act = self.gate_up_proj.silu(x, batch, kernels, scale)
+        return self.down_proj(act, batch, kernels, fuse_tail)
+
+
+def make_mlp(cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup) -> nn.Module:
+    """The MLP of decoder layer `layer` (every layer is dense today)."""
+    return DenseMLP(cfg, shard, tp)

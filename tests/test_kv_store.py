@@ -1,0 +1,116 @@
+"""KVStore (model_wrapper/attention/kv_store.py), the one K/V writer, against a direct computation:
+each token's K/V row placed by hand at cache[slot // block_size, slot % block_size], nothing at
+slot -1, every other cache row untouched. The torch reference on the CPU; where Triton is
+installed, the Triton store kernel and the fused RoPE + store under Triton's interpreter (on the
+CPU) or on CUDA, against the same placement (and RoPE written out in float64)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from model_wrapper.attention.kv_store import KVStore
+from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.kernels import KernelConfig
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON:
+    from triton_interpret import INTERPRET  # before the kernels: sets up the interpreter
+
+    DEVICE = "cpu" if INTERPRET else "cuda"
+else:
+    DEVICE = "cpu"
+
+BLOCKS, BLOCK_SIZE, HK, D = 6, 4, 2, 16
+
+
+def make_batch(slots: list[int], device=DEVICE) -> ForwardBatch:
+    """A one-request prefill step of len(slots) tokens writing at `slots` (-1: not written)."""
+    T = len(slots)
+    return ForwardBatch.build(
+        input_ids=torch.zeros(T, dtype=torch.int64), input_ids_cpu=torch.zeros(T, dtype=torch.int64),
+        positions=torch.arange(T), slots=torch.tensor(slots), is_prefill=True, block_size=BLOCK_SIZE,
+        q_lens_cpu=torch.tensor([T], dtype=torch.int32), seq_lens_cpu=torch.tensor([T], dtype=torch.int32),
+        block_tables_cpu=torch.arange(BLOCKS, dtype=torch.int32)[None], lm_head_indices=None, spec_mask=None,
+        atten_mask=None, device=torch.device(device))
+
+
+def placed(cache: torch.Tensor, rows: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    """cache with row t of rows [T, HK, D] at slot slots[t] (skipped where -1), written by hand."""
+    want = cache.clone()
+    for t, s in enumerate(slots):
+        if s >= 0:
+            want[s // BLOCK_SIZE, s % BLOCK_SIZE] = rows[t].to(cache.dtype)
+    return want
+
+
+def caches(dtype, device=DEVICE):
+    g = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(BLOCKS, BLOCK_SIZE, HK, D, generator=g).to(device, dtype) for _ in range(2))
+
+
+@pytest.mark.parametrize("slots", [[5, 0, 22, 13, 7], [3, -1, 9, -1, 20]], ids=["all", "some -1"])
+def test_torch_write_places_each_row_at_its_slot_and_nothing_else(slots):
+    g = torch.Generator().manual_seed(1)
+    T = len(slots)
+    qkv = torch.randn(T, (4 + 2 * HK) * D, generator=g)  # k and v as strided views of a fused row
+    k = qkv[:, 4 * D:(4 + HK) * D].view(T, HK, D)
+    v = qkv[:, (4 + HK) * D:].view(T, HK, D)
+    kc, vc = caches(torch.float32, "cpu")
+    want_k, want_v = placed(kc, k, slots), placed(vc, v, slots)
+    store = KVStore()
+    assert store.name == "torch" and not store.graph_safe
+    assert not store.fuses_rope(T, torch.float32, torch.float32)  # no fused path without Triton's table
+    store.write((kc, vc), k, v, make_batch(slots, "cpu"))
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("slots", [[5, 0, 22, 13, 7], [3, -1, 9, -1, 20]], ids=["all", "some -1"])
+def test_triton_write_equals_the_placement(slots):
+    g = torch.Generator().manual_seed(2)
+    dt = torch.float16
+    k, v = (torch.randn(len(slots), HK, D, generator=g).to(DEVICE, dt) for _ in range(2))
+    kc, vc = caches(dt)
+    want_k, want_v = placed(kc, k, slots), placed(vc, v, slots)
+    store = KVStore(triton=True)
+    assert store.name == "triton" and store.graph_safe
+    store.write((kc, vc), k, v, make_batch(slots))
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
+    """fp32 under the interpreter: q, k rotated (neox form) within fp32 rounding of the float64
+    rotation; the cache rows equal the rotated k and the v of qkv, bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    HQ, T, P = 4, 5, 32
+    slots = [9, -1, 2, 17, 6]
+    dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    pos = torch.tensor([3, 0, 31, 7, 12])
+    qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g).to(DEVICE, dt)
+    x = qkv.double().cpu().view(T, HQ + 2 * HK, D)
+    cos, sin = table.double().cpu()[pos].split(D // 2, dim=-1)
+    cos, sin = torch.cat((cos, cos), -1)[:, None], torch.cat((sin, sin), -1)[:, None]
+    rot = torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
+    want = torch.cat(((x * cos + rot * sin)[:, : HQ + HK], x[:, HQ + HK:]), dim=1)  # q, k rotated; v as is
+    kc, vc = caches(dt)
+    store = KVStore(triton=True, rope_table=table, config=KernelConfig())
+    assert store.fuses_rope(T, dt, dt)
+    assert not KVStore(triton=True, rope_table=torch.zeros(P, 24)).fuses_rope(T, dt, dt)  # head_dim not a power of 2
+    assert not store.fuses_rope(KernelConfig().rope_store_max_tokens + 1, dt, dt)
+    assert not store.fuses_rope(T, torch.float16 if dt != torch.float16 else torch.float32, dt)
+    v_in = qkv.view(T, HQ + 2 * HK, D)[:, HQ + HK:].clone()
+    store.rope_write((kc, vc), qkv, pos.to(DEVICE), HQ, HK, D, torch.tensor(slots, device=DEVICE))
+    got = qkv.view(T, HQ + 2 * HK, D)
+    tol = 1e-5 if dt == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol)
+    assert torch.equal(got[:, HQ + HK:], v_in)  # v is not rotated
+    ref_k, ref_v = caches(dt)  # the caches before the write
+    assert torch.equal(kc, placed(ref_k, got[:, HQ:HQ + HK], slots))  # the rotated k, at the slots only
+    assert torch.equal(vc, placed(ref_v, v_in, slots))
