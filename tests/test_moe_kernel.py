@@ -12,7 +12,8 @@ import torch
 
 pytest.importorskip("triton")
 from triton_interpret import INTERPRET  # noqa: E402  (sets the interpreter up before the kernels import)
-from model_wrapper.kernels.moe import MoEKernelConfig, fused_moe, moe_align  # noqa: E402
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+from model_wrapper.kernels.moe import fused_moe, moe_align  # noqa: E402
 from model_wrapper.layers.moe import MoESpec, experts_reference, route  # noqa: E402
 
 
@@ -45,7 +46,7 @@ def test_fused_moe_matches_reference_interpreter(T, E, k, skew):
     if not INTERPRET:
         pytest.skip("interpreter case")
     x, w, ids, gate_up, down = _case(T, E, k, 32, 24, torch.float32, "cpu", skew)
-    cfg = MoEKernelConfig(block_m=16, block_n=16, block_k=16, num_stages=1)
+    cfg = KernelConfig(moe_block_m=16, moe_block_n=16, moe_block_k=16, moe_stages=1)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
     ref = experts_reference(x, w, ids, gate_up, down)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

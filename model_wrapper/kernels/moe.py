@@ -17,22 +17,11 @@ token's k experts runs in fp32 (the reference adds them one by one in the model 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True)
-class MoEKernelConfig:
-    """Launch constants of the grouped GEMMs (tokens per expert block, output and K tiles, warps, stages)."""
-
-    block_m: int = 16
-    block_n: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
+from model_wrapper.kernels.config import KernelConfig
 
 
 def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +98,7 @@ def _moe_gemm_kernel(a_ptr, w_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-              config: MoEKernelConfig = MoEKernelConfig()) -> torch.Tensor:
+              cfg: KernelConfig = KernelConfig()) -> torch.Tensor:
     """x [T, H], weights [T, k] (model dtype or fp32), ids [T, k] int64, gate_up [E, 2I, H], down [E, H, I]
     -> [T, H] in x's dtype: the sum over each token's k experts of weight * expert(x)."""
     T, H = x.shape
@@ -119,18 +108,18 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
-    pairs, block_expert = moe_align(ids, E, config.block_m)
+    pairs, block_expert = moe_align(ids, E, cfg.moe_block_m)
     P = T * k
     act = torch.empty(P, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    launch = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, config.block_n))](
+    launch = dict(BLOCK_M=cfg.moe_block_m, BLOCK_N=cfg.moe_block_n, BLOCK_K=cfg.moe_block_k,
+                  num_warps=cfg.moe_warps, num_stages=cfg.moe_stages)
+    _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, cfg.moe_block_n))](
         x, gate_up, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
         act.stride(0), TOP_K=k, SILU=True, WEIGHTED=False, **launch)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(H, config.block_n))](
+    _moe_gemm_kernel[(m_blocks, triton.cdiv(H, cfg.moe_block_n))](
         act, down, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
         out.stride(0), TOP_K=k, SILU=False, WEIGHTED=True, **launch)
     return out.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -97,11 +97,16 @@ class SparseMoE(nn.Module):
 
     Parameter names (what the loader fills): gate.weight [E, H]; experts.gate_up_proj [E, 2I, H];
     experts.down_proj [E, H, I]; shared_expert.{gate_up_proj, down_proj}.weight; shared_expert_gate.weight [1, H].
+    Its call is the dense MLP's (layers/mlp.py) but it takes no tail: the norm before it must have
+    finished its rows (takes_row_scale is False) and it hands none on.
     """
 
-    def __init__(self, spec: MoESpec, hidden_size: int):
+    takes_row_scale = False
+
+    def __init__(self, spec: MoESpec, hidden_size: int, tp=None):
         super().__init__()
         self.spec = spec
+        self.tp = tp
         self.gate = nn.Linear(hidden_size, spec.num_experts, bias=False)
         self.experts = Experts(spec.num_experts, hidden_size, spec.intermediate_size)
         self.shared_expert = self.shared_expert_gate = None
@@ -109,14 +114,17 @@ class SparseMoE(nn.Module):
             self.shared_expert = SharedExpert(hidden_size, spec.shared_intermediate_size)
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
 
-    def forward(self, x: torch.Tensor, kernels, all_reduce=None) -> torch.Tensor:
-        """x [T, H] (the post-attention norm's output) -> [T, H]. all_reduce: the TP group's sum of the
-        ranks' partial outputs (None: one rank)."""
+    def forward(self, x: torch.Tensor, batch, kernels, scale=None, fuse_tail: bool = False):
+        """x [T, H] (the post-attention norm's output) -> ([T, H], None). Under tensor parallelism
+        the ranks' partial sums (their intermediate slices) are all-reduced once."""
+        if scale is not None:
+            raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
         weights, ids = route(F.linear(x, self.gate.weight), self.spec)
         y = kernels.moe_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
         if self.shared_expert is not None:
             s = self.shared_expert
-            act = kernels.silu_mul(kernels.linear(x, s.gate_up_proj.weight))
-            shared = kernels.linear(act, s.down_proj.weight)
+            shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)
             y = y + torch.sigmoid(F.linear(x, self.shared_expert_gate.weight)) * shared
-        return y if all_reduce is None else all_reduce(y)
+        if self.tp is not None and self.tp.enabled:
+            y = self.tp.all_reduce(y)
+        return y, None
