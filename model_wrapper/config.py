@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from model_wrapper.checkpoint import read_json_object, resolve_file
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
-from model_wrapper.models.families import FAMILIES, Family
+from model_wrapper.families import FAMILIES, Family, MoEStyle
 
 MAX_POSITIONS = 1 << 24  # rotary positions are float32, exact integers only up to 2**24
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float", "half", "float64")  # config.json "dtype"
@@ -31,6 +31,26 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts model's sparse MLPs (global sizes; TPShard slices the widths).
+
+    num_experts: E per sparse layer; top_k: experts per token; intermediate_size: each expert's width
+    norm_topk_prob: renormalise the top-k probabilities; fp32_weights: routing weights kept in fp32
+    shared_intermediate_size: the shared expert's width (Qwen2-MoE) or None
+    sparse_layers: per layer, True where the MLP is sparse (others are dense, of the config's
+                   intermediate_size: Qwen's decoder_sparse_step / mlp_only_layers)
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    fp32_weights: bool
+    shared_intermediate_size: int | None
+    sparse_layers: tuple[bool, ...]
 
 
 @dataclass(frozen=True)
@@ -55,6 +75,7 @@ class ModelConfig:
     o_bias: bool = False  # bias on o_proj (attention_bias in Llama / Mistral / Qwen3)
     mlp_bias: bool = False
     dtype_name: str = "float32"
+    moe: MoEConfig | None = None  # mixture-of-experts families only
 
     @property
     def group_size(self) -> int:
@@ -164,6 +185,7 @@ class ModelConfig:
             o_bias=(not family.qkv_bias) and attention_bias,
             mlp_bias=_bool(raw, "mlp_bias"),
             dtype_name=dtype_name.replace("torch.", ""),
+            moe=_moe_from_dict(raw, family.moe, num_layers) if family.moe else None,
         )
 
 
@@ -189,6 +211,35 @@ def check_quantization(raw: dict) -> None:
         ModelErrorCode.UNSUPPORTED_QUANTIZATION,
         f"config.json quantization_config.quant_method {method!r} is not supported "
         f"(supported: {sorted(SUPPORTED_QUANTIZATION) or 'none, only unquantized float checkpoints'})",
+    )
+
+
+def _moe_from_dict(raw: dict, style: MoEStyle, num_layers: int) -> MoEConfig:
+    key = next((k for k in style.experts_keys if k in raw), style.experts_keys[0])
+    experts = _int(raw, key)
+    top_k = _int(raw, "num_experts_per_tok")
+    if top_k > experts:
+        raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                             f"config.json num_experts_per_tok: expected at most {key} ({experts}), "
+                             f"got {top_k}")
+    sparse = [True] * num_layers
+    if style.sparse_step:
+        step = _int(raw, "decoder_sparse_step", 1)
+        only = raw.get("mlp_only_layers") or []
+        if not (isinstance(only, list) and all(_is_int(i) and 0 <= i < num_layers for i in only)):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"config.json mlp_only_layers: expected layer indices in [0, {num_layers}), "
+                                 f"got {only!r:.200}")
+        sparse = [i not in only and (i + 1) % step == 0 for i in range(num_layers)]
+    shared = _int(raw, "shared_expert_intermediate_size") if style.shared else None
+    return MoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=_int(raw, style.inter_key),
+        norm_topk_prob=style.always_norm or _bool(raw, "norm_topk_prob"),
+        fp32_weights=style.fp32_weights,
+        shared_intermediate_size=shared,
+        sparse_layers=tuple(sparse),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -31,7 +32,23 @@ _FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", 2),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0),
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1),
 }
+
+
+@dataclass(frozen=True)
+class Part:
+    """Where one checkpoint tensor goes: parameter `param`, its expert `expert` (dim 0 of a
+    stacked expert parameter) or None, then rows [rows[0], rows[1]) of that or None (all)."""
+
+    param: str
+    expert: int | None
+    rows: tuple[int, int] | None
+
+    def view(self, t: torch.Tensor) -> torch.Tensor:
+        t = t if self.expert is None else t[self.expert]
+        return t if self.rows is None else t[self.rows[0] : self.rows[1]]
 
 
 def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]:
@@ -39,17 +56,43 @@ def _row_ranges(cfg: ModelConfig | TPShard, fused: str) -> list[tuple[int, int]]
     if fused.endswith("qkv_proj"):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
-    n = cfg.intermediate_size
+    if ".shared_expert." in f".{fused}.":
+        n = cfg.moe.shared_intermediate_size if isinstance(cfg, ModelConfig) else cfg.shared_intermediate_size
+    else:
+        n = cfg.intermediate_size
     return [(0, n), (n, 2 * n)]
 
 
-def _target(cfg: ModelConfig | TPShard, name: str):
-    """HF tensor name -> (our parameter name, its row range for a fused part or None)."""
+def _moe_inter(sizes: ModelConfig | TPShard) -> int:
+    return sizes.moe.intermediate_size if isinstance(sizes, ModelConfig) else sizes.moe_intermediate_size
+
+
+def _sources(cfg: ModelConfig, sizes: ModelConfig | TPShard, name: str) -> dict[str, Part]:
+    """Our parameter `name` -> {checkpoint tensor name: the Part of the parameter it fills}.
+
+    Fused projections take their parts' rows; a sparse layer's stacked experts take one tensor per
+    expert and projection, named as the family's checkpoints spell them (MoEStyle); the router is
+    the sparse block's `gate`. sizes: cfg, or this rank's TPShard for the row ranges."""
+    if ".mlp.experts." in name or name.endswith(".mlp.gate.weight"):
+        style = cfg.family.moe
+        prefix = name[: name.index(".mlp.")] + f".{style.module}."
+        if name.endswith(".mlp.gate.weight"):
+            return {prefix + "gate.weight": Part(name, None, None)}
+        gate, up, down = style.projections
+        n = _moe_inter(sizes)
+        out = {}
+        for e in range(cfg.moe.num_experts):
+            if name.endswith("experts.gate_up_proj"):
+                out[f"{prefix}experts.{e}.{gate}.weight"] = Part(name, e, (0, n))
+                out[f"{prefix}experts.{e}.{up}.weight"] = Part(name, e, (n, 2 * n))
+            else:
+                out[f"{prefix}experts.{e}.{down}.weight"] = Part(name, e, None)
+        return out
     for hf, (ours, part) in _FUSED.items():
-        marker = f".{hf}."
-        if marker in name:
-            return name.replace(marker, f".{ours}."), _row_ranges(cfg, ours)[part]
-    return name, None
+        if name.endswith(f".{ours}.weight") or name.endswith(f".{ours}.bias"):
+            return {name.replace(f".{o}.", f".{h}."): Part(name, None, _row_ranges(sizes, o)[p])
+                    for h, (o, p) in _FUSED.items() if o == ours}
+    return {name: Part(name, None, None)}
 
 
 def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
@@ -96,14 +139,9 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     params = dict(model.named_parameters())
     if cfg.tie_word_embeddings:
         params.pop("lm_head.weight", None)
-    # every (parameter, row range) that must be filled; fused ones by parts
-    pending: set[tuple[str, tuple[int, int] | None]] = set()
-    for name, p in params.items():
-        parts = None
-        for _, (ours, _) in _FUSED.items():
-            if f".{ours}." in name:
-                parts = _row_ranges(sizes, ours)
-        pending.update((name, r) for r in parts) if parts else pending.add((name, None))
+    # checkpoint tensor -> the part of a parameter it fills (fused and stacked ones by parts)
+    parts = {hf: part for name in params for hf, part in _sources(cfg, sizes, name).items()}
+    pending = set(parts)
 
     files = sorted({tensors[n].file for n in wanted})
     bar_off = not progress or len(files) < 2 or tp.rank != 0
@@ -111,9 +149,8 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         try:
             with safe_open(paths[file], framework="pt", device="cpu") as f:
                 for hf_name in sorted(n for n in wanted if tensors[n].file == file):
-                    name, rows = _target(sizes, hf_name)
-                    param = params[name]
-                    dst = param.data if rows is None else param.data[rows[0] : rows[1]]
+                    part = parts[hf_name]
+                    dst = part.view(params[part.param].data)
                     if tp.enabled:
                         t, dst = _read_shard(f, hf_name, dst, shard, file)
                     else:
@@ -125,13 +162,13 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                         )
                     with torch.no_grad():
                         dst.copy_(_finite_cast(hf_name, file, t, dtype))
-                    pending.discard((name, rows))
+                    pending.discard(hf_name)
         except ModelLoadError:
             raise
         except (SafetensorError, OSError, ValueError) as e:
             raise ModelLoadError(ModelErrorCode.CORRUPT_FILE, f"{file}: unreadable safetensors data: {e}") from None
     if pending:
-        names = sorted(_hf_name(n, r, sizes) for n, r in pending)
+        names = sorted(pending)
         raise ModelLoadError(
             ModelErrorCode.MISSING_TENSOR,
             f"checkpoint {path!r} lacks {len(names)} tensor(s), e.g. {names[:5]}",
@@ -187,13 +224,18 @@ def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: d
             raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
                                  f"config.json {field}={n}: larger than any tensor side in the checkpoint "
                                  f"(longest {longest})")
+    if cfg.moe is not None and cfg.moe.num_experts > len(tensors):  # each expert has tensors of its own
+        raise ModelLoadError(ModelErrorCode.MISSING_TENSOR,
+                             f"config.json: {cfg.moe.num_experts} experts per layer, but the checkpoint holds only "
+                             f"{len(tensors)} tensors")
     with torch.device("meta"):  # global shapes, no memory
         plan = CausalLM(cfg, TPGroup.single())
     shapes = {}
     for name, p in plan.named_parameters():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue
-        shapes.update(_split_fused(cfg, name, tuple(p.shape)))
+        for hf, part in _sources(cfg, cfg, name).items():
+            shapes[hf] = tuple(part.view(p).shape)
     missing = sorted(n for n in shapes if n not in tensors)
     if missing:
         raise ModelLoadError(ModelErrorCode.MISSING_TENSOR,
@@ -225,21 +267,6 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 _RECOMPUTED = ".rotary_emb.inv_freq"  # old exports saved this buffer; it is recomputed from config.json
 
 
-def _split_fused(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """One of our parameters -> the checkpoint tensor(s) filling it, with their shapes."""
-    for hf, (ours, part) in _FUSED.items():
-        if f".{ours}." in name:
-            break
-    else:
-        return {name: shape}
-    out = {}
-    for hf, (o, part) in _FUSED.items():
-        if o == ours:
-            a, b = _row_ranges(cfg, ours)[part]
-            out[name.replace(f".{ours}.", f".{hf}.")] = (b - a, *shape[1:])
-    return out
-
-
 def _same_tensor(tensors: dict[str, TensorInfo], paths: dict[str, str], a: str, b: str) -> bool:
     """Whether checkpoint tensors a and b hold the same values (read only when shapes agree)."""
     if b not in tensors or tensors[a].shape != tensors[b].shape:
@@ -255,12 +282,3 @@ def _span(layers: set[int]) -> str:
     if not layers:
         return "none"
     return f"{min(layers)}..{max(layers)}" if len(layers) == max(layers) - min(layers) + 1 else str(sorted(layers)[:8])
-
-
-def _hf_name(name: str, rows, cfg: ModelConfig | TPShard) -> str:
-    if rows is None:
-        return name
-    for hf, (ours, part) in _FUSED.items():
-        if f".{ours}." in name and _row_ranges(cfg, ours)[part] == rows:
-            return name.replace(f".{ours}.", f".{hf}.")
-    return name

@@ -16,6 +16,10 @@ Sharding over W ranks (rank r), Megatron-style:
                   zero-padded; ids outside the slice give 0; all_reduce
     lm_head       vocab-parallel: the same rows (tied to embed_tokens or not); logits slice
                   [T, S]; all_gather -> [T, W * S] -> [:, :vocab]
+    experts       each expert's gate / up rows and down input columns sliced like gate_up_proj /
+                  down_proj, by its own width (moe_intermediate_size, the shared expert's by
+                  its own); the router and the shared-expert gate replicated; one all_reduce
+                  of the layer's summed expert outputs
     LoRA          B sliced like a column-parallel weight's rows, A like a row-parallel weight's
                   input columns (shard_lora); row-parallel deltas join the partial sums
     norms         replicated (input / post-attention / final RMSNorm, q_norm, k_norm)
@@ -121,6 +125,10 @@ class TPShard:
     vocab_size: int
     vocab_shard: int
     vocab_start: int
+    moe_intermediate_size: int = 0  # each expert's slice (mixture-of-experts models)
+    moe_inter_start: int = 0
+    shared_intermediate_size: int | None = None  # the shared expert's slice (Qwen2-MoE)
+    shared_inter_start: int = 0
 
     @property
     def vocab_rows(self) -> int:
@@ -147,6 +155,15 @@ class TPShard:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
                                  f"tensor parallelism: intermediate_size ({cfg.intermediate_size}) must be "
                                  f"divisible by the world size ({w})")
+        moe = getattr(cfg, "moe", None)
+        moe_inter = shared = 0
+        if moe is not None:
+            for what, n in (("the experts' intermediate size", moe.intermediate_size),
+                            ("the shared expert's intermediate size", moe.shared_intermediate_size or 0)):
+                if n % w:
+                    raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                         f"tensor parallelism: {what} ({n}) must be divisible by the world size ({w})")
+            moe_inter, shared = moe.intermediate_size // w, (moe.shared_intermediate_size or 0) // w
         hq = heads // w
         if kv % w == 0:
             hk, kv_start = kv // w, r * (kv // w)
@@ -156,7 +173,9 @@ class TPShard:
         vshard = -(-cfg.vocab_size // w)
         return cls(world_size=w, num_heads=hq, q_start=r * hq, num_kv_heads=hk, kv_start=kv_start,
                    total_kv_heads=kv, head_dim=cfg.head_dim, intermediate_size=inter, inter_start=r * inter,
-                   vocab_size=cfg.vocab_size, vocab_shard=vshard, vocab_start=r * vshard)
+                   vocab_size=cfg.vocab_size, vocab_shard=vshard, vocab_start=r * vshard,
+                   moe_intermediate_size=moe_inter, moe_inter_start=r * moe_inter,
+                   shared_intermediate_size=shared or None, shared_inter_start=r * shared)
 
     # -- what the loader reads ---------------------------------------------------------------
     def source_range(self, hf_name: str) -> tuple[int, int, int, int] | None:
@@ -168,18 +187,28 @@ class TPShard:
         parts = hf_name.split(".")
         module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
         d = self.head_dim
+        if ".experts." in hf_name:  # an expert's gate / up rows and down columns: its own width
+            inter = (self.moe_inter_start, self.moe_intermediate_size, self.moe_intermediate_size * self.world_size)
+        elif ".shared_expert." in hf_name:
+            n = self.shared_intermediate_size or 0
+            inter = (self.shared_inter_start, n, n * self.world_size)
+        else:
+            inter = (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size)
         column = {
             "q_proj": (self.q_start * d, self.num_heads * d, self.num_heads * self.world_size * d),
             "k_proj": (self.kv_start * d, self.num_kv_heads * d, self.total_kv_heads * d),
             "v_proj": (self.kv_start * d, self.num_kv_heads * d, self.total_kv_heads * d),
-            "gate_proj": (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size),
-            "up_proj": (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size),
+            "gate_proj": inter,
+            "up_proj": inter,
+            "w1": inter,  # Mixtral's expert gate / up / down
+            "w3": inter,
             "embed_tokens": (self.vocab_start, self.vocab_rows, self.vocab_size),
             "lm_head": (self.vocab_start, self.vocab_rows, self.vocab_size),
         }
         row = {
             "o_proj": column["q_proj"],
-            "down_proj": column["gate_proj"],
+            "down_proj": inter,
+            "w2": inter,
         }
         if module in column:
             return (0, *column[module])

@@ -31,6 +31,21 @@ FAMILY_SPECS = {
 }
 FAMILIES = list(FAMILY_SPECS)
 
+# mixture-of-experts families (tests/test_moe.py): 3 layers, the middle one dense where the family
+# allows it; 8 experts of 32, top 2 (Qwen3: top 3)
+MOE_SPECS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_hidden_layers=3, head_dim=32, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1])),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=6)),
+}
+FAMILY_SPECS.update(MOE_SPECS)
+MOE_FAMILIES = list(MOE_SPECS)
+
 
 @pytest.fixture(scope="module")
 def one_thread():

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import FAMILIES, PagedHarness, hf_model, rel_err
+from conftest import FAMILIES, MOE_FAMILIES, PagedHarness, hf_model, rel_err
 from kv_manager import BlockManager
 from model_wrapper import ModelLoadError, TPGroup
 from model_wrapper.config import ModelConfig
@@ -148,6 +148,8 @@ def tp2(checkpoint_dir, tmp_path_factory):
     jobs["llama_biases"] = dict(kind="scenario", seed=6,
                                 path=checkpoint_dir("llama", attention_bias=True, mlp_bias=True))
     jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
+    for f in MOE_FAMILIES:  # experts' widths sliced per rank, the shared expert's too
+        jobs[f] = dict(kind="scenario", seed=hash(f) % 1000, path=checkpoint_dir(f))
     out = tmp_path_factory.mktemp("tp2")
     jobs["lora_qwen3"] = dict(kind="lora", path=checkpoint_dir("qwen3"), adapters=_make_adapters(
         checkpoint_dir("qwen3"), out))
@@ -188,6 +190,12 @@ def _check_scenario(job, results, want_kv_heads):
 def test_tp2_matches_tp1_and_transformers(tp2, family):
     job, results = tp2[family]
     _check_scenario(job, results, want_kv_heads=1)  # TINY: 2 kv heads, one per rank
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_tp2_moe_matches_tp1_and_transformers(tp2, family):
+    job, results = tp2[family]
+    _check_scenario(job, results, want_kv_heads=1)
 
 
 def test_tp2_replicated_kv_head(tp2):

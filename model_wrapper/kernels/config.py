@@ -47,6 +47,14 @@ class KernelConfig:
     add_norm_block: int = 128  # columns per program of add_lora_rms_norm
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
+    # fused mixture-of-experts (kernels/moe.py): token-expert pairs per block of one expert,
+    # output / K tiles, warps and stages of its two grouped GEMMs
+    moe_block_m: int = 16  # a decode step's experts get a token or two each: the smallest dot
+    moe_block_n: int = 64
+    moe_block_k: int = 64
+    moe_warps: int = 4
+    moe_stages: int = 3
+
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit

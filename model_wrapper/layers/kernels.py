@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.layers.moe import experts_reference
 from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 
@@ -63,6 +64,11 @@ class TorchKernels:
         _no_lora(self, lora, scale)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def moe_experts(self, x, weights, ids, gate_up, down) -> torch.Tensor:
+        """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
+        down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert)."""
+        return experts_reference(x, weights, ids, gate_up, down)
 
 
 def _no_lora(kernels, lora, scale=None) -> None:
@@ -153,6 +159,15 @@ class FlashInferKernels(TorchKernels):
         -> (weight * (residual + x + delta), residual + x + delta, RowScale), x and residual in place."""
         scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora, self.config)
         return x, residual, scale
+
+    def moe_experts(self, x, weights, ids, gate_up, down):
+        """Triton's fused MoE (kernels/moe.py: pairs sorted per expert on the device, grouped GEMMs;
+        no host sync, so decode graphs capture it); without Triton the reference."""
+        if self._triton is None:
+            return super().moe_experts(x, weights, ids, gate_up, down)
+        from model_wrapper.kernels.moe import fused_moe
+
+        return fused_moe(x, weights, ids, gate_up, down, self.config)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

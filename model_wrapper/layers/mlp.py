@@ -1,4 +1,4 @@
-"""The decoder layer's MLP: DenseMLP today, chosen per layer by make_mlp (an expert MLP comes next).
+"""The decoder layer's MLP, chosen per layer by make_mlp: DenseMLP, or a mixture of experts (layers/moe.py).
 
 An MLP is the only part of the model that knows its projections (gate_up_proj, down_proj); the
 layer calls `h, tail = mlp(x, batch, kernels, scale, fuse_tail)` and passes tail to its next norm.
@@ -11,6 +11,7 @@ from torch import nn
 
 from model_wrapper.config import ModelConfig
 from model_wrapper.layers.linear import GateUpLinear, RowParallelLinear
+from model_wrapper.layers.moe import MoESpec, SparseMoE
 from model_wrapper.parallel import TPGroup, TPShard
 
 
@@ -19,6 +20,8 @@ class DenseMLP(nn.Module):
 
     Under TP gate_up is column-parallel (this rank's intermediate slice) and down row-parallel.
     """
+
+    takes_row_scale = True  # gate_up's SiLU-and-mul can finish the rows of a norm that took a tail
 
     def __init__(self, cfg: ModelConfig, shard: TPShard, tp: TPGroup):
         super().__init__()
@@ -36,5 +39,10 @@ class DenseMLP(nn.Module):
 
 
 def make_mlp(cfg: ModelConfig, layer: int, shard: TPShard, tp: TPGroup) -> nn.Module:
-    """The MLP of decoder layer `layer` (every layer is dense today)."""
-    return DenseMLP(cfg, shard, tp)
+    """The MLP of decoder layer `layer`: sparse where a mixture-of-experts config says so, else dense."""
+    moe = cfg.moe
+    if moe is None or not moe.sparse_layers[layer]:
+        return DenseMLP(cfg, shard, tp)
+    spec = MoESpec(moe.num_experts, moe.top_k, shard.moe_intermediate_size, moe.norm_topk_prob, moe.fp32_weights,
+                   shard.shared_intermediate_size)
+    return SparseMoE(spec, cfg.hidden_size, tp)

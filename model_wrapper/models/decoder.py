@@ -149,17 +149,21 @@ class CausalLM(nn.Module):
         layer's qkv must go through the fused RoPE + store kernel (a function of the step's size,
         the cache and the backend, the same for every layer). A projection hands over a tail only
         where it has one (its wrapper decides)."""
-        return self.model.norm.takes_tail(kernels) and self.model.layers[0].self_attn.fuses_rope_store(
-            batch.input_ids.shape[0], kv_cache[0], backend, kernels)
+        return (self.model.norm.takes_tail(kernels) and all(l.mlp.takes_row_scale for l in self.model.layers)
+                and self.model.layers[0].self_attn.fuses_rope_store(batch.input_ids.shape[0], kv_cache[0], backend,
+                                                                     kernels))
 
     def projections(self) -> dict[tuple[int, str], tuple[nn.Module, str]]:
         """{(layer, name): (parent module, attribute)} of every decoder layer's projection: each
-        `<name>_proj` module (qkv and o in the attention, gate_up and down in a dense MLP)."""
+        `<name>_proj` module of the attention and of a dense MLP (qkv, o, gate_up, down). A sparse
+        MLP's experts (and its shared expert) are not projections of the layer."""
         out = {}
         for i, layer in enumerate(self.model.layers):
             for path, parent in layer.named_modules():
+                if path not in ("self_attn", "mlp"):
+                    continue
                 for attr, _ in parent.named_children():
-                    if attr.endswith("_proj") and not path.endswith("_proj"):
+                    if attr.endswith("_proj"):
                         out[(i, attr[: -len("_proj")])] = (parent, attr)
         return out
 

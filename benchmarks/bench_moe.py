@@ -1,0 +1,164 @@
+"""Mixture-of-experts speed on the Qwen3-30B-A3B shape (random bf16 weights): decode and prefill against
+the bytes / GEMMs they must cost, and transformers' own generate beside it in the same run.
+
+    python3 benchmarks/bench_moe.py --out benchmarks/results        # -> moe.json, moe.png
+
+decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
+         must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
+         the KV of every request, and per layer the experts its tokens route to. With random weights
+         the router spreads tokens evenly, so B tokens reach E * (1 - (1 - k / E)^B) distinct experts
+         of a layer in expectation (the floor uses that count).
+prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes: per layer qkv, o
+         and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
+peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_forward import copy_bandwidth, decode_case, hf_decode_step, prefill_case, timed  # noqa: E402
+from benchmarks.common import pyplot, random_text_generator  # noqa: E402
+
+QWEN3_30B_A3B = dict(
+    architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
+    intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+    num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+    decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6,
+    rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu", initializer_range=0.02,
+)
+
+
+def shapes(cfg: dict) -> dict:
+    H, hd = cfg["hidden_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    E, k, inter = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+    return dict(H=H, q=q, kv=kv, E=E, k=k, I=inter, L=cfg["num_hidden_layers"], V=cfg["vocab_size"])
+
+
+def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2) -> float:
+    s = shapes(cfg)
+    attn = s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"] + s["E"] * s["H"] + 2 * s["H"]  # + router, norms
+    expert = 3 * s["H"] * s["I"]
+    touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
+    kv = 2 * s["kv"] * ctx * B
+    per_layer = (attn + touched * expert + kv) * elem
+    return s["L"] * per_layer + (s["V"] * s["H"] + s["H"]) * elem
+
+
+def grouped_chain(cfg: dict, T: int, iters: int) -> float:
+    """Seconds of the prefill's GEMMs alone: per layer qkv, o, the experts (balanced) and lm_head."""
+    s = shapes(cfg)
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(T, s["H"], device=dev, dtype=dt)
+    wqkv = torch.randn(s["q"] + 2 * s["kv"], s["H"], device=dev, dtype=dt)
+    xo = torch.randn(T, s["q"], device=dev, dtype=dt)
+    wo = torch.randn(s["H"], s["q"], device=dev, dtype=dt)
+    rows = max(1, T * s["k"] // s["E"])
+    xe = torch.randn(s["E"], rows, s["H"], device=dev, dtype=dt)
+    wgu = torch.randn(s["E"], s["H"], 2 * s["I"], device=dev, dtype=dt)
+    ae = torch.randn(s["E"], rows, s["I"], device=dev, dtype=dt)
+    wd = torch.randn(s["E"], s["I"], s["H"], device=dev, dtype=dt)
+    lm = torch.randn(s["V"], s["H"], device=dev, dtype=dt)
+
+    def chain():
+        for _ in range(s["L"]):
+            torch.nn.functional.linear(x, wqkv)
+            torch.nn.functional.linear(xo, wo)
+            torch.bmm(xe, wgu)
+            torch.bmm(ae, wd)
+        torch.nn.functional.linear(x[-1:], lm)
+
+    return timed(chain, iters=iters, device=dev)
+
+
+def random_hf_moe(cfg: dict):
+    import transformers
+
+    conf = transformers.Qwen3MoeConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(conf, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.eval().requires_grad_(False)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--kv-gib", type=float, default=30.0)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick run); floors scale with it")
+    ap.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
+    args = ap.parse_args()
+    cfg = dict(QWEN3_30B_A3B)
+    if args.layers:
+        cfg["num_hidden_layers"] = args.layers
+    bw = copy_bandwidth("cuda")
+    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, model="Qwen3-30B-A3B-shaped, random bf16",
+               layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
+    kv_tok = gen.kv_cache_spec.bytes_per_token
+    num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
+    kv = gen.allocate_kv_cache(num_blocks, 16)
+    perm = torch.randperm(num_blocks)
+    decode = []
+    for B in (1, 8, 32, 128):
+        for ctx in (512, 2048):
+            if B * -(-ctx // 16) > num_blocks:
+                continue
+            t = decode_case(gen, kv, 16, B, ctx, perm, 30)
+            floor = decode_floor_bytes(cfg, B, ctx) / bw
+            decode.append(dict(batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3, ratio=t / floor))
+            print(f"decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms  x{t / floor:.2f}",
+                  flush=True)
+    prefill = []
+    for T in (1024, 4096):
+        n = max(2, 16384 // T)
+        t = prefill_case(gen, kv, 16, T, perm, n)
+        tg = grouped_chain(cfg, T, n)
+        prefill.append(dict(tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
+        print(f"prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  x{t / tg:.2f}", flush=True)
+    res.update(decode=decode, prefill=prefill)
+    del kv, gen
+    torch.cuda.empty_cache()
+    if not args.no_peer:
+        hf = random_hf_moe(cfg)
+        step = hf_decode_step(hf, 32, 512, 16, "cuda")
+        ours = next(d for d in decode if d["batch"] == 32 and d["context"] == 512)
+        res["transformers"] = dict(batch=32, prompt=512, static_cache_step_ms=step * 1e3, our_step_ms=ours["step_ms"],
+                                   speedup=step * 1e3 / ours["step_ms"])
+        print(f"transformers static-cache generate B=32 prompt=512: {step * 1e3:.2f} ms/step; ours "
+              f"{ours['step_ms']:.2f} -> x{step * 1e3 / ours['step_ms']:.2f}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "moe.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(args.out, "moe.png"))
+
+
+def plot(res, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ctx in sorted({d["context"] for d in res["decode"]}):
+        rows = [d for d in res["decode"] if d["context"] == ctx]
+        line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=f"ctx {ctx}")
+        a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
+    a.set(xlabel="batch", ylabel="ms / decode step", title="decode (dashed: bytes floor)", xscale="log")
+    a.legend()
+    p = res["prefill"]
+    b.bar([str(d["tokens"]) for d in p], [d["ratio"] for d in p])
+    b.axhline(1.0, color="k", lw=0.8)
+    b.set(xlabel="prompt tokens", ylabel="prefill / grouped-GEMM chain", title="prefill")
+    fig.suptitle(f"{res['model']} ({res['layers']} layers) on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
