@@ -102,6 +102,7 @@ def main():
                layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.empty_cache()  # the fp32 weights it was built in before the cast to bf16
     kv_tok = gen.kv_cache_spec.bytes_per_token
     num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
     kv = gen.allocate_kv_cache(num_blocks, 16)

@@ -46,7 +46,8 @@ def test_fused_moe_matches_reference_interpreter(T, E, k, skew):
     if not INTERPRET:
         pytest.skip("interpreter case")
     x, w, ids, gate_up, down = _case(T, E, k, 32, 24, torch.float32, "cpu", skew)
-    cfg = KernelConfig(moe_block_m=16, moe_block_n=16, moe_block_k=16, moe_stages=1)
+    cfg = KernelConfig(moe_block_m=16, moe_block_n=16, moe_block_k=16, moe_stages=1, moe_small_pairs=40,
+                       moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=16, moe_large_stages=1)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
     ref = experts_reference(x, w, ids, gate_up, down)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -48,12 +48,20 @@ class KernelConfig:
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
     # fused mixture-of-experts (kernels/moe.py): token-expert pairs per block of one expert,
-    # output / K tiles, warps and stages of its two grouped GEMMs
+    # output / K tiles, warps and stages of its two grouped GEMMs; steps of at most
+    # moe_small_pairs token-expert pairs (decode) take the first set, larger ones the second
+    # (benchmarks/sweep_moe.py, results/moe_sweep.json: Qwen3-30B-A3B's experts on an H200)
+    moe_small_pairs: int = 2048
     moe_block_m: int = 16  # a decode step's experts get a token or two each: the smallest dot
     moe_block_n: int = 64
-    moe_block_k: int = 64
+    moe_block_k: int = 128  # the best of 9 tilings at 1-128 tokens, by 3-7 %
     moe_warps: int = 4
     moe_stages: int = 3
+    moe_large_block_m: int = 128  # prefill: hundreds of pairs per expert fill wide tiles
+    moe_large_block_n: int = 128  # (4096 tokens: 1.05 ms a layer against 2.2 ms with 16-row tiles)
+    moe_large_block_k: int = 64
+    moe_large_warps: int = 8
+    moe_large_stages: int = 3
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits

@@ -108,18 +108,22 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
-    pairs, block_expert = moe_align(ids, E, cfg.moe_block_m)
     P = T * k
+    if P <= cfg.moe_small_pairs:
+        bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
+    else:
+        bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
+        warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
+    pairs, block_expert = moe_align(ids, E, bm)
     act = torch.empty(P, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    launch = dict(BLOCK_M=cfg.moe_block_m, BLOCK_N=cfg.moe_block_n, BLOCK_K=cfg.moe_block_k,
-                  num_warps=cfg.moe_warps, num_stages=cfg.moe_stages)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, cfg.moe_block_n))](
+    launch = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
         x, gate_up, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
         act.stride(0), TOP_K=k, SILU=True, WEIGHTED=False, **launch)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(H, cfg.moe_block_n))](
+    _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
         act, down, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
         out.stride(0), TOP_K=k, SILU=False, WEIGHTED=True, **launch)
     return out.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
