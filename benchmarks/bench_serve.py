@@ -1,0 +1,220 @@
+"""What the HTTP layer costs: the OpenAI-compatible server under an `openai`-client load, beside the engine
+driven directly with the same requests, in one run.
+
+    python3 benchmarks/bench_serve.py                 # GPU: Llama-3-8B shape, bf16, random weights
+    python3 benchmarks/bench_serve.py --tiny --device cpu
+
+Load: --num-prompts random prompts of --input-len token ids, each generating exactly --output-len tokens
+greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
+demo byte tokenizer the random checkpoint carries decodes most ids to no text). First the engine alone
+(LLMEngine.generate, all requests at t = 0); then `python -m text_generator serve` in a subprocess with
+the same engine settings, and the openai AsyncOpenAI client streaming the same requests: all at once
+(saturation), then Poisson arrivals at each --rates. Reports output tokens/s, TTFT and inter-token
+latency p50 / p99; the HTTP cost is 1 - server tokens/s / engine tokens/s at saturation.
+Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.bench_engine import TINY  # noqa: E402
+from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile, pyplot  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--num-prompts", type=int, default=None, help="default 256 (tiny: 8)")
+    p.add_argument("--input-len", type=int, default=None, help="default 256 (tiny: 16)")
+    p.add_argument("--output-len", type=int, default=None, help="default 128 (tiny: 8)")
+    p.add_argument("--rates", type=float, nargs="*", default=None, help="requests/s (default 8 16 32; tiny: 4)")
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=4096)
+    p.add_argument("--memory-fraction", type=float, default=0.8)
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    dflt = dict(num_prompts=8, input_len=16, output_len=8, rates=[4.0]) if a.tiny else \
+        dict(num_prompts=256, input_len=256, output_len=128, rates=[8.0, 16.0, 32.0])
+    for k, v in dflt.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
+    return a
+
+
+def checkpoint(a) -> str:
+    from text_generator.tokenizer import ByteTokenizer
+
+    cfg = TINY if a.tiny else LLAMA3_8B
+    path = a.checkpoint or os.path.join("/tmp", "bench_serve_tiny" if a.tiny else "bench_serve_8b")
+    dtype = torch.float32 if a.device == "cpu" else torch.bfloat16
+    make_random_checkpoint(path, cfg, dtype, device=a.device if a.device != "cpu" else "cpu")
+    ByteTokenizer().save_pretrained(path)
+    return path
+
+
+def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> dict:
+    return dict(output_tokens_per_s=tokens / seconds, seconds=seconds, output_tokens=tokens,
+                ttft_ms_p50=percentile(ttft, 50) * 1e3, ttft_ms_p99=percentile(ttft, 99) * 1e3,
+                itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
+
+
+def run_engine(a, path, prompts) -> dict:
+    from text_generator import LLMEngine, SamplingParams, TextGenerator
+    from text_generator.tokenizer import load_tokenizer
+
+    gen = TextGenerator.from_pretrained(path, device=a.device)
+    engine = LLMEngine(gen, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                       max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
+                       tokenizer=load_tokenizer(path))
+    params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
+    engine.generate(prompts[:4], params, use_tqdm=False)  # warm-up: graphs, kernels
+    engine.block_manager.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    ttft = [o.metrics.first_token_time - t0 for o in outs]
+    itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
+    res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds)
+    del engine, gen
+    torch.cuda.empty_cache() if a.device != "cpu" else None
+    return res
+
+
+async def client_load(port: int, prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
+    rng = random.Random(seed)
+    ttft, itl, tokens = [], [], [0]
+
+    async def one(prompt, delay):
+        await asyncio.sleep(delay)
+        start = time.perf_counter()
+        last = None
+        stream = await client.completions.create(
+            model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            if chunk.usage is not None:
+                tokens[0] += chunk.usage.completion_tokens
+            if not chunk.choices or chunk.choices[0].logprobs is None:
+                continue
+            n = len(chunk.choices[0].logprobs.tokens or [])
+            now = time.perf_counter()
+            if last is None:
+                ttft.append(now - start)
+            elif n:
+                itl.extend([(now - last) / n] * n)
+            last = now
+
+    delays, t = [], 0.0
+    for _ in prompts:
+        delays.append(t)
+        if rate:
+            t += rng.expovariate(rate)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(p, d) for p, d in zip(prompts, delays)))
+    res = stats(ttft, itl, tokens[0], time.perf_counter() - t0)
+    await client.close()
+    return res
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_server(a, path, prompts) -> dict:
+    import urllib.request
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(port), "--served-model-name", "m",
+           "--device", a.device, "--max-num-seqs", str(a.max_num_seqs), "--max-num-batched-tokens",
+           str(a.max_num_batched_tokens), "--max-model-len", str(a.input_len + a.output_len + 16),
+           "--gpu-memory-utilization", str(a.memory_fraction), "--max-queue", str(4 * len(prompts))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited:\n{proc.stdout.read()[-3000:]}")
+                time.sleep(1)
+        asyncio.run(client_load(port, prompts[:4], a.output_len, None))  # warm-up: graphs, kernels
+        res = {"saturation": asyncio.run(client_load(port, prompts, a.output_len, None))}
+        for rate in a.rates:
+            res[f"rate {rate:g}/s"] = asyncio.run(client_load(port, prompts, a.output_len, rate, seed=int(rate)))
+        return res
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    a = parse_args()
+    path = checkpoint(a)
+    g = torch.Generator().manual_seed(0)
+    vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
+    prompts = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+    res = dict(device=torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu",
+               model="tiny" if a.tiny else "Llama-3-8B-shaped, random bf16", num_prompts=a.num_prompts,
+               input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs)
+    res["engine"] = run_engine(a, path, prompts)
+    print("engine:", json.dumps(res["engine"]), flush=True)
+    res["server"] = run_server(a, path, prompts)
+    for k, v in res["server"].items():
+        print(f"server {k}:", json.dumps(v), flush=True)
+    res["http_cost_at_saturation"] = 1 - res["server"]["saturation"]["output_tokens_per_s"] / \
+        res["engine"]["output_tokens_per_s"]
+    print(f"HTTP layer costs {100 * res['http_cost_at_saturation']:.1f}% of throughput at saturation", flush=True)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out + ".json", "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, a.out + ".png")
+
+
+def plot(res, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    names = ["engine"] + [f"server {k}" for k in res["server"]]
+    rows = [res["engine"]] + list(res["server"].values())
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    a.bar(names, [r["output_tokens_per_s"] for r in rows])
+    a.set(ylabel="output tokens / s", title="throughput")
+    a.tick_params(axis="x", rotation=30)
+    x = range(len(rows))
+    b.plot(x, [r["ttft_ms_p50"] for r in rows], "o-", label="TTFT p50")
+    b.plot(x, [r["ttft_ms_p99"] for r in rows], "o--", label="TTFT p99")
+    b.plot(x, [r["itl_ms_p50"] for r in rows], "s-", label="ITL p50")
+    b.plot(x, [r["itl_ms_p99"] for r in rows], "s--", label="ITL p99")
+    b.set_xticks(list(x), names, rotation=30)
+    b.set(ylabel="ms", yscale="log", title="latency")
+    b.legend()
+    fig.suptitle(f"serve vs engine: {res['model']} on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
