@@ -512,7 +512,7 @@ def test_engine_running_ahead_on_cuda_equals_the_plain_order(gpu_ckpt):
     """On CUDA the engine runs ahead of its sampled tokens by default (graph replays take the ids
     from the device): the same greedy outputs as the plain order, token for token (length-limited
     requests: both orders run the same batches through the same kernels). The plain order itself
-    is checked against transformers in tests/test_engine.py."""
+    is checked against transformers in tests/text_generator/test_engine.py."""
     from text_generator.engine import LLMEngine
     from text_generator.sampling import SamplingParams
 
