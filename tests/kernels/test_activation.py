@@ -26,7 +26,7 @@ from conftest import rel_err  # noqa: E402
 DEVICE = "cpu" if INTERPRET else "cuda"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
-# the CUDA-only tests (once in test_cuda.py) sit beside the interpreter ones: marked cuda and
+# the CUDA-only tests sit beside the interpreter ones (the model-level ones: model_wrapper/test_cuda_model.py): marked cuda and
 # skipped where there is no GPU or no FlashInfer (FlashInferKernels needs it)
 on_cuda_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_flashinfer = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer")
