@@ -31,7 +31,7 @@ FAMILY_SPECS = {
 }
 FAMILIES = list(FAMILY_SPECS)
 
-# mixture-of-experts families (tests/test_moe.py): 3 layers, the middle one dense where the family
+# mixture-of-experts families (tests/model_wrapper/test_moe.py): 3 layers, the middle one dense where the family
 # allows it; 8 experts of 32, top 2 (Qwen3: top 3)
 MOE_SPECS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(

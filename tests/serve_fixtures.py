@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from tests.conftest import hf_model, make_checkpoint
+from conftest import hf_model, make_checkpoint
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]  # ids 0..5: bos 1, eos 2
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"

@@ -25,7 +25,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/: conftest, test_lora
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(_TESTS, "adapters"))  # tests/adapters/: test_lora
+sys.path.insert(0, _TESTS)  # tests/: conftest
+# the worktree's packages, first: tests/adapters/ (no __init__.py) must not pass for the adapters package
+sys.path.insert(0, os.path.join(_TESTS, ".."))
 
 from conftest import PagedHarness, make_checkpoint  # noqa: E402
 from test_lora import make_adapter  # noqa: E402

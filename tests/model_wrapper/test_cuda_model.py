@@ -1,5 +1,6 @@
-"""GPU tests (`pytest -m cuda`): the FlashInfer backend, fused kernels and decode CUDA graphs
-against the torch backend and transformers on the same random checkpoints.
+"""GPU tests (`pytest -m cuda`): the FlashInfer backend, the models over the fused kernels and decode
+CUDA graphs against the torch backend and transformers on the same random checkpoints (the kernels
+one by one: tests/kernels/).
 
 bf16 bound (the oracle's own rounding): our error against transformers in fp32 may be at most
 twice transformers' own bf16 error against its fp32, plus a small floor. head_dim is 64 or 128,
@@ -23,9 +24,6 @@ import transformers  # noqa: E402
 
 from model_wrapper.attention.flashinfer_backend import PagedPlan, RaggedPlan  # noqa: E402
 from model_wrapper.kernels import KernelConfig  # noqa: E402
-from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels  # noqa: E402
-from model_wrapper.layers.rotary import inv_frequencies  # noqa: E402
-from model_wrapper.config import RopeConfig  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from test_forward_parity import _script, run_scenario  # noqa: E402
 from test_masks import path as tree_path, tree_rows  # noqa: E402
@@ -157,152 +155,6 @@ def test_tree_masks_on_flashinfer(gpu_ckpt, kind):
             w32, w16 = ref32(seq).logits[0, -1].float(), ref16(seq).logits[0, -1].float()
         bound = 2 * rel_err(w16, w32) + 2e-3
         assert rel_err(outs[0][i], w32) <= bound and rel_err(outs[1][i], w32) <= bound
-
-
-def test_fused_kernels_match_torch():
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.bfloat16
-    inv = inv_frequencies(RopeConfig(theta=5e5, rope_type="llama3", factor=8.0, original_max_position_embeddings=64), 128).to(dev)
-    ref, fused = TorchKernels(inv, dt), FlashInferKernels(inv, dt, 4096)
-    x = torch.randn(37, 512, device=dev, dtype=dt)
-    r = torch.randn(37, 512, device=dev, dtype=dt)
-    w = torch.randn(512, device=dev, dtype=dt)
-    torch.testing.assert_close(fused.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), rtol=2e-2, atol=2e-2)
-    a, ra = ref.add_rms_norm(x.clone(), r.clone(), w, 1e-5)
-    # up to NORM_MAX_TOKENS rows (37 here, and a two-token step) Triton's add + RMSNorm, beyond
-    # them FlashInfer's: both against the reference
-    assert fused._triton.add_rms_norm_fits(x, r) and fused._triton.add_rms_norm_fits(x[:2], r[:2])
-    for n in (2, 37):
-        b2, rb2 = fused.add_rms_norm(x[:n].clone(), r[:n].clone(), w, 1e-5)
-        torch.testing.assert_close(rb2, ra[:n], rtol=0, atol=0)
-        torch.testing.assert_close(b2, a[:n], rtol=2e-2, atol=2e-2)
-    big_x, big_r = torch.randn(2, 70, 512, device=dev, dtype=dt)
-    assert not fused._triton.add_rms_norm_fits(big_x, big_r)
-    a3, ra3 = ref.add_rms_norm(big_x.clone(), big_r.clone(), w, 1e-5)
-    b3, rb3 = fused.add_rms_norm(big_x.clone(), big_r.clone(), w, 1e-5)
-    torch.testing.assert_close(rb3, ra3, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(b3, a3, rtol=2e-2, atol=2e-2)
-    pos = torch.randint(0, 4000, (37,), device=dev)
-    qkv = torch.randn(37, (8 + 2 * 2) * 128, device=dev, dtype=dt)  # rotate views of a fused qkv
-    q = qkv[:, : 8 * 128].view(37, 8, 128)
-    k = qkv[:, 8 * 128 : 10 * 128].view(37, 2, 128)
-    qr, kr = ref.rope(q.clone(), k.clone(), ref.rope_tables(pos))
-    qf, kf = fused.rope(q, k, fused.rope_tables(pos))
-    torch.testing.assert_close(qf.float(), qr.float(), rtol=3e-2, atol=3e-2)
-    torch.testing.assert_close(kf.float(), kr.float(), rtol=3e-2, atol=3e-2)
-
-
-@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16, torch.float32])
-def test_gemv_matches_the_product(dt):
-    """triton_ops.gemv (steps of one or two tokens) against the float64 product: its error at most
-    that of cuBLAS on the same operands (both round once) plus a floor. Shapes: a row wider than a
-    tile and not a power of two, a weight count that leaves the last program part-empty, a bias;
-    a strided x goes to cuBLAS."""
-    from model_wrapper.kernels import ops as triton_ops
-
-    torch.manual_seed(1)
-    for T, (N, K), bias in ((1, (96, 1000), False), (2, (4100, 512), True), (1, (300, 14336), False),
-                            (2, (7, 4096), True)):
-        w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
-        b = torch.randn(N, device="cuda", dtype=dt) if bias else None
-        x = torch.randn(T, K, device="cuda", dtype=dt)
-        assert triton_ops.gemv_fits(x, w)
-        assert not triton_ops.gemv_fits(torch.randn(T, 2 * K, device="cuda", dtype=dt)[:, ::2], w)
-        want = x.double() @ w.double().t() + (b.double() if bias else 0)
-        got = triton_ops.gemv(x, w, b)
-        blas = torch.nn.functional.linear(x, w, b)
-        assert got.dtype == dt and got.shape == (T, N)
-        floor = 1e-6 if dt == torch.float32 else 1e-3
-        assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + floor, (T, N, K, dt)
-    w = torch.randn(64, 64, device="cuda", dtype=dt)
-    assert not triton_ops.gemv_fits(torch.randn(3, 64, device="cuda", dtype=dt), w)  # more tokens: cuBLAS
-    other = torch.float16 if dt != torch.float16 else torch.bfloat16
-    assert not triton_ops.gemv_fits(torch.randn(1, 64, device="cuda", dtype=other), w)
-
-
-@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
-def test_skinny_gemm_matches_the_product(dt):
-    """triton_ops.skinny_gemm (steps of 3-64 tokens on Hopper) against the float64 product: its
-    error at most that of cuBLAS on the same operands plus a floor, at token counts padding to
-    16 / 32 / 64 and on shapes of each config class (Llama-3-8B's qkv, o, gate_up, down, and a
-    ragged N with a bias); its fits rules."""
-    from model_wrapper.kernels import ops as triton_ops
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the skinny GEMM runs on sm90 only")
-    torch.manual_seed(2)
-    for M in (3, 16, 31, 64):
-        for (N, K), bias in (((6144, 4096), False), ((4096, 4096), False), ((28672, 4096), False),
-                             ((4096, 14336), False), ((1000, 520), True)):
-            w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
-            b = torch.randn(N, device="cuda", dtype=dt) if bias else None
-            x = torch.randn(M, K, device="cuda", dtype=dt)
-            assert triton_ops.skinny_fits(x, w)
-            want = x.double() @ w.double().t() + (b.double() if bias else 0)
-            got = triton_ops.skinny_gemm(x, w, b)
-            blas = torch.nn.functional.linear(x, w, b)
-            assert got.dtype == dt and got.shape == (M, N)
-            assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + 1e-3, (M, N, K)
-    w = torch.randn(64, 64, device="cuda", dtype=dt)
-    assert not triton_ops.skinny_fits(torch.randn(2, 64, device="cuda", dtype=dt), w)  # the GEMV's
-    assert not triton_ops.skinny_fits(torch.randn(65, 64, device="cuda", dtype=dt), w)  # cuBLAS's
-    assert not triton_ops.skinny_fits(torch.randn(8, 128, device="cuda", dtype=dt)[:, ::2], w)
-    assert not triton_ops.skinny_fits(torch.randn(8, 64, device="cuda"), w.float())  # fp32: cuBLAS
-
-
-def test_gate_up_silu_matches_the_unfused_pair():
-    """kernels.gate_up_silu (SiLU-and-mul in the GEMV's / skinny GEMM's epilogue) on Llama-3-8B's
-    gate_up shape in bf16, 1-64 tokens: against silu(gate) * up of the float64 product rounded to
-    bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a floor."""
-    from model_wrapper.kernels import ops as triton_ops
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the skinny GEMM runs on sm90 only")
-    torch.manual_seed(3)
-    inv = inv_frequencies(RopeConfig(theta=5e5), 128).to("cuda")
-    fused = FlashInferKernels(inv, torch.bfloat16, 64)
-    n, K = 14336, 4096
-    w = torch.randn(2 * n, K, device="cuda", dtype=torch.bfloat16) / K**0.5
-    for M in (1, 2, 3, 16, 64):
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        y = (x.double() @ w.double().t()).to(torch.bfloat16).double()
-        want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
-        pair = triton_ops.silu_and_mul(torch.nn.functional.linear(x, w))
-        got = fused.gate_up_silu(x, w)
-        assert got.shape == (M, n)
-        assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, M
-
-
-def test_wide_gate_up_silu_matches_the_unfused_pair():
-    """triton_ops.wide_gate_up_silu (prefills of WIDE_MIN_TOKENS or more on Hopper) in bf16 on
-    Llama-3-8B's gate_up shape and on a small one with a bias, at token counts that fill tiles and
-    that do not, through kernels.gate_up_silu: against silu(gate) * up of the float64 product
-    rounded to bf16, its error at most that of cuBLAS + silu_and_mul on the same operands plus a
-    floor. And its fits rules."""
-    from model_wrapper.kernels import ops as triton_ops
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the wide GEMM runs on sm90 only")
-    torch.manual_seed(4)
-    bf = torch.bfloat16
-    fused = FlashInferKernels(inv_frequencies(RopeConfig(theta=5e5), 128).to("cuda"), bf, 64)
-    for M in (1024, 1100, 4096):
-        for (n, K), bias in (((14336, 4096), False), ((520, 1032), True)):
-            w = torch.randn(2 * n, K, device="cuda", dtype=bf) / K**0.5
-            b = torch.randn(2 * n, device="cuda", dtype=bf) if bias else None
-            x = torch.randn(M, K, device="cuda", dtype=bf)
-            assert triton_ops.wide_silu_fits(x, w)
-            y = (x.double() @ w.double().t() + (b.double() if bias else 0)).to(bf).double()
-            want = torch.nn.functional.silu(y[:, :n]) * y[:, n:]
-            pair = triton_ops.silu_and_mul(torch.nn.functional.linear(x, w, b))
-            got = fused.gate_up_silu(x, w, b)
-            assert got.shape == (M, n) and got.dtype == bf
-            assert (got.double() - want).abs().max() <= 2 * (pair.double() - want).abs().max() + 1e-3, (M, n)
-    w = torch.randn(128, 64, device="cuda", dtype=bf)
-    assert not triton_ops.wide_silu_fits(torch.randn(KernelConfig().wide_min_tokens - 1, 64, device="cuda", dtype=bf), w)
-    assert not triton_ops.wide_silu_fits(torch.randn(2048, 128, device="cuda", dtype=bf)[:, ::2], w)  # column stride 2
-    assert not triton_ops.wide_silu_fits(torch.randn(2048, 64, device="cuda"), w.float())  # fp32: cuBLAS
-    assert not triton_ops.wide_silu_fits(torch.randn(2048, 60, device="cuda", dtype=bf), w[:, :60].contiguous())
 
 
 WIDE_LAYERS = 2
@@ -512,7 +364,7 @@ def test_engine_running_ahead_on_cuda_equals_the_plain_order(gpu_ckpt):
     """On CUDA the engine runs ahead of its sampled tokens by default (graph replays take the ids
     from the device): the same greedy outputs as the plain order, token for token (length-limited
     requests: both orders run the same batches through the same kernels). The plain order itself
-    is checked against transformers in tests/test_engine.py."""
+    is checked against transformers in tests/text_generator/test_engine.py."""
     from text_generator.engine import LLMEngine
     from text_generator.sampling import SamplingParams
 

@@ -235,7 +235,7 @@ def test_cuda_graph_replay_equals_eager(checkpoint_dir, family):
     rounds differently, and a near-tie of two experts' router scores may then route a token apart."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from test_cuda import _decode_run
+    from test_cuda_model import _decode_run
 
     path = _cuda_ckpt(checkpoint_dir, family)
     g = torch.Generator().manual_seed(3)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.serve_fixtures import make_tokenizer
+from serve_fixtures import make_tokenizer
 from text_generator.chat import ChatTemplateError, load_generation_defaults, render_chat
 
 

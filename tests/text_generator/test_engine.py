@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.conftest import hf_model
+from conftest import hf_model
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.sampling import SamplingParams
@@ -38,7 +38,7 @@ def run_ahead(request, monkeypatch):
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from tests.conftest import make_checkpoint
+    from conftest import make_checkpoint
 
     return make_checkpoint(tmp_path_factory.mktemp("engine_llama"), "llama")
 

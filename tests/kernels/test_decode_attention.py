@@ -5,7 +5,7 @@ caches in float64, with the window applied as a mask.
 Without a GPU the kernel runs under Triton's interpreter in fp16 (tests/triton_interpret.py); on
 CUDA in bf16 with pages of 16 and head_dim 128 (`pytest -m cuda` there). The module is skipped where triton is not
 installed (CI installs only `.[test]`). The graphs that run the kernel are checked against eager
-steps and transformers in tests/test_cuda.py.
+steps and transformers in tests/model_wrapper/test_cuda_model.py.
 """
 
 from __future__ import annotations

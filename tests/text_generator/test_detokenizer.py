@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from tests.conftest import hf_model
+from conftest import hf_model
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.engine.detokenizer import ByteDetokenizer, WindowDetokenizer, make_detokenizer

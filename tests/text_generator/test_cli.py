@@ -12,7 +12,7 @@ import pytest
 from text_generator.demo import DEMO_CONFIG, ensure_demo_checkpoint, is_complete
 from text_generator.tokenizer import ByteTokenizer, decode_tokens, load_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 
 @pytest.fixture(scope="module")

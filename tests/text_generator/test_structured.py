@@ -19,7 +19,7 @@ import torch
 
 xgr = pytest.importorskip("xgrammar")
 
-from tests.conftest import hf_model, make_checkpoint  # noqa: E402
+from conftest import hf_model, make_checkpoint  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from text_generator.engine import LLMEngine  # noqa: E402
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError  # noqa: E402

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import hf_model
+from conftest import hf_model
 from text_generator import LLM, ErrorCode, ForwardArgumentError, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,5 +1,5 @@
 """Which prefill steps may attend over their own K/V only (FlashInfer's ragged kernel): decided
-on the host from the step's layout; the kernels themselves are checked on the GPU (test_cuda)."""
+on the host from the step's layout; the kernels themselves are checked on the GPU (tests/model_wrapper/test_cuda_model.py)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import hf_model
-from tests.serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from conftest import hf_model
+from serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
 MAX_MODEL_LEN = 256
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -441,7 +441,7 @@ def test_python_m_text_generator_serve_answers_over_http(ckpt):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

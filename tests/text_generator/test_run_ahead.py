@@ -1,6 +1,6 @@
 """Running ahead of the sampled tokens: forward_tensor's prev_token_ids (ids taken on the device)
 and the engine's async scheduling. Oracles: the same call with the real ids; the engine in the
-plain order and transformers' greedy decoding (tests/test_engine.py runs every engine test in
+plain order and transformers' greedy decoding (tests/text_generator/test_engine.py runs every engine test in
 both modes; here: that running ahead really happens, and falls back where it must)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import make_checkpoint
-from tests.test_engine import SpyGenerator
+from conftest import make_checkpoint
+from test_engine import SpyGenerator
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.errors import ErrorCode, ForwardArgumentError

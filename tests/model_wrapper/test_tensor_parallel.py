@@ -293,7 +293,7 @@ def test_cli_under_torchrun(checkpoint_dir):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=root)
     args = ["-m", "text_generator", "generate", "--model", checkpoint_dir("llama"), "--device", "cpu",
             "--token-ids", "1,2,3", "5,6,7,8,9", "--temperature", "0", "--max-new-tokens", "6"]
