@@ -30,18 +30,8 @@ Overlap (kernel "triton" on CUDA, on unless overlap=False): the manager owns one
 and, unless folded, inside the graphs (LoraBatch.begin / finish).
 
 Folding (fold_into; kernel "triton", decode graph batches): each layer's A stack moves into extra
-rows below the base weight, so one GEMM gives the base output and every slot's shrink at once:
-
-    W_ext [N + E, in] = [ W (the model's weight: linear.weight is now the view W_ext[:N]) ]
-                        [ A of slot 0 | slot 1 | ... (lora_a[m][layer] is the view of these rows) ]
-                        [ zero rows padding E to a multiple of 8 (aligned output rows) ]
-    x @ W_ext^T  ->  [ y | s ]    s[t, slot * n_sub * R + i * R + r]: every slot's shrink of token t
-
-The expand reads token t's own slot's columns of s. This replaces the shrink kernel and the side
-stream's fork / join (measured on an H100 at about 4.5% of a decode step on their own) with
-extra GEMM rows: every slot's A is read each step, used or not, hence only where max_loras *
-max_rank is small (fold="auto": <= FOLD_MAX_SLOT_RANK). Eager steps keep the shrink kernel
-(over the same A rows); the model's own forward reads only W_ext[:N].
+rows below the base weight, so one GEMM gives the base output and every slot's shrink at once
+(adapters/lora_fold.py).
 """
 
 from __future__ import annotations
@@ -52,6 +42,7 @@ import torch
 
 from adapters.errors import LoraError, LoraErrorCode, LoraStateError
 from adapters.lora_batch import LoraBatch, lora_groups
+from adapters.lora_fold import FOLD_MAX_SLOT_RANK, check_linears, fold_a_stacks
 from adapters.peft_adapter import PeftAdapter, read_peft_adapter
 from adapters.shapes import FUSED_MODULES, PEFT_MODULES, LoraShapes
 from adapters.side_stream import SideStream
@@ -72,11 +63,6 @@ KERNELS = ("auto", "torch", "flashinfer", "triton")
 # later) o / down keep their expand kernels.
 FUSE_MODULES = ("qkv", "o", "gate_up", "down")
 FUSE_MAX_RANK = 16
-# fold="auto" folds the A stacks into the base GEMMs (fold_into) when max_loras * max_rank is at
-# most this: 16 slots of rank 16 add 2.6% to the bytes of a Llama-3-8B decode step at batch 32 and
-# 2k context, which the fold must read even when only one adapter runs
-FOLD_MAX_SLOT_RANK = 256
-FOLD_ROW_ALIGN = 8  # W_ext rows padded to a multiple of this: 16-byte aligned rows of [y | s]
 FOLDS = ("auto", True, False)
 SEGMENT_GEMM_WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended size
 
@@ -281,7 +267,7 @@ class LoraManager:
         self._targets[slot] = {k: tuple(sorted(v)) for k, v in targets.items()}
 
     def fold_into(self, linears) -> bool:
-        """Move the A stacks into extra rows of the base weights (see the module docstring); once.
+        """Move the A stacks into extra rows of the base weights (see adapters/lora_fold.py); once.
 
         linears: {(layer, fused module): nn.Linear} for every layer and every module of
         adapters.shapes.FUSED_MODULES: the model's (unsharded) projections, weight [N, in] on this
@@ -294,41 +280,9 @@ class LoraManager:
             raise LoraStateError(LoraErrorCode.ALREADY_FOLDED, arg, "expected a first call, got A already folded")
         if not self.folds:
             return False
-        S, R = self.max_loras, self.max_rank
-        for m, subs in FUSED_MODULES.items():
-            want = (sum(self.shapes.out_features(m)), self.shapes.in_features(m))
-            for layer in range(self.shapes.num_layers):
-                lin = linears.get((layer, m)) if hasattr(linears, "get") else None
-                w = getattr(lin, "weight", None)
-                if not isinstance(w, torch.Tensor) or tuple(w.shape) != want or w.dtype != self.dtype \
-                        or w.device.type != self.device.type or self.device.index not in (None, w.device.index):
-                    got = (f"{w.dtype} {list(w.shape)} on {w.device}" if isinstance(w, torch.Tensor)
-                           else type(lin).__name__)
-                    raise LoraError(LoraErrorCode.INVALID_ARGUMENT, f"{arg}[{(layer, m)}]",
-                                    f"expected a Linear with a {self.dtype} weight {list(want)} on {self.device}, "
-                                    f"got {got}")
-        views = {}
-        with torch.no_grad():
-            for m, subs in FUSED_MODULES.items():
-                rows = len(subs) * R
-                N, K = sum(self.shapes.out_features(m)), self.shapes.in_features(m)
-                E = -(-(N + S * rows) // FOLD_ROW_ALIGN) * FOLD_ROW_ALIGN - N
-                views[m] = []
-                for layer in range(self.shapes.num_layers):
-                    lin = linears[(layer, m)]
-                    w = torch.zeros(N + E, K, device=self.device, dtype=self.dtype)
-                    w[:N].copy_(lin.weight)
-                    w[N:N + S * rows].copy_(self.lora_a[m][layer].reshape(S * rows, K))
-                    lin.weight.data = w[:N]
-                    b = None
-                    if lin.bias is not None:
-                        b = torch.zeros(N + E, device=self.device, dtype=lin.bias.dtype)
-                        b[:N].copy_(lin.bias)
-                        lin.bias.data = b[:N]
-                    self.folded[(layer, m)] = (w, b, N)
-                    views[m].append(w[N:N + S * rows].view(S, rows, K))
-                    if self.device.type == "cuda":  # hand the old weight's block back: W_ext is larger,
-                        torch.cuda.empty_cache()  # so the cache could not reuse it (peak: one W more)
+        check_linears(linears, self.shapes, self.device, self.dtype, arg)
+        views = fold_a_stacks(linears, self.lora_a, self.shapes, self.max_loras, self.max_rank, self.device,
+                              self.dtype, self.folded)
         self.lora_a.update(views)  # per layer from now on: views into W_ext
         self._layer_weights.clear()
         return True

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kv_manager.arguments import arg_error, as_int, check_hashable, token_list
+from kv_manager.arguments import (admitted, arg_error, as_int, check_commit, check_hashable, distinct_admitted,
+                                  prompt_list, token_list)
 from kv_manager.errors import KVArgumentError, KVCacheError, KVErrorCode
 
 # Parent entry id of a sequence's first block; real entry ids count up from 0.
@@ -111,7 +112,7 @@ class BlockManager:
         """Whether `admit(token_ids)` plus `reserve_tokens` more tokens (e.g. the first decode
         token) would fit with >= watermark_blocks blocks still available afterwards. Cache hits
         and evictable cached blocks count as available."""
-        tokens = _prompt(token_ids, "can_admit")
+        tokens = prompt_list(token_ids, "can_admit")
         check_hashable(extra_key, "can_admit: extra_key")
         reserve_tokens = as_int(reserve_tokens, "can_admit: reserve_tokens")
         if reserve_tokens < 0:
@@ -137,7 +138,7 @@ class BlockManager:
             raise KVArgumentError(
                 KVErrorCode.DUPLICATE_SEQUENCE, f"admit: seq_id={seq_id!r} is already admitted"
             )
-        tokens = _prompt(token_ids, "admit")
+        tokens = prompt_list(token_ids, "admit")
         check_hashable(extra_key, "admit: extra_key")  # checked before any state changes: the cache
         # keys (and so a later commit) hash it
         hits = self._match(tokens, extra_key)
@@ -210,7 +211,7 @@ class BlockManager:
         are truncated before their commit, so only finalized tokens are ever cached."""
         seq = self._get(seq_id, "commit")
         num_computed_tokens = as_int(num_computed_tokens, "commit: num_computed_tokens")
-        _check_commit(seq, seq_id, num_computed_tokens, "commit")
+        check_commit(seq.num_computed, len(seq.tokens), seq_id, num_computed_tokens, "commit")
         seq.num_computed = num_computed_tokens
         if self.enable_prefix_caching:
             self._register(seq)
@@ -235,7 +236,7 @@ class BlockManager:
         num_computed_tokens = [as_int(n, "commit_many: num_computed_tokens") for n in num_computed_tokens]
         seqs = self._distinct(seq_ids, len(num_computed_tokens), "num_computed_tokens", "commit_many")
         for seq_id, seq, n in zip(seq_ids, seqs, num_computed_tokens):
-            _check_commit(seq, seq_id, n, "commit_many")
+            check_commit(seq.num_computed, len(seq.tokens), seq_id, n, "commit_many")
         bs = self.block_size
         for seq, n in zip(seqs, num_computed_tokens):
             seq.num_computed = n
@@ -393,25 +394,10 @@ class BlockManager:
     # internals --------------------------------------------------------------------------------
 
     def _get(self, seq_id: Hashable, where: str) -> _Seq:
-        try:
-            return self._seqs[seq_id]
-        except TypeError:
-            raise arg_error(f"{where}: expected a hashable seq_id, got {type(seq_id).__name__}") from None
-        except KeyError:
-            raise KVArgumentError(
-                KVErrorCode.UNKNOWN_SEQUENCE,
-                f"{where}: expected an admitted seq_id, got {seq_id!r}",
-            ) from None
+        return admitted(self._seqs, seq_id, where)
 
     def _distinct(self, seq_ids: Sequence[Hashable], n_values: int, values: str, where: str) -> list[_Seq]:
-        """The sequences of a batched call: admitted, distinct, one value each."""
-        if len(seq_ids) != n_values:
-            raise arg_error(f"{where}: expected one value per sequence, got {len(seq_ids)} seq_ids "
-                             f"and {n_values} {values}")
-        seqs = [self._get(s, where) for s in seq_ids]
-        if len(set(map(id, seqs))) != len(seqs):
-            raise arg_error(f"{where}: expected distinct seq_ids, got a repeated one")
-        return seqs
+        return distinct_admitted(self._seqs, seq_ids, n_values, values, where)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -503,14 +489,6 @@ class BlockManager:
         return _tensor(out, "q", torch.int64)
 
 
-def _check_commit(seq: _Seq, seq_id: Hashable, n: int, where: str) -> None:
-    if not seq.num_computed <= n <= len(seq.tokens):
-        raise arg_error(
-            f"{where}: expected num_computed_tokens in [{seq.num_computed}, {len(seq.tokens)}] "
-            f"(already computed .. num_tokens) for seq_id={seq_id!r}, got {n}"
-        )
-
-
 def _tensor(values: list[int], typecode: str, dtype: torch.dtype) -> torch.Tensor:
     # Through array: the list converts at C speed, ~3x faster than torch.tensor(list), which
     # matters for the tables and slots built every step. The tensor keeps the array alive.
@@ -518,9 +496,3 @@ def _tensor(values: list[int], typecode: str, dtype: torch.dtype) -> torch.Tenso
         return torch.empty(0, dtype=dtype)  # frombuffer refuses an empty buffer
     return torch.frombuffer(array(typecode, values), dtype=dtype)
 
-
-def _prompt(token_ids: Sequence[int] | torch.Tensor, where: str) -> list[int]:
-    tokens = token_list(token_ids, where)
-    if not tokens:
-        raise arg_error(f"{where}: expected a non-empty prompt, got 0 token_ids")
-    return tokens

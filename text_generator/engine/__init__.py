@@ -1,8 +1,12 @@
 """The reference engine: continuous batching over TextGenerator.forward_tensor.
 
-engine.py    LLMEngine: add_request / step / generate, sampling, stop rules, run-ahead
-scheduler.py which requests run this step (chunked prefill, token budget, preemption)
-request.py   a request's state (tokens, blocks, status) and the RequestOutput it emits
+engine.py      LLMEngine: add_request / step / generate, the flat tensors of a step, sampling
+admission.py   a new request's checks (sampling parameters, prompt, adapter, grammar compiler)
+output.py      new tokens into a request: stop rules, detokenization, logprobs
+runahead.py    async scheduling: launch a step, read its tokens back one step later
+scheduler.py   which requests run this step (chunked prefill, token budget, preemption)
+request.py     a request's state (tokens, blocks, status) and the RequestOutput it emits
+detokenizer.py incremental detokenization of one request's output
 """
 
 from text_generator.engine.engine import LLMEngine

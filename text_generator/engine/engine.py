@@ -1,7 +1,7 @@
 """LLMEngine: the reference engine that drives TextGenerator.forward_tensor with continuous batching.
 
-Requests come in through `add_request` (token ids or text) and leave through the outputs of
-`step()`. One step:
+Requests come in through `add_request` (token ids or text; checked by admission.py) and leave
+through the outputs of `step()`. One step:
 
     Scheduler.schedule()          -> chunks: (request, token span, KV slots)   [scheduler.py]
     flat tensors (one forward)    input_ids, position_ids, slots, block_tables, input_lengths,
@@ -9,7 +9,7 @@ Requests come in through `add_request` (token ids or text) and leave through the
     TextGenerator.forward_tensor  -> logits [num_sampling_requests, vocab]
     BlockManager.commit           computed tokens enter the prefix cache
     Sampler                       -> next tokens (+ logprobs)                  [sampling.py]
-    stop checks, detokenization   -> RequestOutput per request with news
+    stop checks, detokenization   -> RequestOutput per request with news       [output.py]
 
 Structured requests (SamplingParams.structured) get a grammar at add_request
 (text_generator/structured.py); their logits rows are masked before the Sampler, each emitted
@@ -19,29 +19,30 @@ Request-level problems (bad sampling parameters, a prompt longer than max_seq_le
 that is not loaded, a request the KV pool can never hold, its stream_callback or the tokenizer
 raising on its text) finish that request with finish_reason "error" and a message, and free its
 blocks; the others go on. A drafter that fails on a request stops drafting for it (plain steps).
+
+Running ahead (async_scheduling) splits the Sampler from the stop checks across two steps
+(runahead.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
-import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 from loguru import logger
 
-from adapters.ids import AdapterIdsError, resolve_adapter_ids
 from kv_manager import BlockManager, default_num_blocks
 from kv_manager.memory import CPU_KV_BUDGET_BYTES
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
-from text_generator.engine.detokenizer import make_detokenizer
+from text_generator.engine.admission import check_adapter, check_params, check_prompt, make_grammar_compiler
+from text_generator.engine.output import append_tokens, describe, record_logprobs
 from text_generator.engine.request import Request, RequestOutput
+from text_generator.engine.runahead import InFlight, complete, launch
+from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.sampling import Sampler, SamplingParams
 from text_generator.structured import GrammarCompiler, mask_logits_
-from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 
 
 class LLMEngine:
@@ -131,7 +132,7 @@ class LLMEngine:
         if async_scheduling is None:
             async_scheduling = torch.device(generator.device).type == "cuda"
         self.async_scheduling = bool(async_scheduling)
-        self._inflight: _InFlight | None = None  # a launched step whose tokens are still on the device
+        self._inflight: InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
         self._adapter_keys: set = set()  # prefix-cache keys ((adapter, load id)) given to requests
@@ -170,20 +171,23 @@ class LLMEngine:
         if stream_callback is not None:
             self._callbacks[rid] = stream_callback
         try:
-            req.params = self._check_params(sampling_params)
-            req.prompt_ids = self._check_prompt(prompt, req.params)
-            req.adapter = self._check_adapter(adapter)
+            req.params = check_params(sampling_params, self.tokenizer)
+            req.prompt_ids = check_prompt(prompt, self.tokenizer, self.generator.vocab_size, self.max_seq_len)
+            req.adapter = check_adapter(adapter, list(self.generator.loaded_adapters()))
             if req.adapter is not None:
                 req.cache_key = self.generator.adapter_cache_key(req.adapter)
             req.generator = req.params.make_generator(self.generator.device)
         except Exception as e:  # anything wrong with this request (a TypeError from a bad params
             # dict, a tokenizer raising) fails it alone; the id must not stay taken
-            self._finish(req, "error", _describe(e))
+            self._finish(req, "error", describe(e))
             self._reports.append(req.output([], None, self.tokenizer is not None))
             return rid
         if req.params.structured is not None:
             try:
-                req.grammar = self._grammar_compiler().compile(req.params.structured)
+                if self._grammars is None:
+                    self._grammars = make_grammar_compiler(self.tokenizer, self.generator.vocab_size,
+                                                           self.eos_token_id)
+                req.grammar = self._grammars.compile(req.params.structured)
             except (ForwardArgumentError, GeneratorStateError):
                 del self.requests[rid]
                 self._callbacks.pop(rid, None)
@@ -216,66 +220,6 @@ class LLMEngine:
         report; the next step() reads it back and drops it.)"""
         return self.scheduler.has_unfinished() or bool(self._reports)
 
-    def _check_params(self, params) -> SamplingParams:
-        if params is None:
-            return SamplingParams()
-        if isinstance(params, dict):
-            known = {f.name for f in dataclasses.fields(SamplingParams)}
-            unknown = sorted(map(str, set(params) - known))
-            if unknown:
-                raise ValueError(f"sampling_params: expected SamplingParams fields ({sorted(known)}), got {unknown}")
-            return SamplingParams(**params)
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params: expected a SamplingParams, a dict or None, got {type(params).__name__}")
-        params.__post_init__()  # re-validate: fields may have been changed after construction
-        if params.stop and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop: stop strings need a tokenizer; the engine has none")
-        return params
-
-    def _check_prompt(self, prompt, params: SamplingParams) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("prompt: a str prompt needs a tokenizer; the engine has none (pass token ids)")
-            ids = list(self.tokenizer.encode(prompt))
-        elif isinstance(prompt, torch.Tensor):
-            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
-                raise ValueError(f"prompt: expected a 1-D integer tensor, got {prompt.dtype} {list(prompt.shape)}")
-            ids = prompt.tolist()
-        elif isinstance(prompt, Sequence):
-            ids = list(prompt)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise ValueError("prompt: expected a str or a sequence of int token ids")
-        else:
-            raise ValueError(f"prompt: expected a str, a sequence of int token ids or a 1-D integer tensor, "
-                             f"got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("prompt: expected at least one token, got none")
-        vocab = self.generator.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt: expected token ids in [0, {vocab}), got {bad[0]}")
-        if len(ids) >= self.max_seq_len:
-            raise ValueError(f"prompt: expected at most max_seq_len - 1 = {self.max_seq_len - 1} tokens "
-                             f"(room for one output token), got {len(ids)}")
-        return ids
-
-    def _grammar_compiler(self) -> GrammarCompiler:
-        if self._grammars is None:
-            if self.tokenizer is None:
-                raise GeneratorStateError(ErrorCode.STRUCTURED_OUTPUT_UNAVAILABLE, "tokenizer",
-                                          "expected an engine with a tokenizer for structured output, got none")
-            stops = None if self.eos_token_id is None else [self.eos_token_id]
-            self._grammars = GrammarCompiler(self.tokenizer, self.generator.vocab_size, stops)
-        return self._grammars
-
-    def _check_adapter(self, adapter) -> str | None:
-        """-> the adapter name, or None for the base model (adapters.ids' rule, for one request)."""
-        try:
-            ids = resolve_adapter_ids([adapter], 1, list(self.generator.loaded_adapters()))
-        except AdapterIdsError as e:
-            raise ValueError(f"adapter: {e.detail}") from None
-        return None if ids is None else ids[0]
-
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
             self._drafting.discard(req.request_id)
@@ -303,7 +247,7 @@ class LLMEngine:
         outputs, self._reports = self._reports, []
         prev, self._inflight = self._inflight, None
         if prev is not None and not self._may_run_ahead():
-            outputs += self._complete(prev)
+            outputs += complete(self, prev)
             prev = None
         sched = self.scheduler.schedule()
         self.num_preemptions += len(sched.preempted)
@@ -314,7 +258,7 @@ class LLMEngine:
             self.num_steps += 1
             outputs += self._run(sched, prev)
         if prev is not None:
-            outputs += self._complete(prev)
+            outputs += complete(self, prev)
         self._notify(outputs)
         return outputs
 
@@ -340,7 +284,7 @@ class LLMEngine:
             self.block_manager.drop_cached(key)
         self._adapter_keys -= stale
 
-    def _run(self, sched, prev: "_InFlight | None") -> list[RequestOutput]:
+    def _run(self, sched, prev: InFlight | None) -> list[RequestOutput]:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
             from text_generator.speculative.engine_step import speculative_step
 
@@ -365,82 +309,20 @@ class LLMEngine:
             c.request.num_computed = c.start + c.num_tokens
         sampled = [c.request for c in sched.chunks if c.needs_sample]
         if self._may_run_ahead():
-            self._inflight = self._launch(logits, sched.chunks, sampled)
+            self._inflight = launch(self, logits, sched.chunks, sampled)
             return []
         self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
                                        [c.request.num_computed for c in sched.chunks])
         return self.sample(logits, sampled)
 
-    # -- running ahead ---------------------------------------------------------------------
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         with a drafter (it proposes from the tokens), nor while a live request's sampling reads
         its own output history (penalties; a grammar, which masks a token only once it has
-        accepted the previous one)."""
+        accepted the previous one). The machinery is runahead.py's."""
         return self.async_scheduling and self.drafter is None and not self._history_reqs
 
-    def _launch(self, logits: torch.Tensor, chunks: list[ScheduledChunk], sampled: list[Request]) -> "_InFlight":
-        """Sample on the device, start the copy of the results to the host, and stand a
-        placeholder for each new token in its request (the scheduler sees the request one token
-        longer; the next forward takes the real id from the device)."""
-        out = self.sampler(logits, [r.params for r in sampled], generators=[r.generator for r in sampled]) \
-            if sampled else None
-        host, event = {}, None
-        if out is not None:
-            for name in ("token_ids", "logprobs", "top_token_ids", "top_logprobs"):
-                t = getattr(out, name)
-                if t is None:
-                    continue
-                if t.device.type == "cuda":
-                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    h.copy_(t, non_blocking=True)
-                    t = h
-                host[name] = t
-            if out.token_ids.device.type == "cuda":
-                event = torch.cuda.Event()
-                event.record()
-        rows = {}
-        for i, req in enumerate(sampled):
-            req.output_ids.append(PLACEHOLDER)
-            req.pending += 1
-            rows[id(req)] = i
-            n_out = len(req.output_ids)
-            if n_out >= req.params.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len:
-                req.final_pending = True
-        commits = [(c.request, c.request.num_computed, c.request.num_preemptions) for c in chunks]
-        return _InFlight(sampled, rows, [r.num_preemptions for r in sampled], commits,
-                         None if out is None else out.token_ids, host, event)
-
-    def _complete(self, step: "_InFlight") -> list[RequestOutput]:
-        """Read a launched step's tokens back: replace its placeholders, check stops, report;
-        then commit its chunks' K/V (their input tokens are all real by now)."""
-        outputs = []
-        if step.reqs:
-            if step.event is not None:
-                step.event.synchronize()
-            tokens = step.host["token_ids"].tolist()
-            lps = step.host["logprobs"].tolist() if "logprobs" in step.host else None
-            top_ids = step.host["top_token_ids"].tolist() if "top_token_ids" in step.host else None
-            top_lps = step.host["top_logprobs"].tolist() if "top_logprobs" in step.host else None
-            bm = self.block_manager
-            for i, (req, tok) in enumerate(zip(step.reqs, tokens)):
-                if req.finished:
-                    continue  # finished (stop, abort) on an earlier token: this row ran ahead of it
-                at = len(req.output_ids) - req.pending
-                req.output_ids[at] = tok
-                req.pending -= 1
-                pos = len(req.prompt_ids) + at
-                if req.num_preemptions == step.preemptions[i] and req.request_id in bm \
-                        and bm.num_computed_tokens(req.request_id) <= pos < bm.num_tokens(req.request_id):
-                    bm.set_token(req.request_id, pos, tok)  # the next step appended the placeholder
-                if req.params.logprobs is not None:
-                    self._record_logprobs(req, i, lps, top_ids, top_lps)
-                outputs.append(self.emit(req, [tok], at=at))
-        live = [(r, n) for r, n, p in step.commits if not r.finished and r.num_preemptions == p]
-        self.block_manager.commit_many([r.request_id for r, _ in live], [n for _, n in live])
-        return outputs
-
-    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: "_InFlight | None" = None
+    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
                  ) -> torch.Tensor:
         """One forward_tensor call over every chunk: flat tensors built with list concatenation
         and vectorised index arithmetic (no per-token Python).
@@ -462,7 +344,7 @@ class LLMEngine:
                     dev_index.append(prev.rows[id(req)])
                 ids.append(req.output_ids[-1])
             else:
-                ids += _token_span(c.request, c.start, c.start + c.num_tokens)
+                ids += c.request.token_span(c.start, c.start + c.num_tokens)
         q = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
         start = torch.tensor([c.start for c in chunks], dtype=torch.int64)
         offset = torch.cumsum(q, 0) - q
@@ -482,6 +364,7 @@ class LLMEngine:
             slots, (start + q).to(torch.int32), self.max_seq_len,
             (offset + q - 1)[sample], **kwargs)
 
+    # -- tokens out ------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
         """Sample one token per row of logits [len(reqs), vocab] for reqs (their params, penalties,
         seeds) and emit it: -> each request's RequestOutput of the step."""
@@ -500,58 +383,27 @@ class LLMEngine:
         outputs = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
             if req.params.logprobs is not None:
-                self._record_logprobs(req, i, lps, top_ids, top_lps)
+                record_logprobs(req, i, lps, top_ids, top_lps)
             outputs.append(self.emit(req, [tok]))
         return outputs
 
-    @staticmethod
-    def _record_logprobs(req: Request, i: int, lps, top_ids, top_lps) -> None:
-        if req.logprobs is None:
-            req.logprobs, req.top_logprobs = [], []
-        req.logprobs.append(lps[i])
-        n = req.params.logprobs
-        req.top_logprobs.append(dict(zip(top_ids[i][:n], top_lps[i][:n])) if n else {})
-
     def emit(self, req: Request, toks: list[int], at: int | None = None) -> RequestOutput:
-        """Append new tokens (one, or a speculative step's accepted run) with their stop checks;
-        tokens after the one that finishes the request are dropped. at: the token is already in
-        output_ids at index `at` (a run-ahead placeholder just replaced; later placeholders are
-        dropped if it finishes the request)."""
-        now = _now()
-        if req.metrics.first_token_time is None:
-            req.metrics.first_token_time = now
-        new: list[int] = []
-        delta = "" if self.tokenizer is not None else None
-        reason = error = None
-        try:
-            for tok in toks:
-                if at is None:
-                    req.output_ids.append(tok)
-                req.metrics.token_times.append(now)
-                new.append(tok)
-                reason, d = self._check_token(req, tok)
-                if d:
-                    delta += d
-                if reason is not None:
-                    break
-        except Exception as e:  # this request's detokenization or stop check failed: it alone
-            reason, error, delta = "error", f"detokenizing its output failed: {_describe(e)}", None
-        if reason is not None:
-            if req.pending:
-                del req.output_ids[len(req.output_ids) - req.pending:]
-                req.pending = 0
-            if error is None and reason == "error":  # the grammar refused the token
-                error = _GRAMMAR_REJECTED.format(new[-1])
-            self._finish(req, reason, error)
+        """Append new tokens (one, or a speculative step's accepted run) with their stop checks
+        (output.append_tokens; at: the token already stands at output_ids[at], a run-ahead
+        placeholder just replaced); finish the request or tell the drafter -> its RequestOutput."""
+        done = append_tokens(req, toks, at, eos_token_id=self.eos_token_id, max_seq_len=self.max_seq_len,
+                             tokenizer=self.tokenizer)
+        if done.reason is not None:
+            self._finish(req, done.reason, done.error)
         elif self.drafter is not None:
-            self._draft_update(req, new)
-        return req.output(new, delta, self.tokenizer is not None)
+            self._draft_update(req, done.new)
+        return req.output(done.new, done.delta, self.tokenizer is not None)
 
     def stop_drafting(self, request_ids, error: Exception) -> None:
         """The drafter failed on these requests: they decode without drafts from now on (a later
         token starts them afresh in the drafter)."""
         logger.warning("drafter failed on requests {}, which decode without drafts now: {}",
-                       list(request_ids), _describe(error))
+                       list(request_ids), describe(error))
         for rid in request_ids:
             self._drafting.discard(rid)
             try:
@@ -572,43 +424,6 @@ class LLMEngine:
         except Exception as e:
             self.stop_drafting([rid], e)
 
-    def _check_token(self, req: Request, tok: int) -> tuple[str | None, str | None]:
-        """Stop checks and detokenization after one new token (vLLM's order: EOS, stop tokens,
-        stop strings, then the length limits) -> (finish reason or None, new text or None).
-
-        The token's text comes from the request's incremental detokenizer (EOS and stop tokens
-        add none). Text that might begin a stop string is held back (req.held_text) until the
-        next tokens decide; a stop string found across any token boundary cuts the text right
-        before it. When the request finishes, the held text and the detokenizer's tail go out."""
-        p = req.params
-        reason = "stop" if (tok == self.eos_token_id and not p.ignore_eos) or tok in p.stop_token_ids else None
-        if req.grammar is not None:
-            if not req.grammar.accept(tok):  # the mask forbade it: only a broken row of logits gets here
-                return "error", None
-            if req.grammar.terminated:  # it took the stop token that completes the structure
-                reason = "stop"
-        n_out = len(req.output_ids) - req.pending  # placeholders of run-ahead steps do not count
-        at_limit = n_out >= p.max_new_tokens or len(req.prompt_ids) + n_out >= self.max_seq_len
-        if reason is None and at_limit:
-            reason = "length"
-        if self.tokenizer is None:
-            return reason, None
-        if req.detokenizer is None:
-            req.detokenizer = make_detokenizer(self.tokenizer)
-        new = req.detokenizer.step(tok) if reason != "stop" else ""  # EOS / stop tokens: no text
-        if reason is not None:
-            new += req.detokenizer.flush()
-        text = req.text + req.held_text + new
-        if p.stop:
-            cut = _find_stop(text, p.stop, len(req.text))
-            if cut is not None:
-                text, reason = text[:cut], "stop"
-        end = len(text)
-        if reason is None and p.stop:  # hold back what may be the start of a stop string
-            end = max(len(req.text), end - (max(map(len, p.stop)) - 1))
-        delta, req.text, req.held_text = text[len(req.text):end], text[:end], text[end:]
-        return reason, delta
-
     def _notify(self, outputs: list[RequestOutput]) -> None:
         """Call each output's stream_callback. One that raises fails its own request (reported
         with finish_reason "error" at the next step, blocks freed, never called again); the
@@ -622,7 +437,7 @@ class LLMEngine:
             except Exception as e:
                 self._callbacks.pop(o.request_id, None)
                 req = self.requests.get(o.request_id)
-                why = f"its stream_callback raised {_describe(e)}"
+                why = f"its stream_callback raised {describe(e)}"
                 if req is None or req.finished:
                     logger.warning("request {}: {} on its final output", o.request_id, why)
                     continue
@@ -663,23 +478,6 @@ class LLMEngine:
         return [final[i] for i in ids]
 
 
-_GRAMMAR_REJECTED = "token {} is outside the request's structured-output grammar"
-PLACEHOLDER = 0  # the id standing in input_ids / output_ids for a token still on the device
-
-
-@dataclass
-class _InFlight:
-    """A launched step whose sampled tokens are still on the device (async scheduling)."""
-
-    reqs: list[Request]  # sampled requests, in the sampler's row order
-    rows: dict[int, int]  # id(request) -> its row in token_ids
-    preemptions: list[int]  # each one's num_preemptions at launch (a preempted one is not patched)
-    commits: list[tuple[Request, int, int]]  # (request, num_computed, num_preemptions) to commit
-    token_ids: torch.Tensor | None  # [S] on the device
-    host: dict[str, torch.Tensor]  # the sampler's outputs, copying to (pinned) host memory
-    event: object  # CUDA event after the copies (None on the CPU)
-
-
 def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: int, fraction: float,
                    cpu_budget: int) -> int:
     """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank; under
@@ -695,31 +493,3 @@ def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: i
         n = int(t.item())
     return n
 
-
-def _token_span(req: Request, start: int, end: int) -> list[int]:
-    P = len(req.prompt_ids)
-    if end <= P:
-        return req.prompt_ids[start:end]
-    if start >= P:
-        return req.output_ids[start - P:end - P]
-    return req.prompt_ids[start:] + req.output_ids[:end - P]
-
-
-def _find_stop(text: str, stops: list[str], old_len: int) -> int | None:
-    """Index of the earliest stop string that ends in the new part of text, or None."""
-    best = None
-    for s in stops:
-        k = text.find(s, max(0, old_len - len(s) + 1))
-        if k != -1 and (best is None or k < best):
-            best = k
-    return best
-
-
-def _describe(e: Exception) -> str:
-    """An error message for a request's output: coded errors carry their own message."""
-    coded = type(e) is ValueError or hasattr(e, "code")
-    return str(e) if coded and str(e) else f"{type(e).__name__}: {e}"
-
-
-def _now() -> float:
-    return time.perf_counter()

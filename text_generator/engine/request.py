@@ -102,7 +102,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     text: str = ""  # reported text (what the deltas add up to)
-    # decoded but not yet reported: it may be the start of a stop string (engine._check_token)
+    # decoded but not yet reported: it may be the start of a stop string (output.check_token)
     held_text: str = ""
     detokenizer: object | None = None  # engine/detokenizer.py, made at the first output token
     logprobs: list[float] | None = None
@@ -118,6 +118,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_span(self, start: int, end: int) -> list[int]:
+        """tokens[start:end] without building the whole list."""
+        P = len(self.prompt_ids)
+        if end <= P:
+            return self.prompt_ids[start:end]
+        if start >= P:
+            return self.output_ids[start - P:end - P]
+        return self.prompt_ids[start:] + self.output_ids[:end - P]
 
     @property
     def finished(self) -> bool:
