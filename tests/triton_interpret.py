@@ -53,3 +53,21 @@ if INTERPRET:
         lambda self, ptrs, mask, *a, **kw: _masked_load(self, ptrs, _bool_mask(mask), *a, **kw)
     _builder.create_masked_store = \
         lambda self, ptrs, value, mask, *a, **kw: _masked_store(self, ptrs, value, _bool_mask(mask), *a, **kw)
+
+
+# shared by the kernel tests: where they run, their per-dtype tolerance against the float64 product,
+# and the marks of their CUDA-only cases (skipped without a GPU, or without FlashInfer where they use it)
+DEVICE = "cpu" if INTERPRET else "cuda"
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+import pytest  # noqa: E402
+
+on_cuda_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_flashinfer = pytest.mark.skipif(not _has("flashinfer"), reason="needs flashinfer")

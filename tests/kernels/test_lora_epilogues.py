@@ -18,7 +18,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from triton_interpret import INTERPRET  # before the kernels: sets up the interpreter
+from triton_interpret import INTERPRET, DEVICE, TOL  # first: it sets up the interpreter
 
 import math  # noqa: E402
 
@@ -26,9 +26,6 @@ import adapters.triton_kernels as tk  # noqa: E402
 import model_wrapper.kernels.ops as tops  # noqa: E402
 from adapters.lora_batch import LoraDelta, lora_groups  # noqa: E402
 from conftest import rel_err  # noqa: E402
-
-DEVICE = "cpu" if INTERPRET else "cuda"
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def reference(x, a, bs, token_slot, ranks, R, offsets, y):

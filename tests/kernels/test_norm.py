@@ -11,21 +11,13 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from triton_interpret import INTERPRET  # before the kernels: sets up the interpreter
+from triton_interpret import DEVICE, TOL, needs_flashinfer, on_cuda_skip  # first: it sets up the interpreter
 
 import model_wrapper.kernels.ops as tops  # noqa: E402
 from model_wrapper.config import RopeConfig  # noqa: E402
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels  # noqa: E402
 from model_wrapper.layers.rotary import inv_frequencies  # noqa: E402
 from conftest import rel_err  # noqa: E402
-
-DEVICE = "cpu" if INTERPRET else "cuda"
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-# the CUDA-only tests sit beside the interpreter ones (the model-level ones: model_wrapper/test_cuda_model.py): marked cuda and
-# skipped where there is no GPU or no FlashInfer (FlashInferKernels needs it)
-on_cuda_skip = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-needs_flashinfer = pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="needs flashinfer")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
