@@ -77,6 +77,17 @@ def hf_model(path: str, dtype=torch.float32):
     return model.eval()
 
 
+def hf_generate(model, ids: list[int], n: int, eos: int | None = None) -> list[int]:
+    """transformers' own greedy generate from prompt ids: exactly n new tokens (eos None), or at
+    most n, ending at eos if it comes."""
+    stop = dict(min_new_tokens=n, eos_token_id=None, pad_token_id=0) if eos is None else \
+        dict(eos_token_id=eos, pad_token_id=eos)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, **stop)
+    return out[0, len(ids):].tolist()
+
+
 @pytest.fixture(scope="session")
 def checkpoint_dir(tmp_path_factory):
     """family -> fp32 checkpoint folder (made once per session)."""

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from conftest import hf_model, make_checkpoint
+from conftest import hf_generate, hf_model, make_checkpoint
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]  # ids 0..5: bos 1, eos 2
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
@@ -62,10 +62,7 @@ def make_lora(base: str, out_dir, seed: int = 1) -> str:
 
 def greedy(model, ids: list[int], n: int, eos: int = 2) -> list[int]:
     """transformers' greedy generate: the new tokens (ending at EOS if it came)."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-    return out[0, len(ids):].tolist()
+    return hf_generate(model, ids, n, eos)
 
 
 def logprobs_of(model, ids: list[int], new: list[int]) -> tuple[list[float], list[torch.Tensor]]:

@@ -2,8 +2,8 @@
 against transformers' own classes on tiny random checkpoints.
 
 The same scenario as the dense families' parity test (batched uneven prompts on shuffled blocks, a
-chunked prefill, a mixed step, decode with lm_head_indices, multi-token decode), a draft tree under
-spec_mask, routing ties, a dense layer between sparse ones, bf16 against transformers' own bf16
+chunked prefill, a mixed step, decode with lm_head_indices, multi-token decode; draft trees under spec_mask
+in test_speculative.py), routing ties, a dense layer between sparse ones, bf16 against transformers' own bf16
 error, loader refusals of missing or misshapen experts, and LoRA on the attention of an MoE model
 against peft (adapters on the experts are refused).
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 
 import pytest
@@ -20,7 +19,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import MOE_FAMILIES, hf_model, make_checkpoint, rel_err
-from kv_manager import BlockManager
 from model_wrapper import KernelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from test_forward_parity import _max_err, _reference, _script, run_scenario
@@ -60,26 +58,6 @@ def test_bf16_no_worse_than_transformers_bf16(checkpoint_dir, family):
     oracle = torch.tensor([rel_err(ref16[r][p], ref32[r][p]) for r, p, _ in outputs])
     assert ours.mean() <= 2 * oracle.mean() + 1e-3, (ours.mean(), oracle.mean())
     assert ours.median() <= 2 * oracle.median() + 1e-3, (ours.median(), oracle.median())
-
-
-@pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_tree_decode_nodes_match_transformers_on_each_path(checkpoint_dir, family):
-    from test_speculative import prefill, random_prompt, random_tree, tree_step
-
-    path = checkpoint_dir(family)
-    gen, hf = _load(path), hf_model(path)
-    rng = random.Random(3)
-    kv, bm = gen.allocate_kv_cache(32, 4), BlockManager(32, 4)
-    prompts = [random_prompt(rng, 11), random_prompt(rng, 5)]
-    roots = [prefill(gen, kv, bm, i, p) for i, p in enumerate(prompts)]
-    trees = [random_tree(rng, roots[0], 7), random_tree(rng, roots[1], 4)]
-    batch, _, logits = tree_step(gen, kv, bm, [0, 1], trees)
-    assert batch.spec_mask is not None
-    with torch.no_grad():
-        for b, (p, t) in enumerate(zip(prompts, trees)):
-            for i in range(t.size):
-                ref = hf(torch.tensor([p + [t.tokens[j] for j in t.path(i)]])).logits[0, -1]
-                assert rel_err(logits[batch.offsets[b] + i], ref) < 1e-4, (b, i)
 
 
 def test_routing_ties_pick_what_transformers_picks(tmp_path):

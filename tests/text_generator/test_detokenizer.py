@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from conftest import hf_model
+from conftest import hf_generate, hf_model
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
 from text_generator.engine.detokenizer import ByteDetokenizer, WindowDetokenizer, make_detokenizer
@@ -72,14 +72,7 @@ def bpe_ckpt(bpe_checkpoint):
 def greedy_ref(bpe_ckpt):
     """prompt ids -> transformers' greedy continuation of n tokens."""
     model = hf_model(bpe_ckpt)
-
-    def run(prompt: list[int], n: int) -> list[int]:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
-
-    return run
+    return lambda prompt, n: hf_generate(model, prompt, n)
 
 
 def _run(engine, prompt, params):

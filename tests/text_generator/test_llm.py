@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import hf_model
+from conftest import hf_generate, hf_model
 from text_generator import LLM, ErrorCode, ForwardArgumentError, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,14 +23,7 @@ def llm(bpe_checkpoint):
 @pytest.fixture(scope="module")
 def hf_greedy(bpe_checkpoint):
     model = hf_model(bpe_checkpoint)
-
-    def run(ids: list[int], n: int) -> list[int]:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-        return out[0, len(ids):].tolist()
-
-    return run
+    return lambda ids, n: hf_generate(model, ids, n)
 
 
 def test_generate_greedy_equals_transformers(llm, bpe_tokenizer, hf_greedy):

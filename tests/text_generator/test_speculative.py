@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from peft import LoraConfig, get_peft_model
 from scipy.stats import chi2
 
-from conftest import hf_model, rel_err
+from conftest import MOE_FAMILIES, hf_model, rel_err
 from kv_manager import BlockManager
 from text_generator import TextGenerator
 from text_generator.speculative import (
@@ -174,7 +174,7 @@ def test_tree_pruned_and_invalid():
 
 # -- tree attention ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", FAMS + ["mistral"])  # mistral: window 6 counts tree positions
+@pytest.mark.parametrize("family", FAMS + ["mistral"] + MOE_FAMILIES)  # mistral: window 6 counts tree positions
 def test_tree_node_logits_match_transformers_on_each_path(models, family):
     gen, hf = models(family)
     rng = random.Random(1)
