@@ -69,13 +69,20 @@ def make_random_checkpoint(
     device: str | torch.device | None = None,
     seed: int = 0,
     max_shard_bytes: int = 4 << 30,
+    fp8: str | None = None,
 ) -> str:
     """Write a random checkpoint of config_dict's shape to path (a folder) and return path.
 
     Matrices and embeddings ~ N(0, initializer_range (default 0.02)); norm weights 1 + N(0, 0.02);
     biases N(0, 0.02). device: where weights are drawn (default: CUDA if available).
+    fp8: None, "block" (transformers' fine-grained FP8: e4m3 weights + weight_scale_inv per 128 x 128
+    block, quant_method "fp8") or "channel" (compressed-tensors FP8-dynamic: e4m3 weights +
+    weight_scale per output row): the decoder layers' projections are stored quantized, the
+    embedding, norms and lm_head in dtype.
     """
     cfg = dict(config_dict)
+    if fp8 is not None:
+        cfg["quantization_config"] = fp8_quantization_config(fp8)
     cfg.setdefault("architectures", ["LlamaForCausalLM"])
     cfg.setdefault("model_type", cfg["architectures"][0].replace("ForCausalLM", "").lower())
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).replace("torch.", "")
@@ -90,7 +97,7 @@ def make_random_checkpoint(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     os.makedirs(path, exist_ok=True)
     shapes = weight_shapes(cfg)
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = torch.empty((), dtype=dtype).element_size()  # (fp8 shards are smaller: fine)
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in shapes:
@@ -111,6 +118,12 @@ def make_random_checkpoint(
             t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).mul_(std if len(shape) > 1 else 0.02)
             if name.endswith("norm.weight"):
                 t.add_(1.0)
+            if fp8 is not None and _quantized(name):
+                q, scale = quantize_fp8(t, fp8)
+                scale_name = name + ("_scale_inv" if fp8 == "block" else "_scale")
+                tensors[name], tensors[scale_name] = q.cpu(), scale.cpu()
+                weight_map[name] = weight_map[scale_name] = fname
+                continue
             tensors[name] = t.to(dtype).cpu()
             weight_map[name] = fname
         save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
@@ -121,6 +134,47 @@ def make_random_checkpoint(
     with open(cfg_path, "w") as f:  # last: its presence marks a complete folder
         json.dump(cfg, f, indent=1)
     return path
+
+
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def _quantized(name: str) -> bool:
+    """Whether an FP8 checkpoint stores this tensor in e4m3: the decoder layers' projection weights."""
+    return name.startswith("model.layers.") and name.endswith("_proj.weight")
+
+
+def fp8_quantization_config(kind: str) -> dict:
+    """config.json's quantization_config of an FP8 checkpoint of kind "block" or "channel"."""
+    if kind == "block":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    if kind == "channel":
+        return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                                "dynamic": False},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                          "dynamic": True}}}}
+    raise ValueError(f"fp8: expected 'block' or 'channel', got {kind!r}")
+
+
+def quantize_fp8(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (e4m3 [N, K], float32 scale) with w ~= e4m3 * scale: "block" gives the scale
+    per 128 x 128 block [ceil(N/128), ceil(K/128)] (a checkpoint's weight_scale_inv), "channel" per
+    row [N, 1] (compressed-tensors' weight_scale)."""
+    w = w.float()
+    N, K = w.shape
+    if kind == "channel":
+        scale = (w.abs().amax(dim=1, keepdim=True) / _FP8_MAX).clamp_min(1e-12)
+        return (w / scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn), scale
+    nb, kb = -(-N // 128), -(-K // 128)
+    padded = torch.zeros(nb * 128, kb * 128, device=w.device)
+    padded[:N, :K] = w
+    blocks = padded.view(nb, 128, kb, 128)
+    scale = (blocks.abs().amax(dim=(1, 3)) / _FP8_MAX).clamp_min(1e-12)  # [nb, kb]
+    q = (blocks / scale[:, None, :, None]).clamp(-_FP8_MAX, _FP8_MAX).view(nb * 128, kb * 128)[:N, :K]
+    return q.to(torch.float8_e4m3fn), scale
 
 
 def percentile(values: list[float], q: float) -> float:
