@@ -1,0 +1,262 @@
+"""FP8 weights and the FP8 KV cache on a Llama-3-8B-shaped model, against bf16, in one run.
+
+    source .gpu/device-setup.sh && python3 benchmarks/bench_fp8.py --out benchmarks/results
+    python benchmarks/bench_fp8.py --device cpu --tiny --out /tmp/fp8   # smoke run (CPU: no FP8 kernels)
+
+Two generators with the same function: one random bf16 model whose decoder projections are
+quantized to e4m3 (--kind block: a scale per 128 x 128 block, as transformers' fine-grained FP8
+checkpoints; channel: a scale per output row, as compressed-tensors FP8-dynamic) and kept FP8
+(Fp8Method), and a bf16 model holding the *dequantized* weights (so the two differ only by how
+they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints ship them.
+
+1. accuracy: logits of FP8 vs the bf16-dequantized model over --acc-tokens positions (random
+   prompts, prefill): top-1 agreement and mean KL(bf16 || fp8);
+2. decode step at batch 1 / 8 / 32 / 128 (ctx 512, CUDA graphs): FP8 weights with a bf16 cache,
+   FP8 weights with an FP8 cache, and bf16; floor = (weight bytes + scales + KV bytes) / copy
+   bandwidth measured here;
+3. prefill of 4k tokens: FP8 vs bf16, beside the FP8 GEMM chain of the same shapes
+   (torch._scaled_mm with per-row scales: cuBLASLt FP8) and the bf16 chain;
+4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
+   FP8 KV against bf16 weights + bf16 KV, output tokens/s.
+Writes fp8.json and fp8.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_forward import copy_bandwidth, decode_step, gemm_chain, prefill_step, timed  # noqa: E402
+from benchmarks.common import LLAMA3_8B, pyplot, quantize_fp8, random_text_generator, tiny  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+def to_fp8(gen_fp8, gen_ref, kind: str) -> int:
+    """Quantize gen_fp8's decoder projections in place to FP8 (Fp8Method) and give gen_ref the
+    dequantized weights; -> bytes of the FP8 weights and scales."""
+    from model_wrapper.layers.fp8_linear import Fp8Method
+
+    ref = gen_ref.model_wrapper.lora_linears()
+    nbytes = 0
+    for key, lin in gen_fp8.model_wrapper.lora_linears().items():
+        w = lin.weight.data
+        N, K = w.shape
+        q, s = quantize_fp8(w, kind)
+        if kind == "block":
+            scale, group = s.repeat_interleave(128, dim=0)[:N].contiguous(), 128
+        else:
+            scale, group = s.reshape(N, 1).contiguous(), K
+        method = Fp8Method(group)
+        del lin.weight
+        lin.method = method
+        lin.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
+        lin.weight_scale = torch.nn.Parameter(scale.float(), requires_grad=False)
+        lin.input_scale = None
+        ref[key].weight.data.copy_(method.dequantized(lin, w.dtype))
+        nbytes += q.numel() + scale.numel() * 4
+        del w
+    return nbytes
+
+
+def other_bytes(gen) -> int:
+    """Bytes a decode step reads besides the decoder projections: norms and lm_head (not the embedding)."""
+    proj = {id(p) for lin in gen.model_wrapper.lora_linears().values() for p in lin.parameters()}
+    return sum(p.numel() * p.element_size() for n, p in gen.model_wrapper.model.named_parameters()
+               if id(p) not in proj and "embed_tokens" not in n)
+
+
+def accuracy(gen_fp8, gen_ref, cfg, tokens: int, device) -> dict:
+    """Top-1 agreement and mean KL(ref || fp8) of the prefill logits of random prompts of 512 tokens."""
+    T = min(512, tokens)
+    n = max(1, tokens // T)
+    bs = 16
+    per = -(-T // bs)
+    agree, kl, count = 0, 0.0, 0
+    kv8, kvr = gen_fp8.allocate_kv_cache(per + 1, bs), gen_ref.allocate_kv_cache(per + 1, bs)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        ids = torch.randint(0, cfg["vocab_size"], (T,), generator=g)
+        pos = torch.arange(T)
+        tables = torch.arange(per, dtype=torch.int32).view(1, per)
+        slots = tables[0, pos // bs].to(torch.int64) * bs + pos % bs
+        lens = torch.tensor([T], dtype=torch.int32)
+        a = gen_fp8.forward_tensor(ids, pos, True, kv8, tables, slots, lens, T, lm_head_indices=pos).float()
+        b = gen_ref.forward_tensor(ids, pos, True, kvr, tables, slots, lens, T, lm_head_indices=pos).float()
+        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+        lp, lq = torch.log_softmax(b, -1), torch.log_softmax(a, -1)
+        kl += float((lp.exp() * (lp - lq)).sum(-1).sum())
+        count += T
+    del kv8, kvr
+    return dict(positions=count, top1_agreement=agree / count, mean_kl=kl / count)
+
+
+def fp8_gemm_chain(cfg, T, device, iters):
+    """Seconds of the decoder's GEMMs in FP8 at T tokens (cuBLASLt via torch._scaled_mm, per-row
+    scales: the best FP8 GEMM a peer gets from torch), plus the bf16 lm_head of one row."""
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = h // cfg["num_attention_heads"]
+    qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
+    shapes = [(h, qkv), (cfg["num_attention_heads"] * hd, h), (h, 2 * i), (i, h)]
+    xs = {k: torch.randn(T, k, device=device).to(E4M3) for k, _ in shapes}
+    ws = [torch.randn(n, k, device=device).to(E4M3) for k, n in shapes]
+    sa = torch.ones(T, 1, device=device)
+    sbs = [torch.ones(1, n, device=device) for _, n in shapes]
+    lm = torch.randn(cfg["vocab_size"], h, dtype=torch.bfloat16, device=device)
+    xl = torch.randn(1, h, dtype=torch.bfloat16, device=device)
+
+    def chain():
+        for _ in range(cfg["num_hidden_layers"]):
+            for (k, _), w, sb in zip(shapes, ws, sbs):
+                torch._scaled_mm(xs[k], w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        torch.nn.functional.linear(xl, lm)
+
+    return timed(chain, iters=iters, device=device)
+
+
+def run_engine(gen, kv_dtype, prompts, out_len, device) -> dict:
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    bs = 16
+    max_len = len(prompts[0]) + out_len
+    # room for 128 running requests (the same count for both caches: a throughput, not capacity, test)
+    num_blocks = -(-max_len // bs) * min(len(prompts), 128) + 1
+    kw = {} if kv_dtype is None else dict(kv_cache_dtype=kv_dtype)
+    engine = LLMEngine(gen, num_blocks=num_blocks, block_size=bs, max_num_seqs=128, max_num_batched_tokens=4096,
+                       max_seq_len=max_len, **kw)
+    params = SamplingParams(temperature=0.0, max_new_tokens=out_len, ignore_eos=True)
+    engine.generate([p[:64] for p in prompts[:4]], SamplingParams(temperature=0.0, max_new_tokens=4, ignore_eos=True),
+                    use_tqdm=False)
+    engine.block_manager.reset_prefix_cache()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = engine.generate(prompts, params, use_tqdm=False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    el = time.perf_counter() - t0
+    n = sum(len(o.token_ids) for o in outs)
+    res = dict(num_blocks=num_blocks, output_tokens=n, seconds=el, tokens_per_s=n / el)
+    del engine
+    gc.collect()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--kind", default="block", choices=["block", "channel"])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--acc-tokens", type=int, default=4096)
+    ap.add_argument("--engine-prompts", type=int, default=256)
+    ap.add_argument("--skip-engine", action="store_true")
+    args = ap.parse_args()
+    dev = args.device
+    cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    batches = [1, 8, 32, 128] if not args.tiny else [1, 4]
+    ctx = 512 if not args.tiny else 64
+    T_pre = 4096 if not args.tiny else 128
+    iters = 30 if dev == "cuda" else 2
+    bs = 16
+    res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
+           "model": ("Llama-3-8B-shaped" if not args.tiny else "tiny") + f", random, FP8 {args.kind} scales",
+           "kind": args.kind, "context": ctx, "block_size": bs}
+    bw = copy_bandwidth(dev)
+    res["copy_bandwidth_TBps"] = bw / 1e12
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+
+    gen8 = random_text_generator(cfg, device=dev, dtype=dtype)
+    genr = random_text_generator(cfg, device=dev, dtype=dtype)
+    fp8_bytes = to_fp8(gen8, genr, args.kind)
+    rest = other_bytes(genr)
+    proj_bf16 = sum(p.numel() * p.element_size() for lin in genr.model_wrapper.lora_linears().values()
+                    for p in lin.parameters())
+    res["weights_GB"] = dict(fp8=(fp8_bytes + rest) / 1e9, bf16=(proj_bf16 + rest) / 1e9)
+    print(f"weights read per step: fp8 {(fp8_bytes + rest) / 1e9:.2f} GB, bf16 {(proj_bf16 + rest) / 1e9:.2f} GB",
+          flush=True)
+
+    res["accuracy"] = accuracy(gen8, genr, cfg, args.acc_tokens if not args.tiny else 128, dev)
+    print("accuracy", res["accuracy"], flush=True)
+
+    kv_tok = gen8.kv_cache_spec.bytes_per_token  # bf16 cache bytes per token
+    num_blocks = max(batches) * -(-ctx // bs) + 8
+    perm = torch.randperm(num_blocks)
+    caches = {"bf16": (genr, None, proj_bf16 + rest, kv_tok), "fp8": (gen8, None, fp8_bytes + rest, kv_tok),
+              "fp8+fp8kv": (gen8, E4M3, fp8_bytes + rest, kv_tok // 2)}
+    decode = []
+    for name, (gen, kvd, wbytes, kvb) in caches.items():
+        kv = gen.allocate_kv_cache(num_blocks, bs) if kvd is None else gen.allocate_kv_cache(num_blocks, bs, dtype=kvd)
+        for B in batches:
+            t = timed(decode_step(gen, kv, bs, B, ctx, perm), iters=iters, warmup=3, device=dev, repeats=3)
+            floor = (wbytes + B * ctx * kvb) / bw
+            decode.append(dict(config=name, batch=B, step_ms=t * 1e3, floor_ms=floor * 1e3, ratio=t / floor))
+            print(f"decode {name:10s} B={B:4d}: {t * 1e3:7.3f} ms  floor {floor * 1e3:6.3f}  x{t / floor:.3f}", flush=True)
+        del kv
+    for d in decode:
+        base = next(x for x in decode if x["config"] == "bf16" and x["batch"] == d["batch"])
+        d["speedup_vs_bf16"] = base["step_ms"] / d["step_ms"]
+    res["decode"] = decode
+
+    per = -(-T_pre // bs)
+    kv8, kvr = gen8.allocate_kv_cache(per + 1, bs), genr.allocate_kv_cache(per + 1, bs)
+    n = 4 if dev == "cuda" else 1
+    t8 = timed(prefill_step(gen8, kv8, bs, T_pre, torch.arange(per + 1)), iters=n, device=dev)
+    tr = timed(prefill_step(genr, kvr, bs, T_pre, torch.arange(per + 1)), iters=n, device=dev)
+    del kv8, kvr
+    chain_bf16, _ = gemm_chain(cfg, T_pre, dev, n)
+    chain_fp8 = fp8_gemm_chain(cfg, T_pre, dev, n) if dev == "cuda" else float("nan")
+    res["prefill"] = dict(tokens=T_pre, fp8_ms=t8 * 1e3, bf16_ms=tr * 1e3, speedup_vs_bf16=tr / t8,
+                          fp8_gemm_chain_ms=chain_fp8 * 1e3, bf16_gemm_chain_ms=chain_bf16 * 1e3,
+                          ratio_to_fp8_chain=t8 / chain_fp8)
+    print("prefill", res["prefill"], flush=True)
+
+    if not args.skip_engine:
+        g = torch.Generator().manual_seed(1)
+        n_p = args.engine_prompts if not args.tiny else 4
+        in_len, out_len = (512, 128) if not args.tiny else (32, 8)
+        prompts = [torch.randint(0, cfg["vocab_size"], (in_len,), generator=g).tolist() for _ in range(n_p)]
+        e8 = run_engine(gen8, E4M3, prompts, out_len, dev)
+        er = run_engine(genr, None, prompts, out_len, dev)
+        res["engine"] = dict(prompts=n_p, input_len=in_len, output_len=out_len, fp8_fp8kv=e8, bf16=er,
+                             speedup=e8["tokens_per_s"] / er["tokens_per_s"])
+        print("engine", res["engine"], flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fp8.json" if not args.tiny else "fp8_tiny.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(args.out, "fp8.png" if not args.tiny else "fp8_tiny.png"))
+
+
+def plot(res, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in ("bf16", "fp8", "fp8+fp8kv"):
+        rows = [d for d in res["decode"] if d["config"] == name]
+        line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=name)
+        a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
+    a.set(xlabel="batch", ylabel="ms / decode step", xscale="log", title=f"decode, ctx {res['context']} (dashed: floor)")
+    a.legend()
+    p = res["prefill"]
+    names = ["fp8", "bf16", "fp8 GEMM chain", "bf16 GEMM chain"]
+    vals = [p["fp8_ms"], p["bf16_ms"], p["fp8_gemm_chain_ms"], p["bf16_gemm_chain_ms"]]
+    b.bar(names, vals)
+    b.set(ylabel="ms", title=f"prefill {p['tokens']} tokens")
+    fig.suptitle(f"{res['model']} on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
