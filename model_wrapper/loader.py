@@ -210,6 +210,8 @@ def _read_small(fp8: Fp8Tensors, paths: dict[str, str], tensors: dict[str, Tenso
             with safe_open(paths[file], framework="pt", device="cpu") as f:
                 for n in sorted(x for x in names if tensors[x].file == file):
                     out[n] = _finite_cast(n, file, f.get_tensor(n), torch.float32).reshape(tensors[n].shape)
+        except ModelLoadError:
+            raise
         except (SafetensorError, OSError, ValueError) as e:
             raise ModelLoadError(ModelErrorCode.CORRUPT_FILE, f"{file}: unreadable safetensors data: {e}") from None
     for a, b in fp8.kv_scales:

@@ -186,6 +186,11 @@ class ModelWrapper:
         if self.graphs is not None:
             self.graphs.attach_lora(manager)
 
+    def has_fp8_projections(self) -> bool:
+        """Whether a decoder projection keeps FP8 weights (an FP8 checkpoint on CUDA; on the CPU
+        they are dequantized at load), which LoRA's fold cannot extend with A rows."""
+        return any(lin.method.name == "fp8" for lin in self.lora_linears().values())
+
     def lora_linears(self) -> dict:
         """{(layer, fused module): Linear} of the projections LoRA adapts (LoraManager.fold_into):
         the base linears, under their wrappers where enable_lora put them."""
