@@ -469,3 +469,63 @@ def test_missing_kv_scale_is_refused(checkpoint_dir, tmp_path):
     with pytest.raises(ModelLoadError) as info:
         _gen(_edit(fp8, tmp_path / "bad", _drop(name)))
     assert info.value.code == ModelErrorCode.MISSING_TENSOR and name in str(info.value)
+
+
+# -- CUDA (`pytest -m cuda`): e4m3 kept, FP8 kernels (model_wrapper.kernels.fp8) or their fallback ----
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cuda_vs_reference(fp8: str, deq: str, seed: int, **kw):
+    """-> (rel. err, top-1 agreement) of bf16 CUDA logits against transformers fp32 on the dequantized weights."""
+    gen = TextGenerator.from_pretrained(fp8, device="cuda", dtype=torch.bfloat16, **kw)
+    full, steps = _script(seed)
+    outputs = [(r, p, o.float().cpu()) for r, p, o in run_scenario(gen, full, steps, block_size=16)]
+    ref = _reference(deq, torch.float32, full)
+    got = torch.stack([o for *_, o in outputs])
+    want = torch.stack([ref[r][p] for r, p, _ in outputs])
+    return gen, _max_err(outputs, ref), float((got.argmax(-1) == want.argmax(-1)).float().mean())
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["block", "channel_dynamic", "tensor_static"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_keeps_fp8_weights_within_bounds_of_the_dequantized_model(wide_llama, tmp_path, fmt, graphs):
+    fp8, deq, _ = write_fp8(wide_llama, tmp_path, fmt, ignore=())
+    gen, err, top1 = _cuda_vs_reference(fp8, deq, seed=3, cuda_graphs=graphs)
+    lins = list(gen.model_wrapper.lora_linears().values()) + [gen.model_wrapper.model.lm_head]
+    assert all(lin.method.name == "fp8" and lin.weight.dtype == E4M3 for lin in lins)
+    assert err < 0.1 and top1 >= 0.9, (err, top1)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_block_fp8_experts(checkpoint_dir, tmp_path):
+    """Stacked e4m3 experts + block scales through kernels.moe_experts(..., gate_up_scale, down_scale)."""
+    fp8, deq, _ = write_fp8(checkpoint_dir("qwen3_moe"), tmp_path, "block", ignore=("lm_head", "mlp.gate"))
+    gen, err, top1 = _cuda_vs_reference(fp8, deq, seed=8)
+    experts = gen.model_wrapper.model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == E4M3 and experts.down_proj_scale.dtype == torch.float32
+    assert err < 0.1 and top1 >= 0.9, (err, top1)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_lora_on_fp8_base_does_not_fold(checkpoint_dir, tmp_path):
+    from conftest import PagedHarness
+    from test_lora import make_adapter
+
+    fp8, deq, _ = write_fp8(checkpoint_dir("qwen3"), tmp_path, "block")
+    gen = TextGenerator.from_pretrained(fp8, device="cuda", dtype=torch.bfloat16)
+    assert gen.model_wrapper.has_fp8_projections()
+    assert gen.enable_lora(max_loras=2, max_rank=4).folds is False
+    peft = make_adapter(deq, tmp_path / "a", 1, r=4, lora_alpha=8, target_modules="all-linear")
+    gen.load_adapter("a", str(tmp_path / "a"))
+    seq = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    h = PagedHarness(gen, num_blocks=16, block_size=16)
+    out = torch.cat([h.step({0: seq[:-1]}, is_prefill=True, adapter_ids=["a"]),
+                     h.step({0: seq[-1:]}, is_prefill=False, adapter_ids=["a"])]).float().cpu()
+    with torch.no_grad():
+        ref = peft(torch.tensor([seq])).logits[0].float()
+    assert rel_err(out, ref) < 0.1
