@@ -8,6 +8,9 @@ fused qkv_proj / gate_up_proj are filled from the checkpoint's separate projecti
 tied to the embedding when the config says so. Never touches a hub. Under tensor parallelism
 (a TPGroup of world > 1) each rank reads only its slice of each sharded tensor (safetensors
 get_slice; rules in model_wrapper/parallel.py) into a model built with its own sizes.
+FP8 checkpoints (config.json quantization_config, model_wrapper/quantization.py): each e4m3 weight
+comes with its scales (fp8_weights.py); on the CPU it is dequantized here into the model dtype,
+on CUDA the linears keep e4m3 + a scale per row and K-group (layers/fp8_linear.py).
 """
 
 from __future__ import annotations
