@@ -3,7 +3,7 @@
 Reads the JSON itself (not transformers' config classes) so that checkpoints saved by
 transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`) both load.
 Every field the decoder uses is type- and range-checked here (a bad one is BAD_CONFIG naming
-it), and a quantized checkpoint is refused (check_quantization); the sizes are compared with
+it), and a quantized checkpoint is parsed or refused (check_quantization); the sizes are compared with
 the weights' headers later, in loader.py, before anything is allocated.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from model_wrapper.checkpoint import read_json_object, resolve_file
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.families import FAMILIES, Family, MoEStyle
+from model_wrapper.quantization import Fp8Config, parse_quantization
 
 MAX_POSITIONS = 1 << 24  # rotary positions are float32, exact integers only up to 2**24
 CONFIG_DTYPES = ("float32", "float16", "bfloat16", "float", "half", "float64")  # config.json "dtype"
@@ -76,6 +77,7 @@ class ModelConfig:
     mlp_bias: bool = False
     dtype_name: str = "float32"
     moe: MoEConfig | None = None  # mixture-of-experts families only
+    quant: Fp8Config | None = None  # an FP8 weight checkpoint's format (model_wrapper/quantization.py)
 
     @property
     def group_size(self) -> int:
@@ -100,7 +102,7 @@ class ModelConfig:
         """Every field is type- and range-checked: a bad value is BAD_CONFIG naming the field."""
         if not isinstance(raw, dict):
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"config: expected a dict, got {type(raw).__name__}")
-        check_quantization(raw)
+        quant = check_quantization(raw)
         archs = raw.get("architectures") or []
         arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
         if arch not in FAMILIES:
@@ -186,32 +188,34 @@ class ModelConfig:
             mlp_bias=_bool(raw, "mlp_bias"),
             dtype_name=dtype_name.replace("torch.", ""),
             moe=_moe_from_dict(raw, family.moe, num_layers) if family.moe else None,
+            quant=quant,
         )
 
 
-# quantization_config.quant_method values this library serves; an FP8 implementation adds its
-# method here (and a quantized linear layer) - every other method is refused at load
-SUPPORTED_QUANTIZATION: frozenset[str] = frozenset()
+# quantization_config.quant_method values this library serves (FP8 weights, model_wrapper/quantization.py);
+# every other method is refused at load
+SUPPORTED_QUANTIZATION: frozenset[str] = frozenset({"fp8", "compressed-tensors"})
 
 
-def check_quantization(raw: dict) -> None:
-    """Refuse a quantized checkpoint (config.json quantization_config) unless its method is served.
+def check_quantization(raw: dict) -> Fp8Config | None:
+    """The checkpoint's FP8 format (None: unquantized), or UNSUPPORTED_QUANTIZATION.
 
     Loading quantized weights as if they were plain floats would silently produce garbage
-    (FP8 weights without their weight_scale_inv, int4 packs read as int32, ...).
+    (FP8 weights without their scales, int4 packs read as int32, ...): a method not in
+    SUPPORTED_QUANTIZATION, or a variant of one that is not served, is refused naming the field.
     """
     # compression_config: the name llm-compressor (compressed-tensors) exports used before
     q = raw.get("quantization_config", raw.get("compression_config"))
     if q is None:
-        return
+        return None
     method = q.get("quant_method") if isinstance(q, dict) else None
-    if method in SUPPORTED_QUANTIZATION:
-        return
-    raise ModelLoadError(
-        ModelErrorCode.UNSUPPORTED_QUANTIZATION,
-        f"config.json quantization_config.quant_method {method!r} is not supported "
-        f"(supported: {sorted(SUPPORTED_QUANTIZATION) or 'none, only unquantized float checkpoints'})",
-    )
+    if method not in SUPPORTED_QUANTIZATION:
+        raise ModelLoadError(
+            ModelErrorCode.UNSUPPORTED_QUANTIZATION,
+            f"config.json quantization_config.quant_method {method!r} is not supported "
+            f"(supported: {sorted(SUPPORTED_QUANTIZATION)}, FP8 weights)",
+        )
+    return parse_quantization(raw)
 
 
 def _moe_from_dict(raw: dict, style: MoEStyle, num_layers: int) -> MoEConfig:

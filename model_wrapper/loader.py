@@ -8,6 +8,9 @@ fused qkv_proj / gate_up_proj are filled from the checkpoint's separate projecti
 tied to the embedding when the config says so. Never touches a hub. Under tensor parallelism
 (a TPGroup of world > 1) each rank reads only its slice of each sharded tensor (safetensors
 get_slice; rules in model_wrapper/parallel.py) into a model built with its own sizes.
+FP8 checkpoints (config.json quantization_config, model_wrapper/quantization.py): each e4m3 weight
+comes with its scales (fp8_weights.py); on the CPU it is dequantized here into the model dtype,
+on CUDA the linears keep e4m3 + a scale per row and K-group (layers/fp8_linear.py).
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from model_wrapper.checkpoint import FLOAT_DTYPES, TensorInfo, read_checkpoint
+from model_wrapper.checkpoint import TensorInfo, read_checkpoint
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
+from model_wrapper.fp8_weights import (Fp8Tensors, check_dtypes, dequantize_slice, group_of, is_fp8_aux,
+                                       keep_fp8_storage, plan_fp8, row_scales)
+from model_wrapper.layers.fp8_linear import E4M3
 from model_wrapper.models.decoder import CausalLM
 from model_wrapper.parallel import TPGroup, TPShard
 
@@ -96,7 +102,8 @@ def _sources(cfg: ModelConfig, sizes: ModelConfig | TPShard, name: str) -> dict[
 
 
 def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
-    """This rank's part of checkpoint tensor hf_name, and the part of dst it fills."""
+    """This rank's part of checkpoint tensor hf_name, the part of dst it fills, and the slice taken:
+    (dim, start, length, global size) or None (all of it)."""
     sl = f.get_slice(hf_name)
     shape = tuple(sl.get_shape())
     rng = shard.source_range(hf_name)
@@ -111,37 +118,48 @@ def _read_shard(f, hf_name: str, dst: torch.Tensor, shard: TPShard, file: str):
             f"{hf_name} in {file}: expected shape {want}, got {shape}",
         )
     if rng is None:
-        return sl[:], dst
+        return sl[:], dst, None
     index = tuple(slice(start, start + length) if i == dim else slice(None) for i in range(len(shape)))
-    return sl[index], dst.narrow(dim, 0, length)
+    return sl[index], dst.narrow(dim, 0, length), rng
 
 
 def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device,
-               tp: TPGroup | None = None, progress: bool = True) -> CausalLM:
+               tp: TPGroup | None = None, progress: bool = True, keep_fp8: bool | None = None) -> CausalLM:
     """Check the checkpoint's headers against cfg, then build the model and fill every parameter.
 
     Nothing is allocated before the headers agree with the config (layer count, every tensor's
     name, shape and float dtype), so a config that lies about sizes is refused in milliseconds.
     progress: a tqdm bar on stderr over the shards (of two or more; rank 0 only under TP).
+    FP8 checkpoints (cfg.quant): keep_fp8 (None: on CUDA only) keeps the quantized linears' e4m3
+    weights and scales (layers/fp8_linear.py); otherwise every FP8 weight is dequantized once here
+    into `dtype`. The checkpoint's k_scale / v_scale, if any, become model.checkpoint_kv_scales.
     """
     tensors, paths = read_checkpoint(path)
-    wanted = _expected_tensors(cfg, tensors, paths)
+    wanted, fp8 = _expected_tensors(cfg, tensors, paths)
     tp = tp if tp is not None else TPGroup.single()
     with torch.device("meta"):
-        model = CausalLM(cfg, tp)
-    model = model.to_empty(device=device).to(dtype)
+        model = CausalLM(cfg, tp).to(dtype)
     shard = model.shard
     sizes = shard if tp.enabled else cfg
-    if tp.enabled:  # the last vocabulary shard's padding rows are never read: keep them finite
-        with torch.no_grad():
+    keep = (torch.device(device).type == "cuda") if keep_fp8 is None else keep_fp8
+    if fp8 is not None and keep:
+        keep_fp8_storage(model, cfg, fp8, lambda name: _sources(cfg, sizes, name), shard, tp.enabled)
+    model = model.to_empty(device=device)
+    with torch.no_grad():
+        if tp.enabled:  # the last vocabulary shard's padding rows are never read: keep them finite
             model.model.embed_tokens.weight.zero_()
-            model.lm_head.weight.zero_()
+            for p in model.lm_head.parameters():
+                p.zero_()
+        for name, p in model.named_parameters():
+            if name.endswith(".input_scale"):  # the max over a fused linear's parts
+                p.zero_()
     params = dict(model.named_parameters())
     if cfg.tie_word_embeddings:
         params.pop("lm_head.weight", None)
     # checkpoint tensor -> the part of a parameter it fills (fused and stacked ones by parts)
-    parts = {hf: part for name in params for hf, part in _sources(cfg, sizes, name).items()}
+    parts = {hf: part for name in params if not is_fp8_aux(name) for hf, part in _sources(cfg, sizes, name).items()}
     pending = set(parts)
+    small = _read_small(fp8, paths, tensors) if fp8 is not None else {}
 
     files = sorted({tensors[n].file for n in wanted})
     bar_off = not progress or len(files) < 2 or tp.rank != 0
@@ -151,8 +169,9 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                 for hf_name in sorted(n for n in wanted if tensors[n].file == file):
                     part = parts[hf_name]
                     dst = part.view(params[part.param].data)
+                    rng = None
                     if tp.enabled:
-                        t, dst = _read_shard(f, hf_name, dst, shard, file)
+                        t, dst, rng = _read_shard(f, hf_name, dst, shard, file)
                     else:
                         t = f.get_tensor(hf_name)
                     if tuple(t.shape) != tuple(dst.shape):
@@ -161,7 +180,10 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
                             f"{hf_name} in {file}: expected shape {tuple(dst.shape)}, got {tuple(t.shape)}",
                         )
                     with torch.no_grad():
-                        dst.copy_(_finite_cast(hf_name, file, t, dtype))
+                        if fp8 is not None and hf_name in fp8.scales:
+                            _fill_fp8(hf_name, file, t, dst, rng, part, params, fp8, small, tensors, dtype)
+                        else:
+                            dst.copy_(_finite_cast(hf_name, file, t, dtype))
                     pending.discard(hf_name)
         except ModelLoadError:
             raise
@@ -175,7 +197,54 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         )
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    model.checkpoint_kv_scales = None
+    if fp8 is not None and fp8.kv_scales:
+        k, v = zip(*((small[a], small[b]) for a, b in fp8.kv_scales))
+        model.checkpoint_kv_scales = (torch.stack(k), torch.stack(v))
     return model.eval().requires_grad_(False)
+
+
+def _read_small(fp8: Fp8Tensors, paths: dict[str, str], tensors: dict[str, TensorInfo]) -> dict[str, torch.Tensor]:
+    """Every scale tensor of an FP8 checkpoint, float32 and finite (they are small: read them whole)."""
+    out = {}
+    names = fp8.names()
+    for file in sorted({tensors[n].file for n in names}):
+        try:
+            with safe_open(paths[file], framework="pt", device="cpu") as f:
+                for n in sorted(x for x in names if tensors[x].file == file):
+                    out[n] = _finite_cast(n, file, f.get_tensor(n), torch.float32).reshape(tensors[n].shape)
+        except ModelLoadError:
+            raise
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelLoadError(ModelErrorCode.CORRUPT_FILE, f"{file}: unreadable safetensors data: {e}") from None
+    for a, b in fp8.kv_scales:
+        out[a], out[b] = out[a].reshape(()), out[b].reshape(())
+    return out
+
+
+def _fill_fp8(hf_name: str, file: str, t: torch.Tensor, dst: torch.Tensor, rng, part: Part, params: dict,
+              fp8: Fp8Tensors, small: dict, tensors: dict[str, TensorInfo], dtype: torch.dtype) -> None:
+    """Fill dst from t, this rank's slice of FP8 weight hf_name: e4m3 and its scales into FP8 storage
+    (fp8_weights.keep_fp8_storage), or dequantized into a float parameter."""
+    if not bool(torch.isfinite(t.float()).all()):
+        raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT, f"{hf_name} in {file}: expected finite weights, got NaN")
+    n, k = tensors[hf_name].shape
+    rows = row_scales(small[fp8.scales[hf_name]], n, k, fp8.quant)  # [n, KG]
+    dim, start, length = rng[:3] if rng is not None else (None, 0, 0)
+    if dim == 0:
+        rows = rows[start : start + length]
+    col0 = start if dim == 1 else 0
+    group = group_of(fp8.quant, k)
+    if dst.dtype != E4M3:
+        dst.copy_(_finite_cast(hf_name, file, dequantize_slice(t, rows, col0, group), dtype))
+        return
+    dst.copy_(t)
+    scale = part.view(params[part.param + "_scale"].data).narrow(0, 0, rows.shape[0])
+    first = col0 // group  # keep_fp8_storage kept e4m3 only where col0 is a multiple of group
+    scale.copy_(rows[:, first : first + scale.shape[-1]])
+    if hf_name in fp8.input_scales:
+        inp = params[part.param[: -len("weight")] + "input_scale"].data
+        inp.copy_(torch.maximum(inp, small[fp8.input_scales[hf_name]].reshape(())))
 
 
 def _finite_cast(hf_name: str, file: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -191,8 +260,10 @@ def _finite_cast(hf_name: str, file: str, t: torch.Tensor, dtype: torch.dtype) -
     return cast
 
 
-def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: dict[str, str]) -> set[str]:
-    """The checkpoint tensors the model reads, after checking that they are exactly the model's.
+def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo],
+                      paths: dict[str, str]) -> tuple[set[str], Fp8Tensors | None]:
+    """The checkpoint tensors the model reads, after checking that they are exactly the model's,
+    and an FP8 checkpoint's scale tensors (fp8_weights.plan_fp8; None unquantized).
 
     Raises MISSING_TENSOR / UNEXPECTED_TENSOR / MISSHAPEN_TENSOR / UNSUPPORTED_DTYPE from the
     headers alone. The layer count is compared first, so that a config claiming 10**6 layers is
@@ -245,11 +316,9 @@ def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: d
             raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
                                  f"{n} in {tensors[n].file}: expected shape {shape} (from config.json), "
                                  f"got {tensors[n].shape}")
-        if tensors[n].dtype not in FLOAT_DTYPES:
-            raise ModelLoadError(ModelErrorCode.UNSUPPORTED_DTYPE,
-                                 f"{n} in {tensors[n].file}: expected a float tensor ({sorted(FLOAT_DTYPES)}), "
-                                 f"got {tensors[n].dtype}")
-    ignored = [n for n in tensors if n.endswith(_RECOMPUTED)]
+    fp8 = plan_fp8(cfg.quant, cfg.num_layers, tensors, shapes) if cfg.quant is not None else None
+    check_dtypes(fp8, tensors, shapes)
+    ignored = [n for n in tensors if n.endswith(_RECOMPUTED)] + sorted(fp8.names() if fp8 is not None else ())
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors and _same_tensor(
             tensors, paths, "lm_head.weight", "model.embed_tokens.weight"):
         ignored.append("lm_head.weight")  # a tied model saved with both copies: transformers ties them too
@@ -260,7 +329,7 @@ def _expected_tensors(cfg: ModelConfig, tensors: dict[str, TensorInfo], paths: d
         raise ModelLoadError(ModelErrorCode.UNEXPECTED_TENSOR,
                              f"checkpoint holds {len(unused)} tensor(s) the model has no place for{hint}, "
                              f"e.g. {unused[:5]}")
-    return set(shapes)
+    return set(shapes), fp8
 
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")

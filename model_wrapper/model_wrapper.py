@@ -99,6 +99,9 @@ class ModelWrapper:
         if device.type == "cuda" and device.index is None:  # "cuda" means the current GPU: name it
             device = torch.device("cuda", torch.cuda.current_device())
         self.device, self.dtype = device, dtype
+        # an FP8 checkpoint's per-layer K / V cache scales (k [L], v [L]) float32, or None
+        scales = getattr(model, "checkpoint_kv_scales", None)
+        self.checkpoint_kv_scales = None if scales is None else tuple(s.to(device) for s in scales)
         inv_freq = inv_frequencies(cfg.rope, cfg.head_dim).to(device)
         if backend.name == "flashinfer":  # fused kernels come with the CUDA backend
             self.kernels = FlashInferKernels(inv_freq, dtype, cfg.max_position_embeddings, self.kernel_config)
@@ -182,6 +185,11 @@ class ModelWrapper:
             manager.fold_into(self.lora_linears())
         if self.graphs is not None:
             self.graphs.attach_lora(manager)
+
+    def has_fp8_projections(self) -> bool:
+        """Whether a decoder projection keeps FP8 weights (an FP8 checkpoint on CUDA; on the CPU
+        they are dequantized at load), which LoRA's fold cannot extend with A rows."""
+        return any(lin.method.name == "fp8" for lin in self.lora_linears().values())
 
     def lora_linears(self) -> dict:
         """{(layer, fused module): Linear} of the projections LoRA adapts (LoraManager.fold_into):

@@ -111,14 +111,21 @@ class TextGenerator:
         fold: "auto", True or False: with the triton kernel, decode CUDA graphs and no tensor
                 parallelism, move the A stacks into extra rows of the base weights so that in the
                 decode graphs each base GEMM computes the LoRA shrink too (LoraManager.fold_into;
-                "auto": where max_loras * max_rank <= 256 on CUDA).
+                "auto": where max_loras * max_rank <= 256 on CUDA). Projections holding FP8 weights
+                (an FP8 checkpoint on CUDA) cannot take A rows: "auto" does not fold, True is refused.
         """
-        from adapters import LoraErrorCode, LoraManager, LoraStateError
+        from adapters import LoraError, LoraErrorCode, LoraManager, LoraStateError
 
         if self.lora_manager is not None:
             raise LoraStateError(LoraErrorCode.ALREADY_ENABLED, "enable_lora",
                                  f"expected a first call, got LoRA already enabled with max_loras="
                                  f"{self.lora_manager.max_loras}, max_rank={self.lora_manager.max_rank}")
+        if self.model_wrapper.has_fp8_projections():
+            if fold is True:
+                raise LoraError(LoraErrorCode.INVALID_ARGUMENT, "fold",
+                                "expected 'auto' or False with FP8 projections (float8_e4m3fn weights cannot "
+                                "take the adapters' bf16 A rows), got True")
+            fold = False if fold == "auto" else fold
         cfg = self.config
         shard = self.model_wrapper.shard  # this rank's sizes (the whole model's without TP)
         self.lora_manager = LoraManager(

@@ -75,12 +75,17 @@ def experts_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
 
 
 class Experts(nn.Module):
-    """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I].
+
+    From a block-FP8 checkpoint on CUDA (model_wrapper/fp8_weights.py) both are float8_e4m3fn and
+    gate_up_proj_scale [E, 2I, ceil(H/128)] / down_proj_scale [E, H, ceil(I/128)] hold a float32
+    scale per row and 128-column group; otherwise those are None (weights in the model dtype)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.gate_up_proj_scale = self.down_proj_scale = None
 
 
 class SharedExpert(nn.Module):
@@ -120,7 +125,10 @@ class SparseMoE(nn.Module):
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
         weights, ids = route(F.linear(x, self.gate.weight), self.spec)
-        y = kernels.moe_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+        ex = self.experts
+        scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
+                                                               down_scale=ex.down_proj_scale)
+        y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
         if self.shared_expert is not None:
             s = self.shared_expert
             shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)

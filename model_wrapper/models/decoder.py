@@ -44,7 +44,8 @@ class Attention(nn.Module):
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
         """RoPE, the K/V store (and the qkv projection's tail) in one kernel where the K/V store has that
         path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
-        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, self.qkv_proj.weight.dtype)
+        # kernels.dtype: the projection's output dtype, the model's, whatever its weight format (FP8: e4m3)
+        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, kernels.dtype)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, fuse_tail: bool = False):
         """x [T, hidden] -> ([T, hidden], o's tail for the next norm or None); writes this step's

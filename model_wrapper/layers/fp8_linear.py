@@ -1,0 +1,95 @@
+"""Fp8Method: a linear whose weight stays float8_e4m3fn with float32 scales (the CUDA path).
+
+One storage for every FP8 checkpoint format (model_wrapper/quantization.py), filled by the loader:
+
+    linear.weight        float8_e4m3fn [N, K]
+    linear.weight_scale  float32 [N, KG]: a scale per output row and per group of `group` K-columns,
+                         KG = ceil(K / group)
+    linear.input_scale   float32 [] (static activations only)
+
+    W[n, k] = weight[n, k].float() * weight_scale[n, k // group]
+
+    block   (fp8, [128, 128]): group 128; the checkpoint's [ceil(N/128), ceil(K/128)] block scales
+            repeated along the rows (repeat_interleave), so row n has its block row's scales
+    channel (compressed-tensors): group K, KG 1, the checkpoint's [N, 1]
+    tensor  (compressed-tensors): group K, KG 1, the one scalar on every row
+
+A scale per row makes the fused projections a concatenation (q, k and v rows keep their own
+scales) and column-parallel TP a row slice. A row-parallel TP shard (o, down) whose first K-column
+is not a multiple of `group` would cut blocks: the loader dequantizes such a layer to the model
+dtype and gives it UnquantizedMethod instead (exact, and it only happens for odd shard widths).
+
+Where it runs: on CUDA only. On the CPU the loader dequantizes every FP8 weight once at load into
+the model dtype (UnquantizedMethod): the CPU path is the reference, dequantized weights and
+unquantized activations, which is exactly transformers' model on the dequantized weights. On
+CUDA apply() calls model_wrapper.kernels.fp8 (FP8 tensor cores and weight-only GEMVs; activations
+may be quantized per token there, or with input_scale, a speed choice within the GPU accuracy
+bounds); without Triton it falls back to dequantize-then-F.linear (correct, slow).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    """weight e4m3 [..., N, K], scale float32 [..., N, KG] -> float32 [..., N, K]: each element
+    times the scale of its row and K-group of `group` columns."""
+    k = weight.shape[-1]
+    cols = scale.repeat_interleave(group, dim=-1)[..., :k] if scale.shape[-1] > 1 else scale
+    return weight.float() * cols
+
+
+class Fp8Method:
+    """The LinearMethod (layers/linear.py) of an FP8 weight; one instance per linear (its group).
+
+    group:  K-columns per scale (128 for block scales; in_features for channel / tensor scales)
+    static: the linear has an input_scale (static activation quantization)
+    """
+
+    name = "fp8"
+
+    def __init__(self, group: int, static: bool = False):
+        self.group, self.static = group, static
+
+    def create_weights(self, linear: nn.Module, in_features: int, out_features: int) -> None:
+        kg = -(-in_features // self.group)
+        linear.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=E4M3), requires_grad=False)
+        linear.weight_scale = nn.Parameter(torch.empty(out_features, kg, dtype=torch.float32), requires_grad=False)
+        linear.input_scale = (nn.Parameter(torch.empty((), dtype=torch.float32), requires_grad=False)
+                              if self.static else None)
+
+    def apply(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
+        """x [T, in] (model dtype) -> x @ W^T (+ bias) [T, out] in x's dtype."""
+        fp8 = _kernels(x)
+        if fp8 is not None:
+            return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
+                                  kernels.config)
+        return F.linear(x, self.dequantized(linear, x.dtype), bias)
+
+    def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
+        """x [T, in] -> silu(gate) * up [T, out // 2] of the [gate | up] rows."""
+        fp8 = _kernels(x)
+        if fp8 is not None:
+            return fp8.fp8_gate_up_silu(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
+                                        kernels.config)
+        return kernels.silu_mul(F.linear(x, self.dequantized(linear, x.dtype), bias))
+
+    def dequantized(self, linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as W [out, in] in dtype (the fallback's, and a test's, view of it)."""
+        return dequantize(linear.weight, linear.weight_scale, self.group).to(dtype)
+
+
+def _kernels(x: torch.Tensor):
+    """model_wrapper.kernels.fp8 for a CUDA x where Triton imports, else None (the torch fallback)."""
+    if not x.is_cuda:
+        return None
+    try:
+        from model_wrapper.kernels import fp8
+    except ImportError:
+        return None
+    return fp8
