@@ -30,6 +30,8 @@ the dtype first, as the unfused pair); the prefill paths run the GEMM, then silu
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -320,10 +322,16 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch
     return y if bias is None else y.add_(bias)
 
 
+@functools.lru_cache(maxsize=None)
+def _fp8_mma(device: torch.device) -> bool:
+    """Whether `device` multiplies e4m3 operands: sm89+ (and any device under the interpreter)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """cuBLASLt's row-wise FP8 GEMM: sm89+, bf16 output, K and N multiples of 16, weight row-major."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 9)
-            and x.shape[1] % 16 == 0 and weight.shape[0] % 16 == 0 and weight.is_contiguous())
+    return (x.is_cuda and x.dtype == torch.bfloat16 and _fp8_mma(x.device) and x.shape[1] % 16 == 0
+            and weight.shape[0] % 16 == 0 and weight.is_contiguous())
 
 
 # -- the entry points -----------------------------------------------------------------------------
@@ -331,7 +339,8 @@ def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
              cfg: KernelConfig = DEFAULT, silu: bool = False) -> str:
     """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "gemm" or "reference"
-    (a scale group no tensor-core K step divides, or x in neither bf16 nor fp16)."""
+    (a scale group no tensor-core K step divides, x in neither bf16 nor fp16, or a prefill step on
+    a GPU without e4m3 tensor cores, before sm89)."""
     M, K = x.shape
     gp, kgp = _gemv_shape(K, group)
     if x.dtype not in (torch.bfloat16, torch.float16):
@@ -344,7 +353,7 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return "skinny"
     if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
         return "scaled_mm"
-    return "gemm"
+    return "gemm" if _fp8_mma(x.device) else "reference"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
