@@ -16,7 +16,9 @@ Each time is the median CUDA-graph replay of calls rotating over weight copies o
 together (no L2 reuse between calls) divided by the calls; floor = (e4m3 weight + scales + x + y
 bytes) / the copy bandwidth measured here (a 1 GiB device copy); TB/s = the e4m3 weight bytes
 over the time. Every fp8 result is checked against the dequantized product (max rel. error in the
-JSON). Writes fp8_gemm.json and fp8_gemm.png to --out.
+JSON). Writes fp8_gemm.json and fp8_gemm.png to --out. --sweep adds the weight-only kernels'
+KernelConfig values (GEMV tile and warps at 1 token; skinny K step, programs and stages at 4-16
+tokens; block-wise scales) under "sweep" in the JSON, to tune them from.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, HERE)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 TOKENS = (1, 8, 16, 32, 128, 4096)
-SMOKE_SHAPES = {"qkv": (96, 256), "gate_up": (128, 256), "down": (64, 320)}
+SMOKE_SHAPES = {"gate_up": (128, 256), "down": (64, 320)}
 SMOKE_TOKENS = (1, 8, 17)
 ROTATE_BYTES = 256 << 20  # weight copies per case: > 50 MB of L2 many times over
 
@@ -42,6 +44,7 @@ ROTATE_BYTES = 256 << 20  # weight copies per case: > 50 MB of L2 many times ove
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(HERE, "benchmarks", "results"))
+    ap.add_argument("--sweep", action="store_true", help="also time the weight-only kernels' launch configs")
     ap.add_argument("--smoke", action="store_true", help="CPU under Triton's interpreter, tiny shapes (plumbing only)")
     return ap.parse_args()
 
@@ -86,6 +89,8 @@ def main():
                     x = torch.randn(M, K, device=device, generator=g).to(dt)
                     res["cases"] += run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16,
                                              bw, device)
+            if args.sweep and scales == "block128":
+                res.setdefault("sweep", []).extend(sweep(fp8, torch, shape, ws, ss, group, cfg, device, g, dt))
             del ws, ss, wb
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "fp8_gemm.json"), "w") as f:
@@ -175,6 +180,29 @@ def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16
     base = next(r["us"] for r in rows if r["variant"] == "bf16")
     for r in rows:
         r["speedup_vs_bf16"] = base / r["us"]
+    return rows
+
+
+def sweep(fp8, torch, shape, ws, ss, group, cfg, device, g, dt) -> list[dict]:
+    """The weight-only kernels under other KernelConfig values: a row per (config, tokens), printed."""
+    N, K = ws[0].shape
+    rows = []
+    variants = [("gemv", 1, dataclasses.replace(cfg, fp8_gemv_tile=t, fp8_gemv_warps=w))
+                for t in (8192, 16384, 32768) for w in (4, 8)]
+    variants += [("skinny", M, dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_min_programs=p,
+                                                   fp8_skinny_stages=st))
+                 for M in (4, 8, 16) for bk in (128, 256) for p in (128, 256, 512) for st in (3, 5)]
+    for kernel, M, c in variants:
+        x = torch.randn(M, K, device=device, generator=g).to(dt)
+        fn = fp8.fp8_gemv if kernel == "gemv" else fp8.fp8_skinny
+        sec = time_calls(torch, lambda i: fn(x, ws[i], ss[i], group, cfg=c), len(ws), device)
+        keys = ("fp8_gemv_tile", "fp8_gemv_warps") if kernel == "gemv" else (
+            "fp8_skinny_block_k", "fp8_skinny_min_programs", "fp8_skinny_stages")
+        row = {"shape": shape, "kernel": kernel, "tokens": M, **{k: getattr(c, k) for k in keys}, "us": sec * 1e6,
+               "weight_TBps": N * K / sec / 1e12}
+        print(f"sweep {shape:8s} {kernel:6s} M={M:2d} " + " ".join(f"{k}={row[k]}" for k in keys)
+              + f": {row['us']:.2f} us ({row['weight_TBps']:.2f} TB/s)", flush=True)
+        rows.append(row)
     return rows
 
 

@@ -317,7 +317,7 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch
     M, K = x.shape
     N = weight.shape[0]
     a, a_s = _quantize(_unit_cols(x), K, input_scale)
-    y = torch._scaled_mm(a, weight.t(), scale_a=a_s.contiguous(), scale_b=weight_scale.reshape(1, N),
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s.contiguous(), scale_b=weight_scale.reshape(1, N).contiguous(),
                          out_dtype=x.dtype)
     return y if bias is None else y.add_(bias)
 
