@@ -60,9 +60,10 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, s
         s = tl.load(in_scale_ptr).to(tl.float32)
         q = tl.math.div_rn(x, s)
     else:
-        s = tl.maximum(tl.max(tl.abs(x), axis=1), AMIN) / FMAX
+        # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
+        s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
         tl.store(s_ptr + row * stride_s + g, s, mask=g * GROUP < K)
-        q = tl.math.div_rn(x, s[:, None])  # IEEE division: the reference's rounding exactly
+        q = tl.math.div_rn(x, s[:, None])
     q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
 

@@ -176,7 +176,7 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     rows wider than the GEMV holds go elsewhere. Off CUDA fp8_linear and fp8_gate_up_silu are the
     reference: weight-only up to fp8_skinny_max_tokens, quantized beyond."""
     g = torch.Generator().manual_seed(4)
-    w, s = make_weight(24, 256, 128, g)
+    w, s = make_weight(24, 256, 128, g, "cpu")
 
     def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16, K=256):
         return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg)
