@@ -46,7 +46,7 @@ from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_
 # -- activation quantization -------------------------------------------------------------------
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
                      GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
                      AMIN: tl.constexpr):
     # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a power of 2)
@@ -79,7 +79,7 @@ def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None):
     if M:
         gp = triton.next_power_of_2(group)
         bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
-        _quantize_kernel[(M, triton.cdiv(kg, bg))](
+        _fp8_quantize_kernel[(M, triton.cdiv(kg, bg))](
             x, q, s, s, K, x.stride(0), q.stride(0), s.stride(0), GROUP=group, GP=gp, BG=bg,
             STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
     return q, s
@@ -104,7 +104,7 @@ def _unit_cols(x: torch.Tensor) -> torch.Tensor:
 # -- weight-only GEMV (1..fp8_gemv_max_tokens tokens) ----------------------------------------------
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, K, stride_x, stride_w, stride_s, stride_o,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, K, stride_x, stride_w, stride_s, stride_o,
                  GROUP: tl.constexpr, GP: tl.constexpr, KGP: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
     # W rows held as [BLOCK_N, KGP groups, GP columns]: a sum per group, times its scale, then
@@ -161,7 +161,7 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
     gp, kgp = _gemv_shape(K, group)
     block_n = max(1, cfg.fp8_gemv_tile // (gp * kgp) // (2 if silu else 1))
     pdl = uses_pdl(x.device, cfg)
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
+    _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, weight_scale, x if bias is None else bias, out, N, K, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), GROUP=group, GP=gp, KGP=kgp, M=M, BLOCK_N=block_n,
         HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
@@ -171,7 +171,7 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
 # -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K, stride_x, stride_w, stride_s, stride_o,
+def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K, stride_x, stride_w, stride_s, stride_o,
                    GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
     # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
@@ -246,7 +246,7 @@ def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: Kerne
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     pdl = uses_pdl(x.device, cfg)
-    _skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
+    _fp8_skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
         x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=bm, BLOCK_N=block_n,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_warps,
@@ -257,7 +257,7 @@ def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: Kerne
 # -- prefill: quantized activations ---------------------------------------------------------------
 
 @triton.jit
-def _gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, stride_a, stride_asm, stride_ask, stride_w,
+def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, stride_a, stride_asm, stride_ask, stride_w,
                  stride_ws, stride_o, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                  GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr):
     # a [M, K] e4m3 with scales [M, KG] (strides 0 for a static scale), w [N, K] e4m3 with [N, KG];
@@ -304,7 +304,7 @@ def fp8_gemm(x, weight, weight_scale, group, bias=None, input_scale=None, cfg: K
     a, a_s = _quantize(_unit_cols(x), group, input_scale)
     bm, bn = cfg.fp8_gemm_block_m, cfg.fp8_gemm_block_n
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _gemm_kernel[grid](a, a_s, weight, weight_scale, x if bias is None else bias, out, M, N, K, a.stride(0),
+    _fp8_gemm_kernel[grid](a, a_s, weight, weight_scale, x if bias is None else bias, out, M, N, K, a.stride(0),
                        a_s.stride(0), a_s.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0),
                        GROUP=group, BM=bm, BN=bn, BK=_k_step(K, group, 128), GROUP_M=cfg.fp8_gemm_group_m,
                        HAS_BIAS=bias is not None, num_warps=cfg.fp8_gemm_warps, num_stages=cfg.fp8_gemm_stages)
