@@ -48,6 +48,22 @@ if INTERPRET:
             mask = _interpreter.TensorHandle(mask.data.astype(bool), mask.dtype)
         return mask
 
+    import numpy as _np
+    import triton.language as _tl
+
+    _fp_to_fp = _builder.create_fp_to_fp
+
+    def _fp_to_fp8(self, src, dst_type, rounding_mode):
+        # the interpreter rounds to e4m3 half-up on the dropped bit alone and lets a carry out of
+        # the mantissa corrupt the exponent (124.3 -> 64): torch's round-to-nearest-even instead
+        data = src.data
+        if dst_type.scalar == _tl.float8e4nv and data.dtype in (_np.float32, _np.float16):
+            q = torch.from_numpy(_np.ascontiguousarray(data)).to(torch.float8_e4m3fn).view(torch.uint8)
+            return _interpreter.TensorHandle(q.numpy().reshape(data.shape), dst_type.scalar)
+        return _fp_to_fp(self, src, dst_type, rounding_mode)
+
+    _builder.create_fp_to_fp = _fp_to_fp8
+
     _masked_load, _masked_store = _builder.create_masked_load, _builder.create_masked_store
     _builder.create_masked_load = \
         lambda self, ptrs, mask, *a, **kw: _masked_load(self, ptrs, _bool_mask(mask), *a, **kw)

@@ -1,0 +1,396 @@
+"""FP8 (e4m3) linears on the GPU: y = x @ W^T (+ b) with W = float(weight) * weight_scale per output
+row and per group of `group` K-columns (kernels/fp8_reference.py states the arithmetic).
+
+    fp8_linear(x, weight, weight_scale, group, bias=None, input_scale=None, cfg) -> y [M, N]
+    fp8_gate_up_silu(x, weight, weight_scale, group, ...)                      -> silu(gate) * up [M, N // 2]
+    quantize_fp8_per_token_group(x, group)                                     -> (x_fp8 [M, K], scale [M, KG])
+
+x [M, K] bf16 / fp16 (rows may be strided), weight e4m3 [N, K] row-major, weight_scale float32
+[N, KG] (KG = ceil(K / group); per channel / tensor: KG = 1, group = K), bias [N] or None,
+input_scale None (activations quantized per token) or a float32 scalar tensor (static).
+fp8_path picks the kernel by the step's token count M (thresholds in KernelConfig):
+
+  M <= fp8_gemv_max_tokens     "gemv"       weight-only: a program holds whole e4m3 rows as
+                                            [rows, groups, group] in registers, one fp32 sum per
+                                            group, times its scale; x stays in its dtype
+  M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
+                                            tensor-core products per K step, scaled per group in fp32
+  larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
+                                            GEMM with a scale per row of each operand
+  larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
+                                            GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
+
+Decode wants the weight-only paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no
+faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md); torch._scaled_mm
+refuses block-wise scales, hence the Triton GEMM. Off CUDA, fp8_linear runs the torch reference;
+the kernels themselves run on any device under Triton's interpreter (the tests call them there).
+gate_up's SiLU-and-mul is fused into the weight-only kernels' epilogue (each product rounded to
+the dtype first, as the unfused pair); the prefill paths run the GEMM, then silu_and_mul.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from model_wrapper.kernels.activation import silu_and_mul
+from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_silu_reference,
+                                                 fp8_linear_reference)
+
+
+# -- activation quantization -------------------------------------------------------------------
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
+                     GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
+                     AMIN: tl.constexpr):
+    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a power of 2)
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * BG + tl.arange(0, BG)
+    j = tl.arange(0, GP)
+    cols = g[:, None] * GROUP + j[None, :]
+    m = (j[None, :] < GROUP) & (cols < K)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    if STATIC:
+        s = tl.load(in_scale_ptr).to(tl.float32)
+        q = tl.math.div_rn(x, s)
+    else:
+        # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
+        s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
+        tl.store(s_ptr + row * stride_s + g, s, mask=g * GROUP < K)
+        q = tl.math.div_rn(x, s[:, None])
+    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
+
+
+def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None):
+    M, K = x.shape
+    kg = triton.cdiv(K, group)
+    q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
+    if input_scale is None:
+        s = torch.empty(M, kg, dtype=torch.float32, device=x.device)
+    else:
+        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(M, kg)
+    if M:
+        gp = triton.next_power_of_2(group)
+        bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
+        _fp8_quantize_kernel[(M, triton.cdiv(kg, bg))](
+            x, q, s, s, K, x.stride(0), q.stride(0), s.stride(0), GROUP=group, GP=gp, BG=bg,
+            STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
+    return q, s
+
+
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride) -> (x_fp8 e4m3 [M, K], scale float32 [M, ceil(K / group)]):
+    per row and group of `group` columns, scale = max(amax, MIN_AMAX) / 448 and
+    x_fp8 = e4m3(clamp(x / scale, -448, 448)), in one Triton kernel."""
+    return _quantize(_unit_cols(x), group, None)
+
+
+def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> e4m3(clamp(x / input_scale, -448, 448)) [M, K], input_scale a float32 scalar tensor."""
+    return _quantize(_unit_cols(x), x.shape[1], input_scale)[0]
+
+
+def _unit_cols(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# -- weight-only GEMV (1..fp8_gemv_max_tokens tokens) ----------------------------------------------
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, K, stride_x, stride_w, stride_s, stride_o,
+                 GROUP: tl.constexpr, GP: tl.constexpr, KGP: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+    # W rows held as [BLOCK_N, KGP groups, GP columns]: a sum per group, times its scale, then
+    # the sum over groups (KG = 1: one group of the whole row). SILU as in kernels/gemv.py:
+    # gate rows [0, N), up rows [N, 2N) of the weight, bias and scales.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = rows < N
+    g = tl.arange(0, KGP)
+    j = tl.arange(0, GP)
+    cols = g[:, None] * GROUP + j[None, :]  # [KGP, GP]
+    col_ok = (j[None, :] < GROUP) & (cols < K)
+    w_at = w_ptr + rows[:, None, None].to(tl.int64) * stride_w + cols[None, :, :]
+    w_ok = live[:, None, None] & col_ok[None, :, :]
+    s_at = s_ptr + rows[:, None].to(tl.int64) * stride_s + g[None, :]
+    s_ok = live[:, None] & (g * GROUP < K)[None, :]
+    w = tl.load(w_at, mask=w_ok, other=0.0)
+    s = tl.load(s_at, mask=s_ok, other=0.0)
+    if SILU:
+        wu = tl.load(w_at + N * stride_w, mask=w_ok, other=0.0)
+        su = tl.load(s_at + N * stride_s, mask=s_ok, other=0.0)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)
+        if SILU:
+            bu = tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    dtype = o_ptr.dtype.element_ty
+    for m in tl.static_range(M):
+        x = tl.load(x_ptr + m * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :, :]
+        acc = tl.sum(tl.sum(w.to(tl.float32) * x, axis=2) * s, axis=1)
+        if HAS_BIAS:
+            acc += b
+        if SILU:
+            up = tl.sum(tl.sum(wu.to(tl.float32) * x, axis=2) * su, axis=1)
+            if HAS_BIAS:
+                up += bu
+            acc = silu_mul(acc.to(dtype), up.to(dtype))
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
+
+
+def _gemv_shape(K: int, group: int) -> tuple[int, int]:
+    """(GP, KGP): a row as KGP groups of GP columns (powers of 2)."""
+    return triton.next_power_of_2(group), triton.next_power_of_2(triton.cdiv(K, group))
+
+
+def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """The "gemv" path: x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2])."""
+    M, K = x.shape
+    N = weight.shape[0] // 2 if silu else weight.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if not M:
+        return out
+    gp, kgp = _gemv_shape(K, group)
+    block_n = max(1, cfg.fp8_gemv_tile // (gp * kgp) // (2 if silu else 1))
+    pdl = uses_pdl(x.device, cfg)
+    _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, weight, weight_scale, x if bias is None else bias, out, N, K, x.stride(0), weight.stride(0),
+        weight_scale.stride(0), out.stride(0), GROUP=group, GP=gp, KGP=kgp, M=M, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
+    return out
+
+
+# -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
+
+@triton.jit
+def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K, stride_x, stride_w, stride_s, stride_o,
+                   GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+    # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
+    # GEMM). PER_GROUP: BLOCK_K divides GROUP, so a K step has one scale per row; each step's
+    # product is scaled before it joins the fp32 sum. Otherwise one scale per row, at the end.
+    ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = rows < N
+    safe = tl.where(live, rows, 0).to(tl.int64)
+    w_rows = w_ptr + safe[:, None] * stride_w
+    s_rows = s_ptr + safe * stride_s
+    toks = tl.arange(0, BM)
+    tok_ok = toks < M
+    ks = tl.arange(0, BLOCK_K)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+    up = tl.zeros([ROWS, BM], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kk = k + ks
+        k_ok = kk < K
+        xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
+                              other=0.0))
+        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)  # e4m3 -> 16-bit: exact
+        if PER_GROUP:
+            acc += tl.dot(w, xt) * tl.load(s_rows + k // GROUP)[:, None]
+        else:
+            acc = tl.dot(w, xt, acc)
+        if SILU:
+            wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)
+            if PER_GROUP:
+                up += tl.dot(wu, xt) * tl.load(s_rows + N * stride_s + k // GROUP)[:, None]
+            else:
+                up = tl.dot(wu, xt, up)
+    if not PER_GROUP:
+        acc *= tl.load(s_rows)[:, None]
+        if SILU:
+            up *= tl.load(s_rows + N * stride_s)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+        if SILU:
+            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+    dtype = o_ptr.dtype.element_ty
+    if SILU:
+        acc = silu_mul(acc.to(dtype), up.to(dtype))
+    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+
+
+def _k_step(K: int, group: int, most: int) -> int | None:
+    """The K step of a tensor-core path: a power of 2 of at least 32 (an e4m3 MMA's K) that divides
+    the scale group (any, with one group a row); None where none does."""
+    if group >= K:
+        return most
+    step = min(most, group & -group)  # the largest power of 2 dividing group
+    return step if step >= 32 else None
+
+
+def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """The "skinny" path: x [M, K] bf16 / fp16 (M <= 64, unit column stride) -> [M, N] (silu: [M, N // 2])."""
+    M, K = x.shape
+    n_out = weight.shape[0] // 2 if silu else weight.shape[0]
+    out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    if not M:
+        return out
+    block_k = _k_step(K, group, cfg.fp8_skinny_block_k)
+    bm = max(16, triton.next_power_of_2(M))
+    block_n = 64
+    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
+        block_n //= 2
+    if silu:
+        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    pdl = uses_pdl(x.device, cfg)
+    _fp8_skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
+        x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
+        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=bm, BLOCK_N=block_n,
+        BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_warps,
+        num_stages=cfg.fp8_skinny_stages, **launch_args(pdl))
+    return out
+
+
+# -- prefill: quantized activations ---------------------------------------------------------------
+
+@triton.jit
+def _fp8_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, stride_a, stride_asm, stride_ask, stride_w,
+                 stride_ws, stride_o, GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                 GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # a [M, K] e4m3 with scales [M, KG] (strides 0 for a static scale), w [N, K] e4m3 with [N, KG];
+    # BK divides GROUP (or GROUP >= K): a K step has one scale per row of each operand, applied to
+    # the step's FP8 product before it joins the fp32 sum. Tiles walked in GROUP_M-row bands.
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(N, BN)
+    band = GROUP_M * n_blocks
+    first = (pid // band) * GROUP_M
+    rows_in_band = min(tl.cdiv(M, BM) - first, GROUP_M)
+    pm = first + (pid % band) % rows_in_band
+    pn = (pid % band) // rows_in_band
+    offs_m = pm * BM + tl.arange(0, BM)
+    offs_n = pn * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    sm = tl.where(m_ok, offs_m, 0).to(tl.int64)
+    sn = tl.where(n_ok, offs_n, 0).to(tl.int64)
+    ks = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        kk = k + ks
+        k_ok = kk < K
+        a = tl.load(a_ptr + sm[:, None] * stride_a + kk[None, :], mask=k_ok[None, :], other=0.0)
+        b = tl.load(w_ptr + sn[:, None] * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
+        a_s = tl.load(as_ptr + sm * stride_asm + (k // GROUP) * stride_ask)
+        w_s = tl.load(ws_ptr + sn * stride_ws + k // GROUP)
+        acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * w_s[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(o_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
+             acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def fp8_gemm(x, weight, weight_scale, group, bias=None, input_scale=None, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """The "gemm" path: x [M, K] quantized per token and group (or with input_scale), then the
+    block-scaled FP8 GEMM -> [M, N] in x's dtype. K step: the largest power of 2 up to 128
+    dividing group (fp8_path sends a group with none of at least 32 to the reference)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if not M:
+        return out
+    a, a_s = _quantize(_unit_cols(x), group, input_scale)
+    bm, bn = cfg.fp8_gemm_block_m, cfg.fp8_gemm_block_n
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _fp8_gemm_kernel[grid](a, a_s, weight, weight_scale, x if bias is None else bias, out, M, N, K, a.stride(0),
+                       a_s.stride(0), a_s.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0),
+                       GROUP=group, BM=bm, BN=bn, BK=_k_step(K, group, 128), GROUP_M=cfg.fp8_gemm_group_m,
+                       HAS_BIAS=bias is not None, num_warps=cfg.fp8_gemm_warps, num_stages=cfg.fp8_gemm_stages)
+    return out
+
+
+def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch.Tensor:
+    """The "scaled_mm" path (KG == 1): x quantized per token (or with input_scale), then
+    torch._scaled_mm with scale_a [M, 1] and the weight's row scales as scale_b [1, N]; the bias
+    added after (the row-wise kernels' bias support varies by torch version) -> [M, N] bf16."""
+    M, K = x.shape
+    N = weight.shape[0]
+    a, a_s = _quantize(_unit_cols(x), K, input_scale)
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s.contiguous(), scale_b=weight_scale.reshape(1, N).contiguous(),
+                         out_dtype=x.dtype)
+    return y if bias is None else y.add_(bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_mma(device: torch.device) -> bool:
+    """Whether `device` multiplies e4m3 operands: sm89+ (and any device under the interpreter)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """cuBLASLt's row-wise FP8 GEMM: sm89+, bf16 output, K and N multiples of 16, weight row-major."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and _fp8_mma(x.device) and x.shape[1] % 16 == 0
+            and weight.shape[0] % 16 == 0 and weight.is_contiguous())
+
+
+# -- the entry points -----------------------------------------------------------------------------
+
+def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
+             cfg: KernelConfig = DEFAULT, silu: bool = False) -> str:
+    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "gemm" or "reference"
+    (a scale group no tensor-core K step divides, x in neither bf16 nor fp16, or a prefill step on
+    a GPU without e4m3 tensor cores, before sm89)."""
+    M, K = x.shape
+    gp, kgp = _gemv_shape(K, group)
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return "reference"
+    if M <= cfg.fp8_gemv_max_tokens and gp * kgp * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
+        return "gemv"
+    if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
+        return "reference"
+    if M <= cfg.fp8_skinny_max_tokens:
+        return "skinny"
+    if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
+        return "scaled_mm"
+    return "gemm" if _fp8_mma(x.device) else "reference"
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
+               bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
+               cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, W = e4m3 weight [N, K] * weight_scale [N, KG]
+    per row and group of `group` columns. The weight-only paths (M <= cfg.fp8_skinny_max_tokens)
+    leave x unquantized and ignore input_scale; larger steps quantize x per token and group, or
+    with input_scale. Off CUDA: the torch reference (same quantization)."""
+    path = fp8_path(x, weight, weight_scale, group, cfg) if x.is_cuda else "reference"
+    x = _unit_cols(x)
+    if path == "gemv":
+        return fp8_gemv(x, weight, weight_scale, group, bias, cfg=cfg)
+    if path == "skinny":
+        return fp8_skinny(x, weight, weight_scale, group, bias, cfg=cfg)
+    if path == "scaled_mm":
+        return fp8_scaled_mm(x, weight, weight_scale, bias, input_scale)
+    if path == "gemm":
+        return fp8_gemm(x, weight, weight_scale, group, bias, input_scale, cfg)
+    weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
+    return fp8_linear_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
+
+
+def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
+                     bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
+                     cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """silu(gate) * up [M, N // 2] of fp8_linear over gate_up rows [gate | up] (weight [N, K], its
+    scales [N, KG] and bias [N] gate rows first): fused into the weight-only kernels' epilogue;
+    the prefill paths run the GEMM, then silu_and_mul."""
+    path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
+    x = _unit_cols(x)
+    if path == "gemv":
+        return fp8_gemv(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
+    if path == "skinny":
+        return fp8_skinny(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
+    if path == "reference":
+        weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
+        return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
+    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg), cfg)

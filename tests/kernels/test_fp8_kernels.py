@@ -1,0 +1,257 @@
+"""The FP8 (e4m3) linears (model_wrapper/kernels/fp8.py) against a direct computation written here:
+W = float(weight) * scale per row and K-group, products in float64; where a path quantizes the
+activations, x rounded through e4m3 per token and group (amax / 448) by a loop over the groups.
+Under Triton's interpreter on the CPU (fp8 loads, conversions and tl.dot on e4m3 run there; the
+16-bit tensor-core products in fp16, as the interpreter computes bf16 dots wrongly), and every
+path through fp8_linear / fp8_gate_up_silu on CUDA (marked cuda) in bf16 and fp16 at Llama-3-8B
+shapes. Shapes: M = 1, 2, 3, 16, 17, 257; K not a multiple of 128; N odd; per-group (128) and
+per-channel scales; bias; strided rows; the SiLU epilogue; a static input scale."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from triton_interpret import DEVICE, TOL, on_cuda_skip  # first: it sets up the interpreter
+
+from model_wrapper.kernels import KernelConfig  # noqa: E402
+from model_wrapper.kernels import fp8  # noqa: E402
+from model_wrapper.kernels.fp8_reference import fp8_linear_reference  # noqa: E402
+from conftest import rel_err  # noqa: E402
+
+E4M3 = torch.float8_e4m3fn
+
+
+def make_weight(N, K, group, g, device=DEVICE):
+    """-> (e4m3 weight [N, K], float32 scales [N, ceil(K / group)]) with scales that differ per row
+    and per group (a wrong group index changes the product)."""
+    w = (torch.randn(N, K, generator=g) * 64).clamp(-448, 448).to(E4M3)
+    s = torch.exp(torch.randn(N, -(-K // group), generator=g)) / (64 * K**0.5)
+    return w.to(device), s.to(device)
+
+
+def dequant(w, s, group):
+    """W [N, K] float64: each K-column's scale is its group's."""
+    K = w.shape[1]
+    cols = torch.arange(K, device=w.device) // group
+    return w.double() * s.double()[:, cols]
+
+
+def quantize_oracle(x, group, input_scale=None):
+    """x [M, K] -> (x rounded through e4m3, as float64 [M, K]): per group of columns, scale =
+    max(amax, 1e-10) / 448, or the static input_scale."""
+    out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
+    for c in range(0, x.shape[1], group):
+        blk = x[:, c:c + group].float()
+        if input_scale is None:
+            scale = blk.abs().amax(dim=1, keepdim=True).clamp_min(1e-10) / 448
+        else:
+            scale = input_scale.float()
+        q = (blk / scale).clamp(-448, 448).to(E4M3)
+        out[:, c:c + group] = q.double() * scale.double()
+    return out
+
+
+def product(x, w, s, group, bias=None, quantized=False, input_scale=None):
+    """The float64 product of x with W (+ bias); quantized: x through e4m3 first."""
+    xd = quantize_oracle(x, group, input_scale) if quantized else x.double()
+    y = xd @ dequant(w, s, group).t()
+    return y if bias is None else y + bias.double()
+
+
+def silu_product(x, w, s, group, bias=None, quantized=False, input_scale=None):
+    """silu(gate) * up of the product, each half rounded to x's dtype first (the unfused pair's)."""
+    gate, up = product(x, w, s, group, bias, quantized, input_scale).to(x.dtype).chunk(2, dim=-1)
+    return F.silu(gate.double()) * up.double()
+
+
+def rows(M, K, dtype, g, device=DEVICE, strided=False):
+    """x [M, K]; strided: a view of every other row of a wider buffer (row stride != K)."""
+    if strided:
+        return torch.randn(2 * M, K + 8, generator=g).to(device, dtype)[::2, 3:K + 3]
+    return torch.randn(M, K, generator=g).to(device, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_quantize_per_token_group_is_amax_over_448_rounded_to_e4m3(dtype):
+    """quantize_fp8_per_token_group and quantize_fp8_static against the loop over groups, bit for
+    bit: group 128 with K not a multiple of it, one group a row (K = 1000), a group narrower than
+    a tile (64), strided rows, an all-zero row (zeros, not NaN) and a value past 448 (clamped)."""
+    g = torch.Generator().manual_seed(0)
+    for M, K, group, strided in ((3, 300, 128, False), (2, 1000, 1000, True), (5, 256, 64, False)):
+        x = rows(M, K, dtype, g, strided=strided)
+        x[0] = 0
+        q, s = fp8.quantize_fp8_per_token_group(x, group)
+        assert q.dtype == E4M3 and q.shape == (M, K) and s.dtype == torch.float32 and s.shape == (M, -(-K // group))
+        cols = torch.arange(K, device=x.device) // group
+        assert torch.equal(q.double() * s.double()[:, cols], quantize_oracle(x, group)), (M, K, group)
+        assert not q.float().isnan().any() and (q[0].float() == 0).all()
+        want_s = torch.stack([x[:, c:c + group].float().abs().amax(1).clamp_min(1e-10) / 448
+                              for c in range(0, K, group)], dim=1)
+        assert torch.equal(s, want_s)
+    x = rows(4, 200, dtype, g)
+    x[1, 7] = 1000.0
+    scale = torch.tensor(0.01, device=x.device)
+    q = fp8.quantize_fp8_static(x, scale)
+    assert torch.equal(q.double() * scale.double(), quantize_oracle(x, 200, scale))
+    assert q[1, 7].float() == 448
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_fp8_gemv_is_the_weight_only_product(dtype):
+    """The "gemv" path (one or two tokens): x unquantized, W dequantized per row and group; groups
+    of 128 with K not a multiple of 128, one group a row, N odd (a part-filled last program),
+    bias, strided rows, and the SiLU epilogue over [gate | up] rows and scales."""
+    g = torch.Generator().manual_seed(1)
+    for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
+                                          (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False)):
+        w, s = make_weight(N, K, group, g)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = rows(M, K, dtype, g, strided=strided)
+        got = fp8.fp8_gemv(x, w, s, group, b)
+        assert got.dtype == dtype and got.shape == (M, N)
+        assert rel_err(got, product(x, w, s, group, b)) < TOL[dtype], (M, N, K, group)
+        w2, s2 = make_weight(2 * N, K, group, g)
+        b2 = torch.randn(2 * N, generator=g).to(DEVICE, dtype) if bias else None
+        got = fp8.fp8_gemv(x, w2, s2, group, b2, silu=True)
+        assert got.shape == (M, N)
+        assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_block_k=64, fp8_skinny_min_programs=1)],
+                         ids=["default", "k64-wide-programs"])
+def test_fp8_skinny_is_the_weight_only_product(cfg):
+    """The "skinny" path (tensor-core products of upcast e4m3 tiles): token counts 1 / 3 / 16 / 17 /
+    40, groups of 128 (a scale per K step) and 64, one group a row with K not a multiple of the K
+    step, N odd, bias, strided rows, the SiLU epilogue; another K step and rows per program (cfg).
+    fp16 here (the interpreter's bf16 dot is wrong); bf16 on CUDA."""
+    g = torch.Generator().manual_seed(2)
+    dtype = torch.float16
+    for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (3, 70, 520, 128, False, True),
+                                          (16, 33, 1000, 1000, True, False), (17, 50, 256, 64, True, True),
+                                          (40, 21, 300, 300, False, False)):
+        w, s = make_weight(N, K, group, g)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = rows(M, K, dtype, g, strided=strided)
+        got = fp8.fp8_skinny(x, w, s, group, b, cfg=cfg)
+        assert got.dtype == dtype and got.shape == (M, N)
+        assert rel_err(got, product(x, w, s, group, b)) < TOL[dtype], (M, N, K, group)
+        w2, s2 = make_weight(2 * N, K, group, g)
+        b2 = torch.randn(2 * N, generator=g).to(DEVICE, dtype) if bias else None
+        got = fp8.fp8_skinny(x, w2, s2, group, b2, silu=True, cfg=cfg)
+        assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
+
+
+def test_fp8_gemm_is_the_product_of_quantized_activations():
+    """The "gemm" path (prefill): x quantized per token and group (or with a static scale), FP8
+    tensor-core products scaled per K step: groups of 128 with K not a multiple of 128, per-channel
+    scales (one group a row), a group of 64 (a K step of 64), N odd, bias, strided rows, 17 and
+    257 tokens (a part-filled row block), small tiles (several row bands)."""
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.float16
+    small = KernelConfig(fp8_gemm_block_m=32, fp8_gemm_block_n=32, fp8_gemm_group_m=2)
+    for M, N, K, group, bias, strided, static in ((17, 33, 300, 128, True, False, False),
+                                                  (257, 50, 200, 200, False, True, False),
+                                                  (40, 31, 256, 64, True, False, False),
+                                                  (70, 45, 130, 130, True, True, True)):
+        w, s = make_weight(N, K, group, g)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = rows(M, K, dtype, g, strided=strided)
+        in_scale = torch.tensor(0.02, device=DEVICE) if static else None
+        for cfg in (KernelConfig(), small):
+            got = fp8.fp8_gemm(x, w, s, group, b, in_scale, cfg)
+            assert got.dtype == dtype and got.shape == (M, N)
+            assert rel_err(got, product(x, w, s, group, b, True, in_scale)) < TOL[dtype], (M, N, K, group)
+
+
+def test_fp8_path_follows_the_token_count_and_the_kernel_config():
+    """fp8_path: 1-2 tokens the GEMV, up to 16 the skinny GEMM, beyond the quantized GEMM (off
+    CUDA never cuBLASLt's); KernelConfig moves each bound; a group no K step divides, fp32 x and
+    rows wider than the GEMV holds go elsewhere. Off CUDA fp8_linear and fp8_gate_up_silu are the
+    reference: weight-only up to fp8_skinny_max_tokens, quantized beyond."""
+    g = torch.Generator().manual_seed(4)
+    w, s = make_weight(24, 256, 128, g, "cpu")
+
+    def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16, K=256):
+        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg)
+
+    assert [path(M) for M in (1, 2, 3, 16, 17, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
+    moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
+    assert [path(M, moved) for M in (4, 5, 32, 33)] == ["gemv", "skinny", "skinny", "gemm"]
+    assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
+    assert path(1, dtype=torch.float32) == "reference"
+    assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
+    for M in (2, 17):
+        x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
+        assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
+        ref = fp8_linear_reference(x, w, s, 128, quantize_input=M > 16)
+        assert torch.equal(fp8.fp8_linear(x, w, s, 128), ref)
+        got = fp8.fp8_gate_up_silu(x, w, s, 128)
+        assert rel_err(got, silu_product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
+
+
+# -- CUDA: every path through the entry points, bf16 and fp16 -------------------------------------
+
+LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("group", [128, None], ids=["block128", "per-channel"])
+def test_fp8_linear_on_cuda_every_path(dtype, group):
+    """fp8_linear and fp8_gate_up_silu on CUDA at 1, 2, 3, 16, 17, 257 and 4096 tokens, Llama-3-8B's
+    projection shapes and a ragged one (N odd, K not a multiple of 128, bias), block-wise (128)
+    and per-channel scales: against the float64 product (quantized activations beyond 16 tokens)
+    within the dtype's tolerance; which path each takes (cuBLASLt's row-wise GEMM for per-channel
+    bf16 prefill); strided rows; a static input scale."""
+    g = torch.Generator().manual_seed(5)
+    seen = set()
+    for N, K in LLAMA_SHAPES + ((1001, 520),):
+        grp = group or K
+        w, s = make_weight(N, K, grp, g, "cuda")
+        b = torch.randn(N, generator=g).to("cuda", dtype) if N == 1001 else None
+        for M in (1, 2, 3, 16, 17, 257, 4096):
+            if M == 4096 and N == 28672:
+                continue  # the same GEMM as 257 tokens, longer
+            x = rows(M, K, dtype, g, "cuda", strided=M in (3, 257))
+            path = fp8.fp8_path(x, w, s, grp)
+            seen.add(path)
+            got = fp8.fp8_linear(x, w, s, grp, b)
+            assert got.dtype == dtype and got.shape == (M, N)
+            err = rel_err(got, product(x, w, s, grp, b, quantized=M > 16))
+            assert err < TOL[dtype], (M, N, K, path, err)
+            if M in (1, 3, 257) and N % 2 == 0:
+                got = fp8.fp8_gate_up_silu(x, w, s, grp)
+                assert rel_err(got, silu_product(x, w, s, grp, quantized=M > 16)) < TOL[dtype], (M, N, K, path)
+        in_scale = torch.tensor(0.01, device="cuda")
+        x = rows(300, K, dtype, g, "cuda")
+        got = fp8.fp8_linear(x, w, s, grp, b, input_scale=in_scale)
+        assert rel_err(got, product(x, w, s, grp, b, True, in_scale)) < TOL[dtype], (N, K, "static")
+    want = {"gemv", "skinny", "gemm" if group or dtype == torch.float16 else "scaled_mm"}
+    assert want <= seen, seen
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+def test_fp8_weight_only_paths_hold_to_bf16_gemv_error():
+    """At one and eight tokens the weight-only paths' error against the float64 product is at most
+    twice that of F.linear on the dequantized bf16-exact weight (e4m3 * a power-of-2 scale is
+    exact in bf16), plus a floor: the fp32 sums lose nothing to the bf16 path."""
+    g = torch.Generator().manual_seed(6)
+    for N, K in LLAMA_SHAPES:
+        w = (torch.randn(N, K, generator=g) * 64).clamp(-448, 448).to(E4M3).cuda()
+        s = torch.full((N, K // 128), 2.0**-12, device="cuda")
+        wb = dequant(w, s, 128).to(torch.bfloat16)
+        for M in (1, 8):
+            x = torch.randn(M, K, generator=g).to("cuda", torch.bfloat16)
+            want = product(x, w, s, 128)
+            blas = F.linear(x, wb)
+            got = fp8.fp8_linear(x, w, s, 128)
+            assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + 1e-3, (M, N, K)
