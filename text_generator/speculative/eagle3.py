@@ -1,0 +1,212 @@
+"""EAGLE-3 drafting: a one-layer draft head over the target's hidden states proposes greedy chains.
+
+Draft entry p pairs the target's feature of position p with the token at p + 1, and its output
+predicts the token at p + 2. Per request the drafter keeps the verified context and the target's
+hidden states of the positions whose entry is not written yet ("pending"); the entry of the
+context's last token waits for the token after it. With a context t_0 .. t_{n-1} (t_{n-1} the
+next tree's root, whose target state comes with the next verify pass):
+
+    position   ..  n-2               n-1         n          ..
+    token      ..  t_{n-1}           d_1         d_2        ..     d_j: the head's drafts
+    feature    ..  fc(h_{n-2})       g_{n-2}     g_{n-1}    ..     g: the head's pre-norm output
+    predicts   ..  d_1               d_2         d_3
+
+The driver (SpeculativeDecoder) reads the drafter's `hidden_layers` and asks forward_tensor for
+those states (output_hidden_states), then passes them on:
+
+    start(seq, prompt, hidden=[m', n, H_t])   the states of the prompt's last m' positions (all of
+                                              them unless the target's prefix cache held some)
+    propose(seqs, budgets)                    step 0: every pending entry in one multi-token step
+                                              (features fc(target states)); steps 1 .. k-1: the
+                                              last draft's entry (feature: the head's own g)
+    update(seq, emitted, hidden=[e, n, H_t])  the states at the accepted path (root and accepted
+                                              drafts): the next pending entries; the entries the
+                                              head wrote from its own features are dropped
+
+The head's K/V is a one-layer paged cache with a BlockManager of its own, without prefix
+caching (an entry depends on the token after it, which a block's hash does not cover); only
+entries computed from the target's states are committed (style rule 12). A request admitted
+after a target prefix-cache hit has no target states for the cached positions: its head
+attends to the positions after them (kv index = position - first position with a state; RoPE
+only sees differences), which may lower acceptance and never changes the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from kv_manager import BlockManager, allocate_kv_cache
+from model_wrapper import ForwardBatch, ModelWrapper
+from model_wrapper.eagle3_loader import load_eagle3_head
+from model_wrapper.model_wrapper import make_backend
+from model_wrapper.models.eagle3 import FEATURE
+from text_generator.speculative.tree import DraftTree
+from text_generator.validation import validate_step
+
+
+@dataclass
+class _Eagle3Seq:
+    context: list[int]  # verified tokens (prompt, then every emitted token)
+    offset: int  # first position with a draft entry (the prompt's first position the target computed)
+    computed: int  # positions < computed have entries written from target states (committed)
+    pending: list[torch.Tensor] = field(default_factory=list)  # [r, 3, H_t] chunks for positions computed ..
+
+
+class Eagle3Drafter:
+    """Drafts chains of up to `k` tokens with an EAGLE-3 head (model_wrapper/eagle3_loader.py).
+
+    Owns the head (under a ModelWrapper of its own: attention backend and kernels of the
+    target's kind, no CUDA graphs), its one-layer kv_cache of num_blocks x block_size and its
+    BlockManager. hidden_layers: the distinct target states (output_hidden_states indices, sorted)
+    the driver must pass to start / update; the head's three are picked from them.
+    """
+
+    def __init__(self, target, path: str, *, k: int = 4, num_blocks: int = 256, block_size: int = 16,
+                 max_seq_len: int | None = None):
+        if k < 1:
+            raise ValueError(f"Eagle3Drafter: expected k >= 1, got {k}")
+        mw = target.model_wrapper
+        embed = None if target.tp_group.enabled else mw.model.model.embed_tokens.weight
+        head, cfg, aux = load_eagle3_head(path, target.config, target_embed=embed, dtype=target.dtype,
+                                          device=target.device)
+        backend = make_backend(mw.backend.name, cfg, target.device, target.dtype)
+        self.runner = ModelWrapper(head, cfg, backend, target.device, target.dtype, cuda_graphs=False,
+                                   kernel_config=mw.kernel_config)
+        self.head, self.k = head, k
+        self.aux_layers = aux  # the head's three states, in fc's order
+        self.hidden_layers = tuple(sorted(set(aux)))
+        self._pick = torch.tensor([self.hidden_layers.index(i) for i in aux], device=target.device)
+        self.kv_cache = allocate_kv_cache(self.runner.kv_cache_spec, num_blocks, block_size, target.device)
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.max_seq_len = max_seq_len or target.max_position_embeddings
+        self._seqs: dict[Hashable, _Eagle3Seq] = {}
+
+    # -- the Drafter protocol, with the target's hidden states -----------------------------------
+    def start(self, seq_id: Hashable, prompt: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        """hidden [m', len(hidden_layers), H_t]: the target's states of the prompt's last m' positions."""
+        m = len(prompt)
+        rows = self._rows(hidden)
+        first = m - (0 if rows is None else rows.shape[0])
+        self._seqs[seq_id] = _Eagle3Seq(list(prompt), offset=first, computed=first,
+                                        pending=[] if rows is None else [rows])
+
+    def update(self, seq_id: Hashable, emitted: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        """hidden [len, len(hidden_layers), H_t]: the target's states of the positions after the
+        pending ones (the accepted path of the last verify pass); None after a prefill."""
+        s = self._seqs[seq_id]
+        self._drop_own_entries(seq_id, s)
+        s.context += emitted
+        rows = self._rows(hidden)
+        if rows is not None and rows.shape[0]:
+            s.pending.append(rows)
+
+    def finish(self, seq_id: Hashable) -> None:
+        if self._seqs.pop(seq_id, None) is not None and seq_id in self.bm:
+            self.bm.free(seq_id)
+
+    def propose(self, seq_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[DraftTree]:
+        """A greedy chain of min(k, budget - 1) drafts per request (none without a pending entry
+        or blocks for its entries)."""
+        states = [self._seqs[s] for s in seq_ids]
+        for s, st in zip(seq_ids, states):
+            self._drop_own_entries(s, st)
+        ready = [min(sum(p.shape[0] for p in st.pending), len(st.context) - 1 - st.computed) for st in states]
+        ks = [max(0, min(self.k, b - 1, self.max_seq_len - len(st.context))) if r > 0 else 0
+              for st, b, r in zip(states, budgets, ready)]
+        self._fit_pool(seq_ids, ready, ks)
+        drafts: list[list[int]] = [[] for _ in seq_ids]
+        live = [i for i in range(len(seq_ids)) if ks[i] > 0]
+        if live:  # step 0: the pending entries, features from the target's states
+            tokens, rows = [], []
+            for i in live:
+                st, r = states[i], ready[i]
+                tokens.append(st.context[st.computed + 1: st.computed + 1 + r])
+                rows.append(self._take_pending(st, r))
+            feature = self.head.fuse(torch.cat(rows), self.runner.kernels)
+            nxt, g = self._forward([seq_ids[i] for i in live], tokens, feature)
+            for j, i in enumerate(live):
+                states[i].computed += ready[i]
+                self.bm.commit(seq_ids[i], states[i].computed - states[i].offset)
+                drafts[i].append(nxt[j])
+        for step in range(1, max(ks, default=0)):  # then one entry per step, from the head's own feature
+            keep = [j for j, i in enumerate(live) if step < ks[i]]
+            live, g = [live[j] for j in keep], g[keep]
+            nxt, g = self._forward([seq_ids[i] for i in live], [[drafts[i][-1]] for i in live], g)
+            for j, i in enumerate(live):
+                drafts[i].append(nxt[j])
+        return [DraftTree.chain([st.context[-1]] + d) for st, d in zip(states, drafts)]
+
+    # -- internals ------------------------------------------------------------------------------
+    def _rows(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
+        """[r, len(hidden_layers), H_t] -> the head's three states [r, 3, H_t] on its device."""
+        if hidden is None:
+            return None
+        n = len(self.hidden_layers)
+        if hidden.dim() != 3 or hidden.shape[1] != n or hidden.shape[2] != self.head.target_hidden:
+            raise ValueError(f"Eagle3Drafter: expected hidden [rows, {n}, {self.head.target_hidden}] "
+                             f"(output_hidden_states={list(self.hidden_layers)}), got {list(hidden.shape)}")
+        return hidden.to(self._pick.device).index_select(1, self._pick)
+
+    def _drop_own_entries(self, seq_id: Hashable, st: _Eagle3Seq) -> None:
+        """Truncate the entries the head wrote from its own features (the last proposal's)."""
+        if seq_id in self.bm:  # admitted with its first entries (a BlockManager needs some)
+            self.bm.truncate(seq_id, st.computed - st.offset)
+
+    @staticmethod
+    def _take_pending(st: _Eagle3Seq, r: int) -> torch.Tensor:
+        """Pop the first r pending rows [r, 3, H_t]."""
+        rows = torch.cat(st.pending)
+        st.pending = [rows[r:]] if rows.shape[0] > r else []
+        return rows[:r]
+
+    def _fit_pool(self, seq_ids, ready: list[int], ks: list[int]) -> None:
+        """Shorten the chains (in place, first come first served) so that every entry a proposal
+        writes (ready + k - 1 per request) finds a block: a full pool drafts less, never fails."""
+        bm, bs = self.bm, self.bm.block_size
+        available = bm.num_free_blocks
+        for i, s in enumerate(seq_ids):
+            n, held = (bm.num_tokens(s), len(bm.block_table(s))) if s in bm else (0, 0)
+            need = lambda k: max(0, -(-(n + ready[i] + k - 1) // bs) - held)  # noqa: E731
+            while ks[i] > 0 and need(ks[i]) > available:
+                ks[i] -= 1
+            if ks[i] > 0:
+                available -= need(ks[i])
+
+    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor):
+        """One head step: each request's `tokens` are its next entries (appended to the block
+        manager here), feature [sum(len), H] theirs. -> (the draft after each request's last
+        entry, as target ids; the head's pre-norm output there [B, H])."""
+        ids, pos, slots, lens, q = [], [], [], [], []
+        for s, toks in zip(seq_ids, tokens):
+            if s in self.bm:
+                start = self.bm.num_tokens(s)
+                self.bm.append(s, toks)
+            else:
+                start = 0
+                self.bm.admit(s, toks)
+            ids += toks
+            pos += range(start, start + len(toks))
+            slots.append(self.bm.slots(s, start, start + len(toks)))
+            lens.append(start + len(toks))
+            q.append(len(toks))
+        cfg, mw = self.runner.cfg, self.runner
+        step = validate_step(
+            input_ids=torch.tensor(ids), position_ids=torch.tensor(pos), is_prefill=max(q) > 1,
+            kv_cache=self.kv_cache, block_tables=self.bm.block_tables(seq_ids), slots=torch.cat(slots),
+            input_lengths=torch.tensor(lens, dtype=torch.int32), max_seq_len=self.max_seq_len,
+            lm_head_indices=torch.tensor(q).cumsum(0) - 1, kwargs={"q_lens": q}, num_layers=1,
+            num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
+            model_max_len=cfg.max_position_embeddings, dtype=mw.dtype, device=mw.device, loaded_adapters=())
+        batch = ForwardBatch.build(
+            input_ids=step.input_ids, input_ids_cpu=step.input_ids_cpu, positions=step.positions, slots=step.slots,
+            is_prefill=step.is_prefill, block_size=step.block_size, q_lens_cpu=step.q_lens,
+            seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
+            lm_head_indices=step.lm_head_indices, spec_mask=None, atten_mask=None, device=mw.device,
+            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index)
+        batch.extras[FEATURE] = feature
+        logits, out = mw.forward(batch, self.kv_cache)
+        return self.head.to_target(logits.argmax(dim=-1)).tolist(), out
