@@ -31,12 +31,13 @@ VOCAB, HIDDEN, DRAFT_VOCAB = 96, 64, 40
 HEAD = dict(heads=4, kv_heads=2, inter=80, eps=1e-5, theta=10000.0)
 
 
-def make_head(path, *, seed=0, target_hidden=HIDDEN, vocab=VOCAB, draft_vocab=DRAFT_VOCAB, aux=None,
+def make_head(path, *, seed=0, hidden=HIDDEN, target_hidden=None, vocab=VOCAB, draft_vocab=DRAFT_VOCAB, aux=None,
               own_embed=False, config=None, drop=(), shapes=None, d2t_shift=0):
     """A random EAGLE-3 head folder; -> its tensors (float32). config / drop / shapes / d2t_shift
     spoil it on purpose (refusal tests)."""
     g = torch.Generator().manual_seed(seed)
-    H, hd = HIDDEN, HIDDEN // HEAD["heads"]
+    H, hd = hidden, hidden // HEAD["heads"]
+    target_hidden = target_hidden or hidden
     q, kv = HEAD["heads"] * hd, HEAD["kv_heads"] * hd
 
     def w(*shape, scale=0.1):
@@ -97,8 +98,8 @@ def _rope(x, pos):
 def oracle_head(t, embed, tokens: list[int], feats: torch.Tensor):
     """Entries (tokens [n], features g [n, H]) at positions 0..n-1, causal -> (pre-norm out [n, H],
     draft logits [n, draft_vocab])."""
-    n, hd = len(tokens), HIDDEN // HEAD["heads"]
     a = "midlayer.self_attn."
+    n, hd = len(tokens), t[a + "q_proj.weight"].shape[0] // HEAD["heads"]
     x = torch.cat([_rms(embed[torch.tensor(tokens)], t["midlayer.input_layernorm.weight"]),
                    _rms(feats, t["midlayer.hidden_norm.weight"])], -1)
     pos = torch.arange(n)
