@@ -118,15 +118,16 @@ def oracle_head(t, embed, tokens: list[int], feats: torch.Tensor):
     return out, _rms(out, t["norm.weight"]) @ t["lm_head.weight"].T
 
 
-def oracle_chain(t, embed, states: torch.Tensor, context: list[int], k: int) -> list[int]:
+def oracle_chain(t, embed, states: torch.Tensor, context: list[int], k: int, rank: int = 0) -> list[int]:
     """The chain a head drafts after context (t_0 .. t_{n-1}) from the target's states of
-    positions 0 .. n-2 ([n-1, 3, H_t]): entry p = (t_{p+1}, fc(h_p)), then its own outputs."""
+    positions 0 .. n-2 ([n-1, 3, H_t]): entry p = (t_{p+1}, fc(h_p)), then its own outputs; the
+    first draft is the head's rank-th best (a tree's branch), the others its best."""
     toks = list(context[1:])
     feats = states.reshape(states.shape[0], -1) @ t["fc.weight"].T
     drafts = []
-    for _ in range(k):
+    for j in range(k):
         out, logits = oracle_head(t, embed, toks, feats)
-        d = int(logits[-1].argmax())
+        d = int(logits[-1].topk(rank + 1).indices[rank]) if j == 0 else int(logits[-1].argmax())
         drafts.append(d + int(t["d2t"][d]))
         toks.append(drafts[-1])
         feats = torch.cat([feats, out[-1:]])
@@ -168,7 +169,29 @@ def test_head_matches_a_direct_computation(checkpoint_dir, tmp_path, own_embed):
     want_out, want_logits = oracle_head(t, embed, toks, feats)
     assert (out[0] - want_out[-1]).abs().max() / want_out.abs().max() < 1e-4
     d = int(want_logits[-1].argmax())
-    assert nxt == [d + int(t["d2t"][d])]
+    assert nxt == [[d + int(t["d2t"][d])]]
+
+
+def test_tree_branches_match_the_direct_computation(checkpoint_dir, tmp_path):
+    """branches=3: the root's children are the head's 3 best first drafts, each a greedy chain
+    continued in its own lane (a fork of the request's entries), and the budget bounds the tree."""
+    gen = _load(checkpoint_dir("llama"))
+    t = make_head(tmp_path / "head", seed=4, aux=[0, 1, 2])
+    embed = gen.model_wrapper.model.model.embed_tokens.weight.float()
+    drafter = Eagle3Drafter(gen, str(tmp_path / "head"), k=3, branches=3, num_blocks=24, block_size=4)
+    g = torch.Generator().manual_seed(5)
+    prompts = {"a": torch.randint(0, VOCAB, (10,), generator=g).tolist(),
+               "b": torch.randint(0, VOCAB, (5,), generator=g).tolist()}
+    states = {s: torch.randn(len(p), 3, HIDDEN, generator=g) for s, p in prompts.items()}
+    for s, p in prompts.items():
+        drafter.start(s, p, hidden=states[s])
+        drafter.update(s, [3])
+    trees = drafter.propose(["a", "b"], [64, 7])  # b: 6 nodes below the root -> 3 branches of 2
+    for tree, s, k in zip(trees, "ab", (3, 2)):
+        want = [oracle_chain(t, embed, states[s], prompts[s] + [3], k, rank=c) for c in range(3)]
+        assert tree.tokens == [3] + sum(want, [])
+        assert tree.parents == [-1] + sum(([0] + list(range(1 + c * k, c * k + k)) for c in range(3)), [])
+    assert drafter.bm.num_used_blocks == len(drafter.bm.block_table("a")) + len(drafter.bm.block_table("b"))
 
 
 # -- (b) lossless greedy speculation, and the drafter's bookkeeping -------------------------------
@@ -204,6 +227,11 @@ def test_greedy_speculation_with_eagle3_equals_plain_greedy(target8, tmp_path):
             hs = hf(torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
         states = torch.stack([hs[i][0] for i in (2, 4, 5)], dim=1)
         assert tokens == [context[-1]] + oracle_chain(t, embed, states, context, len(tokens) - 1)
+    # trees (three branches) through the same driver: still plain greedy
+    tree_drafter = Eagle3Drafter(gen, str(tmp_path / "head"), k=2, branches=3, num_blocks=64, block_size=4)
+    dec = SpeculativeDecoder(gen, kv, bm, tree_drafter)
+    assert dec.generate(prompts, n) == [hf_generate(hf, p, n) for p in prompts]
+    assert dec.stats.drafted > 40 and tree_drafter.bm.num_used_blocks == 0
 
 
 def test_a_batch_with_prefix_cache_hits_stays_lossless(target8, tmp_path):

@@ -1,4 +1,5 @@
-"""EAGLE-3 drafting: a one-layer draft head over the target's hidden states proposes greedy chains.
+"""EAGLE-3 drafting: a one-layer draft head over the target's hidden states proposes greedy chains
+(or trees of them: the head's best few first drafts, each continued greedily).
 
 Draft entry p pairs the target's feature of position p with the token at p + 1, and its output
 predicts the token at p + 2. Per request the drafter keeps the verified context and the target's
@@ -22,6 +23,10 @@ those states (output_hidden_states), then passes them on:
     update(seq, emitted, hidden=[e, n, H_t])  the states at the accepted path (root and accepted
                                               drafts): the next pending entries; the entries the
                                               head wrote from its own features are dropped
+
+A tree's branches run as lanes of one batch: branch c > 0 continues in a fork of its request's
+committed entries in the head's block manager (BlockManager.fork; the partial last block copied),
+freed when the proposal is made.
 
 The head's K/V is a one-layer paged cache with a BlockManager of its own, without prefix
 caching (an entry depends on the token after it, which a block's hash does not cover); only
@@ -57,7 +62,8 @@ class _Eagle3Seq:
 
 
 class Eagle3Drafter:
-    """Drafts chains of up to `k` tokens with an EAGLE-3 head (model_wrapper/eagle3_loader.py).
+    """Drafts trees of `branches` chains of up to `k` tokens (branches = 1: a chain) with an
+    EAGLE-3 head (model_wrapper/eagle3_loader.py).
 
     Owns the head (under a ModelWrapper of its own: attention backend and kernels of the
     target's kind, no CUDA graphs), its one-layer kv_cache of num_blocks x block_size and its
@@ -65,10 +71,10 @@ class Eagle3Drafter:
     the driver must pass to start / update; the head's three are picked from them.
     """
 
-    def __init__(self, target, path: str, *, k: int = 4, num_blocks: int = 256, block_size: int = 16,
-                 max_seq_len: int | None = None):
-        if k < 1:
-            raise ValueError(f"Eagle3Drafter: expected k >= 1, got {k}")
+    def __init__(self, target, path: str, *, k: int = 4, branches: int = 1, num_blocks: int = 256,
+                 block_size: int = 16, max_seq_len: int | None = None):
+        if k < 1 or branches < 1:
+            raise ValueError(f"Eagle3Drafter: expected k >= 1 and branches >= 1, got k={k}, branches={branches}")
         mw = target.model_wrapper
         embed = None if target.tp_group.enabled else mw.model.model.embed_tokens.weight
         head, cfg, aux = load_eagle3_head(path, target.config, target_embed=embed, dtype=target.dtype,
@@ -76,7 +82,7 @@ class Eagle3Drafter:
         backend = make_backend(mw.backend.name, cfg, target.device, target.dtype)
         self.runner = ModelWrapper(head, cfg, backend, target.device, target.dtype, cuda_graphs=False,
                                    kernel_config=mw.kernel_config)
-        self.head, self.k = head, k
+        self.head, self.k, self.branches = head, k, branches
         self.aux_layers = aux  # the head's three states, in fc's order
         self.hidden_layers = tuple(sorted(set(aux)))
         self._pick = torch.tensor([self.hidden_layers.index(i) for i in aux], device=target.device)
@@ -109,36 +115,72 @@ class Eagle3Drafter:
             self.bm.free(seq_id)
 
     def propose(self, seq_ids: Sequence[Hashable], budgets: Sequence[int]) -> list[DraftTree]:
-        """A greedy chain of min(k, budget - 1) drafts per request (none without a pending entry
-        or blocks for its entries)."""
+        """Per request a tree of `branches` chains: the head's best first drafts (best first), each
+        continued greedily to k drafts, within budget - 1 nodes (branches = 1: one greedy chain).
+        No drafts without a pending entry, or without blocks for the entries (a full pool drafts less)."""
         states = [self._seqs[s] for s in seq_ids]
         for s, st in zip(seq_ids, states):
             self._drop_own_entries(s, st)
         ready = [min(sum(p.shape[0] for p in st.pending), len(st.context) - 1 - st.computed) for st in states]
-        ks = [max(0, min(self.k, b - 1, self.max_seq_len - len(st.context))) if r > 0 else 0
-              for st, b, r in zip(states, budgets, ready)]
-        self._fit_pool(seq_ids, ready, ks)
-        drafts: list[list[int]] = [[] for _ in seq_ids]
+        widths = [min(self.branches, b - 1) if r > 0 else 0 for b, r in zip(budgets, ready)]
+        ks = [max(0, min(self.k, (b - 1) // w, self.max_seq_len - len(st.context))) if w > 0 else 0
+              for st, b, w in zip(states, budgets, widths)]
+        self._fit_pool(seq_ids, ready, ks, widths)
+        chains: list[list[list[int]]] = [[] for _ in seq_ids]  # per request, per branch: its drafts
         live = [i for i in range(len(seq_ids)) if ks[i] > 0]
-        if live:  # step 0: the pending entries, features from the target's states
-            tokens, rows = [], []
-            for i in live:
-                st, r = states[i], ready[i]
-                tokens.append(st.context[st.computed + 1: st.computed + 1 + r])
-                rows.append(self._take_pending(st, r))
-            feature = self.head.fuse(torch.cat(rows), self.runner.kernels)
-            nxt, g = self._forward([seq_ids[i] for i in live], tokens, feature)
-            for j, i in enumerate(live):
-                states[i].computed += ready[i]
-                self.bm.commit(seq_ids[i], states[i].computed - states[i].offset)
-                drafts[i].append(nxt[j])
-        for step in range(1, max(ks, default=0)):  # then one entry per step, from the head's own feature
-            keep = [j for j, i in enumerate(live) if step < ks[i]]
-            live, g = [live[j] for j in keep], g[keep]
-            nxt, g = self._forward([seq_ids[i] for i in live], [[drafts[i][-1]] for i in live], g)
-            for j, i in enumerate(live):
-                drafts[i].append(nxt[j])
-        return [DraftTree.chain([st.context[-1]] + d) for st, d in zip(states, drafts)]
+        if not live:
+            return [DraftTree.chain([st.context[-1]]) for st in states]
+        # step 0: the pending entries, features from the target's states
+        tokens, rows = [], []
+        for i in live:
+            st, r = states[i], ready[i]
+            tokens.append(st.context[st.computed + 1: st.computed + 1 + r])
+            rows.append(self._take_pending(st, r))
+        feature = self.head.fuse(torch.cat(rows), self.runner.kernels)
+        top, g = self._forward([seq_ids[i] for i in live], tokens, feature, width=max(widths[i] for i in live))
+        lanes = []  # (request, branch, the lane's sequence in the block manager, its row of g)
+        for j, i in enumerate(live):
+            states[i].computed += ready[i]
+            self.bm.commit(seq_ids[i], states[i].computed - states[i].offset)
+            chains[i] = [[top[j][c]] for c in range(widths[i])]
+            lanes += [(i, c, seq_ids[i] if c == 0 else ("eagle3-branch", seq_ids[i], c), j) for c in range(widths[i])]
+        forks = [lane for _, c, lane, _ in lanes if c > 0]
+        try:
+            for lane in forks:  # a branch continues in a copy of its request's committed entries
+                self._fork(lane[1], lane)
+            g = g[[j for *_, j in lanes]]
+            for step in range(1, max(ks)):  # one entry per lane and step, from the head's own feature
+                keep = [x for x, (i, *_) in enumerate(lanes) if step < ks[i]]
+                lanes, g = [lanes[x] for x in keep], g[keep]
+                top, g = self._forward([lane for _, _, lane, _ in lanes],
+                                       [[chains[i][c][-1]] for i, c, _, _ in lanes], g)
+                for x, (i, c, _, _) in enumerate(lanes):
+                    chains[i][c].append(top[x][0])
+        finally:
+            for lane in forks:
+                if lane in self.bm:
+                    self.bm.free(lane)
+        return [self._tree(st.context[-1], ch) for st, ch in zip(states, chains)]
+
+    @staticmethod
+    def _tree(root: int, chains: list[list[int]]) -> DraftTree:
+        """root with one chain per branch, branch after branch (parents before children)."""
+        tokens, parents = [root], [-1]
+        for chain in chains:
+            parent = 0
+            for tok in chain:
+                tokens.append(tok)
+                parents.append(parent)
+                parent = len(tokens) - 1
+        return DraftTree(tokens, parents)
+
+    def _fork(self, parent: Hashable, child: Hashable) -> None:
+        """child: a copy of parent's committed entries in the head's cache (shared full blocks, the
+        partial last block copied)."""
+        for src, dst in self.bm.fork(parent, child):
+            for k_cache, v_cache in self.kv_cache:
+                k_cache[dst].copy_(k_cache[src])
+                v_cache[dst].copy_(v_cache[src])
 
     # -- internals ------------------------------------------------------------------------------
     def _rows(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
@@ -163,23 +205,32 @@ class Eagle3Drafter:
         st.pending = [rows[r:]] if rows.shape[0] > r else []
         return rows[:r]
 
-    def _fit_pool(self, seq_ids, ready: list[int], ks: list[int]) -> None:
-        """Shorten the chains (in place, first come first served) so that every entry a proposal
-        writes (ready + k - 1 per request) finds a block: a full pool drafts less, never fails."""
+    def _fit_pool(self, seq_ids, ready: list[int], ks: list[int], widths: list[int]) -> None:
+        """Narrow, then shorten the trees (in place, first come first served) so that every entry a
+        proposal writes finds a block: per request ready + k - 1 entries, and per further branch
+        a copy of the partial last block and k - 1 entries. A full pool drafts less, never fails."""
         bm, bs = self.bm, self.bm.block_size
         available = bm.num_free_blocks
         for i, s in enumerate(seq_ids):
             n, held = (bm.num_tokens(s), len(bm.block_table(s))) if s in bm else (0, 0)
-            need = lambda k: max(0, -(-(n + ready[i] + k - 1) // bs) - held)  # noqa: E731
-            while ks[i] > 0 and need(ks[i]) > available:
-                ks[i] -= 1
-            if ks[i] > 0:
-                available -= need(ks[i])
+            total = n + ready[i]  # entries after step 0
 
-    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor):
+            def need(k, w):
+                end = -(-(total + k - 1) // bs)
+                return max(0, end - held) + (w - 1) * (end - total // bs if k > 1 else 0)
+
+            while ks[i] > 0 and need(ks[i], widths[i]) > available:
+                if widths[i] > 1:
+                    widths[i] -= 1
+                else:
+                    ks[i] -= 1
+            if ks[i] > 0:
+                available -= need(ks[i], widths[i])
+
+    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor, width: int = 1):
         """One head step: each request's `tokens` are its next entries (appended to the block
-        manager here), feature [sum(len), H] theirs. -> (the draft after each request's last
-        entry, as target ids; the head's pre-norm output there [B, H])."""
+        manager here), feature [sum(len), H] theirs. -> (the `width` best drafts after each
+        request's last entry, best first, as target ids; the head's pre-norm output there [B, H])."""
         ids, pos, slots, lens, q = [], [], [], [], []
         for s, toks in zip(seq_ids, tokens):
             if s in self.bm:
@@ -209,4 +260,4 @@ class Eagle3Drafter:
             token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index)
         batch.extras[FEATURE] = feature
         logits, out = mw.forward(batch, self.kv_cache)
-        return self.head.to_target(logits.argmax(dim=-1)).tolist(), out
+        return self.head.to_target(logits.topk(width, dim=-1).indices).tolist(), out
