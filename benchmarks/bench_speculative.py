@@ -6,7 +6,7 @@ TextGenerator.from_pretrained).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
 a small draft model (2 layers, same vocabulary) proposing a greedy chain, and an EAGLE-3 head
 (random weights in the public layout: fc over 3 target states, one decoder layer, a 32k draft
-vocabulary) proposing a greedy chain. A random head's acceptance is meaningless (near zero): its
+vocabulary) proposing a greedy chain (k4) or a tree of 3 chains of 3 (tree 3x3). A random head's acceptance is meaningless (near zero): its
 row measures what EAGLE-3 drafting costs, and the separate "eagle3 step cost" line gives one
 draft step (per request, batch 1) against one target decode step.
 
@@ -116,7 +116,8 @@ def eagle3_step_cost(gen, drafter: Eagle3Drafter, prompt, block_size, max_seq_le
     """Median ms of one target decode step (eager forward_tensor, batch 1, after the prompt) and of
     one EAGLE-3 draft step (a k-chain proposal / k, after an update of one accepted position)."""
     n, V = len(prompt), gen.vocab_size
-    blocks = (max_seq_len + iters * (k + 2)) // block_size + 8
+    max_seq_len = n + iters * (k + 2) + 8  # this measurement's own limit (the drafter's must allow it)
+    blocks = max_seq_len // block_size + 8
     bm, kv = BlockManager(blocks, block_size, enable_prefix_caching=False), gen.allocate_kv_cache(blocks, block_size)
     bm.admit("t", prompt)
     gen.forward_tensor(torch.tensor(prompt), torch.arange(n), True, kv, bm.block_tables(["t"]), bm.slots("t", 0, n),
@@ -244,7 +245,10 @@ def main(argv=None):
     head_path = make_random_eagle3_head(os.path.join(args.workdir, f"eagle3_{tag}"), cfg, dtype,
                                         draft_vocab=min(32000, cfg["vocab_size"] // 2),
                                         aux=(0, 1, 2) if cfg["num_hidden_layers"] < 3 else None)
-    eagle = Eagle3Drafter(gen, head_path, k=4, num_blocks=num_blocks, block_size=bs, max_seq_len=max_seq_len)
+    # max_seq_len + 128: room for eagle3_step_cost (generate() keeps its own limit)
+    eagle = Eagle3Drafter(gen, head_path, k=4, num_blocks=num_blocks, block_size=bs, max_seq_len=max_seq_len + 128)
+    eagle_tree = Eagle3Drafter(gen, head_path, k=3, branches=3, num_blocks=3 * num_blocks, block_size=bs,
+                               max_seq_len=max_seq_len)
 
     g = torch.Generator().manual_seed(0)
     V = cfg["vocab_size"]
@@ -262,6 +266,7 @@ def main(argv=None):
         "draft model k4": lambda: DraftModelDrafter(
             draft, dkv, BlockManager(num_blocks, bs, enable_prefix_caching=False), k=4, max_seq_len=max_seq_len),
         "eagle3 k4 random": lambda: eagle,  # one head, reused: generate() finishes its requests
+        "eagle3 tree 3x3": lambda: eagle_tree,
     }
     scenarios = [("random / random-model", random_prompt, False), ("copy / random-model", copy_prompt, False),
                  ("copy / echo-model", echo_prompt, True)]

@@ -96,6 +96,8 @@ class Eagle3Drafter:
         """hidden [m', len(hidden_layers), H_t]: the target's states of the prompt's last m' positions."""
         m = len(prompt)
         rows = self._rows(hidden)
+        if rows is not None and rows.shape[0] > m:
+            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, got {rows.shape[0]}")
         first = m - (0 if rows is None else rows.shape[0])
         self._seqs[seq_id] = _Eagle3Seq(list(prompt), offset=first, computed=first,
                                         pending=[] if rows is None else [rows])
@@ -104,9 +106,12 @@ class Eagle3Drafter:
         """hidden [len, len(hidden_layers), H_t]: the target's states of the positions after the
         pending ones (the accepted path of the last verify pass); None after a prefill."""
         s = self._seqs[seq_id]
+        rows = self._rows(hidden)
+        if rows is not None and rows.shape[0] != len(emitted):
+            raise ValueError(f"Eagle3Drafter.update: expected one row of hidden per emitted token "
+                             f"({len(emitted)}), got {rows.shape[0]}")
         self._drop_own_entries(seq_id, s)
         s.context += emitted
-        rows = self._rows(hidden)
         if rows is not None and rows.shape[0]:
             s.pending.append(rows)
 
