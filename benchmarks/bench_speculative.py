@@ -6,9 +6,10 @@ TextGenerator.from_pretrained).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
 a small draft model (2 layers, same vocabulary) proposing a greedy chain, and an EAGLE-3 head
 (random weights in the public layout: fc over 3 target states, one decoder layer, a 32k draft
-vocabulary) proposing a greedy chain (k4) or a tree of 3 chains of 3 (tree 3x3). A random head's acceptance is meaningless (near zero): its
-row measures what EAGLE-3 drafting costs, and the separate "eagle3 step cost" line gives one
-draft step (per request, batch 1) against one target decode step.
+vocabulary) proposing a greedy chain (k4) or a tree of 3 chains of 3 (tree 3x3). A random
+head's acceptance is meaningless (near zero): its rows measure what EAGLE-3 drafting costs, and
+the separate "eagle3 step cost" line gives one draft step (per request, batch 1) against one
+target decode step.
 
 Scenarios, and why there is an "echo" model:
   random / random-model   random prompt. A random model's greedy output has no reason to repeat
