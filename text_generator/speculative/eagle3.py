@@ -196,7 +196,8 @@ class Eagle3Drafter:
         if hidden.dim() != 3 or hidden.shape[1] != n or hidden.shape[2] != self.head.target_hidden:
             raise ValueError(f"Eagle3Drafter: expected hidden [rows, {n}, {self.head.target_hidden}] "
                              f"(output_hidden_states={list(self.hidden_layers)}), got {list(hidden.shape)}")
-        return hidden.to(self._pick.device).index_select(1, self._pick)
+        # kept in the head's dtype (fuse casts to it anyway): a long prompt's rows wait until propose
+        return hidden.to(self._pick.device, self.head.fc.weight.dtype).index_select(1, self._pick)
 
     def _drop_own_entries(self, seq_id: Hashable, st: _Eagle3Seq) -> None:
         """Truncate the entries the head wrote from its own features (the last proposal's)."""
