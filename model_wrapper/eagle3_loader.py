@@ -171,9 +171,10 @@ def load_eagle3_head(path: str, target: ModelConfig, *, target_embed: torch.Tens
 
     loaded = {}
     try:
-        for name, info in tensors.items():
-            with safe_open(paths[info.file], framework="pt", device="cpu") as f:
-                loaded[name] = f.get_tensor(name)
+        for file in sorted({info.file for info in tensors.values()}):
+            with safe_open(paths[file], framework="pt", device="cpu") as f:
+                for name in (n for n, info in tensors.items() if info.file == file):
+                    loaded[name] = f.get_tensor(name)
     except (SafetensorError, OSError, ValueError) as e:
         _fail(ModelErrorCode.CORRUPT_FILE, f"EAGLE-3 head {path!r}: unreadable safetensors data: {e}")
     d2t = loaded["d2t"].to(torch.int64)
