@@ -4,7 +4,12 @@ Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written onc
 benchmarks.common.make_random_checkpoint to a temp folder, loaded with
 TextGenerator.from_pretrained).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
-and a small draft model (2 layers, same vocabulary) proposing a greedy chain.
+a small draft model (2 layers, same vocabulary) proposing a greedy chain, and an EAGLE-3 head
+(random weights in the public layout: fc over 3 target states, one decoder layer, a 32k draft
+vocabulary) proposing a greedy chain (k4) or a tree of 3 chains of 3 (tree 3x3). A random
+head's acceptance is meaningless (near zero): its rows measure what EAGLE-3 drafting costs, and
+the separate "eagle3 step cost" line gives one draft step (per request, batch 1) against one
+target decode step.
 
 Scenarios, and why there is an "echo" model:
   random / random-model   random prompt. A random model's greedy output has no reason to repeat
@@ -54,7 +59,7 @@ from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot  # noqa:
 from kv_manager import BlockManager  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from text_generator.speculative import (  # noqa: E402
-    DraftModelDrafter, DraftTree, NgramDrafter, SpeculativeDecoder, build_tree_batch,
+    DraftModelDrafter, DraftTree, Eagle3Drafter, NgramDrafter, SpeculativeDecoder, build_tree_batch,
 )
 
 DRAFT_8B = dict(LLAMA3_8B, hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
@@ -65,6 +70,86 @@ TINY = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=5
             hidden_act="silu", initializer_range=0.02)
 DRAFT_TINY = dict(TINY, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2)  # head_dim 64 in both, a size every attention kernel has
+
+
+def make_random_eagle3_head(path: str, target: dict, dtype: torch.dtype, *, draft_vocab: int, aux=None,
+                            seed: int = 2) -> str:
+    """A random EAGLE-3 head for `target` (a config dict) in the public layout (config.json +
+    model.safetensors; see model_wrapper/eagle3_loader.py); its decoder layer has the target's shape."""
+    from safetensors.torch import save_file
+
+    H, I = target["hidden_size"], target["intermediate_size"]
+    heads, kv_heads = target["num_attention_heads"], target["num_key_value_heads"]
+    hd = H // heads
+    cfg = dict(architectures=["LlamaForCausalLMEagle3"], model_type="llama", hidden_size=H, intermediate_size=I,
+               num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=1,
+               vocab_size=target["vocab_size"], draft_vocab_size=draft_vocab, target_hidden_size=H,
+               rms_norm_eps=target["rms_norm_eps"], rope_theta=target["rope_theta"],
+               max_position_embeddings=target["max_position_embeddings"], hidden_act="silu",
+               tie_word_embeddings=False, torch_dtype=str(dtype).replace("torch.", ""))
+    if aux is not None:
+        cfg["eagle_aux_hidden_state_layer_ids"] = list(aux)
+    cfg_path = os.path.join(path, "config.json")
+    if os.path.isfile(cfg_path):
+        with open(cfg_path) as f:
+            if json.load(f) == cfg:
+                return path
+    g = torch.Generator().manual_seed(seed)
+    a = "midlayer.self_attn."
+    shapes = {"fc.weight": (H, 3 * H), a + "q_proj.weight": (heads * hd, 2 * H), a + "k_proj.weight": (kv_heads * hd, 2 * H),
+              a + "v_proj.weight": (kv_heads * hd, 2 * H), a + "o_proj.weight": (H, heads * hd),
+              "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
+              "midlayer.mlp.down_proj.weight": (H, I), "lm_head.weight": (draft_vocab, H)}
+    t = {n: (torch.randn(s, generator=g) * 0.02).to(dtype) for n, s in shapes.items()}
+    for n in ("midlayer.input_layernorm", "midlayer.hidden_norm", "midlayer.post_attention_layernorm", "norm"):
+        t[n + ".weight"] = torch.ones(H, dtype=dtype)
+    kept = torch.randperm(target["vocab_size"], generator=g)[:draft_vocab].sort().values
+    t["d2t"] = kept - torch.arange(draft_vocab)
+    t["t2d"] = torch.zeros(target["vocab_size"], dtype=torch.bool).index_fill_(0, kept, True)
+    os.makedirs(path, exist_ok=True)
+    save_file(t, os.path.join(path, "model.safetensors"))
+    with open(cfg_path, "w") as f:  # last: its presence marks a complete folder
+        json.dump(cfg, f, indent=1)
+    return path
+
+
+def eagle3_step_cost(gen, drafter: Eagle3Drafter, prompt, block_size, max_seq_len, sync, k=4, iters=20) -> dict:
+    """Median ms of one target decode step (eager forward_tensor, batch 1, after the prompt) and of
+    one EAGLE-3 draft step (a k-chain proposal / k, after an update of one accepted position)."""
+    n, V = len(prompt), gen.vocab_size
+    max_seq_len = n + iters * (k + 2) + 8  # this measurement's own limit (the drafter's must allow it)
+    blocks = max_seq_len // block_size + 8
+    bm, kv = BlockManager(blocks, block_size, enable_prefix_caching=False), gen.allocate_kv_cache(blocks, block_size)
+    bm.admit("t", prompt)
+    gen.forward_tensor(torch.tensor(prompt), torch.arange(n), True, kv, bm.block_tables(["t"]), bm.slots("t", 0, n),
+                       torch.tensor([n], dtype=torch.int32), max_seq_len, torch.tensor([n - 1]))
+    bm.commit("t", n)
+    target_ms = []
+    for i in range(iters):
+        bm.append("t", [i % V])
+        L = n + i + 1
+        sync()
+        t0 = time.perf_counter()
+        gen.forward_tensor(torch.tensor([i % V]), torch.tensor([L - 1]), False, kv, bm.block_tables(["t"]),
+                           bm.slots("t", L - 1, L), torch.tensor([L], dtype=torch.int32), max_seq_len)
+        sync()
+        target_ms.append(1e3 * (time.perf_counter() - t0))
+        bm.commit("t", L)
+    width = (len(drafter.hidden_layers), gen.config.hidden_size)
+    states = torch.randn(n, *width, device=gen.device)
+    drafter.start("d", prompt, hidden=states)
+    drafter.update("d", [1])
+    draft_ms = []
+    for i in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        drafter.propose(["d"], [k + 1])
+        sync()
+        draft_ms.append(1e3 * (time.perf_counter() - t0) / k)
+        drafter.update("d", [i % V], hidden=torch.randn(1, *width, device=gen.device))
+    drafter.finish("d")
+    t, d = statistics.median(target_ms[2:]), statistics.median(draft_ms[2:])
+    return dict(target_decode_ms=t, eagle3_draft_step_ms=d, ratio=d / t, k=k)
 
 
 def make_echo(gen: TextGenerator, perm: torch.Tensor) -> None:
@@ -158,6 +243,13 @@ def main(argv=None):
     num_blocks = (max_seq_len + 64) // bs + 4
     kv = gen.allocate_kv_cache(num_blocks, bs)
     dkv = draft.allocate_kv_cache(num_blocks, bs)
+    head_path = make_random_eagle3_head(os.path.join(args.workdir, f"eagle3_{tag}"), cfg, dtype,
+                                        draft_vocab=min(32000, cfg["vocab_size"] // 2),
+                                        aux=(0, 1, 2) if cfg["num_hidden_layers"] < 3 else None)
+    # max_seq_len + 128: room for eagle3_step_cost (generate() keeps its own limit)
+    eagle = Eagle3Drafter(gen, head_path, k=4, num_blocks=num_blocks, block_size=bs, max_seq_len=max_seq_len + 128)
+    eagle_tree = Eagle3Drafter(gen, head_path, k=3, branches=3, num_blocks=3 * num_blocks, block_size=bs,
+                               max_seq_len=max_seq_len)
 
     g = torch.Generator().manual_seed(0)
     V = cfg["vocab_size"]
@@ -174,15 +266,20 @@ def main(argv=None):
         "ngram tree 4x4": lambda: NgramDrafter(max_ngram=3, depth=4, branches=4),
         "draft model k4": lambda: DraftModelDrafter(
             draft, dkv, BlockManager(num_blocks, bs, enable_prefix_caching=False), k=4, max_seq_len=max_seq_len),
+        "eagle3 k4 random": lambda: eagle,  # one head, reused: generate() finishes its requests
+        "eagle3 tree 3x3": lambda: eagle_tree,
     }
     scenarios = [("random / random-model", random_prompt, False), ("copy / random-model", copy_prompt, False),
                  ("copy / echo-model", echo_prompt, True)]
     numerics = tree_vs_plain(gen, random_prompt, bs, max_seq_len)
+    eagle_cost = eagle3_step_cost(gen, eagle, random_prompt, bs, max_seq_len, sync)
     rows = []
     print(f"device={device} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} dtype={args.dtype} "
           f"prompt={prompt_len} new_tokens={new_tokens} batch=1 backend={gen.model_wrapper.backend.name}")
     print("root logits, plain decode vs tree step (random model): max |diff| {max_abs_diff:.4f}, top-2 gap "
           "{top2_gap:.4f}, logit std {logit_std:.4f}, same argmax {same_argmax}".format(**numerics))
+    print("eagle3 step cost: target decode step {target_decode_ms:.3f} ms, one EAGLE-3 draft step "
+          "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, eager)".format(**eagle_cost))
     print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
     for scen, prompt, echo in scenarios:
         if echo:
@@ -208,7 +305,7 @@ def main(argv=None):
                   model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", dtype=args.dtype,
                   prompt_len=prompt_len, new_tokens=new_tokens, batch=1, block_size=bs,
                   attention_backend=gen.model_wrapper.backend.name, repeats=args.repeats,
-                  tree_vs_plain_numerics=numerics, rows=rows)
+                  tree_vs_plain_numerics=numerics, eagle3_step_cost=eagle_cost, rows=rows)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

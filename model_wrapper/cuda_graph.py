@@ -97,7 +97,7 @@ class DecodeGraphRunner:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
-                and batch.atten_mask is None and batch.batch_size <= self.max_batch
+                and batch.atten_mask is None and batch.hidden_layers is None and batch.batch_size <= self.max_batch
                 and (not batch.uses_lora or self.lora is not None))
 
     def bucket_for(self, batch_size: int) -> int:

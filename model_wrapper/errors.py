@@ -26,6 +26,7 @@ class ModelErrorCode(str, Enum):
     BAD_INDEX = "MODEL_BAD_INDEX"  # model.safetensors.index.json malformed or disagreeing with the shards
     UNSAFE_PATH = "MODEL_UNSAFE_PATH"  # a file that resolves outside the checkpoint folder
     NONFINITE_WEIGHT = "MODEL_NONFINITE_WEIGHT"  # NaN or inf in a weight
+    DRAFT_MISMATCH = "MODEL_DRAFT_MISMATCH"  # a draft head whose sizes or vocabulary do not fit its target
 
 
 class ModelLoadError(ValueError):

@@ -56,6 +56,9 @@ class ForwardBatch:
                      step without adapters; its mapping is made by ensure_lora only where the step
                      runs eagerly (a decode graph replay maps adapter_ids itself)
     extras:          per-feature metadata a backend or feature adds (e.g. CUDA-graph state)
+    hidden_layers:   indices into the hidden-state stack to return beside the logits (0 = the
+                     embeddings, i = the input of layer i, num_layers = the final normed state),
+                     or None (the step returns logits only); for draft heads such as EAGLE-3
     """
 
     mode: ForwardMode
@@ -85,6 +88,7 @@ class ForwardBatch:
     # (tokens, rows, index), all on the device: input_ids[rows] = tokens[index] (already applied
     # to input_ids; a CUDA-graph replay applies it to its static input buffer)
     prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    hidden_layers: tuple[int, ...] | None = None
 
     @property
     def uses_lora(self) -> bool:

@@ -198,8 +198,9 @@ class TextGenerator:
         max_seq_len: int,
         lm_head_indices: torch.Tensor | None = None,
         **kwargs,
-    ) -> torch.Tensor:
-        """Run one step; return float32 logits [num_out, vocab_size] on the model's device.
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Run one step; return float32 logits [num_out, vocab_size] on the model's device (with
+        output_hidden_states, the pair (logits, hidden [num_out, len(output_hidden_states), hidden_size])).
 
         input_ids      [num_tokens] int: new tokens of every request, request after request
         position_ids   [num_tokens] int: absolute position of each new token
@@ -213,7 +214,10 @@ class TextGenerator:
         kwargs: q_lens [batch], spec_mask [num_tokens, max(q_lens)], atten_mask
                 [num_tokens, max(input_lengths)], adapter_ids (list of str/None), max_out_len (int),
                 prev_token_ids (tokens on the device, rows, index): input_ids[rows] = tokens[index],
-                taken on the device, for an engine that runs ahead of its sampled tokens
+                taken on the device, for an engine that runs ahead of its sampled tokens,
+                output_hidden_states (list of distinct ints in [0, num_layers]): also return those
+                states of the lm_head_indices rows (0 = embeddings, i = input of layer i,
+                num_layers = final normed state; transformers' numbering), float32, for draft heads
         Raises ForwardArgumentError (ValueError) with an ErrorCode; kv_cache is then untouched.
         """
         cfg = self.config
@@ -237,4 +241,5 @@ class TextGenerator:
         )
         if step.adapter_ids is not None:  # mapped by a graph replay, or by make_batch before an eager run
             batch.lora = LoraStep(step.adapter_ids, self.lora_manager)
+        batch.hidden_layers = step.hidden_layers
         return mw.forward(batch, kv_cache)

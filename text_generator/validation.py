@@ -19,7 +19,8 @@ import torch
 from adapters.ids import AdapterIdsError, AdapterIdsFault, resolve_adapter_ids
 from text_generator.errors import ErrorCode, ForwardArgumentError
 
-KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len", "prev_token_ids"})
+KNOWN_KWARGS = frozenset({"q_lens", "spec_mask", "atten_mask", "adapter_ids", "max_out_len", "prev_token_ids",
+                          "output_hidden_states"})
 _MASKED_BELOW = -1e4  # additive mask values at or below this (incl. -inf) mean "do not attend"
 
 
@@ -44,6 +45,8 @@ class StepArgs:
     # (tokens [S] int64 on the model's device, rows [n] int64 host, index [n] int64 host):
     # input_ids[rows[i]] := tokens[index[i]] on the device (see _prev_token_ids)
     prev_token_ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # indices into the hidden-state stack to return beside the logits (0..num_layers), or None
+    hidden_layers: tuple[int, ...] | None = None
 
 
 def _fail(code: ErrorCode, arg: str, msg: str):
@@ -279,9 +282,10 @@ def validate_step(
         _fail(ErrorCode.INVALID_MAX_OUT_LEN, "max_out_len", f"expected a positive int, got {max_out_len}")
 
     prev = _prev_token_ids(kwargs.get("prev_token_ids"), T, vocab_size, device)
+    hidden_layers = _hidden_layers(kwargs.get("output_hidden_states"), num_layers)
 
     return StepArgs(
-        prev_token_ids=prev,
+        prev_token_ids=prev, hidden_layers=hidden_layers,
         input_ids=input_ids, input_ids_cpu=ids_h.to(torch.int64), token_req=req, token_kv_index=kv_index,
         positions=pos, slots=sl, is_prefill=is_prefill, block_size=block_size,
         q_lens=q.to(torch.int32), input_lengths=L.to(torch.int32), block_tables=bt.to(torch.int32),
@@ -368,3 +372,25 @@ def _prev_token_ids(value, T: int, vocab_size: int, device: torch.device):
         _fail(ErrorCode.INVALID_PREV_TOKEN_IDS, arg, f"expected index in [0, len(tokens)={S}), got "
               f"{int(index.min())}..{int(index.max())}")
     return tokens.to(torch.int64).clamp(0, vocab_size - 1), rows, index
+
+
+def _hidden_layers(value, num_layers: int) -> tuple[int, ...] | None:
+    """output_hidden_states=[i, ...]: distinct ints in [0, num_layers], numbered as transformers'
+    output_hidden_states tuple (0 = embeddings, i = input of layer i, num_layers = final normed)."""
+    if value is None:
+        return None
+    arg = "output_hidden_states"
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            _fail(ErrorCode.INVALID_HIDDEN_STATES, arg, f"expected a list of ints, got a {value.dtype} tensor of "
+                  f"shape {_shape(value)}")
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value \
+            or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        _fail(ErrorCode.INVALID_HIDDEN_STATES, arg, f"expected a non-empty list of ints, got {value!r}")
+    bad = [i for i in value if not 0 <= i <= num_layers]
+    if bad:
+        _fail(ErrorCode.INVALID_HIDDEN_STATES, arg, f"expected indices in [0, num_layers={num_layers}], got {bad[0]}")
+    if len(set(value)) != len(value):
+        _fail(ErrorCode.INVALID_HIDDEN_STATES, arg, f"expected distinct indices, got {list(value)}")
+    return tuple(int(i) for i in value)

@@ -125,23 +125,45 @@ class CausalLM(nn.Module):
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch, kv_cache, backend, kernels) -> torch.Tensor:
-        """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None)."""
+    def forward(self, batch: ForwardBatch, kv_cache, backend, kernels):
+        """-> float32 logits [num_out, vocab] for batch.lm_head_indices (all tokens if None); with
+        batch.hidden_layers set, (logits, hidden [num_out, len(hidden_layers), hidden] float32):
+        hidden[:, j] is state hidden_layers[j] of those rows (0 = embeddings, i = input of layer i,
+        num_layers = the final normed state), as transformers' output_hidden_states numbers them."""
         rope = kernels.rope_tables(batch.positions)  # once per step, shared by every layer
         h = self._embed(batch.input_ids)
         residual, tail = None, None
-        norm_tails = self._norms_take_tails(batch, kv_cache, backend, kernels)
+        wanted = batch.hidden_layers
+        # a tail left pending for the next norm would make h + residual short of the true state
+        norm_tails = wanted is None and self._norms_take_tails(batch, kv_cache, backend, kernels)
+        states = {}
         last = len(self.model.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_cache)):
+            if wanted is not None and i in wanted:
+                states[i] = self._state_rows(h, residual, batch.lm_head_indices)
             h, residual, tail = layer(h, residual, rope, batch, kv, backend, kernels, tail, norm_tails, i == last)
         if batch.lm_head_indices is not None:  # norm and project only the rows asked for
             h = h.index_select(0, batch.lm_head_indices)
             residual = residual.index_select(0, batch.lm_head_indices)
         h, _, _ = self.model.norm.add(h, residual, kernels)
         if not self.tp.enabled:
-            return self.lm_head.project(h, kernels).float()
-        logits = self.tp.all_gather_last(self.lm_head.project(h, kernels))  # [num_out, W * vocab_shard]
-        return logits[:, : self.cfg.vocab_size].float()
+            logits = self.lm_head.project(h, kernels).float()
+        else:
+            logits = self.tp.all_gather_last(self.lm_head.project(h, kernels))  # [num_out, W * vocab_shard]
+            logits = logits[:, : self.cfg.vocab_size].float()
+        if wanted is None:
+            return logits
+        states[len(self.model.layers)] = h
+        return logits, torch.stack([states[i].float() for i in wanted], dim=1)
+
+    @staticmethod
+    def _state_rows(h: torch.Tensor, residual: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
+        """The residual stream h + residual [T, hidden] at rows [num_out] (None: all), as a new
+        tensor: the layers update h and residual in place."""
+        x = h if residual is None else h + residual
+        if rows is not None:
+            return x.index_select(0, rows)
+        return x.clone() if residual is None else x
 
     def _norms_take_tails(self, batch: ForwardBatch, kv_cache, backend, kernels) -> bool:
         """Whether this step's residual-add + RMSNorm kernels may take the o / down projections'

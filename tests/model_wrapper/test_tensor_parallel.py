@@ -120,6 +120,10 @@ def _run_job(gen, job):
         return _tree_job(gen)
     if kind == "lora":
         return _lora_job(gen, job["adapters"])
+    if kind == "hidden":
+        from test_hidden_states import hidden_scenario
+
+        return hidden_scenario(gen, [0, 1, 2], seed=2)
     return _odd_vocab_job(gen)
 
 
@@ -148,6 +152,7 @@ def tp2(checkpoint_dir, tmp_path_factory):
     jobs["llama_biases"] = dict(kind="scenario", seed=6,
                                 path=checkpoint_dir("llama", attention_bias=True, mlp_bias=True))
     jobs["llama_vocab97"] = dict(kind="odd_vocab", path=checkpoint_dir("llama", vocab_size=97))
+    jobs["hidden_llama"] = dict(kind="hidden", path=checkpoint_dir("llama"))
     for f in MOE_FAMILIES:  # experts' widths sliced per rank, the shared expert's too
         jobs[f] = dict(kind="scenario", seed=hash(f) % 1000, path=checkpoint_dir(f))
     out = tmp_path_factory.mktemp("tp2")
@@ -252,6 +257,16 @@ def test_tp2_spec_mask_tree(tp2):
             for i in range(t.size):
                 ref = hf(torch.tensor([p + [t.tokens[j] for j in t.path(i)]])).logits[0, -1]
                 assert rel_err(got["logits"][got["offsets"][b] + i], ref) < 1e-4, (b, i)
+
+
+def test_tp2_hidden_states_replicated_and_match_transformers(tp2):
+    """output_hidden_states under TP=2: every rank returns the same full states, = transformers'."""
+    from test_hidden_states import _script, check_states, reference_states
+
+    job, results = tp2["hidden_llama"]
+    got = [res["out"] for res in results]
+    assert all(torch.equal(a[3], b[3]) for a, b in zip(got[0], got[1]))
+    check_states(got[0], reference_states(hf_model(job["path"]), _script(2)[0]), [0, 1, 2])
 
 
 def test_tp2_vocab_not_divisible_by_world(tp2):

@@ -181,18 +181,30 @@ class SpeculativeDecoder:
         toks = torch.cat([torch.as_tensor(list(p[c:])) for p, c in zip(prompts, cached)])
         pos = torch.cat([torch.arange(c, len(p)) for p, c in zip(prompts, cached)])
         slots = torch.cat([self.bm.slots(s, c, len(p)) for s, p, c in zip(ids, prompts, cached)])
-        logits = self.gen.forward_tensor(
+        last = torch.tensor(q).cumsum(0) - 1
+        layers = getattr(self.drafter, "hidden_layers", None)  # a drafter reading the target's states
+        # such a drafter wants the states of every prompt token: all rows (logits too, by the contract)
+        res = self.gen.forward_tensor(
             toks, pos, True, self.kv_cache, self.bm.block_tables(ids), slots,
             torch.tensor([len(p) for p in prompts], dtype=torch.int32), self.max_seq_len,
-            torch.tensor(q).cumsum(0) - 1, q_lens=q, adapter_ids=self._adapters_arg(adapters))
+            last if layers is None else None, q_lens=q, adapter_ids=self._adapters_arg(adapters),
+            **self._hidden_arg(layers))
+        logits, hidden = (res, None) if layers is None else (res[0][last.to(res[0].device)], res[1])
         self.stats.forwards += 1
-        for s, p, t, o in zip(ids, prompts, self._pick(logits), out):
+        for b, (s, p, t, o) in enumerate(zip(ids, prompts, self._pick(logits), out)):
             self.bm.commit(s, len(p))
             self.bm.append(s, [t])
-            self.drafter.start(s, list(p))
+            if hidden is None:
+                self.drafter.start(s, list(p))
+            else:
+                self.drafter.start(s, list(p), hidden=hidden[int(last[b]) + 1 - q[b]: int(last[b]) + 1])
             self.drafter.update(s, [t])
             o.append(t)
             self.stats.emitted += 1
+
+    @staticmethod
+    def _hidden_arg(layers) -> dict:
+        return {} if layers is None else {"output_hidden_states": list(layers)}
 
     @staticmethod
     def _adapters_arg(adapters):
@@ -211,14 +223,20 @@ class SpeculativeDecoder:
         kwargs = dict(q_lens=batch.q_lens, adapter_ids=self._adapters_arg(adapters))
         if batch.spec_mask is not None:
             kwargs["spec_mask"] = batch.spec_mask
-        logits = self.gen.forward_tensor(
+        layers = getattr(self.drafter, "hidden_layers", None)
+        out = self.gen.forward_tensor(
             batch.input_ids, batch.position_ids, False, self.kv_cache, batch.block_tables,
-            batch.slots, batch.input_lengths, self.max_seq_len, None, **kwargs)
+            batch.slots, batch.input_lengths, self.max_seq_len, None, **kwargs, **self._hidden_arg(layers))
+        logits, hidden = (out, None) if layers is None else out
         self.stats.forwards += 1
         for b, (s, c, t) in enumerate(zip(ids, cached, trees)):
             v = verify(t, logits[batch.offsets[b]:batch.offsets[b + 1]], self.sampling, self.rng)
             commit_accepted(self.kv_cache, self.bm, s, c, t, v, batch.slots[batch.offsets[b]:batch.offsets[b + 1]])
-            self.drafter.update(s, v.tokens)
+            if hidden is None:
+                self.drafter.update(s, v.tokens)
+            else:  # the target's states at the accepted path: the drafter's next entries
+                rows = torch.tensor([batch.offsets[b] + i for i in v.path], device=hidden.device)
+                self.drafter.update(s, v.tokens, hidden=hidden.index_select(0, rows))
             outs[b].extend(v.tokens)
             self.stats.emitted += len(v.tokens)
             self.stats.accepted += len(v.path) - 1

@@ -5,6 +5,11 @@ The speculative driver calls, per request: `start(seq_id, prompt)` once; then pe
 and after verification `update(seq_id, emitted)` with the tokens the target emitted (accepted
 drafts + its own next token); `finish(seq_id)` at the end. A drafter never sees logits of the
 target; whatever it proposes, verification keeps the output exact.
+
+A drafter that reads the target's hidden states (EAGLE-3, speculative/eagle3.py) has a
+`hidden_layers` attribute (output_hidden_states indices); the driver then asks forward_tensor for
+those states and passes them as `start(seq_id, prompt, hidden=[prompt rows, n, H])` and
+`update(seq_id, emitted, hidden=[len(emitted), n, H])` (the states at the accepted path).
 """
 
 from __future__ import annotations
