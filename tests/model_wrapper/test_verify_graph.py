@@ -1,0 +1,198 @@
+"""Multi-token decode steps in CUDA graphs: the Triton verify attention and the graphs that run it.
+
+CPU part: the verify kernel (model_wrapper/kernels/verify_attention.py) under Triton's interpreter
+against the torch backend (attention/torch_backend.py over attention/masks.py, the specification of
+paged attention) on the same caches: chains and spec_mask trees, q = 1..16 per request, batches
+mixing q, pages shuffled among unused ones, sliding windows, GQA groups of 1, 2 and 3, with and
+without split KV; padding rows (past a request's q_len in the fixed-stride layout) come out zero.
+The runner's host side (buckets, the padded layout) needs no GPU either.
+
+CUDA part (`pytest -m cuda`): graphed verify steps = eager verify steps = transformers' logits on a
+tiny model (trees, chains, LoRA, sliding windows), no host sync in a replay, decode graphs unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+
+from triton_interpret import DEVICE, INTERPRET  # before the kernel: sets up the interpreter
+
+from model_wrapper.attention.torch_backend import TorchAttentionBackend
+from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.kernels.verify_attention import causal_bits, mask_bits, paged_verify_attention
+
+DTYPE = torch.float16 if INTERPRET else torch.bfloat16
+PAGE, D = (4, 32) if INTERPRET else (16, 128)
+TOL = 2e-3 if DTYPE == torch.float16 else 1.6e-2
+
+
+def tree_parents(n: int, g: torch.Generator) -> list[int]:
+    """A random tree of n nodes, parents before children (node 0 the root)."""
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+
+
+def tree_mask(parents):
+    """-> (bool [n, n] ancestor-or-self mask, depth of each node)."""
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    depth = []
+    for i, p in enumerate(parents):
+        if p >= 0:
+            m[i] = m[p]
+        m[i, i] = True
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return m, depth
+
+
+class Step:
+    """One multi-token decode step of B requests (prefix_r cached keys, q_r new tokens each), its
+    caches with every request's pages scattered among unused ones, packed as forward_tensor takes it
+    (for the torch backend) and in the fixed-stride layout of Q rows per request (for the kernel)."""
+
+    def __init__(self, prefixes, q_lens, heads, kv_heads, *, trees=False, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.B, self.heads, self.kv_heads = len(q_lens), heads, kv_heads
+        lens = [p + q for p, q in zip(prefixes, q_lens)]
+        pages = [-(-n // PAGE) for n in lens]
+        blocks = sum(pages) + 5
+        self.k = torch.randn(blocks, PAGE, kv_heads, D, generator=g).to(DTYPE)
+        self.v = torch.randn(blocks, PAGE, kv_heads, D, generator=g).to(DTYPE)
+        order = torch.randperm(blocks, generator=g).tolist()
+        tables, at = [], 0
+        for n in pages:
+            tables.append(order[at:at + n])
+            at += n
+        width = max(pages)
+        self.block_tables = torch.full((self.B, width), -1, dtype=torch.int32)
+        for r, t in enumerate(tables):
+            self.block_tables[r, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        positions, masks = [], []
+        max_q = max(q_lens)
+        self.spec = None
+        for p, q in zip(prefixes, q_lens):
+            if trees:
+                m, depth = tree_mask(tree_parents(q, g))
+                positions += [p + d for d in depth]
+                masks.append(torch.nn.functional.pad(m, (0, max_q - q)))
+            else:
+                positions += list(range(p, p + q))
+        if trees:
+            self.spec = torch.cat(masks)
+        T = sum(q_lens)
+        self.q = torch.randn(T, heads, D, generator=g).to(DTYPE)
+        self.batch = ForwardBatch.build(
+            input_ids=torch.zeros(T, dtype=torch.int64), input_ids_cpu=torch.zeros(T, dtype=torch.int64),
+            positions=torch.tensor(positions), slots=torch.full((T,), -1), is_prefill=False, block_size=PAGE,
+            q_lens_cpu=torch.tensor(q_lens, dtype=torch.int32), seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
+            block_tables_cpu=self.block_tables, lm_head_indices=None, spec_mask=self.spec, atten_mask=None,
+            device=torch.device("cpu"))
+        self.lens, self.q_lens, self.pages, self.tables = lens, q_lens, pages, tables
+
+    def reference(self, window=None) -> torch.Tensor:
+        """The torch backend's output [T, heads, D] (float32 inside, rounded to DTYPE)."""
+        backend = TorchAttentionBackend(self.heads, self.kv_heads, D)
+        backend.plan(self.batch)
+        return backend.run(0, self.q, self.k, self.v, window, self.batch)
+
+    def padded(self, Q: int, g: torch.Generator):
+        """-> (q [B*Q, H, D] with random padding rows, bits [B*Q] int32, positions [B*Q], rows [T]:
+        the padded row of each packed token)."""
+        rows = torch.cat([r * Q + torch.arange(q) for r, q in enumerate(self.q_lens)])
+        qp = torch.randn(self.B * Q, self.heads, D, generator=g).to(DTYPE) * 100  # padding: anything
+        qp[rows] = self.q
+        bits = torch.full((self.B * Q,), -1, dtype=torch.int32)  # padding: every bit set
+        if self.spec is not None:
+            bits[rows] = mask_bits(self.spec)
+        else:
+            bits[rows] = torch.cat([causal_bits(q) for q in self.q_lens])
+        pos = torch.full((self.B * Q,), 10**6, dtype=torch.int64)
+        pos[rows] = self.batch.positions_cpu
+        return qp, bits, pos, rows
+
+    def metadata(self):
+        indptr = torch.tensor([0] + self.pages).cumsum(0).to(torch.int32)
+        indices = torch.cat([torch.tensor(t) for t in self.tables]).to(torch.int32)
+        last = torch.tensor([n - (p - 1) * PAGE for n, p in zip(self.lens, self.pages)], dtype=torch.int32)
+        return indptr, indices, last
+
+    def kernel(self, Q, window=None, splits=1, seed=0):
+        qp, bits, pos, rows = self.padded(Q, torch.Generator().manual_seed(seed))
+        on = [x.to(DEVICE) for x in (qp, self.k, self.v, *self.metadata(),
+                                     torch.tensor(self.q_lens, dtype=torch.int32), bits, pos)]
+        out = paged_verify_attention(*on, 1 / math.sqrt(D), q_per_req=Q, window=window, splits=splits,
+                                     block_n=8 if INTERPRET else 64).cpu()
+        pad = torch.ones(self.B * Q, dtype=torch.bool)
+        pad[rows] = False
+        return out[rows], out[pad]
+
+
+def _check(step, Q, window=None, splits=1):
+    got, pad = step.kernel(Q, window, splits)
+    want = step.reference(window)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL, rtol=0)
+    assert torch.count_nonzero(pad) == 0, "a padding row has output"
+
+
+@pytest.mark.parametrize("q", [1, 2, 3, 5, 8, 13, 16])
+@pytest.mark.parametrize("trees", [False, True])
+def test_one_request_every_q(q, trees):
+    """One request, cached prefix over several pages (the last part-filled), q new tokens, each Q
+    bucket it could go to (q itself, the next power of two, 16)."""
+    step = Step([9 * PAGE + 3], [q], heads=8, kv_heads=2, trees=trees, seed=q)
+    for Q in sorted({q, 1 << (q - 1).bit_length(), 16}):
+        _check(step, Q)
+
+
+@pytest.mark.parametrize("heads,kv_heads,splits", [(8, 2, 1), (4, 4, 3), (6, 2, 16)])
+@pytest.mark.parametrize("trees", [False, True])
+def test_batch_mixing_q_and_prefixes(heads, kv_heads, splits, trees):
+    """Requests of q = 1, 4, 16, 7, 2 over prefixes of 0 (the step's own tokens only), one key, a
+    page, a page and a bit, several pages; more splits than some requests have key blocks."""
+    step = Step([0, 1, PAGE, 17 * PAGE + 1, 2 * PAGE + 3], [1, 4, 16, 7, 2], heads, kv_heads, trees=trees,
+                seed=heads + splits)
+    _check(step, 16, splits=splits)
+
+
+@pytest.mark.parametrize("trees", [False, True])
+@pytest.mark.parametrize("window", [1, 3, 6, 40])
+def test_sliding_window(trees, window):
+    """A window shorter than the new tokens, one that reaches into the prefix, and one longer
+    than everything; in trees the window counts positions (depths), not kv indices."""
+    step = Step([23, 5, 0], [8, 3, 6], heads=4, kv_heads=2, trees=trees, seed=window)
+    _check(step, 8, window=window)
+    _check(step, 8, window=window, splits=4)
+
+
+def test_strided_q_rows():
+    """q as the model hands it over: a view of the fused qkv rows (row stride > heads * D)."""
+    step = Step([10, 3], [4, 2], heads=8, kv_heads=2, seed=11)
+    Q = 4
+    qp, bits, pos, rows = step.padded(Q, torch.Generator().manual_seed(0))
+    qkv = torch.zeros(step.B * Q, (8 + 4) * D, dtype=DTYPE)
+    qkv[:, : 8 * D] = qp.reshape(step.B * Q, -1)
+    q = qkv.to(DEVICE)[:, : 8 * D].view(step.B * Q, 8, D)
+    assert q.stride(0) == 12 * D
+    on = [x.to(DEVICE) for x in (step.k, step.v, *step.metadata(), torch.tensor(step.q_lens, dtype=torch.int32),
+                                 bits, pos)]
+    got = paged_verify_attention(q, *on, 1 / math.sqrt(D), q_per_req=Q, splits=2,
+                                 block_n=8 if INTERPRET else 64).cpu()
+    torch.testing.assert_close(got[rows].float(), step.reference().float(), atol=TOL, rtol=0)
+
+
+def test_mask_bits_encode_spec_mask_columns():
+    """Bit c of a token's word is column c of its spec_mask row; a chain's are bits 0..i."""
+    rng = random.Random(0)
+    rows = torch.tensor([[rng.random() < 0.5 for _ in range(16)] for _ in range(20)])
+    bits = mask_bits(rows)
+    for t in range(20):
+        assert [(int(bits[t]) >> c) & 1 == 1 for c in range(16)] == rows[t].tolist()
+    assert causal_bits(3).tolist() == [0b1, 0b11, 0b111]
+    assert int(causal_bits(16)[15]) == 0xFFFF
