@@ -196,3 +196,70 @@ def test_mask_bits_encode_spec_mask_columns():
         assert [(int(bits[t]) >> c) & 1 == 1 for c in range(16)] == rows[t].tolist()
     assert causal_bits(3).tolist() == [0b1, 0b11, 0b111]
     assert int(causal_bits(16)[15]) == 0xFFFF
+
+
+def _verify_state(size: int, Q: int, max_pages: int):
+    """A verify bucket's DecodeGraphState laid out as flashinfer_graph.make_state lays it out, its
+    staging in plain host memory (make_state pins it and asks the GPU for its SM count)."""
+    from model_wrapper.attention.flashinfer_graph import DecodeGraphState
+
+    n = 2 * size + 1 + size + size * Q
+    state = DecodeGraphState(size, True, torch.zeros(size * max_pages, dtype=torch.int32),
+                             torch.zeros(size * max_pages, dtype=torch.int32, device=DEVICE), q_per_req=Q, splits=2)
+    state.meta_staging, state.meta = torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32, device=DEVICE)
+    state.kv_indptr, state.kv_last = state.meta[: size + 1], state.meta[size + 1: 2 * size + 1]
+    state.q_lens, state.bits = state.meta[2 * size + 1: 3 * size + 1], state.meta[3 * size + 1:]
+    return state
+
+
+@pytest.mark.parametrize("trees", [False, True])
+@pytest.mark.parametrize("window", [None, 4])
+def test_verify_bucket_attention_is_the_torch_backend(trees, window):
+    """The attention side of a verify graph bucket, on the host: the runner's token rows
+    (cuda_graph.token_rows), the replay hook's metadata (flashinfer_graph.plan_replay: pages, q_lens,
+    mask bits) and the captured step's attention (GraphAttention over the verify kernel), for 3
+    requests of q = 5, 1, 3 in a bucket of 4 requests x 8 tokens (one padding request): every real
+    row equals the torch backend's, every padding row is zero; then the same bucket refilled for a
+    different step (the buffers carry nothing over)."""
+    from types import SimpleNamespace
+
+    from model_wrapper.attention.flashinfer_graph import GraphAttention, plan_replay
+    from model_wrapper.cuda_graph import token_rows
+
+    size, Q, heads, kv_heads = 4, 8, 4, 2
+    backend = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=D, scale=1 / math.sqrt(D),
+                              kv_store=None)
+    state = _verify_state(size, Q, max_pages=32)
+    attn = GraphAttention(backend, state)
+    for seed, (prefixes, q_lens) in enumerate([([13, 2, 30], [5, 1, 3]), ([0, 9], [8, 2])]):
+        step = Step(prefixes, q_lens, heads, kv_heads, trees=trees, seed=seed)
+        batch = step.batch
+        rows = token_rows(batch, Q)
+        assert rows.tolist() == [r * Q + i for r, q in enumerate(q_lens) for i in range(q)]
+        plan_replay(backend, state, batch.block_tables_cpu, batch.seq_lens_cpu, PAGE, batch.q_lens_cpu,
+                    batch.spec_mask, rows)
+        qp = torch.randn(size * Q, heads, D, generator=torch.Generator().manual_seed(seed)).to(DTYPE)
+        qp[rows] = step.q
+        pos = torch.zeros(size * Q, dtype=torch.int64)
+        pos[rows] = batch.positions_cpu
+        on = [x.to(DEVICE) for x in (qp, step.k, step.v)]
+        out = attn.run(0, *on, window, SimpleNamespace(positions=pos.to(DEVICE))).cpu()
+        torch.testing.assert_close(out[rows].float(), step.reference(window).float(), atol=TOL, rtol=0)
+        pad = torch.ones(size * Q, dtype=torch.bool)
+        pad[rows] = False
+        assert torch.count_nonzero(out[pad]) == 0
+
+
+def test_bucket_choice_for_verify_steps():
+    """A step of B requests of at most q tokens replays the smallest (batch bucket >= B, Q bucket
+    >= q); verify batches stop at max_verify_batch, decode ones at max_batch."""
+    from model_wrapper.cuda_graph import DecodeGraphRunner
+
+    class Wrapper:
+        backend = None
+
+    runner = DecodeGraphRunner(Wrapper(), max_batch=256, max_verify_batch=64)
+    assert runner.bucket_for(1) == (1, 1) and runner.bucket_for(5) == (8, 1)
+    assert runner.bucket_for(1, 2) == (1, 2) and runner.bucket_for(1, 3) == (1, 4)
+    assert runner.bucket_for(7, 9) == (8, 16) and runner.bucket_for(33, 5) == (40, 8)
+    assert runner.verify_buckets[-1] == 64 and runner.buckets[-1] == 256
