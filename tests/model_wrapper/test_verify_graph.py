@@ -23,11 +23,14 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from triton_interpret import DEVICE, INTERPRET  # before the kernel: sets up the interpreter
+from triton_interpret import DEVICE, INTERPRET, needs_flashinfer, on_cuda_skip  # before the kernels
 
 from model_wrapper.attention.torch_backend import TorchAttentionBackend
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.kernels.verify_attention import causal_bits, mask_bits, paged_verify_attention
+from text_generator import TextGenerator
+
+pytestmark = [] if INTERPRET else [pytest.mark.cuda]  # on a GPU machine: with the other `-m cuda` tests
 
 DTYPE = torch.float16 if INTERPRET else torch.bfloat16
 PAGE, D = (4, 32) if INTERPRET else (16, 128)
@@ -263,3 +266,204 @@ def test_bucket_choice_for_verify_steps():
     assert runner.bucket_for(1, 2) == (1, 2) and runner.bucket_for(1, 3) == (1, 4)
     assert runner.bucket_for(7, 9) == (8, 16) and runner.bucket_for(33, 5) == (40, 8)
     assert runner.verify_buckets[-1] == 64 and runner.buckets[-1] == 256
+
+
+# -- CUDA: graphed verify steps against eager ones and transformers (`pytest -m cuda`) -------------------
+
+GPU_TINY = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                head_dim=64, vocab_size=96, max_position_embeddings=1024)
+GPU_MODELS = {"llama31": ("llama31", {}), "mistral": ("mistral", dict(sliding_window=6)),
+              "qwen3": ("qwen3", dict(head_dim=128, num_key_value_heads=1))}
+
+
+def gpu(test):
+    """A CUDA-only test (FlashInfer's eager path is the comparison)."""
+    return pytest.mark.cuda(on_cuda_skip(needs_flashinfer(test)))
+
+
+@pytest.fixture(scope="module")
+def gpu_ckpt(tmp_path_factory):
+    from conftest import make_checkpoint
+
+    made = {}
+
+    def get(name):
+        if name not in made:
+            family, extra = GPU_MODELS[name]
+            made[name] = make_checkpoint(tmp_path_factory.mktemp(name), family, **{**GPU_TINY, **extra})
+        return made[name]
+
+    return get
+
+
+# requests' cached contexts, and per verify step each request's tree (parents) and tokens
+CONTEXTS = (13, 4, 40)
+TREES = {"chain": [[-1, 0, 1, 2, 3], [-1], [-1, 0, 1, 2, 3, 4, 5, 6, 7]],
+         "tree": [[-1, 0, 0, 1, 1, 2], [-1, 0], [-1, 0, 1, 0, 3, 3, 5, 2, 1, 8, 9, 10, 11]]}
+
+
+def _verify_step(gen, h, trees, toks, lm_head_indices=None, **kwargs):
+    """One multi-token decode step through forward_tensor: request r's new tokens toks[r] arranged
+    as the tree trees[r] (parents before children; a chain is causal, no spec_mask) after what the
+    harness h holds. The harness's lengths do not advance (the tokens are drafts)."""
+    chain = all(p == i - 1 for parents in trees for i, p in enumerate(parents))
+    ids, pos, slots, q_lens, lens, masks = [], [], [], [], [], []
+    max_q = max(len(p) for p in trees)
+    for r, parents in enumerate(trees):
+        start = h.lens[r]
+        h.ensure(r, start + len(parents))
+        m, depth = tree_mask(parents)
+        ids += toks[r]
+        pos += [start + d for d in depth]
+        slots += [h.slot(r, start + i) for i in range(len(parents))]
+        q_lens.append(len(parents))
+        lens.append(start + len(parents))
+        masks.append(torch.nn.functional.pad(m, (0, max_q - len(parents))))
+    width = max(len(h.tables[r]) for r in range(len(trees)))
+    bt = torch.full((len(trees), width), -1, dtype=torch.int32)
+    for r in range(len(trees)):
+        bt[r, :len(h.tables[r])] = torch.tensor(h.tables[r], dtype=torch.int32)
+    if not chain:
+        kwargs["spec_mask"] = torch.cat(masks)
+    return gen.forward_tensor(torch.tensor(ids), torch.tensor(pos), False, h.kv_cache, bt, torch.tensor(slots),
+                              torch.tensor(lens, dtype=torch.int32), 512, lm_head_indices, q_lens=q_lens, **kwargs)
+
+
+def _paths(contexts, trees, toks):
+    """The plain sequence of every new token: its request's context, then its root-to-node path."""
+    out = []
+    for ctx, parents, tk in zip(contexts, trees, toks):
+        for i in range(len(parents)):
+            path, j = [], i
+            while j >= 0:
+                path.append(tk[j])
+                j = parents[j]
+            out.append(ctx + path[::-1])
+    return out
+
+
+def _run(gen, contexts, trees, toks, lm_head_indices=None, **kwargs):
+    from conftest import PagedHarness
+
+    h = PagedHarness(gen, 64, 16, seed=4)
+    h.step({r: c for r, c in enumerate(contexts)}, is_prefill=True, **kwargs)
+    return _verify_step(gen, h, trees, toks, lm_head_indices, **kwargs), h
+
+
+def _verify_buckets(gen):
+    return [key for key in gen.model_wrapper.graphs._graphs if key[1] > 1]
+
+
+@gpu
+@pytest.mark.parametrize("model", list(GPU_MODELS))
+@pytest.mark.parametrize("kind", list(TREES))
+def test_graphed_verify_equals_eager_and_transformers(gpu_ckpt, model, kind):
+    """Three requests verifying chains (causal) or trees (spec_mask) of 1..13 tokens in one step, on
+    Llama-3.1 (GQA group 4), Mistral (a window of 6, shorter than the drafts) and Qwen3 (q/k norm,
+    head_dim 128): the step replays a verify graph, its logits equal the eager step's (FlashInfer's
+    masked prefill) within bf16 noise and every row is within the bf16 bound of transformers' fp32
+    logits for the token's root-to-node path; the replay writes only the slots it was given; a
+    subset of rows (lm_head_indices, in any order) comes back in that order."""
+    import transformers
+
+    from conftest import rel_err
+
+    path = gpu_ckpt(model)
+    g = torch.Generator().manual_seed(len(model))
+    contexts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in CONTEXTS]
+    trees = TREES[kind]
+    toks = [torch.randint(0, 96, (len(p),), generator=g).tolist() for p in trees]
+    graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    eager = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    got, h = _run(graph, contexts, trees, toks)
+    assert _verify_buckets(graph), "the verify step did not replay a graph"
+    want, _ = _run(eager, contexts, trees, toks)
+    assert rel_err(got, want) < 2e-2
+    ref32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                              attn_implementation="eager").cuda().eval()
+    ref16 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                              attn_implementation="eager").cuda().eval()
+    with torch.no_grad():
+        for row, seq in enumerate(_paths(contexts, trees, toks)):
+            ids = torch.tensor([seq], device="cuda")
+            w32, w16 = ref32(ids).logits[0, -1].float(), ref16(ids).logits[0, -1].float()
+            assert rel_err(got[row], w32) <= 2 * rel_err(w16, w32) + 2e-3, (row, rel_err(got[row], w32))
+    used = {blk for t in h.tables.values() for blk in t}
+    for k, _ in h.kv_cache:
+        untouched = [i for i in range(k.shape[0]) if i not in used]
+        assert torch.count_nonzero(k[untouched]) == 0, "a verify replay wrote outside the named slots"
+    pick = torch.tensor([7, 0, 5, 2])
+    sub, _ = _run(graph, contexts, trees, toks, lm_head_indices=pick)
+    torch.testing.assert_close(sub, got[pick])
+
+
+@gpu
+def test_lora_verify_under_graphs_equals_eager(gpu_ckpt, tmp_path):
+    """With LoRA on the Triton kernel, verify graphs carry the adapters: a chain step of requests on
+    two adapters and the base model replays a graph and gives the eager step's logits (the eager
+    LoRA path is held to peft in tests/adapters/test_lora.py)."""
+    from conftest import rel_err
+    from test_lora import ADAPTERS, MAX_RANK, make_adapter
+
+    path = gpu_ckpt("llama31")
+    names = list(ADAPTERS)[:2]
+    dirs = {}
+    for seed, name in enumerate(names):
+        dirs[name] = str(tmp_path / name)
+        make_adapter(path, dirs[name], seed + 1, **ADAPTERS[name])
+    g = torch.Generator().manual_seed(7)
+    contexts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in CONTEXTS]
+    trees = TREES["chain"]
+    toks = [torch.randint(0, 96, (len(p),), generator=g).tolist() for p in trees]
+    outs = []
+    for graphs in (False, True):
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
+        gen.enable_lora(max_loras=4, max_rank=MAX_RANK)
+        for n in names:
+            gen.load_adapter(n, dirs[n])
+        out, _ = _run(gen, contexts, trees, toks, adapter_ids=[names[0], None, names[1]])
+        outs.append(out)
+        assert not graphs or _verify_buckets(gen), "the LoRA verify step did not replay a graph"
+    assert rel_err(outs[1], outs[0]) < 2e-2
+
+
+@gpu
+def test_no_host_device_sync_in_replayed_verify(gpu_ckpt):
+    gen = TextGenerator.from_pretrained(gpu_ckpt("llama31"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    from conftest import PagedHarness
+
+    h = PagedHarness(gen, 64, 16)
+    h.step({0: list(range(20)), 1: list(range(5))}, is_prefill=True)
+    trees = [[-1, 0, 0, 1], [-1, 0, 1]]
+    _verify_step(gen, h, trees, [[1, 2, 3, 4], [5, 6, 7]])  # captures
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t in range(3):
+            _verify_step(gen, h, trees, [[1 + t, 2, 3, 4], [5, 6 + t, 7]])
+            _verify_step(gen, h, [[-1, 0, 1, 2, 3], [-1, 0]], [[1, 2, 3, 4, 5], [6, 7]])  # a chain
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert sorted(_verify_buckets(gen)) == [(2, 4), (2, 8)]
+
+
+@gpu
+def test_decode_steps_still_replay_decode_graphs_and_verify_graphs_turn_off(gpu_ckpt):
+    """KernelConfig(verify_graphs=False) sends multi-token steps back to the eager path (the same
+    logits within bf16 noise); a decode step still takes its one-token bucket."""
+    import dataclasses
+
+    from conftest import PagedHarness, rel_err
+
+    gen = TextGenerator.from_pretrained(gpu_ckpt("llama31"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    mw = gen.model_wrapper
+    h = PagedHarness(gen, 64, 16)
+    h.step({0: list(range(20)), 1: list(range(5))}, is_prefill=True)
+    on = _verify_step(gen, h, [[-1, 0, 1], [-1, 0]], [[1, 2, 3], [4, 5]])
+    assert sorted(mw.graphs._graphs) == [(2, 4)]
+    mw.set_kernel_config(dataclasses.replace(mw.kernel_config, verify_graphs=False))
+    off = _verify_step(gen, h, [[-1, 0, 1], [-1, 0]], [[1, 2, 3], [4, 5]])
+    assert not mw.graphs._graphs  # dropped by the new config, nothing captured since
+    assert rel_err(on, off) < 2e-2
+    h.step({0: [9], 1: [8]}, is_prefill=False)
+    assert sorted(mw.graphs._graphs) == [(2, 1)]
