@@ -175,7 +175,7 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, Q=q_per_req, QP=triton.next_power_of_2(q_per_req), GROUP=group, ROWS=rows, D=D,
         BLOCK_N=block_n, SPLITS=splits, HAS_WINDOW=window is not None,
-        num_warps=8 if rows >= 128 else 4, num_stages=num_stages)
+        num_warps=8 if rows >= 64 else 4, num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(T, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)
