@@ -1,7 +1,19 @@
 """CUDA graphs for decode steps: the whole step (embedding to logits) captured per batch bucket.
 
-A decode step with one token per request, no masks and no LoRA, whose batch fits the largest
-bucket, replays a graph captured for the smallest bucket >= batch. Per replay, on the host only:
+A decode step with one token per request and no masks, whose batch fits the largest bucket,
+replays a graph captured for the smallest bucket >= batch. A multi-token step (every request
+2..16 new tokens: speculative verify of chains or spec_mask trees, small prefill chunks mixed with
+decodes; no atten_mask) of at most max_verify_batch requests replays a graph of (batch bucket,
+tokens-per-request bucket Q in q_buckets), where the backend has such graphs
+(supports_verify_graphs): its tokens sit in a fixed-stride layout, request r at rows r * Q ..,
+its own tokens first and padding after (slot -1, position 0, logits dropped), the spec_mask rows
+as per-row mask bits in the attention's static buffers.
+
+    step's tokens (packed):  | r0: a b c | r1: d e |            q_lens = [3, 2]
+    bucket rows (Q = 4):     | a b c _ | d e _ _ | _ _ _ _ |    batch bucket 3 -> 4 requests...
+    token_rows = [0, 1, 2, 4, 5]  (row of each packed token: logits and run-ahead ids go through it)
+
+Per replay, on the host only:
 fill pinned staging buffers (token ids, positions, write slots), copy them into the graph's
 static inputs, let the attention backend fill its metadata, replay. No host-device sync. The
 runner knows the attention backend only through its three hooks: init_cuda_graph_state (a
@@ -46,17 +58,33 @@ from model_wrapper.kernels.config import KernelConfig
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32) + tuple(range(40, 257, 8))
 
 
-class _Bucket:
-    """Static inputs, the attention backend's graph state and the captured graph of one batch size."""
+DEFAULT_Q_BUCKETS = (2, 4, 8, 16)  # tokens per request of the verify graphs
+MAX_VERIFY_BATCH = 64
 
-    def __init__(self, size: int, device, attn_state):
-        self.size = size
-        # static inputs: token ids, positions, K/V slots (-1 = padding); one copy per replay
-        self.inputs = torch.zeros(3, size, dtype=torch.int64, device=device)
-        self.input_ids, self.positions, self.slots = self.inputs.unbind(0)
-        self.staging = torch.zeros(3, size, dtype=torch.int64).pin_memory()
-        self.token_slot = torch.full((size,), -1, dtype=torch.int32, device=device)  # LoRA slots
-        self.token_slot_staging = torch.full((size,), -1, dtype=torch.int32).pin_memory()
+
+def token_rows(batch: ForwardBatch, q: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Host int64 [T]: the verify bucket row of each of the step's tokens (token t, the i-th of
+    request r, goes to row r * q + i; q >= batch.max_q)."""
+    req = batch.token_req_cpu
+    out = torch.empty(req.shape[0], dtype=torch.int64) if out is None else out
+    torch.add(req * q, torch.arange(req.shape[0]), out=out)
+    return out.sub_(batch.qo_indptr_cpu[:-1].to(torch.int64)[req])
+
+
+class _Bucket:
+    """Static inputs, the attention backend's graph state and the captured graph of one batch size
+    (and, for a verify bucket, q rows per request: tokens = size * q rows)."""
+
+    def __init__(self, size: int, device, attn_state, q: int = 1):
+        self.size, self.q = size, q
+        tokens = self.tokens = size * q
+        # static inputs: token ids, positions, K/V slots (-1 = padding), and (verify) the bucket row
+        # of each of the step's packed tokens; one copy per replay
+        self.inputs = torch.zeros(4, tokens, dtype=torch.int64, device=device)
+        self.input_ids, self.positions, self.slots, self.token_rows = self.inputs.unbind(0)
+        self.staging = torch.zeros(4, tokens, dtype=torch.int64).pin_memory()
+        self.token_slot = torch.full((tokens,), -1, dtype=torch.int32, device=device)  # LoRA slots
+        self.token_slot_staging = torch.full((tokens,), -1, dtype=torch.int32).pin_memory()
         self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
         # the decode attention's static metadata (backend.init_cuda_graph_state), refilled per replay
         self.attn_state = attn_state
@@ -74,14 +102,18 @@ class DecodeGraphRunner:
     every graph holding its collectives is gone; release the generator first.
     """
 
-    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS, config: KernelConfig | None = None):
+    def __init__(self, wrapper, *, max_batch: int = 128, buckets=DEFAULT_BUCKETS, config: KernelConfig | None = None,
+                 q_buckets=DEFAULT_Q_BUCKETS, max_verify_batch: int = MAX_VERIFY_BATCH):
         self.mw = weakref.proxy(wrapper)
-        self.config = config if config is not None else KernelConfig()  # triton_decode, unsplit_kv
+        self.config = config if config is not None else KernelConfig()  # triton_decode, unsplit_kv, verify_graphs
         self.buckets = sorted(b for b in buckets if b <= max_batch) or [max_batch]
         self.max_batch = self.buckets[-1]
-        self._graphs: dict[int, _Bucket] = {}
+        self.q_buckets = sorted(q_buckets)
+        self.verify_buckets = [b for b in self.buckets if b <= max_verify_batch] or self.buckets[:1]
+        self._graphs: dict[tuple[int, int], _Bucket] = {}  # (batch bucket, tokens per request) -> bucket
         self._key = None
         self._pool = None
+        self._verify_fits = None  # (cache key, whether the backend has verify graphs over that cache)
         self.lora = None  # a LoraManager whose kernels the graphs carry
 
     def attach_lora(self, manager) -> None:
@@ -95,39 +127,59 @@ class DecodeGraphRunner:
         change of kernel configuration, see ModelWrapper.set_kernel_config)."""
         self._graphs, self._key, self._pool = {}, None, None
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        return (batch.mode == ForwardMode.DECODE and batch.max_q == 1 and batch.spec_mask is None
-                and batch.atten_mask is None and batch.hidden_layers is None and batch.batch_size <= self.max_batch
-                and (not batch.uses_lora or self.lora is not None))
+    def can_run(self, batch: ForwardBatch, kv_cache=None) -> bool:
+        """Whether the step replays a graph: a decode step, or (kv_cache given, over which the backend
+        has verify graphs) a multi-token step of at most q_buckets[-1] tokens per request."""
+        if (batch.atten_mask is not None or batch.hidden_layers is not None
+                or (batch.uses_lora and self.lora is None)):
+            return False
+        if batch.max_q == 1:
+            return batch.mode == ForwardMode.DECODE and batch.spec_mask is None and batch.batch_size <= self.max_batch
+        return (kv_cache is not None and bool(self.q_buckets) and batch.max_q <= self.q_buckets[-1]
+                and batch.batch_size <= self.verify_buckets[-1] and self._verify_ok(kv_cache, batch.block_size))
 
-    def bucket_for(self, batch_size: int) -> int:
-        """The captured batch size a step of batch_size requests replays: a function of the
-        batch size and the configured buckets only (the same on every tensor-parallel rank)."""
-        return next(s for s in self.buckets if s >= batch_size)
+    def _verify_ok(self, kv_cache, block_size: int) -> bool:
+        key = self._cache_key(kv_cache, block_size)
+        if self._verify_fits is None or self._verify_fits[0] != key:
+            self._verify_fits = (key, self.mw.backend.supports_verify_graphs(kv_cache, self.config))
+        return self._verify_fits[1] and self.config.verify_graphs
+
+    def bucket_for(self, batch_size: int, q: int = 1) -> tuple[int, int]:
+        """The captured (batch size, tokens per request) a step of batch_size requests of at most q
+        tokens each replays: a function of those and the configured buckets only (the same on
+        every tensor-parallel rank)."""
+        if q == 1:
+            return next(s for s in self.buckets if s >= batch_size), 1
+        return next(s for s in self.verify_buckets if s >= batch_size), next(b for b in self.q_buckets if b >= q)
 
     def _cache_key(self, kv_cache, block_size):
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
                 tuple(kv_cache[0][0].shape), block_size)
 
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
-        one = torch.ones(bucket.size, dtype=torch.int32)
+        q = getattr(bucket, "q", 1)
+        tokens = bucket.size * q
+        lens = torch.full((bucket.size,), q, dtype=torch.int32)
         return ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=bucket.input_ids, input_ids_cpu=None, positions=bucket.positions,
-            positions_cpu=torch.zeros(bucket.size, dtype=torch.int64), slots=bucket.slots, slots_cpu=None,
+            positions_cpu=torch.zeros(tokens, dtype=torch.int64), slots=bucket.slots, slots_cpu=None,
             write_slots=bucket.slots, write_token_index=None, block_size=block_size,
-            q_lens_cpu=one, seq_lens_cpu=one, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32),
+            q_lens_cpu=lens, seq_lens_cpu=lens, qo_indptr_cpu=torch.arange(bucket.size + 1, dtype=torch.int32) * q,
             block_tables_cpu=torch.zeros(bucket.size, 1, dtype=torch.int32),
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
-            max_q=1, max_kv=1, lora=None if self.lora is None else LoraStep(
+            max_q=q, max_kv=q, lora=None if self.lora is None else LoraStep(
                 None, self.lora, self.lora.make_graph_batch(bucket.token_slot, bucket.lora_groups)))
 
-    def _capture(self, size: int, kv_cache, block_size: int) -> _Bucket:
+    def _capture(self, size: int, kv_cache, block_size: int, q: int = 1) -> _Bucket:
         mw = self.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
-        bucket = _Bucket(size, mw.device, mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config))
+        state = mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config, q_per_req=q) if q > 1 else \
+            mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config)
+        bucket = _Bucket(size, mw.device, state, q)
         if self.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
-            bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32, device=mw.device)
-            bucket.lora_groups_staging = torch.zeros(self.lora.max_loras + 1, size + 1, dtype=torch.int32).pin_memory()
+            n = bucket.tokens + 1
+            bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, n, dtype=torch.int32, device=mw.device)
+            bucket.lora_groups_staging = torch.zeros(self.lora.max_loras + 1, n, dtype=torch.int32).pin_memory()
         batch = self._static_batch(bucket, block_size)
         # the attention the graph runs; every padding request reads page 0 of the scratch cache during warm-up
         attn = mw.backend.init_forward_metadata_capture_cuda_graph(bucket.attn_state, block_size)
@@ -146,46 +198,74 @@ class DecodeGraphRunner:
         self._pool = bucket.graph.pool()
         return bucket
 
-    def capture(self, kv_cache, block_size: int, sizes=None) -> None:
-        """Capture the buckets ahead of time (largest first, sharing one memory pool)."""
+    def capture(self, kv_cache, block_size: int, sizes=None, q: int = 1) -> None:
+        """Capture the buckets of q tokens per request ahead of time (largest first, sharing one
+        memory pool); q > 1: verify buckets (sizes default to verify_buckets)."""
         key = self._cache_key(kv_cache, block_size)
         if key != self._key:
             self._graphs, self._key, self._pool = {}, key, None
-        for size in sorted(sizes or self.buckets, reverse=True):
-            if size not in self._graphs:
-                self._graphs[size] = self._capture(size, kv_cache, block_size)
-        logger.info("captured decode CUDA graphs for batch sizes {}", sorted(self._graphs))
+        for size in sorted(sizes or (self.buckets if q == 1 else self.verify_buckets), reverse=True):
+            if (size, q) not in self._graphs:
+                self._graphs[(size, q)] = self._capture(size, kv_cache, block_size, q)
+        logger.info("captured CUDA graphs for (batch size, tokens per request) {}", sorted(self._graphs))
 
     def run(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
-        B = batch.batch_size
-        size = self.bucket_for(B)
+        B, T = batch.batch_size, batch.num_tokens
+        size, q = self.bucket_for(B, batch.max_q)
         key = self._cache_key(kv_cache, batch.block_size)
-        if key != self._key or size not in self._graphs:
-            self.capture(kv_cache, batch.block_size, [size])
-        bucket = self._graphs[size]
+        if key != self._key or (size, q) not in self._graphs:
+            self.capture(kv_cache, batch.block_size, [size], q)
+        bucket = self._graphs[(size, q)]
         st = bucket.staging
         bucket.copied.synchronize()
         st[:2].zero_()
         st[2].fill_(-1)
-        st[0, :B] = batch.input_ids_cpu
-        st[1, :B] = batch.positions_cpu
-        st[2, :B] = batch.slots_cpu
-        self.mw.backend.init_forward_metadata_replay_cuda_graph(bucket.attn_state, batch.block_tables_cpu,
-                                                                batch.seq_lens_cpu, batch.block_size)
+        rows = None
+        if q == 1:
+            st[0, :B] = batch.input_ids_cpu
+            st[1, :B] = batch.positions_cpu
+            st[2, :B] = batch.slots_cpu
+            self.mw.backend.init_forward_metadata_replay_cuda_graph(bucket.attn_state, batch.block_tables_cpu,
+                                                                    batch.seq_lens_cpu, batch.block_size)
+        else:
+            rows = token_rows(batch, q, out=st[3, :T])
+            st[0].index_copy_(0, rows, batch.input_ids_cpu)
+            st[1].index_copy_(0, rows, batch.positions_cpu)
+            st[2].index_copy_(0, rows, batch.slots_cpu)
+            self.mw.backend.init_forward_metadata_replay_cuda_graph(
+                bucket.attn_state, batch.block_tables_cpu, batch.seq_lens_cpu, batch.block_size,
+                q_lens_cpu=batch.q_lens_cpu, spec_mask=batch.spec_mask, token_rows=rows)
         bucket.inputs.copy_(st, non_blocking=True)
         if self.lora is not None:  # (staging buffers are refilled only after `copied`)
-            ids = None if batch.lora is None else batch.lora.adapter_ids
-            bucket.token_slot_staging.fill_(-1)
-            if ids is not None:
-                bucket.token_slot_staging[:B] = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)
-            bucket.token_slot.copy_(bucket.token_slot_staging, non_blocking=True)
-            self.lora.groups_for(bucket.token_slot_staging, out=bucket.lora_groups_staging)
-            bucket.lora_groups.copy_(bucket.lora_groups_staging, non_blocking=True)
+            self._fill_lora(bucket, batch, rows)
         if batch.prev_token_ids is not None:  # ids still on the device (an engine running ahead)
-            tokens, rows, index = batch.prev_token_ids
-            bucket.input_ids.index_copy_(0, rows, tokens.index_select(0, index))
+            tokens, prev_rows, index = batch.prev_token_ids
+            if q > 1:  # packed token index -> bucket row
+                prev_rows = bucket.token_rows.index_select(0, prev_rows)
+            bucket.input_ids.index_copy_(0, prev_rows, tokens.index_select(0, index))
         bucket.copied.record()
         bucket.graph.replay()
+        if q > 1:  # the rows of the step's tokens (those lm_head_indices names), in its order
+            out = bucket.token_rows[:T]
+            if batch.lm_head_indices is not None:
+                out = out.index_select(0, batch.lm_head_indices)
+            return bucket.logits.index_select(0, out)
         if batch.lm_head_indices is not None:
             return bucket.logits.index_select(0, batch.lm_head_indices)
         return bucket.logits[:B].clone()  # the static output is overwritten by the next replay
+
+    def _fill_lora(self, bucket: _Bucket, batch: ForwardBatch, rows: torch.Tensor | None) -> None:
+        """Each token's adapter slot (-1: base model, padding) and the tokens grouped by slot, into
+        the bucket's staging buffers, then onto the device. rows: the bucket row of each token (verify)."""
+        ids = None if batch.lora is None else batch.lora.adapter_ids
+        bucket.token_slot_staging.fill_(-1)
+        if ids is not None:
+            slots = torch.tensor(self.lora.slots_for(ids), dtype=torch.int32)
+            if rows is None:
+                bucket.token_slot_staging[:batch.batch_size] = slots
+            else:  # per request -> per token (one adapter for the whole batch: the same slot)
+                per_token = slots.expand(batch.num_tokens) if slots.numel() == 1 else slots[batch.token_req_cpu]
+                bucket.token_slot_staging.index_copy_(0, rows, per_token)
+        bucket.token_slot.copy_(bucket.token_slot_staging, non_blocking=True)
+        self.lora.groups_for(bucket.token_slot_staging, out=bucket.lora_groups_staging)
+        bucket.lora_groups.copy_(bucket.lora_groups_staging, non_blocking=True)

@@ -219,7 +219,7 @@ class ModelWrapper:
             torch.backends.cuda.preferred_blas_library(prev)
 
     def _forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.can_run(batch):
+        if self.graphs is not None and self.graphs.can_run(batch, kv_cache):
             return self.graphs.run(batch, kv_cache)
         batch.ensure_lora()
         if self._planned is not None:

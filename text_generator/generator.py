@@ -15,7 +15,7 @@ import torch
 from adapters import LoraStep
 from kv_manager import KVCacheSpec, allocate_kv_cache
 from model_wrapper import ForwardBatch, KernelConfig, ModelConfig, ModelWrapper, TPGroup
-from text_generator.validation import validate_step
+from text_generator.validation import KVCacheMemo, validate_step
 
 
 class TextGenerator:
@@ -28,6 +28,7 @@ class TextGenerator:
     def __init__(self, model_wrapper: ModelWrapper):
         self.model_wrapper = model_wrapper
         self.lora_manager = None  # set by enable_lora(); adapter_ids need it
+        self._kv_memo = KVCacheMemo()  # the cache validated last: the same one next step is not re-checked
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
@@ -228,7 +229,7 @@ class TextGenerator:
             lm_head_indices=lm_head_indices, kwargs=kwargs,
             num_layers=cfg.num_layers, num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim,
             vocab_size=cfg.vocab_size, model_max_len=cfg.max_position_embeddings,
-            dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(),
+            dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(), kv_memo=self._kv_memo,
         )
         batch = ForwardBatch.build(
             input_ids=step.input_ids, input_ids_cpu=step.input_ids_cpu, positions=step.positions, slots=step.slots,

@@ -11,6 +11,7 @@ cost no device sync; a device-resident argument is copied to the host once.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -113,6 +114,37 @@ def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, de
     return ref[0], ref[1]
 
 
+class KVCacheMemo:
+    """The kv_cache that validate_kv_cache accepted last, for one caller (a TextGenerator owns one):
+    a scheduler passes the same cache every step, and seeing that it is the same (the same tensor
+    objects, each with the same data pointer, shape and strides, under the same model parameters)
+    costs about a tenth of checking all 2 * num_layers tensors again. Weak references: the memo
+    keeps no cache alive."""
+
+    def __init__(self):
+        self._params = None
+        self._tensors: tuple = ()
+        self._result: tuple[int, int] | None = None
+
+    def lookup(self, kv_cache, params: tuple) -> tuple[int, int] | None:
+        """-> validate_kv_cache's result if kv_cache is the one remembered under params, else None."""
+        if params != self._params or not isinstance(kv_cache, (list, tuple)) or 2 * len(kv_cache) != len(self._tensors):
+            return None
+        seen = iter(self._tensors)
+        for pair in kv_cache:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                return None
+            for t in pair:
+                ref, ptr, shape, stride = next(seen)
+                if ref() is not t or t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
+                    return None
+        return self._result
+
+    def remember(self, kv_cache, params: tuple, result: tuple[int, int]) -> None:
+        self._params, self._result = params, result
+        self._tensors = tuple((weakref.ref(t), t.data_ptr(), t.shape, t.stride()) for pair in kv_cache for t in pair)
+
+
 def _check_no_aliasing(kv_cache) -> None:
     """Refuse cache tensors whose memory overlaps. Each is contiguous (checked before), so it
     covers exactly [data_ptr, data_ptr + nbytes): sort the 2 * num_layers ranges by start and
@@ -158,8 +190,9 @@ def validate_step(
     input_ids, position_ids, is_prefill, kv_cache, block_tables, slots, input_lengths,
     max_seq_len, lm_head_indices, kwargs: dict,
     num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, model_max_len: int,
-    dtype: torch.dtype, device: torch.device, loaded_adapters: Sequence[str],
+    dtype: torch.dtype, device: torch.device, loaded_adapters: Sequence[str], kv_memo: KVCacheMemo | None = None,
 ) -> StepArgs:
+    """kv_memo: the caller's memo of the cache it validated last (KVCacheMemo), or None: check every time."""
     unknown = sorted(set(kwargs) - KNOWN_KWARGS)
     if unknown:
         _fail(ErrorCode.UNKNOWN_ARGUMENT, unknown[0], f"expected one of {sorted(KNOWN_KWARGS)}, got {unknown}")
@@ -176,8 +209,14 @@ def validate_step(
             is_prefill = bool(is_prefill.item())
         else:
             _fail(ErrorCode.INVALID_TYPE, "is_prefill", f"expected a bool, got {type(is_prefill).__name__}")
-    num_blocks, block_size = validate_kv_cache(
-        kv_cache, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+    params = (num_layers, num_kv_heads, head_dim, dtype, device)
+    cache_shape = kv_memo.lookup(kv_cache, params) if kv_memo is not None else None
+    if cache_shape is None:
+        cache_shape = validate_kv_cache(
+            kv_cache, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+        if kv_memo is not None:
+            kv_memo.remember(kv_cache, params, cache_shape)
+    num_blocks, block_size = cache_shape
     block_tables = _int_tensor(block_tables, "block_tables", 2, device)
     slots = _int_tensor(slots, "slots", 1, device)
     if slots.shape[0] != T:

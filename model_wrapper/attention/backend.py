@@ -53,10 +53,18 @@ class AttentionBackend(ABC):
         """
 
     # -- CUDA graphs of decode steps (model_wrapper/cuda_graph.py): one state per batch bucket ---------
-    def init_cuda_graph_state(self, size: int, max_pages: int, kv_cache, config):
-        """-> the static buffers the decode attention of a graph bucket of `size` requests reads (each
-        request at most max_pages pages of kv_cache; config: a KernelConfig), allocated before capture."""
+    # A verify bucket holds q_per_req > 1 rows per request (request r's tokens at rows r * q_per_req ..,
+    # its q_len first real, the rest padding); backends that have one say so in supports_verify_graphs.
+    def init_cuda_graph_state(self, size: int, max_pages: int, kv_cache, config, q_per_req: int = 1):
+        """-> the static buffers the attention of a graph bucket of `size` requests reads (each request
+        at most max_pages pages of kv_cache; config: a KernelConfig; q_per_req rows per request),
+        allocated before capture."""
         raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
+
+    def supports_verify_graphs(self, kv_cache, config) -> bool:
+        """Whether graph buckets of q_per_req > 1 rows per request (multi-token decode steps) can
+        attend over kv_cache (causal chains, spec_mask trees and sliding windows)."""
+        return False
 
     def init_forward_metadata_capture_cuda_graph(self, state, page: int) -> "AttentionBackend":
         """Before warm-up and capture: plan state for padding only (every request reads one page) and
@@ -64,7 +72,12 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")
 
     def init_forward_metadata_replay_cuda_graph(self, state, block_tables_cpu: torch.Tensor,
-                                                seq_lens_cpu: torch.Tensor, page: int) -> None:
+                                                seq_lens_cpu: torch.Tensor, page: int,
+                                                q_lens_cpu: torch.Tensor | None = None,
+                                                spec_mask: torch.Tensor | None = None,
+                                                token_rows: torch.Tensor | None = None) -> None:
         """Before a replay, on the host only: fill state's metadata for the real requests
-        (block_tables_cpu [B, max_blocks] int32, seq_lens_cpu [B]); the bucket's other rows are padding."""
+        (block_tables_cpu [B, max_blocks] int32, seq_lens_cpu [B]); the bucket's other rows are padding.
+        A verify bucket also gets q_lens_cpu [B], token_rows [T] int64 (the bucket row of each of the
+        step's T tokens) and spec_mask [T, max_q] bool (True = attend) or None (causal)."""
         raise NotImplementedError(f"attention backend {self.name!r} has no CUDA-graph support")

@@ -222,15 +222,19 @@ class FlashInferAttentionBackend(AttentionBackend):
         return out
 
     # -- CUDA graphs (attention/flashinfer_graph.py) ------------------------------------------------
-    def init_cuda_graph_state(self, size, max_pages, kv_cache, config) -> DecodeGraphState:
+    def init_cuda_graph_state(self, size, max_pages, kv_cache, config, q_per_req: int = 1) -> DecodeGraphState:
         """The Triton decode kernel's metadata where config.triton_decode and the kernel fits (16-bit
         K/V of the model's dtype, a power-of-two head_dim, contiguous caches); else FlashInfer's graph
-        wrappers, one per window (planned unsplit where config.unsplit_kv and the pairs fill the SMs)."""
-        return make_state(self, size, max_pages, [None] + self.windows, self._triton_decode_fits(kv_cache, config),
-                          config.unsplit_kv)
+        wrappers, one per window (planned unsplit where config.unsplit_kv and the pairs fill the SMs).
+        A verify bucket (q_per_req > 1) always runs the Triton verify kernel (supports_verify_graphs)."""
+        triton = self._triton_decode_fits(kv_cache, config, q_per_req > 1)
+        return make_state(self, size, max_pages, [None] + self.windows, triton, config.unsplit_kv, q_per_req)
 
-    def _triton_decode_fits(self, kv_cache, config) -> bool:
-        if not config.triton_decode:
+    def supports_verify_graphs(self, kv_cache, config) -> bool:
+        return config.verify_graphs and self._triton_decode_fits(kv_cache, config, True)
+
+    def _triton_decode_fits(self, kv_cache, config, verify: bool = False) -> bool:
+        if not (config.triton_decode or verify):
             return False
         try:
             from model_wrapper.kernels import decode_attention
@@ -245,5 +249,5 @@ class FlashInferAttentionBackend(AttentionBackend):
         return GraphAttention(self, state)
 
     def init_forward_metadata_replay_cuda_graph(self, state: DecodeGraphState, block_tables_cpu, seq_lens_cpu,
-                                                page) -> None:
-        plan_replay(self, state, block_tables_cpu, seq_lens_cpu, page)
+                                                page, q_lens_cpu=None, spec_mask=None, token_rows=None) -> None:
+        plan_replay(self, state, block_tables_cpu, seq_lens_cpu, page, q_lens_cpu, spec_mask, token_rows)

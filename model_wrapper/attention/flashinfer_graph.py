@@ -5,15 +5,19 @@ The graph runner (model_wrapper/cuda_graph.py) sees only the backend's three hoo
 (AttentionBackend.init_cuda_graph_state / init_forward_metadata_capture_cuda_graph /
 init_forward_metadata_replay_cuda_graph); this module is what they build for FlashInfer:
 
-    DecodeGraphState   one bucket's static buffers: page indices (and, for the Triton kernel,
-                       kv_indptr + kv_last_page_len), or FlashInfer's graph wrappers (one per window)
+    DecodeGraphState   one bucket's static buffers: page indices (and, for the Triton kernels,
+                       kv_indptr + kv_last_page_len; for verify buckets also q_lens and the mask
+                       bits), or FlashInfer's graph wrappers (one per window)
     GraphAttention     the backend a captured step runs: the Triton decode kernel
                        (kernels/decode_attention.py) over the state's metadata where it fits, else
-                       the state's planned FlashInfer wrappers
+                       the state's planned FlashInfer wrappers; in a verify bucket (q_per_req > 1
+                       rows per request, the fixed-stride layout) the Triton verify kernel
+                       (kernels/verify_attention.py)
 
 Per replay, on the host only: the bucket's page metadata goes into pinned staging buffers, then
-one non-blocking copy to the device (the Triton kernel's), or FlashInfer's plan into its wrappers'
-fixed buffers. Padding requests read one page (the first page of request 0).
+one non-blocking copy to the device (the Triton kernels'), or FlashInfer's plan into its wrappers'
+fixed buffers. Padding requests read one page (the first page of request 0); in a verify bucket
+they have q_len 0, and a real request's rows past its q_len are padding too (zero output).
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ class DecodeGraphState:
     staging -> device; the device tensors are the ones the graph reads).
 
     size:            requests in the bucket (padding included)
-    triton:          whether the graph runs the Triton decode kernel (else FlashInfer's wrappers)
+    triton:          whether the graph runs a Triton kernel (else FlashInfer's wrappers)
+    q_per_req:       rows per request: 1 (decode), or 2..16 (verify: the Triton verify kernel)
     indices_staging: [size * max_pages] pinned; indices: the same on the device (kv_indices)
-    meta_staging:    [2 * size + 1] pinned (Triton): kv_indptr [size + 1], then kv_last_page_len [size]
-    meta:            the same on the device; kv_indptr / kv_last are its two views
+    meta_staging:    pinned (Triton): kv_indptr [size + 1], kv_last_page_len [size], and in a
+                     verify bucket q_lens [size] and mask bits [size * q_per_req] (verify_attention)
+    meta:            the same on the device; kv_indptr / kv_last / q_lens / bits are its views
     splits:          KV splits per (request, KV head) of the Triton kernel
     wrappers:        FlashInfer's BatchDecodeWithPagedKVCacheWrapper per window (use_cuda_graph)
     split_kv:        whether FlashInfer's plan may split the KV of a request (not: disable_split_kv)
@@ -44,31 +50,43 @@ class DecodeGraphState:
     triton: bool
     indices_staging: torch.Tensor
     indices: torch.Tensor
+    q_per_req: int = 1
     meta_staging: torch.Tensor | None = None
     meta: torch.Tensor | None = None
     kv_indptr: torch.Tensor | None = None
     kv_last: torch.Tensor | None = None
+    q_lens: torch.Tensor | None = None
+    bits: torch.Tensor | None = None
     splits: int = 1
     wrappers: dict = field(default_factory=dict)
     split_kv: bool = True
 
 
-def make_state(backend, size: int, max_pages: int, windows, triton: bool, unsplit_kv: bool) -> DecodeGraphState:
-    """A bucket's DecodeGraphState on backend.device (a FlashInferAttentionBackend)."""
+def make_state(backend, size: int, max_pages: int, windows, triton: bool, unsplit_kv: bool,
+               q_per_req: int = 1) -> DecodeGraphState:
+    """A bucket's DecodeGraphState on backend.device (a FlashInferAttentionBackend); q_per_req > 1
+    (a verify bucket) needs triton."""
     device = backend.device
     # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
     # with a blocking copy, device ones without
     state = DecodeGraphState(size, triton, torch.zeros(size * max_pages, dtype=torch.int32).pin_memory(),
-                             torch.zeros(size * max_pages, dtype=torch.int32, device=device))
+                             torch.zeros(size * max_pages, dtype=torch.int32, device=device), q_per_req=q_per_req)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if triton:  # the kernel's metadata: kv_indptr [size + 1], then kv_last_page_len [size]
+    if triton:  # the kernels' metadata: kv_indptr [size + 1], kv_last_page_len [size] (+ q_lens, bits)
         from model_wrapper.kernels.decode_attention import decode_splits
 
-        state.meta = torch.zeros(2 * size + 1, dtype=torch.int32, device=device)
-        state.meta_staging = torch.zeros(2 * size + 1, dtype=torch.int32).pin_memory()
-        state.kv_indptr, state.kv_last = state.meta[: size + 1], state.meta[size + 1:]
+        n = 2 * size + 1 + (size + size * q_per_req if q_per_req > 1 else 0)
+        state.meta = torch.zeros(n, dtype=torch.int32, device=device)
+        state.meta_staging = torch.zeros(n, dtype=torch.int32).pin_memory()
+        state.kv_indptr, state.kv_last = state.meta[: size + 1], state.meta[size + 1: 2 * size + 1]
+        if q_per_req > 1:
+            state.q_lens = state.meta[2 * size + 1: 3 * size + 1]
+            state.bits = state.meta[3 * size + 1:]
+        # a verify program reads the same keys as a decode one (for q_per_req tokens at once)
         state.splits = decode_splits(size, backend.num_kv_heads, sms)
         return state
+    if q_per_req > 1:
+        raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")
     import flashinfer
 
     # FlashInfer splits each request's KV over several programs (then merges) unless told not
@@ -87,9 +105,12 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
 
 
 def plan_replay(backend, state: DecodeGraphState, block_tables_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor,
-                page: int) -> None:
+                page: int, q_lens_cpu: torch.Tensor | None = None, spec_mask: torch.Tensor | None = None,
+                token_rows: torch.Tensor | None = None) -> None:
     """Fill state's metadata for B = len(seq_lens_cpu) real requests (block_tables_cpu [B, W] int32,
-    seq_lens_cpu [B]); the size - B padding requests read one page (request 0's first) each."""
+    seq_lens_cpu [B]); the size - B padding requests read one page (request 0's first) each.
+    A verify bucket also takes q_lens_cpu [B], token_rows [T] int64 (the bucket row of each of the
+    step's T tokens) and spec_mask [T, <= 16] bool or None (chains: causal)."""
     from model_wrapper.attention.flashinfer_backend import page_metadata
 
     B, b = seq_lens_cpu.shape[0], state.size
@@ -104,7 +125,9 @@ def plan_replay(backend, state: DecodeGraphState, block_tables_cpu: torch.Tensor
     state.indices[:n].copy_(state.indices_staging[:n], non_blocking=True)
     if state.triton:
         state.meta_staging[: b + 1] = indptr
-        state.meta_staging[b + 1:] = last
+        state.meta_staging[b + 1: 2 * b + 1] = last
+        if state.q_per_req > 1:
+            _verify_metadata(state, q_lens_cpu, spec_mask, token_rows)
         state.meta.copy_(state.meta_staging, non_blocking=True)
         return
     dtype = backend.kv_dtype
@@ -112,6 +135,24 @@ def plan_replay(backend, state: DecodeGraphState, block_tables_cpu: torch.Tensor
         wrapper.plan(indptr, state.indices[:n], last, backend.num_heads, backend.num_kv_heads, backend.head_dim, page,
                      window_left=-1 if w is None else w - 1, q_data_type=dtype, kv_data_type=dtype,
                      sm_scale=backend.scale, disable_split_kv=not state.split_kv)
+
+
+def _verify_metadata(state: DecodeGraphState, q_lens_cpu, spec_mask, token_rows) -> None:
+    """q_lens (0 for padding requests) and the mask bits of every row into state's staging."""
+    from model_wrapper.kernels.verify_attention import causal_bits, mask_bits
+
+    b, Q = state.size, state.q_per_req
+    q_lens = state.meta_staging[2 * b + 1: 3 * b + 1]
+    bits = state.meta_staging[3 * b + 1:]
+    q_lens.zero_()
+    bits.zero_()  # padding rows see nothing
+    if q_lens_cpu is None:  # the capture's plan: padding only
+        return
+    q_lens[: q_lens_cpu.shape[0]] = q_lens_cpu
+    if spec_mask is not None:
+        bits[token_rows] = mask_bits(spec_mask)
+    else:  # a chain: row i of every request sees new tokens 0..i (rows past q_len are never read)
+        bits[: q_lens_cpu.shape[0] * Q] = causal_bits(Q).repeat(q_lens_cpu.shape[0])
 
 
 class GraphAttention(AttentionBackend):
@@ -130,6 +171,12 @@ class GraphAttention(AttentionBackend):
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         s = self.state
+        if s.q_per_req > 1:
+            from model_wrapper.kernels.verify_attention import paged_verify_attention
+
+            return paged_verify_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, s.kv_indptr,
+                                          s.indices, s.kv_last, s.q_lens, s.bits, batch.positions, self.scale,
+                                          q_per_req=s.q_per_req, window=window, splits=s.splits)
         if s.triton:
             from model_wrapper.kernels.decode_attention import paged_decode_attention
 

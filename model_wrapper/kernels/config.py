@@ -86,3 +86,6 @@ class KernelConfig:
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
+    # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
+    # of (batch bucket, tokens-per-request bucket) with kernels/verify_attention.py; off: they run eagerly
+    verify_graphs: bool = True

@@ -236,3 +236,29 @@ def test_fuzz_malformed_arguments(gen, replacements, aliased):
     else:
         assert aliased is None, "an aliased kv_cache was accepted"
         assert out.dtype == torch.float32 and out.dim() == 2 and out.shape[1] == gen.vocab_size
+
+
+@pytest.mark.parametrize("change", ["dtype", "alias", "layout", "shape"])
+def test_a_cache_changed_after_a_valid_call_is_checked_again(gen, change):
+    """forward_tensor remembers the cache it validated last (KVCacheMemo) and skips re-checking that
+    same cache; the same list changed in place between calls (a pair replaced by a wrong-dtype one, by
+    one tensor twice, a transposed view, a tensor resized in place) is checked again and refused,
+    and the cache stays untouched."""
+    args = valid_call(gen)
+    call(gen, args)
+    kv = args["kv_cache"]
+    k, v = kv[1]
+    if change == "dtype":
+        kv[1] = (k.to(torch.float16), v)
+    elif change == "alias":
+        kv[1] = (k, k)
+    elif change == "layout":
+        kv[1] = (k.transpose(0, 1), v)
+    else:
+        v.resize_(v.shape[0] - 1, *v.shape[1:])  # same tensor object, same memory, fewer blocks
+    snap = snapshot(kv)
+    with pytest.raises(ForwardArgumentError) as info:
+        call(gen, args)
+    assert info.value.code in (ErrorCode.INVALID_DTYPE, ErrorCode.KV_CACHE_ALIASED, ErrorCode.KV_CACHE_MISMATCH)
+    assert "kv_cache[1]" in str(info.value)
+    assert unchanged(kv, snap)

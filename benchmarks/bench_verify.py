@@ -1,0 +1,239 @@
+"""The cost of a multi-token step against a decode step, and of a mixed step against its GPU time.
+
+On a Llama-3-8B-shaped model with random bf16 weights (benchmarks.common.random_text_generator),
+every request holding --ctx cached tokens:
+
+  verify    a step of q = 2, 4, 8 new tokens per request (a causal chain; at q = 8 also a
+            spec_mask tree) at batch 1, 8, 32, against a decode step (q = 1) at the same batch,
+            each with CUDA graphs (decode graphs; verify graphs of model_wrapper/cuda_graph.py)
+            and eagerly (graphs off). Target: a graphed verify step of q <= 8 at batch 1 within
+            1.15x of a graphed decode step.
+  mixed     8 decode requests plus one prefill chunk of 64 / 256 / 1024 tokens (after --ctx
+            tokens of its own), eager (too big for the verify graphs past 16 tokens per request):
+            the wall time of a step against its GPU time alone (the sum of its kernels' device
+            times from torch.profiler). Target: wall <= 1.1x GPU time.
+
+Wall time is the mean over --iters back-to-back forward_tensor calls after a warm-up, the host
+preparing the next step while the GPU runs the last (as a serving loop does), with one
+synchronize at the end. The verify graphs and decode graphs are captured during the warm-up.
+
+    python benchmarks/bench_verify.py                        # CUDA, Llama-3-8B shape
+    python benchmarks/bench_verify.py --device cpu --tiny    # smoke test of the script itself
+
+Prints a table; writes --out (JSON) and the same name .png (if matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator, tiny  # noqa: E402
+
+
+class Steps:
+    """Requests laid out in one cache: request r owns pages r * per .. (r + 1) * per - 1, holding ctx
+    cached tokens (their K/V is whatever the cache holds: the cost does not depend on it)."""
+
+    def __init__(self, gen, batch: int, ctx: int, extra: int, block_size: int):
+        self.gen, self.ctx, self.bs = gen, ctx, block_size
+        self.per = -(-(ctx + extra) // block_size)
+        self.kv = gen.allocate_kv_cache(batch * self.per + 1, block_size)
+        self.tables = torch.arange(batch * self.per, dtype=torch.int32).view(batch, self.per)
+
+    def slots(self, r: int, start: int, n: int) -> torch.Tensor:
+        pos = torch.arange(start, start + n)
+        return self.tables[r, pos // self.bs].to(torch.int64) * self.bs + pos % self.bs
+
+    def args(self, q_lens: list[int], prefixes: list[int], tree: bool = False, is_prefill: bool = False):
+        """forward_tensor's arguments for requests 0..len(q_lens)-1 bringing q_lens[r] tokens after
+        prefixes[r] cached ones (tree: a binary tree as spec_mask, positions by depth)."""
+        ids, pos, slots, masks = [], [], [], []
+        max_q = max(q_lens)
+        for r, (q, p) in enumerate(zip(q_lens, prefixes)):
+            ids.append(torch.randint(0, self.gen.vocab_size, (q,)))
+            parents = [-1] + [(i - 1) // 2 for i in range(1, q)] if tree else list(range(-1, q - 1))
+            m = torch.zeros(q, max_q, dtype=torch.bool)
+            depth = []
+            for i, par in enumerate(parents):
+                if par >= 0:
+                    m[i] = m[par]
+                m[i, i] = True
+                depth.append(0 if par < 0 else depth[par] + 1)
+            pos.append(p + torch.tensor(depth))
+            slots.append(self.slots(r, p, q))
+            masks.append(m)
+        B = len(q_lens)
+        kw = dict(q_lens=q_lens)
+        if tree:
+            kw["spec_mask"] = torch.cat(masks)
+        lens = torch.tensor([p + q for p, q in zip(prefixes, q_lens)], dtype=torch.int32)
+        return (torch.cat(ids), torch.cat(pos), is_prefill, self.kv, self.tables[:B], torch.cat(slots), lens,
+                self.ctx + self.per * self.bs), kw
+
+
+@contextlib.contextmanager
+def graphs(gen, on: bool):
+    """Run with the wrapper's CUDA graphs (decode and verify) or without any."""
+    mw = gen.model_wrapper
+    runner = mw.graphs
+    if not on:
+        mw.graphs = None
+    try:
+        yield
+    finally:
+        mw.graphs = runner
+
+
+def wall_ms(gen, args, kw, iters: int, sync) -> float:
+    for _ in range(3):
+        gen.forward_tensor(*args, **kw)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        gen.forward_tensor(*args, **kw)
+    sync()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def gpu_ms(gen, args, kw, iters: int) -> float | None:
+    """The sum of the step's kernels' device times (torch.profiler), per step; None on the CPU."""
+    if not torch.cuda.is_available() or gen.model_wrapper.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            gen.forward_tensor(*args, **kw)
+        torch.cuda.synchronize()
+    total = 0.0
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            total += evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+    return total / iters / 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--qs", default="2,4,8")
+    ap.add_argument("--chunks", default="64,256,1024")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify.json"))
+    args = ap.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    if not cuda:
+        torch.set_num_threads(1)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
+    gen = random_text_generator(cfg, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
+    batches = [int(x) for x in args.batches.split(",")]
+    qs = [int(x) for x in args.qs.split(",")]
+    chunks = [int(x) for x in args.chunks.split(",")]
+    torch.manual_seed(0)
+    modes = (True, False) if gen.model_wrapper.graphs is not None else (False,)
+    verify = []
+    print(f"device={torch.cuda.get_device_name() if cuda else 'cpu'} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} "
+          f"ctx={args.ctx} block_size={args.block_size}")
+    print(f"{'batch':>5s} {'q':>3s} {'kind':>5s} {'graphs':>6s} {'ms':>8s} {'/decode':>8s} {'replayed':>9s}")
+    for B in batches:
+        st = Steps(gen, B, args.ctx, max(qs) + 1, args.block_size)
+        for on in modes:
+            with graphs(gen, on):
+                base = None
+                for q, tree in [(1, False)] + [(q, False) for q in qs] + [(max(qs), True)]:
+                    a, kw = st.args([q] * B, [args.ctx] * B, tree=tree)
+                    ms = wall_ms(gen, a, kw, args.iters, sync)
+                    base = ms if q == 1 else base
+                    runner = gen.model_wrapper.graphs
+                    replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
+                    row = dict(batch=B, q=q, kind="tree" if tree else "chain", graphs=on, ms=ms, vs_decode=ms / base,
+                               replayed=replayed)
+                    verify.append(row)
+                    print(f"{B:5d} {q:3d} {row['kind']:>5s} {str(on):>6s} {ms:8.3f} {ms / base:7.2f}x {str(replayed):>9s}")
+        del st
+    mixed = []
+    print(f"\n{'decodes':>7s} {'chunk':>6s} {'wall ms':>8s} {'gpu ms':>8s} {'wall/gpu':>9s}")
+    decodes = 8
+    for c in chunks:
+        st = Steps(gen, decodes + 1, args.ctx, c + 1, args.block_size)
+        a, kw = st.args([1] * decodes + [c], [args.ctx] * (decodes + 1), is_prefill=True)
+        wall = wall_ms(gen, a, kw, args.iters, sync)
+        gpu = gpu_ms(gen, a, kw, min(args.iters, 20))
+        mixed.append(dict(decodes=decodes, chunk=c, wall_ms=wall, gpu_ms=gpu,
+                          wall_over_gpu=None if gpu is None else wall / gpu))
+        print(f"{decodes:7d} {c:6d} {wall:8.3f} {'-' if gpu is None else f'{gpu:8.3f}':>8s} "
+              f"{'-' if gpu is None else f'{wall / gpu:8.2f}x':>9s}")
+        del st
+    result = dict(device=torch.cuda.get_device_name() if cuda else "cpu",
+                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx,
+                  block_size=args.block_size, iters=args.iters,
+                  kernel_config=dataclasses.asdict(gen.model_wrapper.kernel_config), verify=verify, mixed=mixed)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out}")
+    plot(result, args.out[: -len(".json")] + ".png")
+
+
+def _batch_of(gen, args, kw):
+    """The step's ForwardBatch as forward_tensor builds it (for the runner's can_run: did it replay?)."""
+    from model_wrapper.forward_batch import ForwardBatch
+
+    ids, pos, is_prefill, kv, tables, slots, lens, _ = args
+    q = torch.tensor(kw["q_lens"], dtype=torch.int32)
+    return ForwardBatch.build(input_ids=ids, input_ids_cpu=ids, positions=pos, slots=slots, is_prefill=is_prefill,
+                              block_size=kv[0][0].shape[1], q_lens_cpu=q, seq_lens_cpu=lens, block_tables_cpu=tables,
+                              lm_head_indices=None, spec_mask=kw.get("spec_mask"), atten_mask=None,
+                              device=torch.device("cpu"))
+
+
+def plot(result, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax = axes[0]
+    for on in (True, False):
+        for kind in ("chain", "tree"):
+            for B in sorted({r["batch"] for r in result["verify"]}):
+                rows = [r for r in result["verify"] if r["graphs"] == on and r["batch"] == B
+                        and (r["kind"] == kind or r["q"] == 1)]
+                if kind == "tree" and len(rows) < 2:
+                    continue
+                ax.plot([r["q"] for r in rows], [r["ms"] for r in rows], "o-" if on else "x--",
+                        label=f"batch {B}, {'graphs' if on else 'eager'}{', tree' if kind == 'tree' else ''}")
+    ax.set_xlabel("new tokens per request (1 = decode)")
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    m = [r for r in result["mixed"] if r["gpu_ms"] is not None]
+    if m:
+        x = range(len(m))
+        ax.bar([i - 0.2 for i in x], [r["wall_ms"] for r in m], 0.4, label="wall")
+        ax.bar([i + 0.2 for i in x], [r["gpu_ms"] for r in m], 0.4, label="GPU (sum of kernels)")
+        ax.set_xticks(list(x), [f"{r['decodes']} dec + {r['chunk']}" for r in m])
+        ax.set_ylabel("ms per step")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"verify and mixed steps ({result['model']}, {result['device']}, ctx {result['ctx']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
