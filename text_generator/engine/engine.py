@@ -41,7 +41,7 @@ from text_generator.engine.output import append_tokens, describe, record_logprob
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.runahead import InFlight, complete, launch
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
-from text_generator.sampling import Sampler, SamplingParams
+from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
 from text_generator.structured import GrammarCompiler, mask_logits_
 
 
@@ -370,13 +370,20 @@ class LLMEngine:
         seeds) and emit it: -> each request's RequestOutput of the step."""
         if not reqs:
             return []
-        params = [r.params for r in reqs]
+        out = self.sample_on_device(logits, reqs)
+        return self.emit_sampled(reqs, out, out.token_ids.tolist())  # the step's one device -> host sync
+
+    def sample_on_device(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+        """The Sampler over logits [len(reqs), vocab] (grammar masks first): tokens left on the
+        device, for the caller to read back with whatever else it needs from the step."""
         if any(r.grammar is not None for r in reqs):
             logits = mask_logits_(logits.float().contiguous(), [r.grammar for r in reqs])
-        out = self.sampler(
-            logits, params, prompt_ids=[r.prompt_ids for r in reqs], output_ids=[r.output_ids for r in reqs],
-            generators=[r.generator for r in reqs])
-        tokens = out.token_ids.tolist()  # the step's one device -> host sync
+        return self.sampler(
+            logits, [r.params for r in reqs], prompt_ids=[r.prompt_ids for r in reqs],
+            output_ids=[r.output_ids for r in reqs], generators=[r.generator for r in reqs])
+
+    def emit_sampled(self, reqs: list[Request], out: SamplerOutput, tokens: list[int]) -> list[RequestOutput]:
+        """Emit sample_on_device's tokens (read back: `tokens`), with logprobs where asked."""
         lps = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None

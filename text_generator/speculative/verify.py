@@ -38,10 +38,12 @@ sampling with the same settings is the distribution that is preserved.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from text_generator.speculative.tree import DraftTree
+from text_generator.sampling import SamplingParams, penalize, token_counts
+from text_generator.speculative.tree import DraftTree, TreeBatch
 
 
 @dataclass(frozen=True)
@@ -85,17 +87,66 @@ def target_probs(logits: torch.Tensor, params: TreeSampling) -> torch.Tensor:
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
-    target = logits.argmax(dim=-1).tolist()  # [n]
-    ok = [True] + [False] * (tree.size - 1)
+    return accept_greedy(tree, logits.argmax(dim=-1).tolist())
+
+
+def accept_greedy(tree: DraftTree, target: Sequence[int]) -> Verdict:
+    """verify_greedy's rule on the nodes' greedy targets read back already (target[i]: the
+    target model's next token after node i's path). A chain, the common case, stops at its first
+    mismatch; a branching tree takes one pass over its nodes. Plain ints on the host: a batch's
+    targets come back in one sync, and this walk costs well under a microsecond per node, less
+    than the ~30 tensor ops that would do it on the device (benchmarks/RESULTS.md)."""
+    n, toks = tree.size, tree.tokens
+    if tree.parents == list(range(-1, n - 1)):
+        m = 0
+        while m + 1 < n and toks[m + 1] == target[m]:
+            m += 1
+        return Verdict(list(range(m + 1)), toks[1:m + 1] + [target[m]])
+    ok = [True] + [False] * (n - 1)
     depth = tree.depths()
     best = 0
-    for i in range(1, tree.size):
+    for i in range(1, n):
         p = tree.parents[i]
-        ok[i] = ok[p] and tree.tokens[i] == target[p]
+        ok[i] = ok[p] and toks[i] == target[p]
         if ok[i] and depth[i] > depth[best]:
             best = i
     path = tree.path(best)
-    return Verdict(path, [tree.tokens[i] for i in path[1:]] + [target[best]])
+    return Verdict(path, [toks[i] for i in path[1:]] + [target[best]])
+
+
+def tree_targets(logits: torch.Tensor, batch: TreeBatch, params: Sequence[SamplingParams],
+                 prompt_ids: Sequence[Sequence[int]], output_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Each node's greedy next token, [T] int64, for logits [T, V] of a tree batch: the argmax of
+    its row, after the request's penalties where it has them (params, prompt_ids, output_ids: one
+    per request). A node's history is the request's output so far plus the drafts on its path
+    (the root, output_ids[-1], is in the output already), so its target is what plain greedy
+    decoding with penalties would pick after that path:
+
+        counts(node t) = counts(output) + one per drafted token on root..t (spec_mask row t)
+    """
+    pen = [b for b, p in enumerate(params) if p.has_penalties]
+    if not pen:
+        return logits.argmax(dim=-1)
+    dev, V = logits.device, logits.shape[-1]
+    off = batch.offsets
+    rows = torch.cat([torch.arange(off[b], off[b + 1]) for b in pen])  # [R] nodes of penalised requests
+    owner = torch.repeat_interleave(torch.arange(len(pen)), torch.tensor([off[b + 1] - off[b] for b in pen]))
+    prompt_counts = token_counts([prompt_ids[b] for b in pen], V, dev)[owner.to(dev)]
+    out_counts = token_counts([output_ids[b] for b in pen], V, dev)[owner.to(dev)]
+    if batch.spec_mask is not None:
+        # drafted ancestors: spec_mask columns j >= 1 of the node's row -> the token of node j
+        on_path = batch.spec_mask[rows].clone()
+        on_path[:, 0] = False
+        r, j = on_path.nonzero(as_tuple=True)
+        start = torch.tensor([off[b] for b in pen])[owner]
+        toks = batch.input_ids[start[r] + j]
+        out_counts.view(-1).index_put_(((r * V + toks).to(dev),), torch.ones(r.numel(), device=dev),
+                                       accumulate=True)
+    target = logits.argmax(dim=-1)
+    pen_params = [params[b] for b in pen for _ in range(off[b + 1] - off[b])]
+    rows_dev = rows.to(dev)
+    target[rows_dev] = penalize(logits[rows_dev].float(), prompt_counts, out_counts, pen_params).argmax(dim=-1)
+    return target
 
 
 def verify_greedy_grammar(tree: DraftTree, logits: torch.Tensor, grammar) -> Verdict:
