@@ -133,15 +133,20 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
     verdicts: dict[int, Verdict] = {b: accept_greedy(trees[b], host[off[b]:off[b + 1]]) for b in drafted}
     for b in walked:
         verdicts[b] = verify_greedy_grammar(trees[b], logits[off[b]:off[b + 1]], reqs[b].grammar)
-    # truncate the trees and append the accepted paths for every request first, then move all
-    # K/V in one gather / scatter (compact_accepted_kv reads every source before writing)
+    # An accepted path that is a prefix of the node list (any accepted chain) is in place: drop
+    # the nodes after it. Any other is truncated away and appended again for every request
+    # first, then all their K/V moves in one gather / scatter (compact_accepted_kv reads every
+    # source before writing, so a block one request frees and another takes is safe).
     src, dst = [], []
     for b, v in verdicts.items():
         r = reqs[b]
+        if v.path[-1] == len(v.path) - 1:
+            bm.truncate(r.request_id, cached[b] + len(v.path))
+            continue
         src += [off[b] + i for i in v.path]
         bm.truncate(r.request_id, cached[b])
         dst.append(bm.append(r.request_id, [trees[b].tokens[i] for i in v.path]))
-    if verdicts:
+    if dst:
         compact_accepted_kv(engine.kv_cache, batch.slots[torch.tensor(src)], torch.cat(dst))
     for b in plain:
         bm.commit(reqs[b].request_id, cached[b] + 1)
