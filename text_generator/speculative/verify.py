@@ -37,6 +37,7 @@ sampling with the same settings is the distribution that is preserved.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -175,29 +176,73 @@ def verify_greedy_grammar(tree: DraftTree, logits: torch.Tensor, grammar) -> Ver
 
 def verify_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Verdict:
     """probs [n, V] from target_probs; draws from `generator` (CPU) for reproducibility."""
+    return verify_sampling_batch([tree], probs, generator)[0]
+
+
+def verify_sampling_batch(trees: Sequence[DraftTree], probs: torch.Tensor, generator: torch.Generator
+                          ) -> list[Verdict]:
+    """Rejection sampling of every tree of a batch at once. probs [T, V]: target_probs of the
+    trees' nodes, request after request (TreeBatch order); draws from `generator` (CPU).
+
+    One copy of probs to the host (float64), then a fixed number of tensor steps over the whole
+    batch: for each depth, for each child rank (children in index order), every request still
+    walking tries its current node's next child at once:
+
+        child[t, c]  row of node t's c-th child (-1: none), from the trees, once
+        try:    u ~ U(0, 1) per request; accept iff u < p[b, token of the child]
+        reject: p[b, x] <- 0, renormalise (the residual of a one-hot draft)
+        after the ranks: accepted -> descend (p <- probs of the child); else stop, and the
+                emitted token is sampled from the final p (one multinomial for the batch)
+    """
     probs = probs.detach().to("cpu", torch.float64)
-    children = tree.children()
-    node, path, out = 0, [0], []
-    while True:
-        p = probs[node].clone()
-        nxt = None
-        for c in children[node]:
-            x = tree.tokens[c]
-            if torch.rand((), dtype=torch.float64, generator=generator).item() < p[x].item():
-                nxt = c
-                break
-            p[x] = 0.0
-            total = p.sum()
-            if total <= 0:  # cannot happen in exact arithmetic: p(x) = 1 is always accepted
-                p = probs[node].clone()
-                break
-            p /= total
-        if nxt is None:
-            out.append(int(torch.multinomial(p, 1, generator=generator).item()))
-            return Verdict(path, out)
-        path.append(nxt)
-        out.append(tree.tokens[nxt])
-        node = nxt
+    B = len(trees)
+    offs = list(itertools.accumulate((t.size for t in trees), initial=0))
+    kids = [[] for _ in range(offs[-1])]
+    for o, t in zip(offs, trees):
+        for i, par in enumerate(t.parents[1:], 1):
+            kids[o + par].append(o + i)
+    C = max(1, max(map(len, kids)))
+    child = torch.tensor([k + [-1] * (C - len(k)) for k in kids], dtype=torch.int64).view(-1, C)
+    tokens = torch.tensor(list(itertools.chain.from_iterable(t.tokens for t in trees)), dtype=torch.int64)
+    rows = torch.arange(B)
+    cur = torch.tensor(offs[:-1], dtype=torch.int64)  # each request's current node (a row)
+    walking = torch.ones(B, dtype=torch.bool)
+    p = probs[cur].clone()
+    final = torch.zeros_like(p)  # the distribution each request's last token is drawn from
+    path = [cur.clone()]
+    for _ in range(max(max(t.depths()) for t in trees) + 1):
+        nxt = torch.full((B,), -1, dtype=torch.int64)
+        for c in range(C):
+            cand = child[cur, c]
+            trying = walking & (nxt < 0) & (cand >= 0)
+            x = tokens[cand.clamp_min(0)]
+            u = torch.rand(B, dtype=torch.float64, generator=generator)
+            px = p[rows, x]
+            take = trying & (u < px)
+            nxt = torch.where(take, cand, nxt)
+            drop = trying & ~take
+            if bool(drop.any()):
+                q = p.clone()
+                q[rows[drop], x[drop]] = 0.0
+                total = q.sum(-1, keepdim=True)
+                # total 0 cannot happen in exact arithmetic (p(x) = 1 is always accepted)
+                q = torch.where(total > 0, q / total.clamp_min(1e-300), probs[cur])
+                p = torch.where(drop[:, None], q, p)
+        stop = walking & (nxt < 0)
+        final[stop] = p[stop]
+        walking &= ~stop
+        cur = torch.where(walking, nxt, cur)
+        p = torch.where(walking[:, None], probs[cur], p)
+        path.append(torch.where(walking, nxt, -1))
+        if not bool(walking.any()):
+            break
+    last = torch.multinomial(final, 1, generator=generator)[:, 0].tolist()
+    nodes = torch.stack(path, 1).tolist()
+    out = []
+    for b, (o, t) in enumerate(zip(offs, trees)):
+        walk = [n - o for n in nodes[b] if n >= 0]
+        out.append(Verdict(walk, [t.tokens[i] for i in walk[1:]] + [last[b]]))
+    return out
 
 
 def verify(tree: DraftTree, logits: torch.Tensor, params: TreeSampling,
