@@ -85,6 +85,25 @@ def run(gen, batch: int, prompt_len: int, new_tokens: int, perm_cycle, profile: 
                 host_us_per_token=per_step / tokens_per_step * 1e6, tokens_per_step=tokens_per_step)
 
 
+def run_decoder(gen, batch: int, prompt_len: int, new_tokens: int, perm_cycle, drafter, sync) -> dict:
+    """The same measurement for SpeculativeDecoder.generate (bench_speculative's batch-1 driver):
+    its whole call minus forward_tensor, per decode forward."""
+    from kv_manager import BlockManager
+    from text_generator.speculative import SpeculativeDecoder
+
+    timed = TimedGenerator(gen, sync)
+    nb = batch * (prompt_len + new_tokens) // 16 + 8 * batch
+    dec = SpeculativeDecoder(timed, gen.allocate_kv_cache(nb, 16), BlockManager(nb, 16, enable_prefix_caching=False),
+                             drafter, max_seq_len=prompt_len + new_tokens + 8)
+    prompts = [(perm_cycle[i:] + perm_cycle * 4)[:prompt_len] for i in range(batch)]
+    t = time.process_time()
+    dec.generate(prompts, new_tokens)
+    host = time.process_time() - t - timed.seconds
+    steps = dec.stats.forwards - 1
+    return dict(batch=batch, steps=steps, host_ms_per_step=host / steps * 1e3,
+                host_us_per_token=host / dec.stats.emitted * 1e6, tokens_per_step=dec.stats.emitted / steps)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cpu")
@@ -92,6 +111,8 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=200)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--driver", choices=["engine", "decoder"], default="engine",
+                    help="LLMEngine's speculative step, or SpeculativeDecoder (mean per step)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -99,7 +120,10 @@ def main(argv=None):
     perm, cycle = cyclic_perm(TINY["vocab_size"], args.prompt_len // 2, torch.Generator().manual_seed(0))
     make_echo(gen, perm.to(args.device))
     for b in args.batch:
-        r = run(gen, b, args.prompt_len, args.new_tokens, cycle, args.profile, sync)
+        if args.driver == "engine":
+            r = run(gen, b, args.prompt_len, args.new_tokens, cycle, args.profile, sync)
+        else:
+            r = run_decoder(gen, b, args.prompt_len, args.new_tokens, cycle, NgramDrafter(max_ngram=3, depth=4), sync)
         print(f"batch {r['batch']:3d}: {r['steps']} steps, {r['tokens_per_step']:.1f} tokens/step, driver host "
               f"time {r['host_ms_per_step']:.3f} ms/step (median), {r['host_us_per_token']:.1f} us/token")
 

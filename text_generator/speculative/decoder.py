@@ -68,12 +68,16 @@ def commit_accepted(kv_cache, block_manager: BlockManager, seq_id: Hashable, cac
         raise KVCacheError(KVErrorCode.OUT_OF_BLOCKS,
                            f"commit_accepted: need {grow} more token slot(s) for the bonus token of "
                            f"{seq_id!r}, no free block")
-    src = tree_slots[verdict.path]
-    # ids only: the nodes' K/V stays in place until the copy below, even in blocks this frees
-    block_manager.truncate(seq_id, cached)
-    dst = block_manager.append(seq_id, [tree.tokens[i] for i in verdict.path])
-    compact_accepted_kv(kv_cache, src, dst)
-    block_manager.commit(seq_id, cached + len(verdict.path))
+    m = len(verdict.path)
+    if verdict.path[-1] == m - 1:  # a prefix of the node list (any accepted chain): in place
+        block_manager.truncate(seq_id, cached + m)
+    else:
+        src = tree_slots[verdict.path]
+        # ids only: the nodes' K/V stays in place until the copy below, even in blocks this frees
+        block_manager.truncate(seq_id, cached)
+        dst = block_manager.append(seq_id, [tree.tokens[i] for i in verdict.path])
+        compact_accepted_kv(kv_cache, src, dst)
+    block_manager.commit(seq_id, cached + m)
     block_manager.append(seq_id, verdict.tokens[-1:])
 
 
