@@ -3,7 +3,10 @@
 Input: one request's DraftTree and logits [tree.size, vocab] from ONE forward pass over the tree
 (row i = the target's next-token logits after the root-to-i path). Output: a Verdict: the
 accepted root-to-node path and the tokens to emit (the accepted drafts, then one token the
-target chooses itself: the "bonus", or the correction after a rejection).
+target chooses itself: the "bonus", or the correction after a rejection). A batch's drivers
+read its logits back once: every node's greedy target (`tree_targets`, penalties included) for
+`accept_greedy`, or the probabilities for `verify_sampling_batch`, which samples all trees at
+once.
 
 Greedy (temperature 0): node i is accepted iff every node on its path equals the argmax of its
 parent's row; the deepest accepted node wins (first in index order among equals), and the bonus
