@@ -116,7 +116,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    gen = random_text_generator(TINY, device=args.device, dtype=torch.float32, cuda_graphs=False)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16  # (FlashInfer: 16-bit only)
+    gen = random_text_generator(TINY, device=args.device, dtype=dtype, cuda_graphs=args.device != "cpu")
     perm, cycle = cyclic_perm(TINY["vocab_size"], args.prompt_len // 2, torch.Generator().manual_seed(0))
     make_echo(gen, perm.to(args.device))
     for b in args.batch:
