@@ -28,8 +28,19 @@ Scenarios, and why there is an "echo" model:
                           with the same f, hence a perfect drafter.
 The cost per forward is the real 8B cost in every scenario; only acceptance differs.
 
+Engine rows (LLMEngine, greedy, EOS ignored, prefix caching off, async scheduling at its
+default: on for CUDA): the engine with the n-gram drafter (chain, depth 4) against the engine
+without one, at batch 8 and 32 (all requests at t = 0), on the random model with random prompts
+(little to accept: what drafting costs) and on the echo model with rotated copies of its cycle
+(everything accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate
+requests/s, --arrivals requests) on the echo model with and without the drafter. Each reports
+output tokens/s, TPOT (per request, (last - first token time) / (tokens - 1), median) and ITL
+p50 / p99 over the gaps between a request's token deliveries (a speculative step delivers its
+accepted run at once, so a gap is one engine step of that request).
+
     python benchmarks/bench_speculative.py                       # CUDA, the full-size model
     python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
+    python benchmarks/bench_speculative.py --engine-only --out X.json   # only the engine rows
 
 Prints a table; writes benchmarks/results/speculative.json and speculative.png (if matplotlib is
 installed). tokens/forward counts decode forwards only (the prefill forward and its token are
@@ -56,8 +67,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot  # noqa: E402
+from benchmarks.common import percentile  # noqa: E402
 from kv_manager import BlockManager  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
+from text_generator.engine import LLMEngine  # noqa: E402
+from text_generator.sampling import SamplingParams  # noqa: E402
 from text_generator.speculative import (  # noqa: E402
     DraftModelDrafter, DraftTree, Eagle3Drafter, NgramDrafter, SpeculativeDecoder, build_tree_batch,
 )
@@ -210,6 +224,81 @@ def timed_generate(gen, kv, drafter_fn, prompt, new_tokens, max_seq_len, block_s
     return time.perf_counter() - t0, out, dec.stats
 
 
+def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sync, arrival_times=None) -> dict:
+    """Serve greedy requests with an LLMEngine (drafter None: no speculation); arrival_times:
+    seconds after the start at which prompt i arrives (None: all at once) -> the metrics."""
+    B = len(prompts)
+    n_seqs = B if arrival_times is None else min(B, 64)
+    engine = LLMEngine(gen, num_blocks=n_seqs * (-(-max_seq_len // block_size) + 1) + 8, block_size=block_size,
+                       max_num_seqs=n_seqs, max_num_batched_tokens=max(2048, 2 * len(prompts[0])),
+                       max_seq_len=max_seq_len, enable_prefix_caching=False, speculative=drafter)
+    params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
+    times = arrival_times or [0.0] * B
+    outs, nxt = [], 0
+    sync()
+    t0 = time.perf_counter()
+    while len(outs) < B:
+        now = time.perf_counter() - t0
+        while nxt < B and times[nxt] <= now:
+            engine.add_request(prompts[nxt], params)
+            nxt += 1
+        if not engine.has_unfinished():
+            time.sleep(max(0.0, times[nxt] - now))
+            continue
+        outs += [o for o in engine.step() if o.finished]
+    sync()
+    elapsed = time.perf_counter() - t0
+    gaps, tpot = [], []
+    for o in outs:
+        t = sorted(set(o.metrics.token_times))
+        gaps += [b - a for a, b in zip(t, t[1:])]
+        tpot.append((o.metrics.token_times[-1] - o.metrics.token_times[0]) / max(1, len(o.token_ids) - 1))
+    n_tok = sum(len(o.token_ids) for o in outs)
+    return dict(tokens_per_s=n_tok / elapsed, seconds=elapsed, tpot_ms=1e3 * statistics.median(tpot),
+                itl_p50_ms=1e3 * percentile(gaps, 50), itl_p99_ms=1e3 * percentile(gaps, 99),
+                accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps)
+
+
+def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync) -> list[dict]:
+    """The engine with and without the n-gram drafter at each batch size; prompts: a list long
+    enough for the largest batch."""
+    rows = []
+    for B in batches:
+        base = None
+        for method, drafter_fn in (("engine plain", lambda: None),
+                                   ("engine ngram d4", lambda: NgramDrafter(max_ngram=3, depth=4))):
+            engine_run(gen, prompts[:B], 8, drafter_fn(), block_size=args.block_size, max_seq_len=max_seq_len,
+                       sync=sync)  # warm-up
+            r = engine_run(gen, prompts[:B], new_tokens, drafter_fn(), block_size=args.block_size,
+                           max_seq_len=max_seq_len, sync=sync)
+            base = base or r["tokens_per_s"]
+            rows.append(dict(scenario=scenario, load=f"batch {B}", method=method, speedup=r["tokens_per_s"] / base, **r))
+            print_engine_row(rows[-1])
+    return rows
+
+
+def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict]:
+    """Continuous arrivals (Poisson at --arrival-rate) with and without the drafter."""
+    g = torch.Generator().manual_seed(1)
+    gaps = torch.empty(len(prompts)).exponential_(generator=g) / args.arrival_rate
+    times = torch.cumsum(gaps, 0).tolist()
+    rows, base = [], None
+    for method, drafter_fn in (("engine plain", lambda: None),
+                               ("engine ngram d4", lambda: NgramDrafter(max_ngram=3, depth=4))):
+        r = engine_run(gen, prompts, new_tokens, drafter_fn(), block_size=args.block_size, max_seq_len=max_seq_len,
+                       sync=sync, arrival_times=times)
+        base = base or r["tokens_per_s"]
+        rows.append(dict(scenario="copy / echo-model", load=f"{len(prompts)} arrivals at {args.arrival_rate:g}/s",
+                         method=method, speedup=r["tokens_per_s"] / base, **r))
+        print_engine_row(rows[-1])
+    return rows
+
+
+def print_engine_row(r: dict) -> None:
+    print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:16s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
+          f"{r['tpot_ms']:8.2f} {r['itl_p50_ms']:8.2f} {r['itl_p99_ms']:8.2f} {r['accepted_per_step']:8.2f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -220,6 +309,11 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--attention-backend", default="auto")
+    ap.add_argument("--engine-only", action="store_true", help="only the engine rows")
+    ap.add_argument("--engine-batches", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--engine-new-tokens", type=int, default=None, help="default 128 (tiny: 24)")
+    ap.add_argument("--arrivals", type=int, default=None, help="requests in the arrivals run; default 64 (tiny: 16)")
+    ap.add_argument("--arrival-rate", type=float, default=None, help="requests/s; default 16 (tiny: 40)")
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bench_speculative"))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "speculative.json"))
     args = ap.parse_args(argv)
@@ -280,37 +374,80 @@ def main(argv=None):
           "{top2_gap:.4f}, logit std {logit_std:.4f}, same argmax {same_argmax}".format(**numerics))
     print("eagle3 step cost: target decode step {target_decode_ms:.3f} ms, one EAGLE-3 draft step "
           "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, eager)".format(**eagle_cost))
-    print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
-    for scen, prompt, echo in scenarios:
-        if echo:
-            make_echo(gen, perm.to(device))
-            make_echo(draft, perm.to(device))
-        base_time, base_out = None, None
-        for name, fn in methods.items():
-            timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
-            runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync) for _ in range(args.repeats)]
-            t = statistics.median(r[0] for r in runs)
-            _, out, st = runs[0]
-            if name == "plain":
-                base_time, base_out = t, out
-            decode_fwd = max(1, st.forwards - 1)
-            row = dict(scenario=scen, method=name, tokens_per_forward=(st.emitted - 1) / decode_fwd,
-                       acceptance=st.accepted / max(1, st.drafted), forwards=st.forwards, seconds=t,
-                       tokens_per_s=len(out) / t, speedup=base_time / t, same_output=out == base_out,
-                       first_difference=next((i for i, (a, b) in enumerate(zip(out, base_out)) if a != b), None))
-            rows.append(row)
-            print(f"{scen:24s} {name:16s} {row['tokens_per_forward']:8.2f} {row['acceptance']:7.2f} {t:8.3f} "
-                  f"{row['tokens_per_s']:8.1f} {row['speedup']:7.2f}x {str(row['same_output']):>8s}")
+
+    # engine rows, random model first (the batch-1 loop below turns the model into the echo model)
+    e_new = args.engine_new_tokens or (24 if args.tiny else 128)
+    e_len = prompt_len + e_new + 8
+    n_arr = args.arrivals or (16 if args.tiny else 64)
+    rate = args.arrival_rate or (40.0 if args.tiny else 16.0)
+    args.arrival_rate = rate
+    n_prompts = max(max(args.engine_batches), n_arr)
+    print(f"{'engine: scenario':22s} {'load':24s} {'method':16s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
+          f"{'ITL p50':>8s} {'ITL p99':>8s} {'acc/step':>8s}")
+    random_prompts = [torch.randint(V, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
+    e_rows = engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync)
+
+    if not args.engine_only:
+        print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
+        for scen, prompt, echo in scenarios:
+            if echo:
+                make_echo(gen, perm.to(device))
+                make_echo(draft, perm.to(device))
+            base_time, base_out = None, None
+            for name, fn in methods.items():
+                timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
+                runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync) for _ in range(args.repeats)]
+                t = statistics.median(r[0] for r in runs)
+                _, out, st = runs[0]
+                if name == "plain":
+                    base_time, base_out = t, out
+                decode_fwd = max(1, st.forwards - 1)
+                row = dict(scenario=scen, method=name, tokens_per_forward=(st.emitted - 1) / decode_fwd,
+                           acceptance=st.accepted / max(1, st.drafted), forwards=st.forwards, seconds=t,
+                           tokens_per_s=len(out) / t, speedup=base_time / t, same_output=out == base_out,
+                           first_difference=next((i for i, (a, b) in enumerate(zip(out, base_out)) if a != b), None))
+                rows.append(row)
+                print(f"{scen:24s} {name:16s} {row['tokens_per_forward']:8.2f} {row['acceptance']:7.2f} {t:8.3f} "
+                      f"{row['tokens_per_s']:8.1f} {row['speedup']:7.2f}x {str(row['same_output']):>8s}")
+
+    else:
+        make_echo(gen, perm.to(device))
+    echo_prompts = [(cycle[i % len(cycle):] + cycle * 4)[:prompt_len] for i in range(n_prompts)]
+    e_rows += engine_rows(gen, "copy / echo-model", echo_prompts, e_new, args.engine_batches, args, e_len, sync)
+    e_rows += arrival_rows(gen, echo_prompts[:n_arr], e_new, args, e_len, sync)
     result = dict(device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", dtype=args.dtype,
                   prompt_len=prompt_len, new_tokens=new_tokens, batch=1, block_size=bs,
                   attention_backend=gen.model_wrapper.backend.name, repeats=args.repeats,
-                  tree_vs_plain_numerics=numerics, eagle3_step_cost=eagle_cost, rows=rows)
+                  tree_vs_plain_numerics=numerics, eagle3_step_cost=eagle_cost, rows=rows, engine_new_tokens=e_new,
+                  engine_rows=e_rows)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    plot(rows, args.out[: -len(".json")] + ".png", f"speculative decoding, batch 1 ({result['model']}, {result['device']})")
+    if rows:
+        plot(rows, args.out[: -len(".json")] + ".png", f"speculative decoding, batch 1 ({result['model']}, {result['device']})")
+    plot_engine(e_rows, args.out[: -len(".json")] + "_engine.png", f"engine with / without speculation ({result['model']}, "
+                f"{result['device']})")
     print(f"wrote {args.out}")
+
+
+def plot_engine(rows, path, title):
+    plt = pyplot()
+    if plt is None:
+        return
+    loads = list(dict.fromkeys((r["scenario"], r["load"]) for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in ((axes[0], "tokens_per_s", "output tokens/s"), (axes[1], "itl_p99_ms", "ITL p99 (ms)")):
+        for m_i, m in enumerate(("engine plain", "engine ngram d4")):
+            vals = [next(r[key] for r in rows if (r["scenario"], r["load"]) == ld and r["method"] == m) for ld in loads]
+            ax.bar([i + m_i * 0.4 for i in range(len(loads))], vals, 0.4, label=m)
+        ax.set_xticks([i + 0.2 for i in range(len(loads))], [f"{a}\n{b}" for a, b in loads], fontsize=7)
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 def plot(rows, path, title):

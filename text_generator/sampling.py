@@ -24,6 +24,7 @@ the same argmax on every path.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -261,28 +262,37 @@ def apply_penalties(
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     if prompt_ids is None or output_ids is None:
         raise ValueError("Sampler: penalties need prompt_ids and output_ids for every row")
-
-    def counts(histories) -> torch.Tensor:
-        flat = [t for i in rows for t in histories[i]]
-        owner = [r for r, i in enumerate(rows) for _ in range(len(histories[i]))]
-        c = torch.zeros(len(rows), V, dtype=torch.float32, device=dev)
-        if flat:
-            idx = torch.tensor(owner, device=dev) * V + torch.tensor(flat, device=dev)
-            c.view(-1).scatter_add_(0, idx, torch.ones(len(flat), device=dev))
-        return c
-
-    out_counts = counts(output_ids)  # [R, V]
-    seen = (counts(prompt_ids) > 0) | (out_counts > 0)
-    rep = torch.tensor([params[i].repetition_penalty for i in rows], device=dev)[:, None]
-    freq = torch.tensor([params[i].frequency_penalty for i in rows], device=dev)[:, None]
-    pres = torch.tensor([params[i].presence_penalty for i in rows], device=dev)[:, None]
-    sub = logits[rows]
-    penalised = torch.where(sub > 0, sub / rep, sub * rep)
-    sub = torch.where(seen, penalised, sub)
-    sub = sub - freq * out_counts - pres * (out_counts > 0).float()
+    prompt_counts = token_counts([prompt_ids[i] for i in rows], V, dev)
+    out_counts = token_counts([output_ids[i] for i in rows], V, dev)
     logits = logits.clone()
-    logits[rows] = sub
+    logits[rows] = penalize(logits[rows], prompt_counts, out_counts, [params[i] for i in rows])
     return logits
+
+
+def token_counts(histories: Sequence[Sequence[int]], vocab_size: int, device) -> torch.Tensor:
+    """-> float32 [len(histories), vocab_size]: how often each token occurs in each history (one
+    scatter_add over their concatenation)."""
+    c = torch.zeros(len(histories), vocab_size, dtype=torch.float32, device=device)
+    lens = torch.tensor([len(h) for h in histories], dtype=torch.int64)
+    if int(lens.sum()):
+        flat = torch.tensor(list(itertools.chain.from_iterable(histories)), dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(len(histories)), lens)
+        c.view(-1).scatter_add_(0, (owner * vocab_size + flat).to(device), torch.ones(flat.numel(), device=device))
+    return c
+
+
+def penalize(logits: torch.Tensor, prompt_counts: torch.Tensor, out_counts: torch.Tensor,
+             params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The three penalties on logits [R, V], given token counts [R, V] of each row's prompt and
+    output (token_counts) and each row's params -> penalised logits [R, V]."""
+    dev = logits.device
+    seen = (prompt_counts > 0) | (out_counts > 0)
+    rep = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
+    freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    return logits - freq * out_counts - pres * (out_counts > 0).float()
 
 
 def apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

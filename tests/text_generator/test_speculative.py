@@ -22,7 +22,7 @@ from text_generator.speculative import (
     DraftModelDrafter, DraftTree, NgramDrafter, TreeSampling, SpeculativeDecoder, Verdict,
     build_tree_batch, commit_accepted, compact_accepted_kv, target_probs, verify,
 )
-from text_generator.speculative.verify import verify_greedy, verify_sampling
+from text_generator.speculative.verify import verify_greedy, verify_sampling, verify_sampling_batch
 
 VOCAB = 96
 FAMS = ["llama", "qwen3"]
@@ -247,6 +247,39 @@ def test_rejection_sampling_emits_the_target_distribution(params):
     biased = torch.zeros(V)
     biased[x] = trials
     assert _chi2_pvalue(biased, probs[0]) < 1e-6
+
+
+def test_batched_rejection_sampling_emits_the_target_distribution_in_every_row():
+    """verify_sampling_batch over a batch of thousands of requests (the tree above, a chain and a
+    lone root, each with its own probs): the first token of each kind of request, and the second
+    token after an accepted first draft, follow that request's target distribution."""
+    V, reps = 8, 3000
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(8, V, generator=g) * 1.5
+    probs = target_probs(logits, TreeSampling(0.9, top_k=6))
+    x, y = torch.topk(probs[0], 2).indices.tolist()
+    tree = DraftTree([0, x, int(probs[1].argmax()), y, x], [-1, 0, 1, 0, 0])  # rows 0..4
+    a = int(probs[5].argmax())
+    chain = DraftTree.chain([1, a, 3])  # rows 5..7 (its root row is 5, its first draft a)
+    lone = DraftTree([2], [-1])  # a row of its own: probs[7] doubles as the lone root's row
+    trees, rows = [], []
+    for _ in range(reps):
+        trees += [tree, chain, lone]
+        rows += [0, 1, 2, 3, 4, 5, 6, 7, 7]
+    verdicts = verify_sampling_batch(trees, probs[rows], torch.Generator().manual_seed(3))
+    first = [torch.zeros(V) for _ in range(3)]
+    second = torch.zeros(V)
+    for i, v in enumerate(verdicts):
+        first[i % 3][v.tokens[0]] += 1
+        if i % 3 == 1 and v.tokens[0] == a:
+            assert v.path[:2] == [0, 1]
+            second[v.tokens[1]] += 1
+    for counts, p in zip(first, (probs[0], probs[5], probs[7])):
+        assert _chi2_pvalue(counts, p) > 1e-3
+    assert _chi2_pvalue(second, probs[6]) > 1e-3
+    # the test has power: rows are not interchangeable (total variation to the wrong row's p)
+    tv = lambda counts, p: float((counts / counts.sum() - p.double()).abs().sum() / 2)  # noqa: E731
+    assert tv(first[1], probs[5]) < 0.05 < 0.1 < tv(first[1], probs[0])
 
 
 def test_target_probs_top_k_top_p():

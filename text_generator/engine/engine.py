@@ -41,7 +41,7 @@ from text_generator.engine.output import append_tokens, describe, record_logprob
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.runahead import InFlight, complete, launch
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
-from text_generator.sampling import Sampler, SamplingParams
+from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
 from text_generator.structured import GrammarCompiler, mask_logits_
 
 
@@ -64,8 +64,9 @@ class LLMEngine:
                  greedy requests in decode-only steps (speculative/engine_step.py); None: off
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
-                 back to the plain order while a drafter is set or a live request uses penalties
-                 or structured output.
+                 back to the plain order while a live request may draft (the drafter proposes
+                 from its accepted tokens, see _may_run_ahead) or uses penalties or structured
+                 output; requests that never draft (sampled, logprobs) run ahead with a drafter set.
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class LLMEngine:
         self.async_scheduling = bool(async_scheduling)
         self._inflight: InFlight | None = None  # a launched step whose tokens are still on the device
         self._history_reqs: set[str] = set()  # live requests whose sampling reads their output history
+        self._draft_reqs: set[str] = set()  # live requests the drafter may draft for (engine_step.can_draft)
         self._grammars: GrammarCompiler | None = None  # built at the first structured request
         self._adapter_keys: set = set()  # prefix-cache keys ((adapter, load id)) given to requests
         if freeze_gc:
@@ -195,6 +197,11 @@ class LLMEngine:
         p = req.params
         if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
+        if self.drafter is not None:
+            from text_generator.speculative.engine_step import can_draft
+
+            if can_draft(p):
+                self._draft_reqs.add(rid)
         if req.cache_key is not None:
             self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
@@ -226,6 +233,7 @@ class LLMEngine:
             self.drafter.finish(req.request_id)
         self.scheduler.remove(req)
         self._history_reqs.discard(req.request_id)
+        self._draft_reqs.discard(req.request_id)
         req.finish(reason, error)
         del self.requests[req.request_id]
         if error is not None:
@@ -288,7 +296,7 @@ class LLMEngine:
         if self.drafter is not None and all(c.is_decode for c in sched.chunks):
             from text_generator.speculative.engine_step import speculative_step
 
-            spec = speculative_step(self, sched.chunks)  # (no run-ahead with a drafter: prev is None)
+            spec = speculative_step(self, sched.chunks)  # (prev is None whenever a request may draft)
             if spec is not None:
                 return spec
         try:
@@ -317,10 +325,14 @@ class LLMEngine:
 
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
-        with a drafter (it proposes from the tokens), nor while a live request's sampling reads
-        its own output history (penalties; a grammar, which masks a token only once it has
-        accepted the previous one). The machinery is runahead.py's."""
-        return self.async_scheduling and self.drafter is None and not self._history_reqs
+        while a live request's sampling reads its own output history (penalties; a grammar,
+        which masks a token only once it has accepted the previous one), nor while a live
+        request may draft. A speculative step needs its requests' accepted tokens on the host
+        before it can be built at all: the drafter proposes from them (n-gram lookup, a draft
+        model's forward), and how many were accepted sets every later token's position, slot and
+        kv length, which the host plans attention and allocates blocks with. Requests that never
+        draft (sampled, logprobs) run ahead with a drafter set. The machinery is runahead.py's."""
+        return self.async_scheduling and not self._history_reqs and not self._draft_reqs
 
     def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
                  ) -> torch.Tensor:
@@ -370,13 +382,20 @@ class LLMEngine:
         seeds) and emit it: -> each request's RequestOutput of the step."""
         if not reqs:
             return []
-        params = [r.params for r in reqs]
+        out = self.sample_on_device(logits, reqs)
+        return self.emit_sampled(reqs, out, out.token_ids.tolist())  # the step's one device -> host sync
+
+    def sample_on_device(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+        """The Sampler over logits [len(reqs), vocab] (grammar masks first): tokens left on the
+        device, for the caller to read back with whatever else it needs from the step."""
         if any(r.grammar is not None for r in reqs):
             logits = mask_logits_(logits.float().contiguous(), [r.grammar for r in reqs])
-        out = self.sampler(
-            logits, params, prompt_ids=[r.prompt_ids for r in reqs], output_ids=[r.output_ids for r in reqs],
-            generators=[r.generator for r in reqs])
-        tokens = out.token_ids.tolist()  # the step's one device -> host sync
+        return self.sampler(
+            logits, [r.params for r in reqs], prompt_ids=[r.prompt_ids for r in reqs],
+            output_ids=[r.output_ids for r in reqs], generators=[r.generator for r in reqs])
+
+    def emit_sampled(self, reqs: list[Request], out: SamplerOutput, tokens: list[int]) -> list[RequestOutput]:
+        """Emit sample_on_device's tokens (read back: `tokens`), with logprobs where asked."""
         lps = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
@@ -395,7 +414,7 @@ class LLMEngine:
                              tokenizer=self.tokenizer)
         if done.reason is not None:
             self._finish(req, done.reason, done.error)
-        elif self.drafter is not None:
+        elif req.request_id in self._draft_reqs:  # (requests that never draft are not the drafter's)
             self._draft_update(req, done.new)
         return req.output(done.new, done.delta, self.tokenizer is not None)
 

@@ -2,7 +2,7 @@
 
 Per step and request:  drafter.propose -> DraftTree  -> BlockManager.append (slots of the nodes)
 -> one forward_tensor(q_lens = tree sizes, spec_mask = tree masks) for the whole batch
--> verify.verify (greedy or rejection sampling) -> compact_accepted_kv -> truncate / append /
+-> verification of the whole batch (greedy, or batched rejection sampling) -> compact_accepted_kv -> truncate / append /
 commit (only verified tokens are committed, style rule 12) -> drafter.update.
 
 KV after verification. The tree's node i was written at kv index c + i (c = cached length);
@@ -29,7 +29,8 @@ from kv_manager import BlockManager
 from kv_manager.errors import KVCacheError, KVErrorCode
 from text_generator.speculative.drafters import Drafter
 from text_generator.speculative.tree import DraftTree, build_tree_batch
-from text_generator.speculative.verify import TreeSampling, Verdict, target_probs, verify
+from text_generator.speculative.verify import (TreeSampling, Verdict, accept_greedy, target_probs,
+                                              verify_sampling_batch)
 
 
 
@@ -67,12 +68,16 @@ def commit_accepted(kv_cache, block_manager: BlockManager, seq_id: Hashable, cac
         raise KVCacheError(KVErrorCode.OUT_OF_BLOCKS,
                            f"commit_accepted: need {grow} more token slot(s) for the bonus token of "
                            f"{seq_id!r}, no free block")
-    src = tree_slots[verdict.path]
-    # ids only: the nodes' K/V stays in place until the copy below, even in blocks this frees
-    block_manager.truncate(seq_id, cached)
-    dst = block_manager.append(seq_id, [tree.tokens[i] for i in verdict.path])
-    compact_accepted_kv(kv_cache, src, dst)
-    block_manager.commit(seq_id, cached + len(verdict.path))
+    m = len(verdict.path)
+    if verdict.path[-1] == m - 1:  # a prefix of the node list (any accepted chain): in place
+        block_manager.truncate(seq_id, cached + m)
+    else:
+        src = tree_slots[verdict.path]
+        # ids only: the nodes' K/V stays in place until the copy below, even in blocks this frees
+        block_manager.truncate(seq_id, cached)
+        dst = block_manager.append(seq_id, [tree.tokens[i] for i in verdict.path])
+        compact_accepted_kv(kv_cache, src, dst)
+    block_manager.commit(seq_id, cached + m)
     block_manager.append(seq_id, verdict.tokens[-1:])
 
 
@@ -229,8 +234,13 @@ class SpeculativeDecoder:
             batch.slots, batch.input_lengths, self.max_seq_len, None, **kwargs, **self._hidden_arg(layers))
         logits, hidden = (out, None) if layers is None else out
         self.stats.forwards += 1
-        for b, (s, c, t) in enumerate(zip(ids, cached, trees)):
-            v = verify(t, logits[batch.offsets[b]:batch.offsets[b + 1]], self.sampling, self.rng)
+        off = batch.offsets
+        if self.sampling.greedy:  # every node's target read back at once, accepted on the host
+            target = logits.argmax(dim=-1).tolist()
+            verdicts = [accept_greedy(t, target[off[b]:off[b + 1]]) for b, t in enumerate(trees)]
+        else:
+            verdicts = verify_sampling_batch(trees, target_probs(logits, self.sampling), self.rng)
+        for b, (s, c, t, v) in enumerate(zip(ids, cached, trees, verdicts)):
             commit_accepted(self.kv_cache, self.bm, s, c, t, v, batch.slots[batch.offsets[b]:batch.offsets[b + 1]])
             if hidden is None:
                 self.drafter.update(s, v.tokens)

@@ -3,31 +3,42 @@
 When an engine has a drafter (`LLMEngine(..., speculative=NgramDrafter())`) and a step holds
 only decodes, the engine runs this step instead of a plain one:
 
-    eligible requests (greedy, no penalties, no logprobs; structured ones too, verified under
+    eligible requests (greedy, no logprobs; penalties too; structured ones too, verified under
         their grammar): drafter.propose -> DraftTree
         (root = the request's last token), pruned to the token budget, max_seq_len and the
         tokens still wanted; drafts appended to the block manager only where blocks are free
     other requests: a lone-root tree (a plain decode)
     ONE forward_tensor (q_lens = tree sizes, spec_mask = tree masks)
-    drafted requests: verify_greedy -> K/V of the accepted path compacted (compact_accepted_kv),
-        only verified tokens committed; the target's own bonus token is left unregistered, as
-        after any engine step (the next step's decode appends it, preempting if it must)
-    lone roots: the engine's Sampler on their row
+    on the device, for the whole batch at once: each node's greedy target (penalties applied
+        with the drafts on its path in the history: verify.tree_targets), the accepted path
+        (verify.accept_greedy) and the Sampler's tokens for the lone roots
+    ONE host sync: the accepted nodes, bonus tokens and sampled tokens in one tensor
+    (structured requests walk their grammar on the host: verify_greedy_grammar)
+    K/V of every accepted path compacted in one gather / scatter (compact_accepted_kv), only
+        verified tokens committed; the target's own bonus token is left unregistered, as after
+        any engine step (the next step's decode appends it, preempting if it must)
 
-Output is exactly plain greedy decoding (the verifier's guarantee); sampled requests never draft
-here, so their outputs and seeds are untouched. Steps with prefill chunks run plainly.
+Output is exactly plain greedy decoding, penalties included (the verifier's guarantee); sampled
+requests never draft here, so their outputs and seeds are untouched. Steps with prefill chunks
+run plainly.
+
+Host work is per request, not per token: the batch tensors are built from flat lists
+(tree.build_tree_batch), slots come from the block tables in one op, and the per-request Python
+left is the block manager's bookkeeping and the emission of the accepted tokens.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from text_generator.engine.request import RequestOutput
+import torch
+
+from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.scheduler import ScheduledChunk
 from text_generator.sampling import SamplingParams
 from text_generator.speculative.decoder import compact_accepted_kv
-from text_generator.speculative.tree import DraftTree, build_tree_batch
-from text_generator.speculative.verify import verify_greedy, verify_greedy_grammar
+from text_generator.speculative.tree import DraftTree, TreeBatch, build_tree_batch
+from text_generator.speculative.verify import Verdict, accept_greedy, tree_targets, verify_greedy_grammar
 
 if TYPE_CHECKING:
     from text_generator.engine import LLMEngine
@@ -36,10 +47,20 @@ MAX_TREE_NODES = 16  # per request and step, the root included
 
 
 def can_draft(p: SamplingParams) -> bool:
-    """Greedy verification reproduces argmax of the raw logits (masked by the request's grammar
-    for structured output): penalties would change the target, and logprobs are not computed
-    for accepted drafts."""
-    return p.greedy and not p.has_penalties and p.logprobs is None
+    """Greedy verification reproduces argmax of the logits after the request's penalties
+    (tree_targets) or masked by its grammar (verify_greedy_grammar), not both at once; logprobs
+    are not computed for accepted drafts."""
+    return p.greedy and p.logprobs is None and not (p.has_penalties and p.structured is not None)
+
+
+def tree_slots(block_manager, seq_ids: list, cached: list[int], sizes: list[int]) -> torch.Tensor:
+    """Slots of kv indices cached[b] .. cached[b] + sizes[b] - 1 of every request, [sum(sizes)]
+    int64, from the block tables as plain ints (one tensor for the batch, none per request)."""
+    bs, out = block_manager.block_size, []
+    for s, c, n in zip(seq_ids, cached, sizes):
+        table = block_manager.block_table(s)
+        out += [table[k // bs] * bs + k % bs for k in range(c, c + n)]
+    return torch.tensor(out, dtype=torch.int64)
 
 
 def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[RequestOutput] | None:
@@ -78,8 +99,9 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         return None
     reqs = [c.request for c in chunks]
     cached = [c.start for c in chunks]
-    batch = build_tree_batch(trees, cached, [bm.slots(r.request_id, s, s + t.size) for r, s, t in zip(reqs, cached, trees)],
-                             bm.block_tables([r.request_id for r in reqs]))
+    rids = [r.request_id for r in reqs]
+    batch = build_tree_batch(trees, cached, tree_slots(bm, rids, cached, [t.size for t in trees]),
+                             bm.block_tables(rids))
     kwargs = {"q_lens": batch.q_lens}
     if batch.spec_mask is not None:
         kwargs["spec_mask"] = batch.spec_mask
@@ -88,26 +110,55 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
     logits = engine.generator.forward_tensor(
         batch.input_ids, batch.position_ids, False, engine.kv_cache, batch.block_tables, batch.slots,
         batch.input_lengths, engine.max_seq_len, None, **kwargs)
-    outputs, plain = [], []
-    off = batch.offsets
-    for b, (r, s, t) in enumerate(zip(reqs, cached, trees)):
-        if t.size == 1:
-            bm.commit(r.request_id, s + 1)
-            r.num_computed = s + 1
-            plain.append(b)
+    return _verify_and_commit(engine, reqs, cached, trees, batch, logits)
+
+
+def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[int], trees: list[DraftTree],
+                       batch: TreeBatch, logits: torch.Tensor) -> list[RequestOutput]:
+    """Verify every drafted tree, compact and commit the accepted K/V, sample the lone roots,
+    emit: -> the step's outputs. The device -> host traffic is one tensor (plus the grammar
+    walks of structured requests and the logprobs of lone roots that asked for them)."""
+    bm, off = engine.block_manager, batch.offsets
+    plain = [b for b, t in enumerate(trees) if t.size == 1]
+    drafted = [b for b, t in enumerate(trees) if t.size > 1 and reqs[b].grammar is None]
+    walked = [b for b, t in enumerate(trees) if t.size > 1 and reqs[b].grammar is not None]
+    target = None
+    if drafted:
+        target = tree_targets(logits, batch, [r.params for r in reqs], [r.prompt_ids for r in reqs],
+                              [r.output_ids for r in reqs])
+    plain_reqs = [reqs[b] for b in plain]
+    sampled = engine.sample_on_device(logits[[off[b] for b in plain]], plain_reqs) if plain else None
+    parts = [t for t in (target, None if sampled is None else sampled.token_ids) if t is not None]
+    host = torch.cat(parts).tolist() if parts else []  # the step's one device -> host sync
+    verdicts: dict[int, Verdict] = {b: accept_greedy(trees[b], host[off[b]:off[b + 1]]) for b in drafted}
+    for b in walked:
+        verdicts[b] = verify_greedy_grammar(trees[b], logits[off[b]:off[b + 1]], reqs[b].grammar)
+    # An accepted path that is a prefix of the node list (any accepted chain) is in place: drop
+    # the nodes after it. Any other is truncated away and appended again for every request
+    # first, then all their K/V moves in one gather / scatter (compact_accepted_kv reads every
+    # source before writing, so a block one request frees and another takes is safe).
+    src, dst = [], []
+    for b, v in verdicts.items():
+        r = reqs[b]
+        if v.path[-1] == len(v.path) - 1:
+            bm.truncate(r.request_id, cached[b] + len(v.path))
             continue
-        rows = logits[off[b]:off[b + 1]]
-        v = verify_greedy(t, rows) if r.grammar is None else verify_greedy_grammar(t, rows, r.grammar)
-        # speculative.commit_accepted without its final append of the bonus token, which may
-        # need a block the pool no longer has; the engine registers it at the next step
-        src = batch.slots[off[b]:off[b + 1]][v.path]
-        bm.truncate(r.request_id, s)
-        dst = bm.append(r.request_id, [t.tokens[i] for i in v.path])
-        compact_accepted_kv(engine.kv_cache, src, dst)
-        bm.commit(r.request_id, s + len(v.path))
-        r.num_computed = r.num_registered = s + len(v.path)
+        src += [off[b] + i for i in v.path]
+        bm.truncate(r.request_id, cached[b])
+        dst.append(bm.append(r.request_id, [trees[b].tokens[i] for i in v.path]))
+    if dst:
+        compact_accepted_kv(engine.kv_cache, batch.slots[torch.tensor(src)], torch.cat(dst))
+    for b in plain:
+        bm.commit(reqs[b].request_id, cached[b] + 1)
+        reqs[b].num_computed = cached[b] + 1
+    outputs = []
+    for b, v in verdicts.items():
+        r, t = reqs[b], trees[b]
+        bm.commit(r.request_id, cached[b] + len(v.path))
+        r.num_computed = r.num_registered = cached[b] + len(v.path)
         engine.num_draft_tokens += t.size - 1
         engine.num_accepted_tokens += len(v.path) - 1
         outputs.append(engine.emit(r, v.tokens))
-    outputs += engine.sample(logits[[off[b] for b in plain]], [reqs[b] for b in plain])
+    if plain:
+        outputs += engine.emit_sampled(plain_reqs, sampled, host[len(host) - len(plain):])
     return outputs

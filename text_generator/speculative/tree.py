@@ -23,6 +23,7 @@ spec_mask is given (input_length - q_len <= position < input_length).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -95,8 +96,8 @@ class DraftTree:
 
 @dataclass
 class TreeBatch:
-    """forward_tensor's arguments for one speculative decode step (is_prefill=False), plus the
-    offsets to read each request's node logits back. T = total nodes, B = requests.
+    """forward_tensor's arguments for one speculative decode step (is_prefill=False), plus what
+    the verifier needs to read each request's node logits back. T = total nodes, B = requests.
 
     input_ids      [T] int64: the trees' tokens, request after request, nodes in index order
     position_ids   [T] int64: cached_len + depth
@@ -119,31 +120,60 @@ class TreeBatch:
     offsets: list[int]
 
 
+MAX_BIT_NODES = 63  # ancestor sets travel as int64 bit masks (bit j = node j) up to this tree size
+
+
+def _ancestor_bits(tree: DraftTree) -> tuple[list[int], list[int]]:
+    """-> (depth, ancestor bit mask incl. the node itself) per node. A chain, the common case, is
+    closed-form; a branching tree takes one pass over its parents."""
+    n = tree.size
+    if tree.parents == list(range(-1, n - 1)):
+        return list(range(n)), [(1 << (i + 1)) - 1 for i in range(n)]
+    depth, bits = [0] * n, [1] + [0] * (n - 1)
+    for i in range(1, n):
+        p = tree.parents[i]
+        depth[i], bits[i] = depth[p] + 1, bits[p] | (1 << i)
+    return depth, bits
+
+
 def build_tree_batch(
     trees: Sequence[DraftTree],
     cached_lens: Sequence[int],
-    slots: Sequence[torch.Tensor],
+    slots: Sequence[torch.Tensor] | torch.Tensor,
     block_tables: torch.Tensor,
 ) -> TreeBatch:
-    """Flatten the trees of a batch. slots[b]: int [trees[b].size], the slots of kv indices
-    cached_lens[b] .. cached_lens[b] + size - 1 (e.g. BlockManager.slots); block_tables [B, W]."""
+    """Flatten the trees of a batch. slots: per request an int tensor [trees[b].size], the slots
+    of kv indices cached_lens[b] .. cached_lens[b] + size - 1 (e.g. BlockManager.slots), or all
+    of them as one tensor [T]; block_tables [B, W].
+
+    Tensors are built from flat int lists in one go (no tensor op per node or per tree): the
+    tree masks come from each node's ancestor set as an int64 bit mask, unpacked for the whole
+    batch at once,
+
+        bits[t] = 0b..1011  ->  spec_mask[t] = [1, 1, 0, 1, 0, ..]   (bit j = node j of its tree)
+    """
     sizes = [t.size for t in trees]
     max_q = max(sizes)
-    offsets = [0]
-    for s in sizes:
-        offsets.append(offsets[-1] + s)
-    ids, pos, mask_rows = [], [], []
+    pos, bits = [], []
     for tree, cached in zip(trees, cached_lens):
-        ids += tree.tokens
-        pos += [cached + d for d in tree.depths()]
-        mask_rows.append(torch.nn.functional.pad(tree.mask(), (0, max_q - tree.size)))
+        d, b = _ancestor_bits(tree)
+        pos += [cached + x for x in d]
+        bits += b
+    spec_mask = None
+    if max_q > MAX_BIT_NODES:
+        spec_mask = torch.cat([torch.nn.functional.pad(t.mask(), (0, max_q - t.size)) for t in trees])
+    elif max_q > 1:
+        # bit 63 is int64's sign bit: an arithmetic shift keeps it set, & 1 reads it right
+        spec_mask = (torch.tensor(bits, dtype=torch.int64)[:, None] >> torch.arange(max_q)) & 1 != 0
+    if not isinstance(slots, torch.Tensor):
+        slots = torch.cat([torch.as_tensor(s, dtype=torch.int64) for s in slots])
     return TreeBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64),
+        input_ids=torch.tensor(list(itertools.chain.from_iterable(t.tokens for t in trees)), dtype=torch.int64),
         position_ids=torch.tensor(pos, dtype=torch.int64),
-        slots=torch.cat([torch.as_tensor(s, dtype=torch.int64) for s in slots]),
+        slots=slots if slots.dtype == torch.int64 else slots.to(torch.int64),
         input_lengths=torch.tensor([c + s for c, s in zip(cached_lens, sizes)], dtype=torch.int32),
         q_lens=torch.tensor(sizes, dtype=torch.int32),
         block_tables=block_tables,
-        spec_mask=torch.cat(mask_rows) if max_q > 1 else None,
-        offsets=offsets,
+        spec_mask=spec_mask,
+        offsets=list(itertools.accumulate(sizes, initial=0)),
     )
