@@ -74,13 +74,28 @@ def experts_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     return out
 
 
+FP8_GROUP = 128  # columns per scale of block-wise FP8 experts (one scale per row and group)
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Block-wise FP8 experts back to the model dtype: w [E, rows, cols] e4m3, scale [E, rows, ceil(cols / 128)]
+    float32 -> w * scale of its row and 128-column group, rounded to dtype once (as the kernels do per tile)."""
+    full = scale.to(torch.float32).repeat_interleave(FP8_GROUP, dim=-1)[..., :w.shape[-1]]
+    return (w.to(torch.float32) * full).to(dtype)
+
+
 class Experts(nn.Module):
-    """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I] in the model
+    dtype, or e4m3 with float32 scales gate_up_scale [E, 2I, ceil(H / 128)] and down_scale
+    [E, H, ceil(I / 128)] (None for unquantized experts)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        # buffers while None: assigning a tensor (or a Parameter) later makes them the FP8 scales
+        self.register_buffer("gate_up_scale", None)
+        self.register_buffer("down_scale", None)
 
 
 class SharedExpert(nn.Module):
@@ -120,7 +135,8 @@ class SparseMoE(nn.Module):
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
         weights, ids = route(F.linear(x, self.gate.weight), self.spec)
-        y = kernels.moe_experts(x, weights, ids, self.experts.gate_up_proj, self.experts.down_proj)
+        ex = self.experts
+        y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, ex.gate_up_scale, ex.down_scale)
         if self.shared_expert is not None:
             s = self.shared_expert
             shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)
