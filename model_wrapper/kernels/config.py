@@ -48,11 +48,12 @@ class KernelConfig:
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
     # mixture-of-experts decode path (kernels/moe_decode.py): steps of at most moe_decode_pairs
-    # token-expert pairs, and no more than the layer's experts, skip the sort and read each pair's
+    # token-expert pairs, and few per expert (a repeated expert is read once per pair), skip the sort and read each pair's
     # expert in GEMVs (0: every step sorts; the A/B switch of benchmarks/bench_moe.py). The tiles
     # are first guesses sized for the SM count at one token (8 pairs x 48 gate_up blocks, 256 down
     # blocks), not yet measured: benchmarks/sweep_moe.py sweeps them
     moe_decode_pairs: int = 64
+    moe_decode_pairs_per_expert: int = 1  # and at most this many pairs per expert of the layer (Mixtral: 8)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
     moe_decode_down_block_n: int = 8  # down rows a program, summed over the token's k experts

@@ -91,6 +91,12 @@ def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw
              mask=valid[:, None] & n_ok[None, :])
 
 
+def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig) -> bool:
+    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs,
+    and not many more than the experts (the decode path reads a repeated expert once per pair)."""
+    return num_pairs <= min(cfg.moe_decode_pairs, cfg.moe_decode_pairs_per_expert * num_experts)
+
+
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
               down_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -107,7 +113,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     P = T * k
-    if P <= min(cfg.moe_decode_pairs, E):  # more pairs than experts would read some experts many times over
+    if takes_decode_path(P, E, cfg):
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()
     fp8 = gate_up_scale is not None
