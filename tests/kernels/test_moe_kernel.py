@@ -119,7 +119,7 @@ def test_the_decode_path_takes_few_pairs_on_many_experts():
     assert takes_decode_path(4 * 16, 4, DECODE) and not takes_decode_path(4 * 16, 4, SORTED)
 
 
-CASES = [(1, 8, 2, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 4, "skew"), (5, 8, 2, "ties")]
+CASES = [(1, 8, 2, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"), (5, 8, 2, "ties")]
 
 
 @interpreter_only
@@ -134,9 +134,14 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+# the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs)
+DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=64, moe_decode_down_block_n=64,
+                                 moe_decode_down_block_k=64)
+
+
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE, SORTED], ids=["decode", "sorted"])
-@pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (16, 4, 2, "random")])
+@pytest.mark.parametrize("cfg", [DECODE_FP8, SORTED], ids=["decode", "sorted"])
+@pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled."""
     x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
