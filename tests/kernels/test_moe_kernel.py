@@ -17,6 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 from triton_interpret import INTERPRET, on_cuda_skip  # noqa: E402  (sets the interpreter up before the kernels import)
+from conftest import dequantize_fp8_blockwise, quantize_fp8_blockwise  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 from model_wrapper.kernels.moe import fused_moe, takes_decode_path  # noqa: E402
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference  # noqa: E402
@@ -45,26 +46,6 @@ def _case(T, E, k, H, inter, dtype, device, routing="random", seed=0):
         logits.zero_()
     weights, ids = route(logits, MoESpec(E, k, inter, norm_topk_prob=True))
     return x, weights, ids, gate_up, down
-
-
-def _quantize(w: torch.Tensor):
-    """w [E, rows, cols] -> (e4m3 [E, rows, cols], float32 scales [E, rows, ceil(cols / 128)]): absmax per
-    row and 128-column group, as block-wise FP8 checkpoints store them."""
-    E, R, C = w.shape
-    G = -(-C // 128)
-    padded = torch.nn.functional.pad(w.float(), (0, G * 128 - C)).view(E, R, G, 128)
-    scale = padded.abs().amax(-1).clamp(min=1e-8) / 448.0
-    q = (padded / scale[..., None]).view(E, R, G * 128)[..., :C].to(torch.float8_e4m3fn)
-    return q, scale
-
-
-def _dequantize_oracle(q: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
-    """The block-wise dequantization written out group by group (independent of dequantize_experts)."""
-    out = torch.empty(q.shape, dtype=torch.float32)
-    for gi in range(scale.shape[-1]):
-        cols = slice(gi * 128, min((gi + 1) * 128, q.shape[-1]))
-        out[..., cols] = q[..., cols].cpu().float() * scale[..., gi, None].cpu()
-    return out.to(dtype).to(q.device)
 
 
 def _expected_align(ids: torch.Tensor, E: int, bm: int):
@@ -145,9 +126,9 @@ DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled."""
     x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
-    (gq, gs), (dq, ds) = _quantize(gate_up), _quantize(down)
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
-    ref = experts_reference(x, w, ids, _dequantize_oracle(gq, gs, x.dtype), _dequantize_oracle(dq, ds, x.dtype))
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -155,12 +136,12 @@ def test_dequantize_experts_and_torch_kernels_fp8():
     """dequantize_experts against the group-by-group oracle; TorchKernels.moe_experts with scales is the
     reference on those weights; one scale without the other is refused."""
     x, w, ids, gate_up, down = _case(4, 8, 2, 200, 136, torch.float32, "cpu")
-    (gq, gs), (dq, ds) = _quantize(gate_up), _quantize(down)
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     for dt in (torch.float32, torch.bfloat16):
-        assert torch.equal(dequantize_experts(gq, gs, dt), _dequantize_oracle(gq, gs, dt))
+        assert torch.equal(dequantize_experts(gq, gs, dt), dequantize_fp8_blockwise(gq, gs, dt))
     kern = TorchKernels(torch.ones(4), torch.float32)
     got = kern.moe_experts(x, w, ids, gq, dq, gs, ds)
-    ref = experts_reference(x, w, ids, _dequantize_oracle(gq, gs, x.dtype), _dequantize_oracle(dq, ds, x.dtype))
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     with pytest.raises(ValueError, match="both gate_up_scale and down_scale"):
         kern.moe_experts(x, w, ids, gq, dq, gs, None)
@@ -200,9 +181,9 @@ def test_fp8_experts_match_reference_cuda(path, T):
     if path == "decode" and T > 257:
         pytest.skip("the decode path is for a few pairs")
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 200, torch.bfloat16, "cuda", "ties" if T == 16 else "random")
-    (gq, gs), (dq, ds) = _quantize(gate_up), _quantize(down)
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, CUDA_PATHS[path], gate_up_scale=gs, down_scale=ds)
-    _cuda_close(got, x, w, ids, _dequantize_oracle(gq, gs, x.dtype), _dequantize_oracle(dq, ds, x.dtype))
+    _cuda_close(got, x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
 
 
 @pytest.mark.cuda
