@@ -7,15 +7,17 @@
 
 Both are GEMVs (fp32 FMAs over BLOCK_K columns at a time): at one token a Qwen3-30B-A3B layer has
 8 pairs x 48 gate_up blocks of 16 columns and 2048 / 8 down blocks, enough programs for every SM,
-where the grouped GEMM had 8 experts x 12 blocks of 16-row tiles holding one real row each. The down
-kernel visits a token's k experts in order and sums their weighted, rounded products in fp32 in
-registers: no atomics, no [P, H] intermediate, the same result whatever the scheduling. Rounding is
-fused_moe's (kernels/moe.py). A pair whose expert is repeated by another token reads its weights again:
-the path is for steps of at most KernelConfig.moe_decode_pairs pairs.
+where the grouped GEMM had 8 experts x 12 blocks of 16-row tiles holding one real row each. A down
+program loads the rows of all k experts of its token in one tile ([k x BLOCK_N, BLOCK_K]: more bytes
+in flight than one expert's rows) and sums their weighted, rounded products in fp32 in registers: no
+atomics, no [P, H] intermediate, the same result whatever the scheduling. Rounding is fused_moe's
+(kernels/moe.py). A pair whose expert is repeated by another token reads its weights again: the path
+is for steps of few pairs per expert (kernels/moe.takes_decode_path).
 
 FP8 (e4m3) weights carry float32 scales [E, rows, ceil(cols / GROUP)], one per row and GROUP columns:
 a tile is dequantized to the model dtype in registers (w * scale, rounded), as the reference does to
-the whole tensor; BLOCK_K divides GROUP so a tile sits in one group.
+the whole tensor. Its tiles span twice the configured columns (the same bytes a load), either inside
+one group (BLOCK_K <= GROUP) or over whole groups side by side (reshaped [rows, groups, GROUP]).
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ FP8_GROUP = 128  # columns per scale of the block-wise FP8 experts
 
 
 @triton.jit
-def _dequant(w, s_ptrs, n_ok, FP8: tl.constexpr, dtype: tl.constexpr):
-    """w [BLOCK_N, BLOCK_K] -> fp32; FP8: times the rows' scales (loaded at s_ptrs [BLOCK_N]), rounded to dtype."""
+def _dequant(w, s_rows, row_ok, k0, K, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+             dtype: tl.constexpr):
+    """w [R, BLOCK_K] (columns k0..) -> fp32. FP8: times the scale of each element's row (s_rows [R], pointers
+    to the rows' first scale) and GROUP-column group, rounded to dtype, as the reference dequantizes."""
     if FP8:
-        s = tl.load(s_ptrs, mask=n_ok, other=0.0)
-        w = (w.to(tl.float32) * s[:, None]).to(dtype)
+        R: tl.constexpr = w.shape[0]
+        if BLOCK_K <= GROUP:  # BLOCK_K divides GROUP: the tile lies in one group
+            s = tl.load(s_rows + k0 // GROUP, mask=row_ok, other=0.0)
+            w = (w.to(tl.float32) * s[:, None]).to(dtype)
+        else:  # BLOCK_K / GROUP whole groups side by side
+            NG: tl.constexpr = BLOCK_K // GROUP
+            g = k0 // GROUP + tl.arange(0, NG)
+            s = tl.load(s_rows[:, None] + g[None, :], mask=row_ok[:, None] & (g * GROUP < K)[None, :], other=0.0)
+            w = tl.reshape(w.to(tl.float32), (R, NG, GROUP)) * s[:, :, None]
+            w = tl.reshape(w.to(dtype), (R, BLOCK_K))
     return w.to(tl.float32)
 
 
@@ -49,7 +61,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, strid
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    gate_rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
     up_rows = gate_rows + N * stride_wn
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     up_s = gate_s + N * stride_sn
@@ -60,10 +72,10 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, strid
         k_ok = kk < K
         xv = tl.load(x_ptr + t * stride_x + kk, mask=k_ok, other=0.0).to(tl.float32)
         m = n_ok[:, None] & k_ok[None, :]
-        wg = _dequant(tl.load(gate_rows + kk[None, :], mask=m, other=0.0), gate_s + k0 // GROUP, n_ok, FP8, dtype)
-        wu = _dequant(tl.load(up_rows + kk[None, :], mask=m, other=0.0), up_s + k0 // GROUP, n_ok, FP8, dtype)
-        acc_g += tl.sum(wg * xv[None, :], axis=1)
-        acc_u += tl.sum(wu * xv[None, :], axis=1)
+        wg = tl.load(gate_rows[:, None] + kk[None, :], mask=m, other=0.0)
+        wu = tl.load(up_rows[:, None] + kk[None, :], mask=m, other=0.0)
+        acc_g += tl.sum(_dequant(wg, gate_s, n_ok, k0, K, FP8, GROUP, BLOCK_K, dtype) * xv[None, :], axis=1)
+        acc_u += tl.sum(_dequant(wu, up_s, n_ok, k0, K, FP8, GROUP, BLOCK_K, dtype) * xv[None, :], axis=1)
     g = acc_g.to(dtype).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype)
     out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
@@ -72,30 +84,37 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, strid
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn, stride_se,
-                 stride_sn, stride_y, TOP_K: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
+                 stride_sn, stride_y, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # one tile row per (expert slot j, output row n): r = j * BLOCK_N + (n - first row); KP = TOP_K rounded
+    # up to a power of two, its extra slots masked
     t = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    r = tl.arange(0, KP * BLOCK_N)
+    j = r // BLOCK_N
+    cols = tl.arange(0, BLOCK_N)
+    n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
+    slot_ok = j < TOP_K
+    row_ok = slot_ok & (n < N)
+    p = t * TOP_K + j
+    e = tl.load(ids_ptr + p, mask=slot_ok, other=0).to(tl.int64)
+    w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
+    s_rows = s_ptr + e * stride_se + n * stride_sn
+    a_rows = act_ptr + p.to(tl.int64) * stride_act
     offs_k = tl.arange(0, BLOCK_K)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        p = t * TOP_K + j
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        rows = w_ptr + e * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        scales = s_ptr + e * stride_se + offs_n * stride_sn
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            k_ok = kk < K
-            a = tl.load(act_ptr + p * stride_act + kk, mask=k_ok, other=0.0).to(tl.float32)
-            w = _dequant(tl.load(rows + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0),
-                         scales + k0 // GROUP, n_ok, FP8, dtype)
-            acc += tl.sum(w * a[None, :], axis=1)
-        rw = tl.load(rw_ptr + p).to(tl.float32)
-        total += (acc.to(dtype).to(tl.float32) * rw).to(dtype).to(tl.float32)
-    tl.store(y_ptr + t * stride_y + offs_n, total.to(dtype), mask=n_ok)
+    acc = tl.zeros((KP * BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        m = row_ok[:, None] & (kk < K)[None, :]
+        a = tl.load(a_rows[:, None] + kk[None, :], mask=m, other=0.0).to(tl.float32)  # rows repeat: cache hits
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=m, other=0.0)
+        acc += tl.sum(_dequant(w, s_rows, row_ok, k0, K, FP8, GROUP, BLOCK_K, dtype) * a, axis=1)
+    rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
+    y = (acc.to(dtype).to(tl.float32) * rw).to(dtype).to(tl.float32)  # masked slots: 0
+    # the sum over the token's experts: row r adds into column r % BLOCK_N
+    total = tl.sum(tl.where((r % BLOCK_N)[:, None] == cols[None, :], y[:, None], 0.0), axis=0)
+    out_n = tl.program_id(1) * BLOCK_N + cols
+    tl.store(y_ptr + t * stride_y + out_n, total.to(dtype), mask=out_n < N)
 
 
 def scale_args(scale: torch.Tensor | None, w: torch.Tensor) -> tuple:
@@ -117,8 +136,8 @@ def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    bk = min(cfg.moe_decode_block_k, FP8_GROUP) if fp8 else cfg.moe_decode_block_k
-    bk_down = min(cfg.moe_decode_down_block_k, FP8_GROUP) if fp8 else cfg.moe_decode_down_block_k
+    # FP8 tiles span twice the columns: the same bytes a load as the model-dtype tiles
+    bk, bk_down = cfg.moe_decode_block_k * (2 if fp8 else 1), cfg.moe_decode_down_block_k * (2 if fp8 else 1)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_kernel[(T * k, triton.cdiv(inter, cfg.moe_decode_block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
@@ -127,6 +146,6 @@ def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     s, sse, ssn = scale_args(down_scale, down)
     _down_kernel[(T, triton.cdiv(H, cfg.moe_decode_down_block_n))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
-        TOP_K=k, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=cfg.moe_decode_down_block_n, BLOCK_K=bk_down,
-        num_warps=cfg.moe_decode_warps, num_stages=cfg.moe_decode_stages)
+        TOP_K=k, KP=triton.next_power_of_2(k), FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=cfg.moe_decode_down_block_n,
+        BLOCK_K=bk_down, num_warps=cfg.moe_decode_warps, num_stages=cfg.moe_decode_stages)
     return y

@@ -115,13 +115,15 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-# the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs)
-DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=64, moe_decode_down_block_n=64,
-                                 moe_decode_down_block_k=64)
+# the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs); FP8
+# tiles span twice the configured columns: 64 (inside one 128-column group) and 256 (two groups a tile)
+DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=32, moe_decode_down_block_n=32,
+                                 moe_decode_down_block_k=32)
+DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE_FP8, SORTED], ids=["decode", "sorted"])
+@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, SORTED], ids=["decode", "decode-wide", "sorted"])
 @pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled."""
