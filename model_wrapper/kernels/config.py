@@ -56,8 +56,8 @@ class KernelConfig:
     moe_decode_pairs_per_expert: int = 1  # and at most this many pairs per expert of the layer (Mixtral: 8)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
-    moe_decode_down_block_n: int = 8  # down rows a program, summed over the token's k experts
-    moe_decode_down_block_k: int = 256
+    moe_decode_down_block_n: int = 8  # down rows of each of the token's k experts a program: [k x 8, 128] a tile
+    moe_decode_down_block_k: int = 128
     moe_decode_warps: int = 4
     moe_decode_stages: int = 3
 

@@ -86,35 +86,34 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, strid
 def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn, stride_se,
                  stride_sn, stride_y, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # one tile row per (expert slot j, output row n): r = j * BLOCK_N + (n - first row); KP = TOP_K rounded
-    # up to a power of two, its extra slots masked
+    # the weight tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; KP = TOP_K
+    # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
+    first = tl.program_id(1) * BLOCK_N
+    slot = tl.arange(0, KP)
+    slot_ok = slot < TOP_K
+    p = t * TOP_K + slot  # [KP] the token's pairs
     r = tl.arange(0, KP * BLOCK_N)
-    j = r // BLOCK_N
-    cols = tl.arange(0, BLOCK_N)
-    n = tl.program_id(1) * BLOCK_N + r % BLOCK_N
-    slot_ok = j < TOP_K
-    row_ok = slot_ok & (n < N)
-    p = t * TOP_K + j
-    e = tl.load(ids_ptr + p, mask=slot_ok, other=0).to(tl.int64)
-    w_rows = w_ptr + e * stride_we + n.to(tl.int64) * stride_wn
-    s_rows = s_ptr + e * stride_se + n * stride_sn
-    a_rows = act_ptr + p.to(tl.int64) * stride_act
+    rj, rn = r // BLOCK_N, first + r % BLOCK_N
+    row_ok = (rj < TOP_K) & (rn < N)
+    e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)  # [KP * BLOCK_N]
+    w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
+    s_rows = s_ptr + e * stride_se + rn * stride_sn
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((KP * BLOCK_N,), dtype=tl.float32)
+    acc = tl.zeros((KP, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        m = row_ok[:, None] & (kk < K)[None, :]
-        a = tl.load(a_rows[:, None] + kk[None, :], mask=m, other=0.0).to(tl.float32)  # rows repeat: cache hits
-        w = tl.load(w_rows[:, None] + kk[None, :], mask=m, other=0.0)
-        acc += tl.sum(_dequant(w, s_rows, row_ok, k0, K, FP8, GROUP, BLOCK_K, dtype) * a, axis=1)
+        k_ok = kk < K
+        a = tl.load(act_ptr + p[:, None].to(tl.int64) * stride_act + kk[None, :], mask=slot_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = _dequant(w, s_rows, row_ok, k0, K, FP8, GROUP, BLOCK_K, dtype)
+        acc += tl.sum(tl.reshape(w, (KP, BLOCK_N, BLOCK_K)) * a[:, None, :], axis=2)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
-    y = (acc.to(dtype).to(tl.float32) * rw).to(dtype).to(tl.float32)  # masked slots: 0
-    # the sum over the token's experts: row r adds into column r % BLOCK_N
-    total = tl.sum(tl.where((r % BLOCK_N)[:, None] == cols[None, :], y[:, None], 0.0), axis=0)
-    out_n = tl.program_id(1) * BLOCK_N + cols
-    tl.store(y_ptr + t * stride_y + out_n, total.to(dtype), mask=out_n < N)
+    y = (acc.to(dtype).to(tl.float32) * rw[:, None]).to(dtype).to(tl.float32)  # masked slots: 0
+    out_n = first + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
 
 
 def scale_args(scale: torch.Tensor | None, w: torch.Tensor) -> tuple:
