@@ -53,7 +53,7 @@ class KernelConfig:
     # are first guesses sized for the SM count at one token (8 pairs x 48 gate_up blocks, 256 down
     # blocks), not yet measured: benchmarks/sweep_moe.py sweeps them
     moe_decode_pairs: int = 64
-    moe_decode_pairs_per_expert: int = 1  # and at most this many pairs per expert of the layer (Mixtral: 8)
+    moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
     moe_decode_down_block_n: int = 8  # down rows of each of the token's k experts a program: [k x 8, 128] a tile
