@@ -113,6 +113,6 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 12
     _count_kernel[(num_chunks,)](ids, counts, pairs, P, rows, fill, EP=ep, CHUNK=chunk)
     _scatter_kernel[(num_chunks,)](ids, counts, pairs, block_expert, P, num_experts, num_chunks, num_blocks,
                                    triton.cdiv(num_blocks, num_chunks), EP=ep, CHUNK=chunk,
-                                   CHUNK_TILE=min(32, triton.next_power_of_2(num_chunks)), BLOCK_TILE=64,
+                                   CHUNK_TILE=min(32, max(2, triton.next_power_of_2(num_chunks))), BLOCK_TILE=64,
                                    BLOCK_M=block_m)
     return pairs, block_expert

@@ -145,6 +145,6 @@ def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     s, sse, ssn = scale_args(down_scale, down)
     _down_kernel[(T, triton.cdiv(H, cfg.moe_decode_down_block_n))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
-        TOP_K=k, KP=triton.next_power_of_2(k), FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=cfg.moe_decode_down_block_n,
+        TOP_K=k, KP=max(2, triton.next_power_of_2(k)), FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=cfg.moe_decode_down_block_n,
         BLOCK_K=bk_down, num_warps=cfg.moe_decode_warps, num_stages=cfg.moe_decode_stages)
     return y

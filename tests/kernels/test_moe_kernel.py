@@ -100,7 +100,8 @@ def test_the_decode_path_takes_few_pairs_on_many_experts():
     assert takes_decode_path(4 * 16, 4, DECODE) and not takes_decode_path(4 * 16, 4, SORTED)
 
 
-CASES = [(1, 8, 2, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"), (5, 8, 2, "ties")]
+CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"),
+         (5, 8, 2, "ties")]
 
 
 @interpreter_only
