@@ -28,7 +28,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.config import KernelConfig
 
-FP8_GROUP = 128  # columns per scale of the block-wise FP8 experts
+FP8_GROUP = 128  # columns per scale of the block-wise FP8 experts (layers/moe.FP8_GROUP: the same format)
 
 
 @triton.jit
@@ -117,9 +117,11 @@ def _down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act
 
 
 def scale_args(scale: torch.Tensor | None, w: torch.Tensor) -> tuple:
-    """(pointer, expert stride, row stride) of a scale tensor; w stands in (never read) without one."""
+    """(tensor, expert stride, row stride) of a scale tensor (groups unit-strided); w stands in (never
+    read) without one."""
     if scale is None:
         return w, 0, 0
+    scale = scale.contiguous()
     return scale, scale.stride(0), scale.stride(1)
 
 

@@ -74,7 +74,7 @@ def experts_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     return out
 
 
-FP8_GROUP = 128  # columns per scale of block-wise FP8 experts (one scale per row and group)
+FP8_GROUP = 128  # columns per scale of block-wise FP8 experts (one scale per row and group; the kernels' too)
 
 
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
