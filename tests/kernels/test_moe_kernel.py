@@ -26,8 +26,8 @@ from model_wrapper.layers.moe import MoESpec, dequantize_experts, experts_refere
 
 interpreter_only = pytest.mark.skipif(not INTERPRET, reason="interpreter case")
 # small tiles, so that the interpreter's tiny shapes span several programs and K steps
-DECODE = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16, moe_decode_block_k=32,
-                      moe_decode_down_block_n=8, moe_decode_down_block_k=32, moe_decode_stages=1)
+DECODE = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16,
+                      moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32, moe_decode_stages=1)
 SORTED = KernelConfig(moe_decode_pairs=0, moe_block_m=16, moe_block_n=16, moe_block_k=32, moe_stages=1,
                       moe_small_pairs=40, moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=32,
                       moe_large_stages=1, moe_align_chunk=32)
@@ -131,7 +131,8 @@ def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, 
     x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
-    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype),
+                            dequantize_fp8_blockwise(dq, ds, x.dtype))
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -144,7 +145,8 @@ def test_dequantize_experts_and_torch_kernels_fp8():
         assert torch.equal(dequantize_experts(gq, gs, dt), dequantize_fp8_blockwise(gq, gs, dt))
     kern = TorchKernels(torch.ones(4), torch.float32)
     got = kern.moe_experts(x, w, ids, gq, dq, gs, ds)
-    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype),
+                            dequantize_fp8_blockwise(dq, ds, x.dtype))
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
     with pytest.raises(ValueError, match="both gate_up_scale and down_scale"):
         kern.moe_experts(x, w, ids, gq, dq, gs, None)
