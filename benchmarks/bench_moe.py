@@ -1,14 +1,19 @@
-"""Mixture-of-experts speed on the Qwen3-30B-A3B shape (random bf16 weights): decode and prefill against
-the bytes / GEMMs they must cost, and transformers' own generate beside it in the same run.
+"""Mixture-of-experts speed on the Qwen3-30B-A3B shape (random weights): decode and prefill against
+the bytes / GEMMs they must cost, the previous MoE path beside the current one, bf16 and FP8 experts, and
+transformers' own generate, all in the same run.
 
     python3 benchmarks/bench_moe.py --out benchmarks/results        # -> moe.json, moe.png
 
+variants old       the previous MoE path (KernelConfig with no decode path and the torch-ops sort)
+         new       KernelConfig() as it stands (kernels/moe_decode.py at few pairs, the fused align above)
+         new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
+                   (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
-         the KV of every request, and per layer the experts its tokens route to. With random weights
-         the router spreads tokens evenly, so B tokens reach E * (1 - (1 - k / E)^B) distinct experts
-         of a layer in expectation (the floor uses that count).
-prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes: per layer qkv, o
+         the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
+         and the scales for FP8). With random weights the router spreads tokens evenly, so B tokens reach
+         E * (1 - (1 - k / E)^B) distinct experts of a layer in expectation (the floor uses that count).
+prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes (bf16): per layer qkv, o
          and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
 """
@@ -16,6 +21,7 @@ peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -25,6 +31,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import copy_bandwidth, decode_case, hf_decode_step, prefill_case, timed  # noqa: E402
 from benchmarks.common import pyplot, random_text_generator  # noqa: E402
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+
+# the MoE path before the decode path and the fused align: the torch-ops sort and grouped GEMMs at every size
+OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -42,14 +52,42 @@ def shapes(cfg: dict) -> dict:
     return dict(H=H, q=q, kv=kv, E=E, k=k, I=inter, L=cfg["num_hidden_layers"], V=cfg["vocab_size"])
 
 
-def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2) -> float:
+def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: bool = False) -> float:
     s = shapes(cfg)
     attn = s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"] + s["E"] * s["H"] + 2 * s["H"]  # + router, norms
-    expert = 3 * s["H"] * s["I"]
+    if fp8_experts:  # a byte a weight and a float32 scale per row and 128 columns
+        expert = 3 * s["H"] * s["I"] + 4 * (2 * s["I"] * -(-s["H"] // 128) + s["H"] * -(-s["I"] // 128))
+    else:
+        expert = 3 * s["H"] * s["I"] * elem
     touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
     kv = 2 * s["kv"] * ctx * B
-    per_layer = (attn + touched * expert + kv) * elem
+    per_layer = (attn + kv) * elem + touched * expert
     return s["L"] * per_layer + (s["V"] * s["H"] + s["H"]) * elem
+
+
+def quantize_fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [E, rows, cols] -> (e4m3 [E, rows, cols], float32 scales [E, rows, ceil(cols / 128)]): absmax per
+    row and 128-column group over e4m3's largest value, the block-wise FP8 checkpoints' layout."""
+    E, R, C = w.shape
+    G = -(-C // 128)
+    padded = torch.nn.functional.pad(w.float(), (0, G * 128 - C)).view(E, R, G, 128)
+    scale = padded.abs().amax(-1).clamp(min=1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    q = (padded / scale[..., None]).view(E, R, G * 128)[..., :C].to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()
+
+
+def quantize_experts(model) -> None:
+    """Every sparse layer's experts of model to e4m3 + scales in place (one layer at a time: the bf16
+    copy of a layer is freed before the next is quantized)."""
+    from model_wrapper.layers.moe import SparseMoE
+
+    for m in model.modules():
+        if isinstance(m, SparseMoE):
+            ex = m.experts
+            for name, scale_name in (("gate_up_proj", "gate_up_proj_scale"), ("down_proj", "down_proj_scale")):
+                q, scale = quantize_fp8_blockwise(getattr(ex, name).data)
+                setattr(ex, name, torch.nn.Parameter(q, requires_grad=False))
+                setattr(ex, scale_name, scale)
 
 
 def grouped_chain(cfg: dict, T: int, iters: int) -> float:
@@ -98,7 +136,7 @@ def main():
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
     bw = copy_bandwidth("cuda")
-    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, model="Qwen3-30B-A3B-shaped, random bf16",
+    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, model="Qwen3-30B-A3B-shaped, random weights",
                layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
@@ -107,30 +145,37 @@ def main():
     num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
     kv = gen.allocate_kv_cache(num_blocks, 16)
     perm = torch.randperm(num_blocks)
-    decode = []
-    for B in (1, 8, 32, 128):
-        for ctx in (512, 2048):
-            if B * -(-ctx // 16) > num_blocks:
-                continue
-            t = decode_case(gen, kv, 16, B, ctx, perm, 30)
-            floor = decode_floor_bytes(cfg, B, ctx) / bw
-            decode.append(dict(batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3, ratio=t / floor))
-            print(f"decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms  x{t / floor:.2f}",
-                  flush=True)
-    prefill = []
-    for T in (1024, 4096):
-        n = max(2, 16384 // T)
-        t = prefill_case(gen, kv, 16, T, perm, n)
-        tg = grouped_chain(cfg, T, n)
-        prefill.append(dict(tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
-        print(f"prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  x{t / tg:.2f}", flush=True)
+    decode, prefill = [], []
+    for variant, kc in (("old", OLD_MOE), ("new", KernelConfig()), ("new-fp8", KernelConfig())):
+        fp8 = variant.endswith("fp8")
+        if fp8:
+            quantize_experts(gen.model_wrapper.model)
+            torch.cuda.empty_cache()
+        gen.model_wrapper.set_kernel_config(kc)
+        for B in (1, 8, 32, 128):
+            for ctx in (512, 2048):
+                if B * -(-ctx // 16) > num_blocks:
+                    continue
+                t = decode_case(gen, kv, 16, B, ctx, perm, 30)
+                floor = decode_floor_bytes(cfg, B, ctx, fp8_experts=fp8) / bw
+                decode.append(dict(variant=variant, batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3,
+                                   ratio=t / floor))
+                print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
+                      f"  x{t / floor:.2f}", flush=True)
+        for T in (1024, 4096):
+            n = max(2, 16384 // T)
+            t = prefill_case(gen, kv, 16, T, perm, n)
+            tg = grouped_chain(cfg, T, n)
+            prefill.append(dict(variant=variant, tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
+            print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
+                  f"x{t / tg:.2f}", flush=True)
     res.update(decode=decode, prefill=prefill)
     del kv, gen
     torch.cuda.empty_cache()
     if not args.no_peer:
         hf = random_hf_moe(cfg)
         step = hf_decode_step(hf, 32, 512, 16, "cuda")
-        ours = next(d for d in decode if d["batch"] == 32 and d["context"] == 512)
+        ours = next(d for d in decode if d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512)
         res["transformers"] = dict(batch=32, prompt=512, static_cache_step_ms=step * 1e3, our_step_ms=ours["step_ms"],
                                    speedup=step * 1e3 / ours["step_ms"])
         print(f"transformers static-cache generate B=32 prompt=512: {step * 1e3:.2f} ms/step; ours "
@@ -146,16 +191,17 @@ def plot(res, path):
     if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ctx in sorted({d["context"] for d in res["decode"]}):
-        rows = [d for d in res["decode"] if d["context"] == ctx]
-        line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=f"ctx {ctx}")
-        a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
-    a.set(xlabel="batch", ylabel="ms / decode step", title="decode (dashed: bytes floor)", xscale="log")
+    for variant in ("old", "new", "new-fp8"):
+        rows = [d for d in res["decode"] if d["variant"] == variant and d["context"] == 512]
+        line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=variant)
+        if variant != "old":  # old and new share the bf16 floor
+            a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
+    a.set(xlabel="batch", ylabel="ms / decode step", title="decode, context 512 (dashed: bytes floor)", xscale="log")
     a.legend()
     p = res["prefill"]
-    b.bar([str(d["tokens"]) for d in p], [d["ratio"] for d in p])
+    b.bar([f"{d['variant']}\n{d['tokens']}" for d in p], [d["ratio"] for d in p])
     b.axhline(1.0, color="k", lw=0.8)
-    b.set(xlabel="prompt tokens", ylabel="prefill / grouped-GEMM chain", title="prefill")
+    b.set(xlabel="variant / prompt tokens", ylabel="prefill / bf16 grouped-GEMM chain", title="prefill")
     fig.suptitle(f"{res['model']} ({res['layers']} layers) on {res['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

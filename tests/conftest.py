@@ -154,6 +154,26 @@ class PagedHarness:
         return out
 
 
+def quantize_fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., rows, cols] -> (e4m3 [..., rows, cols], float32 scales [..., rows, ceil(cols / 128)]): absmax
+    of each row's 128-column groups over e4m3's largest value, the layout of block-wise FP8 checkpoints."""
+    C = w.shape[-1]
+    G = -(-C // 128)
+    padded = torch.nn.functional.pad(w.float(), (0, G * 128 - C)).unflatten(-1, (G, 128))
+    scale = padded.abs().amax(-1).clamp(min=1e-8) / 448.0
+    q = (padded / scale[..., None]).flatten(-2)[..., :C].to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_fp8_blockwise(q: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+    """The inverse, written out group by group: each 128-column group times its row's scale, then dtype."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for gi in range(scale.shape[-1]):
+        cols = slice(gi * 128, min((gi + 1) * 128, q.shape[-1]))
+        out[..., cols] = q[..., cols].float() * scale[..., gi, None]
+    return out.to(dtype)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b| (float32)."""
     a, b = a.detach().float(), b.detach().float()

@@ -47,6 +47,25 @@ class KernelConfig:
     add_norm_block: int = 128  # columns per program of add_lora_rms_norm
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
+    # mixture-of-experts decode path (kernels/moe_decode.py): steps of at most moe_decode_pairs
+    # token-expert pairs, and few per expert (a repeated expert is read once per pair), skip the sort and read each pair's
+    # expert in GEMVs (0: every step sorts; the A/B switch of benchmarks/bench_moe.py). The tiles
+    # are first guesses sized for the SM count at one token (8 pairs x 48 gate_up blocks, 256 down
+    # blocks), not yet measured: benchmarks/sweep_moe.py sweeps them
+    moe_decode_pairs: int = 64
+    moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
+    moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
+    moe_decode_block_k: int = 256
+    moe_decode_down_block_n: int = 8  # down rows of each of the token's k experts a program: [k x 8, 128] a tile
+    moe_decode_down_block_k: int = 128
+    moe_decode_warps: int = 4
+    moe_decode_stages: int = 3
+
+    # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
+    # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks
+    moe_fused_align: bool = True
+    moe_align_chunk: int = 128  # its rank step compares a chunk's pairs pairwise: [chunk, chunk] in registers
+
     # fused mixture-of-experts (kernels/moe.py): token-expert pairs per block of one expert,
     # output / K tiles, warps and stages of its two grouped GEMMs; steps of at most
     # moe_small_pairs token-expert pairs (decode) take the first set, larger ones the second

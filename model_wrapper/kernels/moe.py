@@ -1,7 +1,12 @@
-"""Fused mixture-of-experts on the GPU: token-expert pairs sorted per expert on the device, two grouped GEMMs.
+"""Fused mixture-of-experts on the GPU: the entry point fused_moe and the grouped GEMMs of larger steps.
+
+Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (kernels/
+moe_decode.py: a GEMV per pair, no sort). Larger ones sort the pairs per expert on the device and run
+two grouped GEMMs:
 
     ids [T, k] --moe_align--> pairs [R] (pair p = t * k + j, sorted by expert, each expert's run padded
                               to a multiple of BLOCK_M with the sentinel P = T * k), block_expert [R / BLOCK_M]
+                              (kernels/moe_align.py)
     gate_up kernel: program (m block, n block) of expert e = block_expert[m]:
                     act[p, n] = silu(x[p // k] @ gate_e[n]) * (x[p // k] @ up_e[n])      act [P, I]
     down kernel:    out[p, :] = w[p] * (act[p] @ down_e^T)                                out [P, H]
@@ -13,6 +18,10 @@ the routing. Blocks past the last expert's run find block_expert == E and return
 reference's (layers/moe.experts_reference): each product rounded to the model dtype, silu in fp32 rounded,
 times up rounded, the routing weight applied to the rounded down product; only the final sum over a
 token's k experts runs in fp32 (the reference adds them one by one in the model dtype).
+
+FP8 experts (e4m3 weights, float32 scales [E, rows, ceil(cols / 128)], one per row and 128 columns): each
+weight tile is dequantized to the model dtype in registers before its dot (weight-only: activations stay
+in the model dtype), which is what the reference computes on the dequantized tensors.
 """
 
 from __future__ import annotations
@@ -22,37 +31,15 @@ import triton
 import triton.language as tl
 
 from model_wrapper.kernels.config import KernelConfig
-
-
-def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [T, k] int64 -> (pairs [R] int32, block_expert [R // block_m] int32), on ids' device, no sync.
-
-    pairs lists the pair indices p = t * k + j grouped by expert in ascending expert order, ascending p
-    within an expert, each expert's run padded to a multiple of block_m with P = T * k; block_expert[b] is
-    the expert of rows [b * block_m, (b + 1) * block_m), or num_experts past the last run."""
-    T, k = ids.shape
-    P = T * k
-    flat = ids.reshape(-1)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    order = torch.sort(flat, stable=True).indices  # pairs by expert, p ascending within one
-    sorted_e = flat[order]
-    rank = torch.arange(P, device=ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
-    rows = P + min(num_experts, P) * (block_m - 1)
-    rows = -(-rows // block_m) * block_m
-    pairs = torch.full((rows,), P, dtype=torch.int32, device=ids.device)
-    pairs[(ends - padded)[sorted_e] + rank] = order.to(torch.int32)
-    starts = torch.arange(0, rows, block_m, device=ids.device)
-    block_expert = torch.searchsorted(ends, starts, right=True).to(torch.int32)
-    return pairs, block_expert
+from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
+from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
 
 
 @triton.jit
-def _moe_gemm_kernel(a_ptr, w_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a, stride_we,
-                     stride_wn, stride_o, TOP_K: tl.constexpr, SILU: tl.constexpr, WEIGHTED: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a, stride_we,
+                     stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr, SILU: tl.constexpr,
+                     WEIGHTED: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -70,6 +57,7 @@ def _moe_gemm_kernel(a_ptr, w_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P
     n_ok = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_base = w_ptr + e.to(tl.int64) * stride_we
+    s_base = s_ptr + e.to(tl.int64) * stride_se + offs_n * stride_sn  # FP8: the tile's rows' scales
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SILU:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -79,10 +67,16 @@ def _moe_gemm_kernel(a_ptr, w_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P
         a = tl.load(a_ptr + row[:, None].to(tl.int64) * stride_a + kk[None, :], mask=valid[:, None] & k_ok[None, :],
                     other=0.0)
         w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
+            s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
+            w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
         acc = tl.dot(a, w, acc)
         if SILU:
             wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
                          other=0.0)
+            if FP8:
+                su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
+                wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
             acc_up = tl.dot(a, wu, acc_up)
     dtype = o_ptr.dtype.element_ty
     if SILU:
@@ -97,33 +91,55 @@ def _moe_gemm_kernel(a_ptr, w_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P
              mask=valid[:, None] & n_ok[None, :])
 
 
+def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig) -> bool:
+    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs,
+    and not many more than the experts (the decode path reads a repeated expert once per pair)."""
+    return num_pairs <= min(cfg.moe_decode_pairs, cfg.moe_decode_pairs_per_expert * num_experts)
+
+
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-              cfg: KernelConfig = KernelConfig()) -> torch.Tensor:
-    """x [T, H], weights [T, k] (model dtype or fp32), ids [T, k] int64, gate_up [E, 2I, H], down [E, H, I]
-    -> [T, H] in x's dtype: the sum over each token's k experts of weight * expert(x)."""
+              cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
+              down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, H], weights [T, k] (model dtype or fp32), ids [T, k] int, gate_up [E, 2I, H], down [E, H, I]
+    -> [T, H] in x's dtype: the sum over each token's k experts of weight * expert(x). With scales
+    (gate_up_scale [E, 2I, ceil(H / 128)], down_scale [E, H, ceil(I / 128)] float32) the experts are
+    e4m3, dequantized in registers; without them the model-dtype path runs unchanged."""
     T, H = x.shape
     k = ids.shape[1]
     E, two_i, _ = gate_up.shape
     inter = two_i // 2
+    if (gate_up_scale is None) != (down_scale is None):
+        raise ValueError("fused_moe: FP8 experts need both gate_up_scale and down_scale, got one")
     if T == 0:
         return torch.zeros_like(x)
-    x = x.contiguous()
     P = T * k
+    if takes_decode_path(P, E, cfg):
+        return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
+    x = x.contiguous()
+    fp8 = gate_up_scale is not None
     if P <= cfg.moe_small_pairs:
         bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
     else:
         bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
         warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
-    pairs, block_expert = moe_align(ids, E, bm)
+    if fp8:
+        bk = min(bk, FP8_GROUP)
+    if cfg.moe_fused_align:
+        pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk)
+    else:
+        pairs, block_expert = moe_align_reference(ids, E, bm)
     act = torch.empty(P, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    launch = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    launch = dict(TOP_K=k, FP8=fp8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                  num_stages=stages)
+    s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
-        x, gate_up, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), TOP_K=k, SILU=True, WEIGHTED=False, **launch)
+        x, gate_up, s, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        sse, ssn, act.stride(0), SILU=True, WEIGHTED=False, **launch)
+    s, sse, ssn = scale_args(down_scale, down)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
-        act, down, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
-        out.stride(0), TOP_K=k, SILU=False, WEIGHTED=True, **launch)
+        act, down, s, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
+        sse, ssn, out.stride(0), SILU=False, WEIGHTED=True, **launch)
     return out.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from model_wrapper.kernels.config import KernelConfig
-from model_wrapper.layers.moe import experts_reference
+from model_wrapper.layers.moe import dequantize_experts, experts_reference
 from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 
@@ -65,9 +65,16 @@ class TorchKernels:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    def moe_experts(self, x, weights, ids, gate_up, down) -> torch.Tensor:
+    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
         """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
-        down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert)."""
+        down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert).
+        FP8 experts (e4m3, with float32 scales gate_up_scale [E, 2I, ceil(H / 128)] and down_scale
+        [E, H, ceil(I / 128)]) are dequantized to x's dtype first (layers/moe.dequantize_experts)."""
+        if (gate_up_scale is None) != (down_scale is None):
+            raise ValueError("moe_experts: FP8 experts need both gate_up_scale and down_scale, got one")
+        if gate_up_scale is not None:
+            gate_up = dequantize_experts(gate_up, gate_up_scale, x.dtype)
+            down = dequantize_experts(down, down_scale, x.dtype)
         return experts_reference(x, weights, ids, gate_up, down)
 
 
@@ -160,14 +167,15 @@ class FlashInferKernels(TorchKernels):
         scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora, self.config)
         return x, residual, scale
 
-    def moe_experts(self, x, weights, ids, gate_up, down):
-        """Triton's fused MoE (kernels/moe.py: pairs sorted per expert on the device, grouped GEMMs;
+    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
+        """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else
+        pairs sorted per expert on the device and grouped GEMMs; FP8 experts dequantized in registers;
         no host sync, so decode graphs capture it); without Triton the reference."""
         if self._triton is None:
-            return super().moe_experts(x, weights, ids, gate_up, down)
+            return super().moe_experts(x, weights, ids, gate_up, down, gate_up_scale, down_scale)
         from model_wrapper.kernels.moe import fused_moe
 
-        return fused_moe(x, weights, ids, gate_up, down, self.config)
+        return fused_moe(x, weights, ids, gate_up, down, self.config, gate_up_scale, down_scale)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

@@ -74,6 +74,16 @@ def experts_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     return out
 
 
+FP8_GROUP = 128  # columns per scale of block-wise FP8 experts (one scale per row and group; the kernels' too)
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Block-wise FP8 experts back to the model dtype: w [E, rows, cols] e4m3, scale [E, rows, ceil(cols / 128)]
+    float32 -> w * scale of its row and 128-column group, rounded to dtype once (as the kernels do per tile)."""
+    full = scale.to(torch.float32).repeat_interleave(FP8_GROUP, dim=-1)[..., :w.shape[-1]]
+    return (w.to(torch.float32) * full).to(dtype)
+
+
 class Experts(nn.Module):
     """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 

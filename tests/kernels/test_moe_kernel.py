@@ -1,37 +1,72 @@
-"""The fused MoE kernels (model_wrapper/kernels/moe.py) against the reference experts (layers/moe.py).
+"""The fused MoE kernels (model_wrapper/kernels/moe*.py) against the reference experts (layers/moe.py).
 
 Under Triton's interpreter on the CPU (fp32: the interpreter mishandles bf16 dots) and on CUDA in bf16
-(marked cuda). Token counts cover one token, a few, a block's worth and more; expert counts and top-k vary,
-with experts that receive no token and every token routed to one expert.
+(marked cuda). Both paths of fused_moe are forced in turn through KernelConfig: the decode path (a GEMV
+per token-expert pair, no sort) and the sorted path (moe_align, fused or torch ops, then grouped GEMMs).
+Token counts cover one token, a few, a block's worth and more; expert counts and top-k vary, with experts
+that receive no token, routing ties (every token routed to the same experts) and FP8 experts (e4m3 with
+per-row, 128-column scales) checked against the reference on weights dequantized here, group by group.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-from triton_interpret import INTERPRET  # noqa: E402  (sets the interpreter up before the kernels import)
+from triton_interpret import INTERPRET, on_cuda_skip  # noqa: E402  (sets the interpreter up before the kernels import)
+from conftest import dequantize_fp8_blockwise, quantize_fp8_blockwise  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
-from model_wrapper.kernels.moe import fused_moe, moe_align  # noqa: E402
-from model_wrapper.layers.moe import MoESpec, experts_reference, route  # noqa: E402
+from model_wrapper.kernels.moe import fused_moe, takes_decode_path  # noqa: E402
+from model_wrapper.kernels.moe_align import moe_align, moe_align_reference  # noqa: E402
+from model_wrapper.layers.kernels import TorchKernels  # noqa: E402
+from model_wrapper.layers.moe import MoESpec, dequantize_experts, experts_reference, route  # noqa: E402
+
+interpreter_only = pytest.mark.skipif(not INTERPRET, reason="interpreter case")
+# small tiles, so that the interpreter's tiny shapes span several programs and K steps
+DECODE = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16,
+                      moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32, moe_decode_stages=1)
+SORTED = KernelConfig(moe_decode_pairs=0, moe_block_m=16, moe_block_n=16, moe_block_k=32, moe_stages=1,
+                      moe_small_pairs=40, moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=32,
+                      moe_large_stages=1, moe_align_chunk=32)
+SORTED_TORCH_ALIGN = dataclasses.replace(SORTED, moe_fused_align=False)
 
 
-def _case(T, E, k, H, inter, dtype, device, skew=False, seed=0):
+def _case(T, E, k, H, inter, dtype, device, routing="random", seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=g).to(dtype).to(device)
     gate_up = (torch.randn(E, 2 * inter, H, generator=g) * H ** -0.5).to(dtype).to(device)
     down = (torch.randn(E, H, inter, generator=g) * inter ** -0.5).to(dtype).to(device)
     logits = torch.randn(T, E, generator=g).to(dtype).to(device)
-    if skew:  # every token prefers the same experts: the others receive nothing
+    if routing == "skew":  # every token prefers the same experts: the others receive nothing
         logits[:, :k] += 20.0
+    elif routing == "ties":  # equal logits: top-k breaks the ties, every token picks the same experts
+        logits.zero_()
     weights, ids = route(logits, MoESpec(E, k, inter, norm_topk_prob=True))
     return x, weights, ids, gate_up, down
 
 
-def test_align_groups_pairs_by_expert_and_pads_blocks():
+def _expected_align(ids: torch.Tensor, E: int, bm: int):
+    """moe_align's result, built with Python lists: each expert's pairs in ascending order, padded to bm."""
+    flat = ids.reshape(-1).tolist()
+    P = len(flat)
+    pairs, block_expert = [], []
+    for e in range(E):
+        run = [p for p, x in enumerate(flat) if x == e]
+        run += [P] * (-len(run) % bm)
+        pairs += run
+        block_expert += [e] * (len(run) // bm)
+    rows = P + min(E, P) * (bm - 1)
+    rows = -(-rows // bm) * bm
+    return pairs + [P] * (rows - len(pairs)), block_expert + [E] * (rows // bm - len(block_expert))
+
+
+@pytest.mark.parametrize("align", [moe_align, moe_align_reference], ids=["fused", "torch"])
+def test_align_groups_pairs_by_expert_and_pads_blocks(align):
     ids = torch.tensor([[3, 0], [0, 2], [3, 1], [0, 3]])
-    pairs, block_expert = moe_align(ids, 5, 4)
+    pairs, block_expert = align(ids, 5, 4)
     P = ids.numel()
     rows = pairs.tolist()
     # expert 0: pairs 1, 2, 6 (ids[0,1], ids[1,0], ids[3,0]); 1: 5; 2: 3; 3: 0, 4, 7; 4: none
@@ -40,29 +75,136 @@ def test_align_groups_pairs_by_expert_and_pads_blocks():
     assert block_expert.tolist()[:4] == [0, 1, 2, 3] and all(e == 5 for e in block_expert.tolist()[4:])
 
 
-@pytest.mark.parametrize("T,E,k,skew", [(1, 8, 2, False), (3, 8, 3, False), (16, 4, 2, False), (37, 16, 4, False),
-                                        (20, 8, 2, True)])
-def test_fused_moe_matches_reference_interpreter(T, E, k, skew):
-    if not INTERPRET:
-        pytest.skip("interpreter case")
-    x, w, ids, gate_up, down = _case(T, E, k, 32, 24, torch.float32, "cpu", skew)
-    cfg = KernelConfig(moe_block_m=16, moe_block_n=16, moe_block_k=16, moe_stages=1, moe_small_pairs=40,
-                       moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=16, moe_large_stages=1)
+@interpreter_only
+@pytest.mark.parametrize("T,E,k,bm,chunk,routing", [
+    (1, 8, 2, 16, 128, "random"), (3, 8, 3, 4, 4, "random"), (16, 6, 2, 8, 8, "skew"), (257, 16, 4, 16, 32, "random"),
+    (100, 128, 8, 16, 64, "random"), (33, 300, 6, 16, 16, "ties"), (40, 5, 1, 8, 8, "ties")])
+def test_fused_align_matches_the_list_built_sort(T, E, k, bm, chunk, routing):
+    """The two-kernel align over chunks smaller and larger than the step, expert counts that are not
+    powers of two (up to 300), experts with no pair and all pairs on a few experts."""
+    _, _, ids, _, _ = _case(T, E, k, 4, 4, torch.float32, "cpu", routing)
+    pairs, block_expert = moe_align(ids, E, bm, chunk)
+    want_pairs, want_blocks = _expected_align(ids, E, bm)
+    assert pairs.dtype == block_expert.dtype == torch.int32
+    assert pairs.tolist() == want_pairs and block_expert.tolist() == want_blocks
+
+
+def test_the_decode_path_takes_few_pairs_on_many_experts():
+    """Default bounds: Qwen3-30B-A3B's decode (128 experts, top-8) up to 8 tokens, Mixtral's (8 experts,
+    top-2) up to 4; the config's switches move them, 0 turns the path off."""
+    cfg = KernelConfig()
+    assert takes_decode_path(8, 128, cfg) and takes_decode_path(64, 128, cfg) and not takes_decode_path(72, 128, cfg)
+    assert takes_decode_path(8, 8, cfg) and not takes_decode_path(10, 8, cfg)
+    assert takes_decode_path(16, 8, dataclasses.replace(cfg, moe_decode_pairs_per_expert=2))
+    assert not takes_decode_path(1, 128, dataclasses.replace(cfg, moe_decode_pairs=0))
+    assert takes_decode_path(4 * 16, 4, DECODE) and not takes_decode_path(4 * 16, 4, SORTED)
+
+
+CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"),
+         (5, 8, 2, "ties")]
+
+
+@interpreter_only
+@pytest.mark.parametrize("cfg", [DECODE, SORTED, SORTED_TORCH_ALIGN], ids=["decode", "sorted", "sorted-torch-align"])
+@pytest.mark.parametrize("T,E,k,routing", CASES + [(257, 16, 4, "random")])
+def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
+    if cfg is DECODE and T == 257:
+        pytest.skip("the decode path is for a few pairs (the interpreter takes minutes here)")
+    x, w, ids, gate_up, down = _case(T, E, k, 48, 40, torch.float32, "cpu", routing)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
     ref = experts_reference(x, w, ids, gate_up, down)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("T", [1, 3, 16, 257, 4096])
-@pytest.mark.parametrize("E,k", [(8, 2), (64, 8), (128, 8)])
-def test_fused_moe_matches_reference_cuda(T, E, k):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    x, w, ids, gate_up, down = _case(T, E, k, 256, 128, torch.bfloat16, "cuda", skew=(T == 257))
-    got = fused_moe(x, w, ids, gate_up, down)
+# the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs); FP8
+# tiles span twice the configured columns: 64 (inside one 128-column group) and 256 (two groups a tile)
+DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=32, moe_decode_down_block_n=32,
+                                 moe_decode_down_block_k=32)
+DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
+
+
+@interpreter_only
+@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, SORTED], ids=["decode", "decode-wide", "sorted"])
+@pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
+def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
+    """H = 200 and I = 136: two scale groups each, the second partly filled."""
+    x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype),
+                            dequantize_fp8_blockwise(dq, ds, x.dtype))
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dequantize_experts_and_torch_kernels_fp8():
+    """dequantize_experts against the group-by-group oracle; TorchKernels.moe_experts with scales is the
+    reference on those weights; one scale without the other is refused."""
+    x, w, ids, gate_up, down = _case(4, 8, 2, 200, 136, torch.float32, "cpu")
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    for dt in (torch.float32, torch.bfloat16):
+        assert torch.equal(dequantize_experts(gq, gs, dt), dequantize_fp8_blockwise(gq, gs, dt))
+    kern = TorchKernels(torch.ones(4), torch.float32)
+    got = kern.moe_experts(x, w, ids, gq, dq, gs, ds)
+    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype),
+                            dequantize_fp8_blockwise(dq, ds, x.dtype))
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="both gate_up_scale and down_scale"):
+        kern.moe_experts(x, w, ids, gq, dq, gs, None)
+
+
+def _cuda_close(got, x, w, ids, gate_up, down):
     ref = experts_reference(x, w, ids, gate_up, down)
     exact = experts_reference(x.double(), w.double(), ids, gate_up.double(), down.double())
     # bounded by the reference's own bf16 error against float64, with slack for the fp32 final sum
     err, ref_err = (got.double() - exact).abs().max(), (ref.double() - exact).abs().max()
     assert err <= 2 * ref_err + 1e-3, (err, ref_err)
+
+
+DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20)
+CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
+              "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
+                                                                                             moe_fused_align=False)}
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("path", list(CUDA_PATHS))
+@pytest.mark.parametrize("T", [1, 3, 16, 257, 4096])
+@pytest.mark.parametrize("E,k", [(8, 2), (64, 8), (128, 8)])
+def test_fused_moe_matches_reference_cuda(path, T, E, k):
+    if path == "decode" and T > 257:
+        pytest.skip("the decode path is for a few pairs")
+    x, w, ids, gate_up, down = _case(T, E, k, 256, 128, torch.bfloat16, "cuda", "skew" if T == 257 else "random")
+    _cuda_close(fused_moe(x, w, ids, gate_up, down, CUDA_PATHS[path]), x, w, ids, gate_up, down)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("path", ["decode", "sorted"])
+@pytest.mark.parametrize("T", [1, 16, 257, 4096])
+def test_fp8_experts_match_reference_cuda(path, T):
+    if path == "decode" and T > 257:
+        pytest.skip("the decode path is for a few pairs")
+    x, w, ids, gate_up, down = _case(T, 64, 8, 384, 200, torch.bfloat16, "cuda", "ties" if T == 16 else "random")
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    got = fused_moe(x, w, ids, gq, dq, CUDA_PATHS[path], gate_up_scale=gs, down_scale=ds)
+    _cuda_close(got, x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("path", ["decode", "sorted"])
+def test_graph_replay_follows_new_routing(path):
+    """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
+    copied into the captured buffers) give what eager calls give: nothing depends on the host."""
+    cfg = CUDA_PATHS[path]
+    x, w, ids, gate_up, down = _case(8, 64, 8, 256, 128, torch.bfloat16, "cuda")
+    fused_moe(x, w, ids, gate_up, down, cfg)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, w, ids, gate_up, down, cfg)
+    for seed, routing in ((1, "random"), (2, "skew"), (3, "ties")):
+        x2, w2, ids2, _, _ = _case(8, 64, 8, 256, 128, torch.bfloat16, "cuda", routing, seed)
+        x.copy_(x2), w.copy_(w2), ids.copy_(ids2)
+        graph.replay()
+        torch.testing.assert_close(out, fused_moe(x2, w2, ids2, gate_up, down, cfg), rtol=0, atol=0)

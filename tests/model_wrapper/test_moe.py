@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import MOE_FAMILIES, hf_model, make_checkpoint, rel_err
+from conftest import MOE_FAMILIES, dequantize_fp8_blockwise, hf_model, make_checkpoint, quantize_fp8_blockwise, rel_err
 from model_wrapper import KernelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from test_forward_parity import _max_err, _reference, _script, run_scenario
@@ -70,6 +70,30 @@ def test_routing_ties_pick_what_transformers_picks(tmp_path):
     save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     full, steps = _script(seed=2)
     outputs = run_scenario(_load(path), full, steps, 4)
+    assert _max_err(outputs, _reference(path, torch.float32, full)) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_fp8_experts_match_transformers_on_their_dequantized_weights(tmp_path, family):
+    """Experts held in e4m3 with per-row, 128-column scales (Experts.gate_up_proj_scale / down_proj_scale, which
+    kernels.moe_experts dequantizes) against transformers on a checkpoint holding the dequantized values."""
+    from model_wrapper.layers.moe import SparseMoE
+
+    path = make_checkpoint(tmp_path / family, family)
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    for name in sd:
+        if ".experts." in name:
+            sd[name] = dequantize_fp8_blockwise(*quantize_fp8_blockwise(sd[name]), torch.float32)
+    save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    gen = _load(path)
+    for m in gen.model_wrapper.model.modules():
+        if isinstance(m, SparseMoE):  # the loaded (dequantized) experts back to e4m3 + scales
+            ex = m.experts
+            (gq, gs), (dq, ds) = quantize_fp8_blockwise(ex.gate_up_proj.data), quantize_fp8_blockwise(ex.down_proj.data)
+            ex.gate_up_proj, ex.down_proj = torch.nn.Parameter(gq, False), torch.nn.Parameter(dq, False)
+            ex.gate_up_proj_scale, ex.down_proj_scale = gs, ds
+    full, steps = _script(seed=5)
+    outputs = run_scenario(gen, full, steps, 4)
     assert _max_err(outputs, _reference(path, torch.float32, full)) < 1e-4
 
 

@@ -1,0 +1,100 @@
+"""The MoE kernels compile for Hopper (sm_90) without spilling, on a machine without a GPU.
+
+Triton's interpreter (test_moe_kernel.py) runs the kernels' arithmetic but not the compiler: a construct the
+interpreter accepts and the compiler refuses, or a tile too large for the registers, shows only on a GPU.
+Here each kernel is compiled ahead of time as its host function launches it for Qwen3-30B-A3B under the
+default KernelConfig (pointers and strides divisible by 16, as Triton specializes them at launch), with the
+ptxas that ships with Triton, and its resource use read back with cuobjdump: no stack (spilled registers).
+The compiler runs in a child process: in this one the kernels may already be interpreted functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _compile_all() -> dict:
+    """-> {kernel case: stack bytes}, compiling every case (run in a process without TRITON_INTERPRET)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    from model_wrapper.kernels import moe, moe_align, moe_decode
+    from model_wrapper.kernels.config import KernelConfig
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    cfg = KernelConfig()
+    stacks = {}
+
+    def build(name, fn, pointers, constexprs, num_warps, num_stages):
+        sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
+        aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                   if n not in constexprs and (n in pointers or n.startswith("stride") or n in ("N", "K"))}
+        kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
+                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                                num_stages=num_stages))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(kernel.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                                   text=True, check=True).stdout
+        stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+
+    for fp8 in (False, True):
+        dt = "fp8" if fp8 else "bf16"
+        weights = dict(w_ptr="*fp8e4nv" if fp8 else "*bf16", s_ptr="*fp32" if fp8 else "*bf16")
+        wide = 2 if fp8 else 1  # FP8 decode tiles span twice the columns (moe_decode)
+        launch = (cfg.moe_decode_warps, cfg.moe_decode_stages)
+        build(f"decode gate_up {dt}", moe_decode._gate_up_kernel,
+              dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
+              dict(TOP_K=8, FP8=fp8, GROUP=128, BLOCK_N=cfg.moe_decode_block_n,
+                   BLOCK_K=cfg.moe_decode_block_k * wide), *launch)
+        build(f"decode down {dt}", moe_decode._down_kernel,
+              dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+              dict(TOP_K=8, KP=8, FP8=fp8, GROUP=128, BLOCK_N=cfg.moe_decode_down_block_n,
+                   BLOCK_K=cfg.moe_decode_down_block_k * wide), *launch)
+        for pre in ("moe_", "moe_large_"):
+            bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
+                                                                         "stages"))
+            for silu in (True, False):
+                build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}", moe._moe_gemm_kernel,
+                      dict(a_ptr="*bf16", o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16",
+                           **weights),
+                      dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, GROUP=128, BLOCK_M=bm, BLOCK_N=bn,
+                           BLOCK_K=min(bk, 128) if fp8 else bk), warps, stages)
+    pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
+    build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk), 4, 3)
+    build("align scatter", moe_align._scatter_kernel, pointers,
+          dict(EP=128, CHUNK=cfg.moe_align_chunk, CHUNK_TILE=32, BLOCK_TILE=64, BLOCK_M=cfg.moe_block_m), 4, 3)
+    return stacks
+
+
+@pytest.fixture(scope="module")
+def stacks():
+    triton = pytest.importorskip("triton")
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
+        pytest.skip("Triton's NVIDIA backend tools are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_moe_kernel_compiles_for_sm90_without_spills(stacks):
+    assert len(stacks) == 14
+    assert {name: s for name, s in stacks.items() if s} == {}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    print(json.dumps(_compile_all()))
