@@ -45,6 +45,7 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(HERE, "benchmarks", "results"))
     ap.add_argument("--sweep", action="store_true", help="also time the weight-only kernels' launch configs")
+    ap.add_argument("--sweep-only", action="store_true", help="the sweep alone (block scales), no cases")
     ap.add_argument("--smoke", action="store_true", help="CPU under Triton's interpreter, tiny shapes (plumbing only)")
     return ap.parse_args()
 
@@ -75,7 +76,7 @@ def main():
     g = torch.Generator(device=device).manual_seed(0)
     dt = torch.float16 if args.smoke else torch.bfloat16  # the interpreter's bf16 dot is wrong
     for shape, (N, K) in shapes.items():
-        for scales in ("block128", "channel"):
+        for scales in (("block128",) if args.sweep_only else ("block128", "channel")):
             group = 128 if scales == "block128" else K
             kg = -(-K // group)
             copies = 2 if args.smoke else max(2, -(-ROTATE_BYTES // (N * K)))
@@ -84,6 +85,9 @@ def main():
             ss = [torch.rand(N, kg, device=device, generator=g) / (64 * K**0.5) for _ in range(copies)]
             wb = [dequantize_fp8_weight(w, s, group, dt) for w, s in zip(ws, ss)]
             silu_cases = (False, True) if shape == "gate_up" else (False,)
+            if args.sweep_only:
+                silu_cases = ()
+                args.sweep = True
             for silu in silu_cases:
                 for M in tokens:
                     x = torch.randn(M, K, device=device, generator=g).to(dt)
@@ -95,7 +99,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "fp8_gemm.json"), "w") as f:
         json.dump(res, f, indent=1)
-    plot(res, os.path.join(args.out, "fp8_gemm.png"))
+    if res["cases"]:
+        plot(res, os.path.join(args.out, "fp8_gemm.png"))
     print(f"wrote {args.out}/fp8_gemm.json (and fp8_gemm.png with matplotlib)")
 
 
@@ -189,15 +194,17 @@ def sweep(fp8, torch, shape, ws, ss, group, cfg, device, g, dt) -> list[dict]:
     rows = []
     variants = [("gemv", 1, dataclasses.replace(cfg, fp8_gemv_tile=t, fp8_gemv_warps=w))
                 for t in (8192, 16384, 32768) for w in (4, 8)]
-    variants += [("skinny", M, dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_min_programs=p,
-                                                   fp8_skinny_stages=st))
-                 for M in (4, 8, 16) for bk in (128, 256) for p in (128, 256, 512) for st in (3, 5)]
+    # M 3..16 pad to the same 16-token tile: one M times them all; min_programs sets the rows a
+    # program takes (64 halving to 16 until that many programs)
+    variants += [("skinny", 16, dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_min_programs=p,
+                                                    fp8_skinny_stages=st, fp8_skinny_warps=w))
+                 for bk in (128, 256) for p in (32, 128, 512) for st in (3, 5) for w in (4, 8)]
     for kernel, M, c in variants:
         x = torch.randn(M, K, device=device, generator=g).to(dt)
         fn = fp8.fp8_gemv if kernel == "gemv" else fp8.fp8_skinny
         sec = time_calls(torch, lambda i: fn(x, ws[i], ss[i], group, cfg=c), len(ws), device)
         keys = ("fp8_gemv_tile", "fp8_gemv_warps") if kernel == "gemv" else (
-            "fp8_skinny_block_k", "fp8_skinny_min_programs", "fp8_skinny_stages")
+            "fp8_skinny_block_k", "fp8_skinny_min_programs", "fp8_skinny_stages", "fp8_skinny_warps")
         row = {"shape": shape, "kernel": kernel, "tokens": M, **{k: getattr(c, k) for k in keys}, "us": sec * 1e6,
                "weight_TBps": N * K / sec / 1e12}
         print(f"sweep {shape:8s} {kernel:6s} M={M:2d} " + " ".join(f"{k}={row[k]}" for k in keys)
