@@ -171,8 +171,8 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
 # -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
 
 @triton.jit
-def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K, stride_x, stride_w, stride_s, stride_o,
-                   GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
+                   stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
     # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
     # GEMM). PER_GROUP: BLOCK_K divides GROUP, so a K step has one scale per row; each step's
