@@ -243,3 +243,64 @@ def test_sizing_helpers_count_one_byte_elements(checkpoint_dir):
     assert num_blocks_for_budget(spec8, 16, budget) == 2 * num_blocks_for_budget(spec16, 16, budget)
     kv = gen.allocate_kv_cache(3, 16, dtype=FP8)
     assert sum(t.numel() * t.element_size() for pair in kv for t in pair) == 3 * spec8.bytes_per_block(16)
+
+
+# -- the engine and the CLI with an FP8 cache ------------------------------------------------------------------
+
+
+def _fp8_greedy(ref, ids: list[int], n: int) -> list[int]:
+    """transformers' own greedy generate with the FP8-rounding attention: n new tokens."""
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_engine_with_fp8_cache_generates_what_transformers_over_fp8_kv_does(checkpoint_dir):
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    ckpt = checkpoint_dir("qwen2")
+    gen = TextGenerator.from_pretrained(ckpt, device="cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 19, 3)]
+    scales = gen.calibrate_kv_scales(prompts)
+    engine = LLMEngine(gen, num_blocks=32, block_size=4, kv_cache_dtype="fp8", freeze_gc=False)
+    assert all(t.dtype == FP8 for pair in engine.kv_cache for t in pair)
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True), use_tqdm=False)
+    ref = fp8_reference(ckpt, scales[0].tolist(), scales[1].tolist())
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == _fp8_greedy(ref, p, 8)
+    with pytest.raises(ForwardArgumentError) as e:
+        LLMEngine(gen, num_blocks=8, block_size=4, kv_cache_dtype="int4", freeze_gc=False)
+    assert e.value.code == ErrorCode.INVALID_KV_CACHE_DTYPE
+
+
+def test_engine_sizes_an_fp8_cache_at_twice_the_blocks(checkpoint_dir):
+    """No num_blocks: the CPU budget holds twice as many e4m3 blocks as bf16 ones."""
+    from text_generator.engine import LLMEngine
+
+    gen = TextGenerator.from_pretrained(checkpoint_dir("llama"), device="cpu", dtype=torch.bfloat16)
+    budget = 64 * gen.kv_cache_spec.bytes_per_block(4)
+    kw = dict(block_size=4, max_seq_len=64, max_num_seqs=64, kv_cpu_budget_bytes=budget, freeze_gc=False)
+    auto, fp8 = LLMEngine(gen, **kw), LLMEngine(gen, kv_cache_dtype="fp8", **kw)
+    assert auto.kv_cache[0][0].shape[0] == 64 and fp8.kv_cache[0][0].shape[0] == 128
+
+
+def test_cli_generate_with_kv_cache_dtype_fp8(checkpoint_dir, monkeypatch, capsys):
+    """`generate --kv-cache-dtype fp8` (scales 1.0: the checkpoint has none) prints the tokens
+    transformers over FP8-rounded K/V generates greedily."""
+    import json
+
+    from text_generator.cli import main
+
+    ckpt = checkpoint_dir("llama")
+    code = main(["generate", "5,17,33,2", "--token-ids", "--model", ckpt, "--device", "cpu", "--dtype", "float32",
+                 "--temperature", "0", "--max-new-tokens", "6", "--ignore-eos", "--json", "--kv-cache-dtype", "fp8"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (rec,) = [json.loads(line) for line in out.out.splitlines()]
+    assert rec["token_ids"] == _fp8_greedy(fp8_reference(ckpt, [1.0, 1.0], [1.0, 1.0]), [5, 17, 33, 2], 6)
+    with pytest.raises(SystemExit) as e:  # argparse refuses it in one line
+        main(["generate", "x", "--device", "cpu", "--kv-cache-dtype", "int8"])
+    assert e.value.code == 2 and "--kv-cache-dtype" in capsys.readouterr().err
