@@ -156,8 +156,18 @@ class ModelWrapper:
         """Take the checkpoint's K/V scales where the loader found some (checkpoint_kv_scales:
         (k [L], v [L]) float32, or None / absent: keep the current ones)."""
         ckpt = getattr(self, "checkpoint_kv_scales", None)
-        if ckpt is not None:
-            self.set_kv_scales(*ckpt)
+        if ckpt is None:
+            return
+        L = self.cfg.num_layers
+        for name, s in zip(("k_scale", "v_scale"), ckpt):
+            s = torch.as_tensor(s, dtype=torch.float32).flatten()
+            if s.numel() != L:
+                raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
+                                     f"{name}: expected one scale per layer ({L}), got {s.numel()}")
+            if not bool((torch.isfinite(s) & (s > 0)).all()):
+                raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
+                                     f"{name}: expected positive finite scales, got {s.tolist()}")
+        self.set_kv_scales(*ckpt)
 
     def set_kv_scales(self, k_scales, v_scales) -> None:
         """Per-layer K and V scales ([num_layers] positive finite floats each, checked by the caller:

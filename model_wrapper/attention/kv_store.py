@@ -33,7 +33,8 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn: larger values saturate inst
 
 
 def quantize_fp8(x: torch.Tensor, scale) -> torch.Tensor:
-    """x (any float dtype) -> float8_e4m3fn round(x / scale), clamped to +-FP8_MAX, in float32."""
+    """x (any float dtype) -> float8_e4m3fn: x / scale computed in float32, clamped to +-FP8_MAX,
+    rounded to the nearest e4m3 (ties to even)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
@@ -42,7 +43,6 @@ def dequantize(cache_rows: torch.Tensor, scale) -> torch.Tensor:
     if cache_rows.dtype == FP8_DTYPE:
         return cache_rows.float() * scale
     return cache_rows.float()
-
 
 
 class KVStore:

@@ -204,6 +204,25 @@ def test_kv_scales_refused_unless_num_layers_positive_finite_floats(checkpoint_d
     assert torch.equal(gen.kv_scales, before)
 
 
+def test_checkpoint_kv_scales_are_taken_and_checked(checkpoint_dir):
+    """The loader's checkpoint_kv_scales ((k [L], v [L]) float32; the FP8 checkpoint loader sets them)
+    become kv_scales; a wrong count or a non-positive scale is refused with a MODEL_ code."""
+    from model_wrapper import ModelErrorCode, ModelLoadError
+
+    mw = TextGenerator.from_pretrained(checkpoint_dir("llama"), device="cpu").model_wrapper
+    assert torch.equal(mw.kv_scales, torch.ones(2, 2))  # no scales in the checkpoint: 1.0
+    mw.checkpoint_kv_scales = (torch.tensor([0.5, 0.25]), torch.tensor([2.0, 4.0]))
+    mw.load_checkpoint_kv_scales()
+    assert torch.equal(mw.kv_scales, torch.tensor([[0.5, 0.25], [2.0, 4.0]]))
+    for bad, code in (((torch.ones(3), torch.ones(2)), ModelErrorCode.MISSHAPEN_TENSOR),
+                      ((torch.ones(2), torch.tensor([1.0, -1.0])), ModelErrorCode.NONFINITE_WEIGHT)):
+        mw.checkpoint_kv_scales = bad
+        with pytest.raises(ModelLoadError) as e:
+            mw.load_checkpoint_kv_scales()
+        assert e.value.code == code
+    assert torch.equal(mw.kv_scales, torch.tensor([[0.5, 0.25], [2.0, 4.0]]))
+
+
 def test_cache_dtype_is_checked_against_the_model(checkpoint_dir):
     """An fp32 model takes an fp32 or an e4m3 cache; an fp16 cache, or layers of mixed dtypes, are
     refused with TG_INVALID_DTYPE naming the tensor, and nothing is written."""
