@@ -84,6 +84,28 @@ def _full_and_steps(seed: int = 0):
     return full, steps
 
 
+def _scenario(gen, full, steps):
+    """The steps over an e4m3 cache -> (logits [rows, vocab], the (request, position) of each row)."""
+    h = fp8_harness(gen, 40, 4)
+    got, where = [], []
+    for is_prefill, spans, use_lm in steps:
+        chunks = {r: full[r][a:b] for r, (a, b) in spans.items()}
+        positions = [(r, p) for r, (a, b) in spans.items() for p in range(a, b)]
+        lm = torch.arange(len(positions) - 1, -1, -1) if use_lm else None
+        if lm is not None:
+            positions = [positions[i] for i in lm.tolist()]
+        got.append(h.step(chunks, is_prefill=is_prefill, lm_head_indices=lm))
+        where += positions
+    assert h.kv_cache[0][0].dtype == FP8
+    return torch.cat(got), where
+
+
+def _hf_rows(model, full, where):
+    with torch.no_grad():
+        logits = {r: model(torch.tensor([t])).logits[0].float() for r, t in full.items()}
+    return torch.stack([logits[r][p] for r, p in where])
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
 @pytest.mark.parametrize("scales", list(SCALES))
 def test_fp8_cache_matches_transformers_over_fp8_rounded_kv(checkpoint_dir, family, scales):
@@ -92,28 +114,10 @@ def test_fp8_cache_matches_transformers_over_fp8_rounded_kv(checkpoint_dir, fami
     gen = TextGenerator.from_pretrained(ckpt, device="cpu", dtype=torch.float32)
     gen.set_kv_scales(ks, vs)
     assert torch.equal(gen.kv_scales, torch.tensor([ks, vs]))
-    ref = fp8_reference(ckpt, ks, vs)
-    plain = hf_model(ckpt)
     full, steps = _full_and_steps()
-    with torch.no_grad():
-        want = {r: ref(torch.tensor([t])).logits[0].float() for r, t in full.items()}
-        unrounded = {r: plain(torch.tensor([t])).logits[0].float() for r, t in full.items()}
-    h = fp8_harness(gen, 40, 4)
-    got, exp, far = [], [], []
-    for is_prefill, spans, use_lm in steps:
-        chunks = {r: full[r][a:b] for r, (a, b) in spans.items()}
-        positions = [(r, p) for r, (a, b) in spans.items() for p in range(a, b)]
-        lm = torch.arange(len(positions) - 1, -1, -1) if use_lm else None
-        if lm is not None:
-            positions = [positions[i] for i in lm.tolist()]
-        out = h.step(chunks, is_prefill=is_prefill, lm_head_indices=lm)
-        got.append(out)
-        exp.append(torch.stack([want[r][p] for r, p in positions]))
-        far.append(torch.stack([unrounded[r][p] for r, p in positions]))
-    got, exp, far = torch.cat(got), torch.cat(exp), torch.cat(far)
-    assert h.kv_cache[0][0].dtype == FP8
-    assert rel_err(got, exp) < 1e-4
-    assert rel_err(got, far) > 1e-3  # the rounding is real: far from the unrounded model
+    got, where = _scenario(gen, full, steps)
+    assert rel_err(got, _hf_rows(fp8_reference(ckpt, ks, vs), full, where)) < 1e-4
+    assert rel_err(got, _hf_rows(hf_model(ckpt), full, where)) > 1e-3  # the rounding is real: far from the unrounded model
 
 
 def _tree_rows(parents):
@@ -323,3 +327,47 @@ def test_cli_generate_with_kv_cache_dtype_fp8(checkpoint_dir, monkeypatch, capsy
     with pytest.raises(SystemExit) as e:  # argparse refuses it in one line
         main(["generate", "x", "--device", "cpu", "--kv-cache-dtype", "int8"])
     assert e.value.code == 2 and "--kv-cache-dtype" in capsys.readouterr().err
+
+
+# -- tensor parallelism: two gloo ranks, each with its own kv heads' e4m3 cache --------------------------------
+
+
+def _tp_worker(rank, store, path, prompts, out_dir):
+    import os
+
+    import torch.distributed as dist
+
+    from model_wrapper import TPGroup
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        gen = TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32, attention_backend="torch",
+                                            tp_group=TPGroup.from_default_group())
+        scales = gen.calibrate_kv_scales(prompts)
+        full, steps = _full_and_steps()
+        logits, where = _scenario(gen, full, steps)
+        torch.save(dict(scales=scales, logits=logits, where=where, kv_heads=gen.kv_cache_spec.num_kv_heads),
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_fp8_cache_calibrates_global_scales_and_matches_transformers(checkpoint_dir, tmp_path):
+    """Each rank calibrates over its own kv heads and the ranks agree on the maxima: the scales equal
+    one rank's calibration of the whole model; the logits match the FP8 oracle on both ranks."""
+    import torch.multiprocessing as mp
+
+    ckpt = checkpoint_dir("llama")
+    full, _ = _full_and_steps()
+    prompts = list(full.values())
+    mp.spawn(_tp_worker, args=(str(tmp_path / "store"), ckpt, prompts, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    want = TextGenerator.from_pretrained(ckpt, device="cpu", dtype=torch.float32).calibrate_kv_scales(prompts)
+    ref = fp8_reference(ckpt, want[0].tolist(), want[1].tolist())
+    for res in ranks:
+        assert res["kv_heads"] == 1  # TINY: 2 kv heads, one per rank
+        assert torch.allclose(res["scales"], want, rtol=1e-5, atol=0)
+        assert rel_err(res["logits"], _hf_rows(ref, full, res["where"])) < 1e-4
+    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
