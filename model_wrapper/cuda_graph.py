@@ -29,8 +29,8 @@ request 0) and their logits are dropped.
 With LoRA enabled on the Triton kernel (attach_lora), every graph carries the LoRA kernels; they
 read a static per-token adapter-slot buffer (-1 = base model, and padding), filled per replay,
 so one graph serves any mix of adapters, including none.
-Graphs capture the caller's kv_cache tensors by address: a different cache (or block size)
-drops the graphs and captures again. Warm-up runs write only into a scratch cache.
+Graphs capture the caller's kv_cache tensors by address: a different cache (or block size, or
+cache dtype) drops the graphs and captures again. Warm-up runs write only into a scratch cache.
 
 Under tensor parallelism the graphs hold the step's NCCL collectives (the row-parallel and
 embedding all_reduces, the lm_head all_gather). NCCL requires every rank to capture the same
@@ -153,8 +153,10 @@ class DecodeGraphRunner:
         return next(s for s in self.verify_buckets if s >= batch_size), next(b for b in self.q_buckets if b >= q)
 
     def _cache_key(self, kv_cache, block_size):
+        """The cache a graph was captured for: its tensors' addresses, shape, dtype (an FP8 cache runs
+        other kernels) and block size."""
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
-                tuple(kv_cache[0][0].shape), block_size)
+                tuple(kv_cache[0][0].shape), kv_cache[0][0].dtype, block_size)
 
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
         q = getattr(bucket, "q", 1)

@@ -15,7 +15,7 @@ from loguru import logger
 
 from kv_manager import KVCacheSpec
 from model_wrapper.attention import AttentionBackend, TorchAttentionBackend
-from model_wrapper.attention.kv_store import KVStore
+from model_wrapper.attention.kv_store import FP8_DTYPE, KVStore
 from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.forward_batch import ForwardBatch
@@ -111,7 +111,7 @@ class ModelWrapper:
         # table) with the CUDA backend, the torch reference otherwise; layers reach it through the backend
         fast = backend.name == "flashinfer"
         self.kv_store = KVStore(triton=fast, rope_table=self.kernels.cos_sin_cache if fast else None,
-                                config=self.kernel_config)
+                                config=self.kernel_config, num_layers=cfg.num_layers, device=device)
         backend.kv_store = self.kv_store
         self.graphs = None
         # the cuBLAS front end of the GEMMs of steps of at most BLAS_MAX_TOKENS tokens (torch.backends.
@@ -143,8 +143,43 @@ class ModelWrapper:
         backend = make_backend(attention_backend, cfg, device, dtype, model.shard)
         logger.info("loaded {} ({} layers) on {} as {}, attention backend {}, tensor parallel rank {} of {}",
                     cfg.architecture, cfg.num_layers, device, dtype, backend.name, tp.rank, tp.world_size)
-        return cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch,
-                   kernel_config=kernel_config)
+        wrapper = cls(model, cfg, backend, device, dtype, cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch,
+                      kernel_config=kernel_config)
+        wrapper.load_checkpoint_kv_scales()
+        return wrapper
+
+    # -- FP8 KV caches: per-layer K and V scales (attention/kv_store.py) ---------------------------
+    @property
+    def kv_scales(self) -> torch.Tensor:
+        """[2, num_layers] float32 on the device: row 0 the K scales, row 1 the V scales an FP8
+        (e4m3) cache is written and read with (ones by default; a 16-bit cache ignores them)."""
+        return self.kv_store.scales
+
+    def load_checkpoint_kv_scales(self) -> None:
+        """Take the checkpoint's K/V scales where the loader found some (checkpoint_kv_scales:
+        (k [L], v [L]) float32, or None / absent: keep the current ones)."""
+        ckpt = getattr(self, "checkpoint_kv_scales", None)
+        if ckpt is None:
+            return
+        L = self.cfg.num_layers
+        for name, s in zip(("k_scale", "v_scale"), ckpt):
+            s = torch.as_tensor(s, dtype=torch.float32).flatten()
+            if s.numel() != L:
+                raise ModelLoadError(ModelErrorCode.MISSHAPEN_TENSOR,
+                                     f"{name}: expected one scale per layer ({L}), got {s.numel()}")
+            if not bool((torch.isfinite(s) & (s > 0)).all()):
+                raise ModelLoadError(ModelErrorCode.NONFINITE_WEIGHT,
+                                     f"{name}: expected positive finite scales, got {s.tolist()}")
+        self.set_kv_scales(*ckpt)
+
+    def set_kv_scales(self, k_scales, v_scales) -> None:
+        """Per-layer K and V scales ([num_layers] positive finite floats each, checked by the caller:
+        TextGenerator.set_kv_scales), in place; captured graphs are dropped (FlashInfer's graph
+        wrappers take the scales as host floats at capture). K/V already in an FP8 cache were
+        written with the old scales: write them again (or start with a new cache)."""
+        self.kv_store.set_scales(k_scales, v_scales)
+        if self.graphs is not None:
+            self.graphs.drop()
 
     def set_kernel_config(self, config: KernelConfig) -> None:
         """Run the following steps with another KernelConfig (a benchmark's variant): the kernels and
@@ -205,6 +240,10 @@ class ModelWrapper:
         """This rank's cache: its own kv heads (all of them without tensor parallelism)."""
         return KVCacheSpec(self.cfg.num_layers, self.shard.num_kv_heads, self.cfg.head_dim, self.dtype)
 
+    def kv_cache_dtypes(self) -> tuple[torch.dtype, ...]:
+        """The cache dtypes this model runs: its own dtype, and float8_e4m3fn (FP8 K/V with kv_scales)."""
+        return (self.dtype, FP8_DTYPE)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         """-> float32 logits [num_out, vocab_size] on the model's device; with batch.hidden_layers,
@@ -227,6 +266,7 @@ class ModelWrapper:
             # step's tokens): the attention plan refills host buffers whose copies to the device
             # the previous step enqueued; wait until those copies ran (early in that step).
             self._planned.synchronize()
+        self.backend.kv_cache_dtype = kv_cache[0][0].dtype  # an FP8 cache plans other kernels
         self.backend.plan(batch)
         if self.device.type == "cuda":
             if self._planned is None:

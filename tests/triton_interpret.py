@@ -11,6 +11,10 @@ Triton 3.9's interpreter loads and stores in C++, which takes bool masks only, w
 compiler reads as i1 can be an int array here (an `&` with an int operand): it is cast to bool.
 The interpreter computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so
 kernels are checked in fp32 / fp16 there and in bf16 only on CUDA.
+Its float -> float8e4nv conversion rounds half up and drops the carry of a mantissa that rounds
+over (x/s = 126.9 becomes 64, not 128): conversions to and from e4m3 go through torch's, which
+round to nearest even and saturate as the GPU's cvt.rn.satfinite does for the clamped inputs
+the kernels convert.
 """
 
 from __future__ import annotations
@@ -52,17 +56,19 @@ if INTERPRET:
     import triton.language as _tl
 
     _fp_to_fp = _builder.create_fp_to_fp
+    _np_float = {_tl.float32: _np.float32, _tl.float16: _np.float16}
 
-    def _fp_to_fp8(self, src, dst_type, rounding_mode):
-        # the interpreter rounds to e4m3 half-up on the dropped bit alone and lets a carry out of
-        # the mantissa corrupt the exponent (124.3 -> 64): torch's round-to-nearest-even instead
-        data = src.data
-        if dst_type.scalar == _tl.float8e4nv and data.dtype in (_np.float32, _np.float16):
-            q = torch.from_numpy(_np.ascontiguousarray(data)).to(torch.float8_e4m3fn).view(torch.uint8)
-            return _interpreter.TensorHandle(q.numpy().reshape(data.shape), dst_type.scalar)
+    def _fp_to_fp_e4m3(self, src, dst_type, rounding_mode):
+        src_t, dst_t = src.dtype.scalar, dst_type.scalar
+        if dst_t == _tl.float8e4nv and src_t in _np_float:
+            x = torch.from_numpy(_np.ascontiguousarray(src.data).astype(_np.float32))
+            return _interpreter.TensorHandle(x.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), dst_t)
+        if src_t == _tl.float8e4nv and dst_t in _np_float:
+            x = torch.from_numpy(_np.ascontiguousarray(src.data)).view(torch.float8_e4m3fn).float()
+            return _interpreter.TensorHandle(x.numpy().astype(_np_float[dst_t]), dst_t)
         return _fp_to_fp(self, src, dst_type, rounding_mode)
 
-    _builder.create_fp_to_fp = _fp_to_fp8
+    _builder.create_fp_to_fp = _fp_to_fp_e4m3
 
     _masked_load, _masked_store = _builder.create_masked_load, _builder.create_masked_store
     _builder.create_masked_load = \

@@ -96,6 +96,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_int_at_least(1), default=64, help="requests running at once")
     p.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048, help="tokens per step")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="auto: the model's dtype; fp8: an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="load a PEFT LoRA adapter (repeatable)")
     p.add_argument("--adapter", default=None, help="adapter NAME every prompt runs under (None: the base model)")
@@ -242,7 +244,7 @@ def _make_engine(args, gen, tok, max_len: int, num_seqs: int):
                      max_num_seqs=min(num_seqs, args.max_num_seqs),
                      max_num_batched_tokens=args.max_num_batched_tokens,
                      enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_seq_len, tokenizer=tok,
-                     speculative=drafter)
+                     speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def _load_loras(gen, specs: list[str]) -> None:

@@ -8,6 +8,7 @@ before validation has passed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from adapters import LoraStep
 from kv_manager import KVCacheSpec, allocate_kv_cache
 from model_wrapper import ForwardBatch, KernelConfig, ModelConfig, ModelWrapper, TPGroup
+from text_generator.errors import ErrorCode, ForwardArgumentError
 from text_generator.validation import KVCacheMemo, validate_step
 
 
@@ -86,9 +88,55 @@ class TextGenerator:
         """This rank's KV-cache shape (its own kv heads under tensor parallelism)."""
         return self.model_wrapper.kv_cache_spec
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Zeroed kv_cache for this model: per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim]."""
-        return allocate_kv_cache(self.kv_cache_spec, num_blocks, block_size, self.device)
+    def kv_cache_dtype(self, dtype=None) -> torch.dtype:
+        """The cache dtype a request names: None / "auto" -> the model's dtype; "fp8" or
+        torch.float8_e4m3fn -> an FP8 cache (K/V scaled per layer by kv_scales); the model's own
+        dtype as itself. Anything else: ForwardArgumentError(INVALID_KV_CACHE_DTYPE) naming kv_cache_dtype."""
+        if dtype is None or dtype == "auto":
+            return self.dtype
+        if dtype == "fp8":
+            return torch.float8_e4m3fn
+        if isinstance(dtype, torch.dtype) and dtype in self.model_wrapper.kv_cache_dtypes():
+            return dtype
+        raise ForwardArgumentError(ErrorCode.INVALID_KV_CACHE_DTYPE, "kv_cache_dtype",
+                                   f"expected None, 'auto', 'fp8', {self.dtype} or torch.float8_e4m3fn, got {dtype!r}")
+
+    def kv_cache_spec_for(self, dtype=None) -> KVCacheSpec:
+        """kv_cache_spec with the elements of a cache of `dtype` (see kv_cache_dtype): an FP8 cache
+        has 1-byte elements, so the block manager's sizing helpers fit twice as many blocks (vs 16-bit)."""
+        return dataclasses.replace(self.kv_cache_spec, dtype=self.kv_cache_dtype(dtype))
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int = 128, dtype=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Zeroed kv_cache for this model: per layer (k, v), each [num_blocks, block_size, kv_heads, head_dim].
+
+        dtype: None (the model's dtype) or torch.float8_e4m3fn / "fp8": an FP8 cache, written as
+        round(x / scale) in e4m3 and read as e4m3 * scale with the per-layer scales kv_scales."""
+        return allocate_kv_cache(self.kv_cache_spec_for(dtype), num_blocks, block_size, self.device)
+
+    # -- FP8 KV caches: per-layer K/V scales (text_generator/kv_scales.py) ----------------------
+    @property
+    def kv_scales(self) -> torch.Tensor:
+        """[2, num_layers] float32 on the device: the K (row 0) and V (row 1) scales of FP8 caches."""
+        return self.model_wrapper.kv_scales
+
+    def set_kv_scales(self, k_scales, v_scales) -> None:
+        """Set the FP8 caches' per-layer K and V scales ([num_layers] positive finite floats each;
+        else ForwardArgumentError(INVALID_KV_SCALES), nothing changed). K/V written earlier into an
+        FP8 cache keep the old scale's values: set scales before filling a cache."""
+        from text_generator.kv_scales import check_kv_scales
+
+        k, v = check_kv_scales(k_scales, v_scales, self.config.num_layers)
+        self.model_wrapper.set_kv_scales(k, v)
+
+    def calibrate_kv_scales(self, input_ids_list, *, block_size: int = 16) -> torch.Tensor:
+        """Measure and set the FP8 K/V scales from prompts (lists of token ids or 1-D int tensors):
+        each runs through a cache of the model's dtype and per layer k_scale = max |K| / 448,
+        v_scale = max |V| / 448 over all of them. -> the scales set, [2, num_layers] float32 (CPU)."""
+        from text_generator.kv_scales import calibrate_kv_scales
+
+        scales = calibrate_kv_scales(self, input_ids_list, block_size=block_size)
+        self.set_kv_scales(scales[0], scales[1])
+        return scales
 
     def loaded_adapters(self) -> Sequence[str]:
         return () if self.lora_manager is None else self.lora_manager.list_adapters()

@@ -82,10 +82,14 @@ def _first_bad(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask.flatten())[0, 0])
 
 
+FP8_KV_DTYPE = torch.float8_e4m3fn  # the one FP8 cache format (K/V scaled per layer, see ModelWrapper.kv_scales)
+
+
 def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device) -> tuple[int, int]:
     """-> (num_blocks, block_size) shared by every layer; the 2 * num_layers tensors must not share
     memory (one pair for two layers, k is v, overlapping views of one buffer: each write would land
-    in another layer's or the other half's K/V)."""
+    in another layer's or the other half's K/V). The cache dtype is the model's dtype or
+    float8_e4m3fn (an FP8 cache), the same for every tensor."""
     if not isinstance(kv_cache, (list, tuple)):
         _fail(ErrorCode.INVALID_TYPE, "kv_cache", f"expected a list of (k_cache, v_cache), got {type(kv_cache).__name__}")
     if len(kv_cache) != num_layers:
@@ -104,8 +108,12 @@ def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, de
             if ref is not None and tuple(t.shape) != ref:
                 _fail(ErrorCode.KV_CACHE_MISMATCH, arg, f"expected shape {list(ref)} like layer 0, got {_shape(t)}")
             ref = tuple(t.shape)
-            if t.dtype != dtype:
-                _fail(ErrorCode.INVALID_DTYPE, arg, f"expected the model dtype {dtype}, got {t.dtype}")
+            if t.dtype not in (dtype, FP8_KV_DTYPE):
+                _fail(ErrorCode.INVALID_DTYPE, arg,
+                      f"expected the model dtype {dtype} or {FP8_KV_DTYPE} (an FP8 cache), got {t.dtype}")
+            if t.dtype != kv_cache[0][0].dtype:
+                _fail(ErrorCode.INVALID_DTYPE, arg,
+                      f"expected the dtype of kv_cache[0].k_cache ({kv_cache[0][0].dtype}) in every layer, got {t.dtype}")
             if t.device != device:
                 _fail(ErrorCode.INVALID_DEVICE, arg, f"expected the model device {device}, got {t.device}")
             if not t.is_contiguous():

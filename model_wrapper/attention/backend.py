@@ -26,6 +26,7 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
         self.kv_store = KVStore()  # the layers' K/V writer; ModelWrapper sets the one it built
+        self.kv_cache_dtype: torch.dtype | None = None  # this step's cache dtype (None: the model's), set before plan
 
     @abstractmethod
     def plan(self, batch: ForwardBatch) -> None:

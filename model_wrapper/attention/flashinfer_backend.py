@@ -14,6 +14,11 @@ Dispatch per step (vLLM's split of decodes and prefills, pymllm's tensor-core he
     sliding window -> window_left = W - 1 (one planned wrapper per distinct window); folded into
         the custom mask when there is one
 
+FP8 (e4m3) caches (kv_cache_dtype, set by the wrapper before plan): planned with q_data_type = the
+model's dtype and kv_data_type = e4m3; never the ragged path (it would attend over the unrounded
+step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q); run() gets the
+layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats.
+
 All page metadata is built from host copies (block_tables_cpu, seq_lens_cpu, q_lens_cpu), so
 planning needs no device sync:
     pages_r = ceil(L_r / page), kv_indptr = [0, cumsum(pages)], kv_indices = used block ids,
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from model_wrapper.attention.backend import AttentionBackend
-from model_wrapper.attention.flashinfer_graph import DecodeGraphState, GraphAttention, make_state, plan_replay
+from model_wrapper.attention.flashinfer_graph import (DecodeGraphState, GraphAttention, fp8_scales, make_state,
+                                                      plan_replay)
 from model_wrapper.attention.masks import flat_custom_mask
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
@@ -116,24 +122,30 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._ragged: dict[int | None, object] = {}
         self._plan: PagedPlan | RaggedPlan | SplitPlan | None = None
 
-    # wrappers are made lazily, one per (kind, window), and reused across steps
+    @property
+    def _fp8(self) -> bool:
+        return self.kv_cache_dtype == torch.float8_e4m3fn
+
+    # wrappers are made lazily, one per (kind, window, FP8 cache or not), and reused across steps
     def _wrapper(self, kind: str, window):
         fi = self._fi
         table = {"decode": self._decode, "prefill": self._prefill, "masked": self._masked,
                  "ragged": self._ragged}[kind]
-        if window not in table:
+        key = (window, self._fp8)
+        if key not in table:
             if kind == "decode":
-                table[window] = fi.BatchDecodeWithPagedKVCacheWrapper(
+                table[key] = fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
             elif kind == "ragged":
-                table[window] = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="auto")
+                table[key] = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="auto")
             else:
-                table[window] = fi.BatchPrefillWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", backend="fa2" if kind == "masked" else "auto")
-        return table[window]
+                table[key] = fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", backend="fa2" if kind == "masked" or self._fp8 else "auto")
+        return table[key]
 
     def _common(self, dtype):
-        return dict(q_data_type=dtype, kv_data_type=dtype, sm_scale=self.scale)
+        kv = torch.float8_e4m3fn if self._fp8 else dtype
+        return dict(q_data_type=dtype, kv_data_type=kv, sm_scale=self.scale)
 
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)
@@ -182,7 +194,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
         if not bool(is_dec.any()):
             qo = batch.qo_indptr_cpu.pin_memory()
-            if only_own_kv(batch):  # nothing cached: the step's own K/V, no page table
+            if only_own_kv(batch) and not self._fp8:  # nothing cached: the step's own K/V, no page table
                 self._plan = RaggedPlan({w: self._plan_ragged(w, qo, dtype) for w in windows})
                 return
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
@@ -209,26 +221,28 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         plan = self._plan
+        scales = fp8_scales(self.kv_store, layer, k_cache.dtype)
         if isinstance(plan, PagedPlan):
-            return plan.wrappers[window].run(q, (k_cache, v_cache))
+            return plan.wrappers[window].run(q, (k_cache, v_cache), **scales)
         if isinstance(plan, RaggedPlan):
             if k is None or v is None:
                 raise RuntimeError("a step planned for ragged prefill needs its own k and v in run()")
             return plan.wrappers[window].run(q, k, v)
         dec_tok, pre_tok = plan.decode_tokens, plan.prefill_tokens
         out = torch.empty_like(q)
-        out.index_copy_(0, dec_tok, plan.decode[window].run(q.index_select(0, dec_tok), (k_cache, v_cache)))
-        out.index_copy_(0, pre_tok, plan.prefill[window].run(q.index_select(0, pre_tok), (k_cache, v_cache)))
+        out.index_copy_(0, dec_tok, plan.decode[window].run(q.index_select(0, dec_tok), (k_cache, v_cache), **scales))
+        out.index_copy_(0, pre_tok, plan.prefill[window].run(q.index_select(0, pre_tok), (k_cache, v_cache), **scales))
         return out
 
     # -- CUDA graphs (attention/flashinfer_graph.py) ------------------------------------------------
     def init_cuda_graph_state(self, size, max_pages, kv_cache, config, q_per_req: int = 1) -> DecodeGraphState:
-        """The Triton decode kernel's metadata where config.triton_decode and the kernel fits (16-bit
-        K/V of the model's dtype, a power-of-two head_dim, contiguous caches); else FlashInfer's graph
+        """The Triton decode kernel's metadata where config.triton_decode and the kernel fits (K/V of the
+        model's 16-bit dtype or e4m3, a power-of-two head_dim, contiguous caches); else FlashInfer's graph
         wrappers, one per window (planned unsplit where config.unsplit_kv and the pairs fill the SMs).
         A verify bucket (q_per_req > 1) always runs the Triton verify kernel (supports_verify_graphs)."""
         triton = self._triton_decode_fits(kv_cache, config, q_per_req > 1)
-        return make_state(self, size, max_pages, [None] + self.windows, triton, config.unsplit_kv, q_per_req)
+        return make_state(self, size, max_pages, [None] + self.windows, triton, config.unsplit_kv, q_per_req,
+                          kv_cache[0][0].dtype)
 
     def supports_verify_graphs(self, kv_cache, config) -> bool:
         return config.verify_graphs and self._triton_decode_fits(kv_cache, config, True)
@@ -241,6 +255,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         except ImportError:  # no Triton
             return False
         k = kv_cache[0][0]
+        if verify and k.dtype != self.kv_dtype:  # the verify kernel reads 16-bit caches only (not e4m3)
+            return False
         return decode_attention.fits(self.kv_dtype, k.dtype, k.shape[-1]) and all(
             c.is_contiguous() for pair in kv_cache for c in pair)
 

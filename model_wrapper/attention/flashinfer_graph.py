@@ -44,6 +44,7 @@ class DecodeGraphState:
     splits:          KV splits per (request, KV head) of the Triton kernel
     wrappers:        FlashInfer's BatchDecodeWithPagedKVCacheWrapper per window (use_cuda_graph)
     split_kv:        whether FlashInfer's plan may split the KV of a request (not: disable_split_kv)
+    kv_dtype:        the caches' dtype (the model's, or float8_e4m3fn: K/V scaled per layer)
     """
 
     size: int
@@ -60,17 +61,19 @@ class DecodeGraphState:
     splits: int = 1
     wrappers: dict = field(default_factory=dict)
     split_kv: bool = True
+    kv_dtype: torch.dtype | None = None
 
 
 def make_state(backend, size: int, max_pages: int, windows, triton: bool, unsplit_kv: bool,
-               q_per_req: int = 1) -> DecodeGraphState:
+               q_per_req: int = 1, kv_dtype: torch.dtype | None = None) -> DecodeGraphState:
     """A bucket's DecodeGraphState on backend.device (a FlashInferAttentionBackend); q_per_req > 1
-    (a verify bucket) needs triton."""
+    (a verify bucket) needs triton; kv_dtype: the caches' (None: the model's)."""
     device = backend.device
     # page indices travel pinned -> device ourselves: FlashInfer's plan copies host indices
     # with a blocking copy, device ones without
     state = DecodeGraphState(size, triton, torch.zeros(size * max_pages, dtype=torch.int32).pin_memory(),
-                             torch.zeros(size * max_pages, dtype=torch.int32, device=device), q_per_req=q_per_req)
+                             torch.zeros(size * max_pages, dtype=torch.int32, device=device), q_per_req=q_per_req,
+                             kv_dtype=kv_dtype if kv_dtype is not None else backend.kv_dtype)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if triton:  # the kernels' metadata: kv_indptr [size + 1], kv_last_page_len [size] (+ q_lens, bits)
         from model_wrapper.kernels.decode_attention import decode_splits
@@ -130,10 +133,9 @@ def plan_replay(backend, state: DecodeGraphState, block_tables_cpu: torch.Tensor
             _verify_metadata(state, q_lens_cpu, spec_mask, token_rows)
         state.meta.copy_(state.meta_staging, non_blocking=True)
         return
-    dtype = backend.kv_dtype
     for w, wrapper in state.wrappers.items():
         wrapper.plan(indptr, state.indices[:n], last, backend.num_heads, backend.num_kv_heads, backend.head_dim, page,
-                     window_left=-1 if w is None else w - 1, q_data_type=dtype, kv_data_type=dtype,
+                     window_left=-1 if w is None else w - 1, q_data_type=backend.kv_dtype, kv_data_type=state.kv_dtype,
                      sm_scale=backend.scale, disable_split_kv=not state.split_kv)
 
 
@@ -180,6 +182,17 @@ class GraphAttention(AttentionBackend):
         if s.triton:
             from model_wrapper.kernels.decode_attention import paged_decode_attention
 
+            ks, vs = self.kv_store.layer_scales(layer)  # read through their pointers by the kernel
             return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, s.kv_indptr,
-                                          s.indices, s.kv_last, self.scale, window=window, splits=s.splits)
-        return s.wrappers[window].run(q, (k_cache, v_cache))
+                                          s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
+                                          k_scale=ks, v_scale=vs)
+        return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
+
+
+def fp8_scales(kv_store, layer: int, kv_dtype: torch.dtype) -> dict:
+    """FlashInfer run()'s k_scale / v_scale of an e4m3 cache (host floats: the K scale is folded into
+    sm_scale, the V scale multiplies the output), {} otherwise. A graph keeps the values of its
+    capture: ModelWrapper.set_kv_scales drops the graphs."""
+    if kv_dtype != torch.float8_e4m3fn:
+        return {}
+    return {"k_scale": float(kv_store.scales_host[0, layer]), "v_scale": float(kv_store.scales_host[1, layer])}

@@ -2,7 +2,8 @@
 
 plan() turns block_tables into, per request, the flat cache slot of every key position, and the
 visibility rules of attention/masks.py into one boolean mask [B, max_q, max_kv] per window;
-run() gathers K/V through those slots and does masked softmax attention in float32.
+run() gathers K/V through those slots and does masked softmax attention in float32. An FP8
+(e4m3) cache is read as e4m3.float() * the layer's scale (attention/kv_store.dequantize).
 
     key j of request b lives at slot  block_tables[b, j // block_size] * block_size + j % block_size
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from model_wrapper.attention.backend import AttentionBackend
+from model_wrapper.attention.kv_store import FP8_DTYPE, dequantize
 from model_wrapper.attention.masks import token_visibility
 from model_wrapper.forward_batch import ForwardBatch
 
@@ -54,8 +56,9 @@ class TorchAttentionBackend(AttentionBackend):
         kvh = self.num_kv_heads
         g = H // kvh
         B, max_q = self._pad_index.shape
-        k = k_cache.view(-1, kvh, D)[self._kv_slot].float()  # [B, max_kv, kvh, D]
-        v = v_cache.view(-1, kvh, D)[self._kv_slot].float()
+        ks, vs = self.kv_store.layer_scales(layer) if k_cache.dtype == FP8_DTYPE else (None, None)
+        k = dequantize(k_cache.view(-1, kvh, D)[self._kv_slot], ks)  # [B, max_kv, kvh, D] float32
+        v = dequantize(v_cache.view(-1, kvh, D)[self._kv_slot], vs)
         qp = torch.cat((q, q.new_zeros(1, H, D)))[self._pad_index].float()  # [B, max_q, H, D]
         qp = qp.view(B, max_q, kvh, g, D)
         scores = torch.einsum("bqhgd,bkhd->bhgqk", qp, k) * self.scale

@@ -13,6 +13,10 @@ read BLOCK_N keys a step with an online softmax in fp32. With one split it write
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
 merges the splits of each (request, head).
 
+FP8 (e4m3) caches: K and V are loaded as e4m3, converted to q's dtype (exact: every e4m3 value is
+a bf16 / fp16 value) and fed to the same products; the layer's K scale multiplies the scores and
+its V scale the output (both float32, read through pointers, so CUDA graphs see later changes).
+
 Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
 steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
 3 stages: fewer keys or stages lost at long contexts in a sweep.
@@ -41,9 +45,9 @@ def _attend(q, k, v, ok, m_i, l_i, acc, scale_log2):
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
-                   scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot, stride_oh,
-                   PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+                   ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
+                   stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr):
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -66,6 +70,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
+        scale_log2 = scale_log2 * tl.load(ks_ptr)
     kv_head = h * D  # column offset of this KV head within a token's row
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
@@ -74,7 +80,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        if FP8:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
+    if FP8:
+        acc = acc * tl.load(vs_ptr)
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -120,17 +130,19 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int) -> int:
 
 
 def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
-    """What the kernel handles: q and K/V of one 16-bit float dtype, a power-of-two head_dim >= 16
-    (the caches contiguous NHD, the rows of q contiguous)."""
-    return (dtype in (torch.float16, torch.bfloat16) and kv_dtype == dtype
+    """What the kernel handles: q of a 16-bit float dtype, K/V of that dtype or float8_e4m3fn, a
+    power-of-two head_dim >= 16 (the caches contiguous NHD, the rows of q contiguous)."""
+    return (dtype in (torch.float16, torch.bfloat16) and kv_dtype in (dtype, torch.float8_e4m3fn)
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
-                           block_n: int = BLOCK_N, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
-    """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D].
+                           block_n: int = BLOCK_N, num_warps: int = 4, num_stages: int = 3,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
+    or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors).
 
     window: a token sees its last `window` keys (itself included), or all when None."""
     B, H, D = q.shape
@@ -144,12 +156,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 and (k_scale is None or v_scale is None):
+        raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
+        k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_N=block_n, SPLITS=splits, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)

@@ -7,6 +7,10 @@ store_kv       this step's K and V rows at their slots, one launch (attention/kv
 rope_store_kv  RoPE on q and k in place and k, v written at their slots in one launch, with the
                qkv LoRA delta and a deferred RMSNorm factor (lora_epilogues.RowScale) applied
                first where given (KVStore.rope_write, the fused path).
+
+An FP8 (e4m3) cache stores round(x / scale) clamped to +-448 (FP8_MAX), x in float32, with the
+layer's K and V scales read from device pointers (so a CUDA graph sees a later change of scale);
+a 16-bit cache stores the row as it is (the scales are not read).
 """
 
 from __future__ import annotations
@@ -20,28 +24,42 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.lora_epilogues import RowScale, lora_add, rank_args, row_scale, rope_lora_tiles, scale_args
 
 
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_k, stride_v, width,
-                     BLOCK: tl.constexpr):
+def _to_cache(x, scale_ptr, FP8: tl.constexpr, dtype):
+    """x as the cache stores it: round(x / scale) in e4m3 (clamped to +-FP8_MAX) where FP8, else x."""
+    if FP8:  # IEEE division (div_rn, not the GPU's approximate `/`): the same e4m3 as torch's x / scale
+        y = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr))
+        return tl.minimum(tl.maximum(y, -448.0), 448.0).to(dtype)
+    return x
+
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, stride_k, stride_v, width,
+                     BLOCK: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = (offs < width) & (slot >= 0)
     k = tl.load(k_ptr + t * stride_k + offs, mask=m)
     v = tl.load(v_ptr + t * stride_v + offs, mask=m)
-    tl.store(kc_ptr + slot * width + offs, k, mask=m)
-    tl.store(vc_ptr + slot * width + offs, v, mask=m)
+    tl.store(kc_ptr + slot * width + offs, _to_cache(k, ks_ptr, FP8, kc_ptr.dtype.element_ty), mask=m)
+    tl.store(vc_ptr + slot * width + offs, _to_cache(v, vs_ptr, FP8, vc_ptr.dtype.element_ty), mask=m)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slots: torch.Tensor) -> None:
+             slots: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
     """k, v [T, kv_heads, head_dim] (each row contiguous); caches [blocks, block_size, kv_heads,
-    head_dim] contiguous; slots [T] int64, -1 = skip."""
+    head_dim] contiguous, of k's dtype or float8_e4m3fn; slots [T] int64, -1 = skip. k_scale,
+    v_scale: float32 one-element tensors on the device, the layer's scales (an e4m3 cache only)."""
     T = k.shape[0]
     width = k.shape[1] * k.shape[2]
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     if T:
-        _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slots, k.stride(0), v.stride(0), width,
-                               BLOCK=triton.next_power_of_2(width))
+        _store_kv_kernel[(T,)](k, v, k_cache, v_cache, slots, k_scale if fp8 else slots, v_scale if fp8 else slots,
+                               k.stride(0), v.stride(0), width, BLOCK=triton.next_power_of_2(width), FP8=fp8)
 
 
 @triton.jit
@@ -51,14 +69,16 @@ def _rotate_half_pair(x1, x2, cos, sin, dtype):
 
 
 @triton.jit
-def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
+def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
                        lslot_ptr, ss_ptr, R, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ, HK, nb, inv_n,
                        eps, D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr, RPAD: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, SCALED: tl.constexpr, NB: tl.constexpr):
+                       NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, SCALED: tl.constexpr, NB: tl.constexpr,
+                       FP8: tl.constexpr):
     """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
     j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot.
     SCALED: qkv (and s) project add_lora_rms_norm's unnormalised rows: each is first multiplied by
     the token's RMSNorm factor and rounded (written back too: qkv ends as the true projection).
+    FP8: the caches are e4m3 and take k / scale, v / scale (scales at ks_ptr, vs_ptr).
     Everything is read before anything is written (a store would hold later loads back)."""
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -106,21 +126,24 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, s_ptr
             tl.store(vbase + full, v)
         if slot >= 0:
             cache = slot * (HK * D) + j * D
-            tl.store(kc_ptr + cache + half, o1)
-            tl.store(kc_ptr + cache + D // 2 + half, o2)
-            tl.store(vc_ptr + cache + full, v)
+            cdt = kc_ptr.dtype.element_ty
+            tl.store(kc_ptr + cache + half, _to_cache(o1, ks_ptr, FP8, cdt))
+            tl.store(kc_ptr + cache + D // 2 + half, _to_cache(o2, ks_ptr, FP8, cdt))
+            tl.store(vc_ptr + cache + full, _to_cache(v, vs_ptr, FP8, cdt))
 
 
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
                   num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slots: torch.Tensor, d=None, scale: RowScale | None = None,
-                  cfg: KernelConfig = DEFAULT) -> None:
+                  cfg: KernelConfig = DEFAULT, k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> None:
     """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): the qkv LoRA delta d (a LoraDelta, sub-
     modules q, k, v; None = no LoRA) added, q and k rotated (neox form, cos / sin from the float32
     [P, D] table: cos half then sin half), and k and v written at flat `slots` of the caches
     [blocks, block_size, Hk, D] (contiguous; slot -1 writes nothing): RoPE, the K/V store and the
     LoRA expand in one launch. scale: qkv and d.s project add_lora_rms_norm's unnormalised rows;
-    its RowScale normalises them first."""
+    its RowScale normalises them first. An e4m3 cache stores k / k_scale and v / v_scale (float32
+    one-element tensors on the device, the layer's scales)."""
     T = qkv.shape[0]
     if not T:
         return
@@ -129,9 +152,11 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     s = d.s if lora else qkv
     bq, bk, bv = d.b if lora else (qkv, qkv, qkv)
     ss, nb, inv_n, eps = scale_args(scale, qkv)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
     _rope_store_kernel[(T, num_heads + num_kv_heads)](
-        qkv, positions, cos_sin_cache, k_cache, v_cache, slots, s, bq, bk, bv, d.ranks if lora else slots,
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slots, k_scale if fp8 else slots,
+        v_scale if fp8 else slots, s, bq, bk, bv, d.ranks if lora else slots,
         d.token_slot if lora else slots, ss, d.rank if lora else 1, qkv.stride(0), s.stride(0) if lora else 0,
         s.stride(1) if lora else 0, d.slot_stride if lora else 0, cos_sin_cache.stride(0), num_heads, num_kv_heads, nb,
         inv_n, eps, D=head_dim, LORA=lora, **rank_args(d.rank if lora else 16), NUM_SPLITS=s.shape[0] if lora else 1,
-        PDL=pdl, SCALED=scale is not None, NB=triton.next_power_of_2(nb), num_warps=cfg.rope_warps, **launch_args(pdl))
+        PDL=pdl, SCALED=scale is not None, NB=triton.next_power_of_2(nb), FP8=fp8, num_warps=cfg.rope_warps, **launch_args(pdl))

@@ -61,7 +61,7 @@ class Attention(nn.Module):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
         if fused:
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
-                                        lora=tail, scale=scale)
+                                        lora=tail, scale=scale, layer=self.layer)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:
@@ -71,7 +71,7 @@ class Attention(nn.Module):
                 q = kernels.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
-            backend.kv_store.write(kv, k, v, batch)
+            backend.kv_store.write(kv, k, v, batch, layer=self.layer)
         o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
         return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
 

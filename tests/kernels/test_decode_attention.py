@@ -94,3 +94,25 @@ def test_strided_q_rows():
     got = paged_decode_attention(q, *on, 1 / math.sqrt(D), splits=2, block_n=8 if INTERPRET else 64)
     want = _direct(q.cpu(), k, v, tables, lens, 1 / math.sqrt(D), None)
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if INTERPRET else 1.6e-2, rtol=0)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("window", [None, 5])
+def test_fp8_cache_is_the_direct_softmax_over_dequantized_kv(splits, window):
+    """e4m3 caches with K scale 0.05 and V scale 0.2: the kernel equals the direct softmax over
+    K = e4m3 * 0.05, V = e4m3 * 0.2 (float64), as closely as over a 16-bit cache."""
+    lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11 + splits)
+    k8, v8 = (k.float() * 20).clamp(-448, 448).to(torch.float8_e4m3fn), (v.float() * 5).to(torch.float8_e4m3fn)
+    ks, vs = torch.tensor([0.05]), torch.tensor([0.2])
+    q = torch.randn(len(lens), 8, D, generator=torch.Generator().manual_seed(4)).to(DTYPE)
+    scale = 1 / math.sqrt(D)
+    on = [x.to(DEVICE) for x in (q, k8, v8, indptr, indices, last)]
+    got = paged_decode_attention(*on[:3], *on[3:], scale, window=window, splits=splits,
+                                 block_n=8 if INTERPRET else 64, k_scale=ks.to(DEVICE), v_scale=vs.to(DEVICE))
+    want = _direct(q, k8.double() * 0.05, v8.double() * 0.2, tables, lens, scale, window)
+    assert got.dtype == DTYPE
+    tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
+    torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
+    with pytest.raises(ValueError, match="k_scale and v_scale"):
+        paged_decode_attention(*on[:3], *on[3:], scale)

@@ -114,3 +114,88 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     ref_k, ref_v = caches(dt)  # the caches before the write
     assert torch.equal(kc, placed(ref_k, got[:, HQ:HQ + HK], slots))  # the rotated k, at the slots only
     assert torch.equal(vc, placed(ref_v, v_in, slots))
+
+
+# -- FP8 (e4m3) caches: round(x / scale) clamped to +-448, the layer's scales read from the device ---------
+FP8 = torch.float8_e4m3fn
+
+
+def e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """The oracle's own rounding: x / scale in float32, clamped, to e4m3 (torch's round to nearest even)."""
+    return (x.float().cpu() / scale).clamp(-448.0, 448.0).to(FP8)
+
+
+def fp8_caches(device=DEVICE):
+    return tuple(torch.zeros(BLOCKS, BLOCK_SIZE, HK, D, device=device).to(FP8) for _ in range(2))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.uint8)
+
+
+def placed_fp8(rows: torch.Tensor, scale: float, slots: list[int]) -> torch.Tensor:
+    want = torch.zeros(BLOCKS, BLOCK_SIZE, HK, D).to(FP8)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            want[s // BLOCK_SIZE, s % BLOCK_SIZE] = e4m3(rows[t], scale)
+    return want
+
+
+def scaled_store(device, triton: bool, rope_table=None, layer_scales=((1.0, 0.02), (1.0, 0.05))):
+    """A two-layer store whose layer 1 has K scale 0.02 and V scale 0.05 (small: many values saturate)."""
+    store = KVStore(triton=triton, rope_table=rope_table, num_layers=2, device=device)
+    store.set_scales(*layer_scales)
+    return store
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_fp8_write_stores_e4m3_of_x_over_the_layers_scale(impl):
+    if impl == "triton" and not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    device = "cpu" if impl == "torch" else DEVICE
+    slots = [3, -1, 9, 22, 20]
+    g = torch.Generator().manual_seed(6)
+    dt = torch.float32 if impl == "torch" else torch.float16
+    k, v = (torch.randn(len(slots), HK, D, generator=g).mul(12).to(device, dt) for _ in range(2))
+    kc, vc = fp8_caches(device)
+    store = scaled_store(device, impl == "triton")
+    store.write((kc, vc), k, v, make_batch(slots, device), layer=1)
+    assert kc.dtype == FP8 and (bits(kc) == bits(placed_fp8(k, 0.02, slots))).all()
+    assert (bits(vc) == bits(placed_fp8(v, 0.05, slots))).all()
+    assert bits(kc).ne(0).any() and (kc.float().abs() == 448).any()  # written, and some saturated
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_fp8_store_kernel_sees_a_later_change_of_scale_in_place():
+    """The kernel reads the scale through its pointer: set_scales in place changes what it writes."""
+    slots = [0, 5]
+    k = torch.full((2, HK, D), 1.5, device=DEVICE, dtype=torch.float16)
+    kc, vc = fp8_caches()
+    store = scaled_store(DEVICE, True)
+    ptr = store.scales.data_ptr()
+    store.set_scales([1.0, 0.5], [1.0, 1.0])
+    assert store.scales.data_ptr() == ptr
+    store.write((kc, vc), k, k, make_batch(slots), layer=1)
+    assert torch.equal(kc.float()[0, 0], torch.full((HK, D), 3.0)) and torch.equal(vc.float()[0, 0], k[0].float().cpu())
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v():
+    """The fused RoPE + store into an e4m3 cache: the cache holds e4m3(k_rot / k_scale) and
+    e4m3(v / v_scale) of the rows the kernel leaves in qkv (the rotated k, rounded to qkv's dtype)."""
+    g = torch.Generator().manual_seed(8)
+    HQ, T, P = 4, 5, 32
+    slots = [9, -1, 2, 17, 6]
+    dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    pos = torch.tensor([3, 0, 31, 7, 12], device=DEVICE)
+    qkv = (torch.randn(T, (HQ + 2 * HK) * D, generator=g) * 12).to(DEVICE, dt)
+    kc, vc = fp8_caches()
+    store = scaled_store(DEVICE, True, rope_table=table)
+    assert store.fuses_rope(T, FP8, dt)
+    store.rope_write((kc, vc), qkv, pos, HQ, HK, D, torch.tensor(slots, device=DEVICE), layer=1)
+    got = qkv.view(T, HQ + 2 * HK, D)
+    assert (bits(kc) == bits(placed_fp8(got[:, HQ:HQ + HK], 0.02, slots))).all()
+    assert (bits(vc) == bits(placed_fp8(got[:, HQ + HK:], 0.05, slots))).all()

@@ -67,6 +67,9 @@ class LLMEngine:
                  back to the plain order while a live request may draft (the drafter proposes
                  from its accepted tokens, see _may_run_ahead) or uses penalties or structured
                  output; requests that never draft (sampled, logprobs) run ahead with a drafter set.
+    kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / torch.float8_e4m3fn: an e4m3 cache
+                 with the generator's per-layer kv_scales, one byte per element (twice the blocks
+                 of a 16-bit cache in the same memory when the engine sizes it)
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class LLMEngine:
         async_scheduling: bool | None = None,
         kv_memory_fraction: float = 0.9,
         kv_cpu_budget_bytes: int = CPU_KV_BUDGET_BYTES,
+        kv_cache_dtype=None,
     ):
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
@@ -110,10 +114,14 @@ class LLMEngine:
         self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(tokenizer, "eos_token_id", None)
         self.max_seq_len = max_seq_len
         self.block_size = block_size
+        kv_dtype = None if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+        if kv_dtype is not None:  # refused here (TG_INVALID_KV_CACHE_DTYPE) before anything is allocated
+            generator.kv_cache_dtype(kv_dtype)
         if num_blocks is None:
             num_blocks = _size_kv_cache(generator, block_size, max_seq_len, max_num_seqs, kv_memory_fraction,
-                                        kv_cpu_budget_bytes)
-        self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size)
+                                        kv_cpu_budget_bytes, kv_dtype)
+        self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size) if kv_dtype is None else \
+            generator.allocate_kv_cache(num_blocks, block_size, dtype=kv_dtype)
         watermark_blocks = min(int(watermark * num_blocks), num_blocks - 1)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching,
                                           watermark_blocks=watermark_blocks)
@@ -498,10 +506,12 @@ class LLMEngine:
 
 
 def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: int, fraction: float,
-                   cpu_budget: int) -> int:
-    """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank; under
-    tensor parallelism every rank runs the same scheduler in lockstep, so all take the minimum."""
-    n = default_num_blocks(generator.kv_cache_spec, block_size, device=generator.device, max_seq_len=max_seq_len,
+                   cpu_budget: int, kv_dtype=None) -> int:
+    """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank (for a cache of
+    kv_dtype; None: the model's); under tensor parallelism every rank runs the same scheduler in
+    lockstep, so all take the minimum."""
+    spec = generator.kv_cache_spec if kv_dtype is None else generator.kv_cache_spec_for(kv_dtype)
+    n = default_num_blocks(spec, block_size, device=generator.device, max_seq_len=max_seq_len,
                            max_num_seqs=max_num_seqs, memory_fraction=fraction, cpu_budget_bytes=cpu_budget)
     tp = getattr(generator, "tp_group", None)
     if tp is not None and tp.enabled:

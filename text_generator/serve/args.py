@@ -32,7 +32,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "flashinfer"))
-    p.add_argument("--kv-cache-dtype", default="auto", help="only \"auto\" (the model's dtype) for now")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                   help="auto: the model's dtype; fp8: an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--speculative", default=None, choices=("ngram",),
                    help="speculative decoding of greedy requests: ngram = prompt lookup")
     p.add_argument("--tensor-parallel", action="store_true", help="not supported by serve yet (refused)")

@@ -47,7 +47,7 @@ def build_state(args) -> ServerState:
                        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_len,
-                       tokenizer=tokenizer, speculative=drafter)
+                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
     metrics = ServerMetrics()
     return ServerState(loop=EngineLoop(engine, max_queue=args.max_queue, metrics=metrics),
                        tokenizer=load_tokenizer(args.model_dir),  # the HTTP side's own copy
@@ -69,9 +69,6 @@ def _check_flags(args) -> None:
     if args.tensor_parallel:
         raise CLIError("--tensor-parallel: serve runs on one device for now (rank 0 serving HTTP with the other "
                        "ranks following its engine is not built); use generate / bench under torchrun")
-    if args.kv_cache_dtype != "auto":
-        raise CLIError(f"--kv-cache-dtype: expected \"auto\" (the model's dtype; no other KV dtype yet), "
-                       f"got {args.kv_cache_dtype!r}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise CLIError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {args.gpu_memory_utilization}")
     for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "port"):
@@ -109,6 +106,6 @@ def _num_blocks(gen, args, max_len: int) -> int:
     if gen.device.type == "cuda":
         from kv_manager import profile_num_blocks
 
-        return profile_num_blocks(gen.kv_cache_spec, args.block_size, device=gen.device,
+        return profile_num_blocks(gen.kv_cache_spec_for(args.kv_cache_dtype), args.block_size, device=gen.device,
                                   memory_fraction=args.gpu_memory_utilization, max_seq_len=max_len)
     return -(-max_len // args.block_size) * args.max_num_seqs + 1
