@@ -30,10 +30,10 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 @triton.jit
 def _to_cache(x, scale_ptr, FP8: tl.constexpr, dtype):
     """x as the cache stores it: round(x / scale) in e4m3 (clamped to +-FP8_MAX) where FP8, else x."""
+    y = x  # one return (Triton refuses a function whose returns differ in type, constexpr branch or not)
     if FP8:  # IEEE division (div_rn, not the GPU's approximate `/`): the same e4m3 as torch's x / scale
-        y = tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr))
-        return tl.minimum(tl.maximum(y, -448.0), 448.0).to(dtype)
-    return x
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), -448.0), 448.0).to(dtype)
+    return y
 
 
 @triton.jit

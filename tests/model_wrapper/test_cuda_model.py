@@ -354,7 +354,8 @@ def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
         steps = [h.step({r: [7 + t] for r in range(len(prompts))}, is_prefill=False, adapter_ids=ids)
                  for t in range(3)]
         outs.append(torch.stack(steps))
-        assert len(made) == (1 if graphs else 4)
+        # with graphs every step replays: the decodes, and the prefill of <= 16 tokens a prompt (a verify graph)
+        assert len(made) == (0 if graphs else 4)
         if graphs:
             assert gen.model_wrapper.graphs._graphs, "the LoRA decode steps did not replay a graph"
     assert rel_err(outs[1], outs[0]) < 2e-2
