@@ -412,7 +412,6 @@ def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thr
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: expected \"auto\""),
     (["--tensor-parallel"], "--tensor-parallel: serve runs on one device"),
     (["--lora", "nameonly"], "--lora: expected NAME=PATH"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: expected a fraction"),
@@ -422,6 +421,20 @@ def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
 
     assert main(["serve", ckpt[0], "--device", "cpu", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_kv_cache_dtype_fp8_runs_on_an_e4m3_cache(ckpt, one_thread):
+    """`serve --kv-cache-dtype fp8` builds its engine over an e4m3 cache (the FP8 cache's numbers are
+    checked in tests/model_wrapper/test_fp8_kv_cache.py)."""
+    import torch
+
+    from text_generator.cli import build_parser
+    from text_generator.serve.server import build_state
+
+    args = build_parser().parse_args(["serve", ckpt[0], "--device", "cpu", "--max-model-len", "64",
+                                      "--max-num-seqs", "2", "--kv-cache-dtype", "fp8"])
+    engine = build_state(args).loop.engine
+    assert all(t.dtype == torch.float8_e4m3fn for pair in engine.kv_cache for t in pair)
 
 
 def test_speculative_ngram_serving_keeps_greedy_text(ckpt, oracle, one_thread):
