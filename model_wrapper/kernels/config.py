@@ -88,14 +88,14 @@ class KernelConfig:
     # torch._scaled_mm (one scale per row) or the block-scaled Triton GEMM. Not yet tuned on a GPU:
     # the values follow the bf16 kernels' (benchmarks/bench_fp8_gemm.py times each path at each M)
     fp8_gemv_max_tokens: int = 2  # the bf16 GEMV's bound; e4m3 halves the bytes a FMA may take
-    fp8_gemv_tile: int = 16384  # weights a program holds (as gemv_tile)
-    fp8_gemv_warps: int = 8
+    fp8_gemv_tile: int = 32768  # weights a program holds (H200 sweep: 4% faster than 16k)
+    fp8_gemv_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (groups x group width) a program holds
     fp8_skinny_max_tokens: int = 16  # decode and verify steps stay weight-only
     fp8_skinny_block_k: int = 256  # K step without groups; with groups: min(this, group)
-    fp8_skinny_min_programs: int = 256  # rows per program shrink (64 -> 16) until this many programs
+    fp8_skinny_min_programs: int = 128  # rows per program shrink (64 -> 16) until this many programs (H200 sweep)
     fp8_skinny_warps: int = 4
-    fp8_skinny_stages: int = 4
+    fp8_skinny_stages: int = 3
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)
