@@ -108,7 +108,7 @@ def accuracy(gens: dict, ref, cfg, tokens: int) -> dict:
 
 def fp32_copy(gen_ref, gen8, cfg, device):
     """A float32 generator with gen_ref's weights (the dequantized FP8 ones and its bf16 others) upcast."""
-    g32 = random_text_generator(cfg, device=device, dtype=torch.float32, cuda_graphs=False)
+    g32 = random_text_generator(cfg, device=device, dtype=torch.float32, attention_backend="torch", cuda_graphs=False)
     src = dict(gen_ref.model_wrapper.model.named_parameters())
     for name, p in g32.model_wrapper.model.named_parameters():
         p.data.copy_(src[name].data.float())
