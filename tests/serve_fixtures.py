@@ -74,6 +74,21 @@ def logprobs_of(model, ids: list[int], new: list[int]) -> tuple[list[float], lis
     return [float(rows[i, t]) for i, t in enumerate(new)], list(rows)
 
 
+def fail_first_forward(engine) -> None:
+    """An engine process's on_start: its model's first forward_tensor raises (a device fault in
+    the server's dependency), the later ones run."""
+    forward = engine.generator.forward_tensor
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    engine.generator.forward_tensor = failing_once
+
+
 class Server:
     """uvicorn in a thread, on a socket bound to a free port; the engine in its own process.
     on_start(engine): a module-level function the engine process runs once its engine is built."""

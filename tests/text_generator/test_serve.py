@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from conftest import hf_model
-from serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from serve_fixtures import Server, fail_first_forward, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
 MAX_MODEL_LEN = 256
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -324,7 +324,8 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.005)
         conn.close()
-    server.wait_idle()
+    st = server.wait_idle()  # the engine process's own count: no block held, every block free or cached
+    assert st["used_blocks"] == 0 and st["free_blocks"] + st["cached_blocks"] == st["num_blocks"]
     assert lengths._value.get() == before and aborts._value.get() == aborted + 1  # aborted, not run to its length
 
 
@@ -374,28 +375,82 @@ def test_concurrent_streaming_clients_with_disconnects_lose_no_tokens(server, cl
     assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
 
 
-def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(client, server, monkeypatch):
-    """A fault injected into the model's forward (the server's dependency, not the server)."""
-    server.wait_idle()
-    forward = server.engine.generator.forward_tensor
-    calls = []
+def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(ckpt, one_thread):
+    """A fault injected into the model's forward in the engine process (the server's dependency,
+    not the server)."""
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "64",
+                "--max-num-seqs", "4"], on_start=fail_first_forward)
+    try:
+        client = s.client()
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=4)
+        assert e.value.status_code == 500
+        assert_error(e, None, "TG_ENGINE_FAILED")
+        assert "injected device fault" in e.value.body["message"]
+        s.wait_idle()
+        r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert httpx.get(f"{s.url}/health", trust_env=False).status_code == 200
+    finally:
+        s.close()
 
-    def failing_once(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("injected device fault")
-        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(server.engine.generator, "forward_tensor", failing_once)
-    with pytest.raises(openai.InternalServerError) as e:
-        client.completions.create(model="tiny", prompt="hi", max_tokens=4)
-    assert e.value.status_code == 500
-    assert_error(e, None, "TG_ENGINE_FAILED")
-    assert "injected device fault" in e.value.body["message"]
-    server.wait_idle()
-    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length")
-    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+def test_a_dead_engine_process_gives_503s_and_an_unhealthy_health_not_a_hang(ckpt, one_thread):
+    """The engine process is killed mid-request: the running stream ends with an error event,
+    a waiting plain request gets 503, new requests get 503 and /health 503."""
+    import json
+    import os
+    import signal
+    import threading
+
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "256",
+                "--max-num-seqs", "4"])
+    try:
+        client = s.client()
+        assert httpx.get(f"{s.url}/health", trust_env=False).status_code == 200
+        plain: list = []
+
+        def plain_request():
+            try:
+                client.completions.create(model="tiny", prompt="one two", max_tokens=200, temperature=0,
+                                          extra_body={"ignore_eos": True})
+                plain.append(None)
+            except openai.APIStatusError as e:
+                plain.append(e)
+
+        waiter = threading.Thread(target=plain_request)
+        body = {"model": "tiny", "prompt": "one two three", "max_tokens": 200, "stream": True, "ignore_eos": True,
+                "temperature": 0}
+        events = []
+        with httpx.Client(base_url=s.url, trust_env=False, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                for line in lines:
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                    if len(events) == 2:
+                        break
+                waiter.start()
+                deadline = time.monotonic() + 30
+                while len(s.stats()["requests"]) < 2:
+                    assert time.monotonic() < deadline, "the plain request never reached the engine"
+                    time.sleep(0.01)
+                os.kill(s.engine.info["pid"], signal.SIGKILL)
+                events += [line[6:] for line in lines if line.startswith("data: ")]
+        waiter.join(timeout=60)
+        assert not waiter.is_alive(), "the plain request hangs"
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "TG_ENGINE_FAILED" and "engine process died" in error["message"]
+        assert isinstance(plain[0], openai.APIStatusError) and plain[0].status_code == 503
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 503
+        assert_error(e, None, "TG_ENGINE_FAILED")
+        health = httpx.get(f"{s.url}/health", trust_env=False)
+        assert health.status_code == 503 and "engine process died" in health.json()["error"]["message"]
+    finally:
+        s.close()
 
 
 def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thread):
