@@ -490,34 +490,91 @@ def test_speculative_ngram_serving_keeps_greedy_text(ckpt, oracle, one_thread):
         s.close()
 
 
-def test_python_m_text_generator_serve_answers_over_http(ckpt):
-    """The command line end to end: a subprocess serving until it is stopped."""
-    import os
-    import subprocess
-    import sys
+class ServeProcess:
+    """`python -m text_generator serve ...` (optionally under torchrun) in a subprocess on a free
+    port, until close()."""
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
-    proc = subprocess.Popen([sys.executable, "-m", "text_generator", "serve", ckpt[0], "--device", "cpu",
-                             "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "64"],
-                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
+    def __init__(self, launcher: list[str], args: list[str]):
+        import os
+        import subprocess
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=root)
+        self.proc = subprocess.Popen([*launcher, "-m", "text_generator", "serve", *args, "--port", str(self.port)],
+                                     cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 180
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"the server did not start:\n{self.proc.stdout.read()[-4000:]}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200:
+                if httpx.get(f"{self.url}/health", trust_env=False).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                          http_client=httpx.Client(trust_env=False, timeout=60))
+
+    def client(self):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=120))
+
+    def close(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def test_python_m_text_generator_serve_answers_over_http(ckpt):
+    """The command line end to end: a subprocess serving until it is stopped."""
+    import sys
+
+    s = ServeProcess([sys.executable], [ckpt[0], "--device", "cpu", "--served-model-name", "tiny",
+                                        "--max-model-len", "64"])
+    try:
+        c = s.client()
         assert [m.id for m in c.models.list().data] == ["tiny"]
         assert c.completions.create(model="tiny", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        s.close()
+
+
+def test_tensor_parallel_serving_under_torchrun_gives_transformers_greedy(ckpt, oracle):
+    """`torchrun --nproc-per-node 2 -m text_generator serve --tensor-parallel` (gloo on the CPU):
+    rank 0 serves HTTP, its engine process and rank 1 step in lockstep. Greedy text of the base
+    model, of a LoRA model name (peft's) and of an adapter loaded at run time equals the oracle's;
+    n=2 streams (the second choice joins through the prefix cache) equal the plain answer."""
+    import sys
+
+    base, lora = ckpt
+    s = ServeProcess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+                     [base, "--tensor-parallel", "--device", "cpu", "--dtype", "float32", "--served-model-name",
+                      "tiny", "--lora", f"sql={lora}", "--max-model-len", "128", "--block-size", "4"])
+    try:
+        c = s.client()
+        for model in ("tiny", "sql"):
+            r = c.completions.create(model=model, prompt=PROMPTS, max_tokens=10, temperature=0)
+            for p, ch in zip(PROMPTS, r.choices):
+                assert ch.text == expected_text(oracle, model, oracle["tok"](p).input_ids, 10)[1], (model, p)
+        assert httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": "sql2", "lora_path": lora},
+                          trust_env=False, timeout=60).status_code == 200
+        r = c.completions.create(model="sql2", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+        assert r.choices[0].text == expected_text(oracle, "sql", oracle["tok"](PROMPTS[0]).input_ids, 8)[1]
+        messages = [{"role": "user", "content": "hello world"}]
+        want = expected_text(oracle, "tiny", chat_ids(oracle, messages), 8)[1]
+        texts = ["", ""]
+        for chunk in c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, n=2,
+                                               stream=True):
+            for ch in chunk.choices:
+                texts[ch.index] += ch.delta.content or ""
+        assert texts == [want, want]
+    finally:
+        s.close()
