@@ -18,7 +18,7 @@ import pytest
 from conftest import hf_model
 from serve_fixtures import Server, fail_first_forward, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
 PROMPTS = ["the quick brown fox", "hello world, how are", "one two three"]
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")  # vLLM's fields
@@ -193,7 +193,7 @@ def test_unknown_model_is_404_naming_the_model(client, server):
 def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, server):
     free = server.wait_idle()["free_blocks"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="tiny", prompt=list(range(10, 20)) * 30, max_tokens=2)
+        client.completions.create(model="tiny", prompt=list(range(10, 20)) * (MAX_MODEL_LEN // 10 + 1), max_tokens=2)
     assert_error(e, "prompt", "TG_PROMPT_TOO_LONG")
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt="hi", max_tokens=MAX_MODEL_LEN)

@@ -263,10 +263,15 @@ def _num_blocks(gen, args, max_len: int) -> int:
 def main(args, cmd_conn, out_conn, num_threads: int, on_start: Callable | None = None) -> None:
     """The engine process (multiprocessing spawn target). on_start(engine), if given, runs once
     the engine is built (instrumentation, warm-up)."""
+    import signal
+
     import torch
 
     from text_generator.cli import _setup_logging
 
+    # Ctrl-C reaches the whole process group: the HTTP process shuts down and then stops this one
+    # (a "stop" command, or its pipe closing), so that no step is cut in half
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _setup_logging(getattr(args, "log_level", "WARNING"))
     torch.set_num_threads(num_threads)
     try:
