@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import hf_model
+from conftest import hf_generate, hf_model
 from serve_fixtures import Server, fail_first_forward, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
 MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
@@ -578,3 +578,42 @@ def test_tensor_parallel_serving_under_torchrun_gives_transformers_greedy(ckpt, 
         assert texts == [want, want]
     finally:
         s.close()
+
+
+def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracle, one_thread):
+    """The engine process's loop body, in this process: a group of three choices of one prompt
+    (the first computes it, the others wait for its blocks), the third aborted while it waits,
+    then a request aborted while it runs. Every request gets one final output; the finished
+    choices are transformers' greedy."""
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker
+    from text_generator.tokenizer import load_tokenizer
+
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
+                       tokenizer=load_tokenizer(ckpt[0]), freeze_gc=False)
+    sent = []
+    worker = EngineWorker(engine, sent.append)
+    ids = oracle["tok"](PROMPTS[0]).input_ids
+    greedy6 = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    worker.apply([("add", [(f"c{i}", ids, greedy6) for i in range(3)], None), ("abort", "c2")])
+    worker.apply([("add", [("long", ids, SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True))], None)])
+    steps = 0
+    while worker.busy:
+        worker.step()
+        steps += 1
+        if steps == 3:
+            worker.apply([("abort", "long")])
+    outs = [o for kind, batch, _ in sent if kind == "out" for o in batch]
+    finals = {}
+    for o in outs:
+        if o.finish_reason is not None:
+            assert o.request_id not in finals, f"{o.request_id} ended twice"
+            finals[o.request_id] = o
+    assert {k: o.finish_reason for k, o in finals.items()} == {"c0": "length", "c1": "length", "c2": "abort",
+                                                                 "long": "abort"}
+    want = hf_generate(oracle["tiny"], ids, 6)  # exactly 6 tokens, as ignore_eos asks
+    for rid in ("c0", "c1"):
+        assert [t for o in outs if o.request_id == rid for t in o.new_token_ids] == want
+    assert finals["c0"].num_cached == 0 and finals["c1"].num_cached == 4 * ((len(ids) - 1) // 4)  # its full blocks
+    assert engine.block_manager.num_used_blocks == 0 and not engine.requests

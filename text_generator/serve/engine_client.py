@@ -257,11 +257,14 @@ class EngineClient:
                                   None if live.last is None else live.last - group.arrival)
             if o.request_id not in group.unfinished:
                 continue  # aborted by its client: nobody is listening
+            # snapshots: a stream that lags behind reads this step's rows, not a later step's
+            lps = live.logprobs
             group.queue.put_nowait(RequestOutput(
-                request_id=o.request_id, prompt_token_ids=[], new_token_ids=o.new_token_ids, token_ids=live.tokens,
-                finished=finished, finish_reason=o.finish_reason, error=o.error,
-                text="".join(live.pieces) if finished else None, delta_text=o.delta_text, logprobs=live.logprobs,
-                top_logprobs=live.top, num_cached_tokens=o.num_cached))
+                request_id=o.request_id, prompt_token_ids=[], new_token_ids=o.new_token_ids,
+                token_ids=live.tokens if finished else live.tokens[:], finished=finished,
+                finish_reason=o.finish_reason, error=o.error, text="".join(live.pieces) if finished else None,
+                delta_text=o.delta_text, logprobs=lps if finished or lps is None else lps[:],
+                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=o.num_cached))
         if m is not None:
             m.on_stats(stats)
 
