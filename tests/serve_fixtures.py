@@ -126,11 +126,11 @@ class Server:
 
     def wait_idle(self, timeout: float = 30.0) -> dict:
         """Until the engine holds no request and no KV block (every block free or only cached)
-        -> its stats then."""
+        and every request's final output reached the HTTP side -> the engine's stats then."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.stats()
-            if not st["requests"] and not st["used_blocks"]:
+            if not st["requests"] and not st["used_blocks"] and not self.engine.num_live:
                 return st
             assert time.monotonic() < deadline, f"{len(st['requests'])} requests and {st['used_blocks']} blocks held"
             time.sleep(0.02)

@@ -147,6 +147,12 @@ class EngineClient:
             self.process.join(10)
 
     @property
+    def num_live(self) -> int:
+        """Requests submitted whose final output has not come back yet (their metrics are not
+        recorded yet either)."""
+        return len(self._live)
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.error is None and not self._stopping and self.process.is_alive()
 
