@@ -89,6 +89,18 @@ def fail_first_forward(engine) -> None:
     engine.generator.forward_tensor = failing_once
 
 
+def slow_forward(engine) -> None:
+    """An engine process's on_start: every forward_tensor takes 5 ms longer, so that a long
+    request is still running seconds after it started (the disconnect tests hang up mid-way)."""
+    forward = engine.generator.forward_tensor
+
+    def slow(*args, **kwargs):
+        time.sleep(0.005)
+        return forward(*args, **kwargs)
+
+    engine.generator.forward_tensor = slow
+
+
 class Server:
     """uvicorn in a thread, on a socket bound to a free port; the engine in its own process.
     on_start(engine): a module-level function the engine process runs once its engine is built."""

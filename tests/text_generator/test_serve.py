@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from conftest import hf_generate, hf_model
-from serve_fixtures import Server, fail_first_forward, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from serve_fixtures import Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
 MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -43,6 +43,16 @@ def server(ckpt, one_thread):
     s = Server([base, "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny",
                 "--lora", f"sql={lora}", "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "4",
                 "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE)])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def slow_server(ckpt, one_thread):
+    """A server whose steps take >= 5 ms each: a request of MAX_MODEL_LEN - 16 tokens runs for
+    seconds, however fast the machine."""
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", str(MAX_MODEL_LEN),
+                "--block-size", "4", "--max-num-seqs", "4"], on_start=slow_forward)
     yield s
     s.close()
 
@@ -294,9 +304,10 @@ def test_health_and_metrics(client, server):
 
 # -- disconnects and load ------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
-def test_a_client_that_disconnects_gives_every_block_back(server, stream):
+def test_a_client_that_disconnects_gives_every_block_back(slow_server, stream):
     """A long request whose client hangs up (mid-stream, or while waiting for the whole answer)
     is aborted: its blocks come back long before it could have run to its length."""
+    server = slow_server
     server.wait_idle()
     lengths = server.state.metrics.requests.labels(finish_reason="length")
     aborts = server.state.metrics.requests.labels(finish_reason="abort")
@@ -306,11 +317,10 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
     if stream:
         with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
             with http.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()  # kept: closing this iterator (a break out of it) closes the connection
                 events = 0
-                for line in r.iter_lines():
-                    events += line.startswith("data: ")
-                    if events == 3:
-                        break
+                while events < 3:
+                    events += next(lines).startswith("data: ")
                 assert server.stats()["requests"], "the request should still be running"
     else:  # a raw socket, closed once the engine runs the request
         import json
