@@ -329,15 +329,20 @@ def follow(args) -> int:
 
 
 def _broadcaster(engine):
-    """Under TP: cmds -> the same list on every rank (rank 0 gives it, the others pass None)."""
+    """Under TP: cmds -> the same list on every rank (rank 0 gives it, the others pass None).
+    Commands travel in a gloo group of the same ranks (made here, on every rank alike): pickled
+    bytes stay on the host instead of crossing to the GPU and back through NCCL each step."""
     tp = engine.generator.tp_group
     if not tp.enabled:
         return None
     import torch.distributed as dist
 
+    ranks = list(range(tp.world_size)) if tp.group is None else dist.get_process_group_ranks(tp.group)
+    host = dist.new_group(ranks=ranks, backend="gloo")
+
     def broadcast(cmds):
         box = [cmds]
-        dist.broadcast_object_list(box, src=0, group=tp.group, device=engine.generator.device)
+        dist.broadcast_object_list(box, src=ranks[0], group=host)
         return box[0]
 
     return broadcast
