@@ -8,7 +8,7 @@ Load: --num-prompts random prompts of --input-len token ids, each generating exa
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
 demo byte tokenizer the random checkpoint carries decodes most ids to no text). First the engine alone
 (LLMEngine.generate, all requests at t = 0); then `python -m text_generator serve` in a subprocess with
-the same engine settings, and the openai AsyncOpenAI client streaming the same requests: all at once
+the same engine settings (the server's engine runs in its own process, as `serve` always does), and the openai AsyncOpenAI client streaming the same requests: all at once
 (saturation), then Poisson arrivals at each --rates. Reports output tokens/s, TTFT and inter-token
 latency p50 / p99; the HTTP cost is 1 - server tokens/s / engine tokens/s at saturation.
 Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).

@@ -1,7 +1,8 @@
 """For the server tests: a tiny chat checkpoint (a BPE tokenizer trained here with `tokenizers`:
 special tokens, a BOS post-processor, a chat template in tokenizer_config.json; a random llama
 whose vocabulary is the tokenizer's; a peft LoRA adapter over it), transformers' greedy and
-logprobs as the oracle, and `Server`: uvicorn in a thread. Nothing is downloaded."""
+logprobs as the oracle, and `Server`: uvicorn in a thread over its engine process. Nothing is
+downloaded."""
 
 from __future__ import annotations
 
@@ -73,17 +74,45 @@ def logprobs_of(model, ids: list[int], new: list[int]) -> tuple[list[float], lis
     return [float(rows[i, t]) for i, t in enumerate(new)], list(rows)
 
 
-class Server:
-    """uvicorn in a thread, on a socket bound to a free port."""
+def fail_first_forward(engine) -> None:
+    """An engine process's on_start: its model's first forward_tensor raises (a device fault in
+    the server's dependency), the later ones run."""
+    forward = engine.generator.forward_tensor
+    calls = []
 
-    def __init__(self, argv: list[str]):
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected device fault")
+        return forward(*args, **kwargs)
+
+    engine.generator.forward_tensor = failing_once
+
+
+def slow_forward(engine) -> None:
+    """An engine process's on_start: every forward_tensor takes 5 ms longer, so that a long
+    request is still running seconds after it started (the disconnect tests hang up mid-way)."""
+    forward = engine.generator.forward_tensor
+
+    def slow(*args, **kwargs):
+        time.sleep(0.005)
+        return forward(*args, **kwargs)
+
+    engine.generator.forward_tensor = slow
+
+
+class Server:
+    """uvicorn in a thread, on a socket bound to a free port; the engine in its own process.
+    on_start(engine): a module-level function the engine process runs once its engine is built."""
+
+    def __init__(self, argv: list[str], on_start=None):
         import uvicorn
 
         from text_generator.cli import build_parser
         from text_generator.serve import build_app, build_state
 
-        self.state = build_state(build_parser().parse_args(["serve", *argv]))
-        self.engine = self.state.loop.engine
+        self.state = build_state(build_parser().parse_args(["serve", *argv]), on_start=on_start)
+        self.engine = self.state.engine  # the EngineClient
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -102,12 +131,20 @@ class Server:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
                              http_client=httpx.Client(trust_env=False, timeout=60), **kw)
 
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        """Until the engine holds no request and no KV block (every block free or only cached)."""
+    def stats(self) -> dict:
+        """What the engine process reports of itself: engine_worker.Stats' fields and requests
+        ({live request id: its output tokens so far})."""
+        return self.engine.call_sync("stats")
+
+    def wait_idle(self, timeout: float = 30.0) -> dict:
+        """Until the engine holds no request and no KV block (every block free or only cached)
+        and every request's final output reached the HTTP side -> the engine's stats then."""
         deadline = time.monotonic() + timeout
-        while self.engine.requests or self.engine.block_manager.num_used_blocks:
-            assert time.monotonic() < deadline, (f"{len(self.engine.requests)} requests and "
-                                                 f"{self.engine.block_manager.num_used_blocks} blocks still held")
+        while True:
+            st = self.stats()
+            if not st["requests"] and not st["used_blocks"] and not self.engine.num_live:
+                return st
+            assert time.monotonic() < deadline, f"{len(st['requests'])} requests and {st['used_blocks']} blocks held"
             time.sleep(0.02)
 
     def close(self) -> None:

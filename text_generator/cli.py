@@ -13,7 +13,8 @@ bench     runs a synthetic offline load (random prompts of --input-len tokens, e
 
 generate and bench shard the model over the ranks of torchrun with --tensor-parallel (`torchrun
 --nproc-per-node N -m text_generator generate ... --tensor-parallel`): every rank runs the same
-engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints.
+engine in lockstep (SPMD, model_wrapper/parallel.py); rank 0 prints. serve does the same with
+rank 0 serving HTTP (text_generator/serve/engine_worker.py).
 
 A bad command line or checkpoint costs one line on stderr ("error: ...") and exit code 2; a
 prompt that fails inside the engine is reported with its output and makes the exit code 1.

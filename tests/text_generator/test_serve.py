@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 
-from conftest import hf_model
-from serve_fixtures import Server, greedy, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from conftest import hf_generate, hf_model
+from serve_fixtures import Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
 
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
 PROMPTS = ["the quick brown fox", "hello world, how are", "one two three"]
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")  # vLLM's fields
@@ -43,6 +43,16 @@ def server(ckpt, one_thread):
     s = Server([base, "--device", "cpu", "--dtype", "float32", "--served-model-name", "tiny",
                 "--lora", f"sql={lora}", "--max-model-len", str(MAX_MODEL_LEN), "--block-size", "4",
                 "--max-num-seqs", str(MAX_NUM_SEQS), "--max-queue", str(MAX_QUEUE)])
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def slow_server(ckpt, one_thread):
+    """A server whose steps take >= 5 ms each: a request of MAX_MODEL_LEN - 16 tokens runs for
+    seconds, however fast the machine."""
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", str(MAX_MODEL_LEN),
+                "--block-size", "4", "--max-num-seqs", "4"], on_start=slow_forward)
     yield s
     s.close()
 
@@ -191,10 +201,9 @@ def test_unknown_model_is_404_naming_the_model(client, server):
 
 
 def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, server):
-    server.wait_idle()
-    free = server.engine.block_manager.num_free_blocks
+    free = server.wait_idle()["free_blocks"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="tiny", prompt=list(range(10, 20)) * 30, max_tokens=2)
+        client.completions.create(model="tiny", prompt=list(range(10, 20)) * (MAX_MODEL_LEN // 10 + 1), max_tokens=2)
     assert_error(e, "prompt", "TG_PROMPT_TOO_LONG")
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt="hi", max_tokens=MAX_MODEL_LEN)
@@ -215,7 +224,8 @@ def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, 
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
                                        top_logprobs=2)
     assert_error(e, "top_logprobs", "TG_INVALID_REQUEST")
-    assert server.engine.block_manager.num_free_blocks == free and not server.engine.requests
+    st = server.stats()
+    assert st["free_blocks"] == free and not st["requests"]
 
 
 def test_more_requests_than_the_queue_holds_is_503(client, server):
@@ -294,9 +304,10 @@ def test_health_and_metrics(client, server):
 
 # -- disconnects and load ------------------------------------------------------------------------
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
-def test_a_client_that_disconnects_gives_every_block_back(server, stream):
+def test_a_client_that_disconnects_gives_every_block_back(slow_server, stream):
     """A long request whose client hangs up (mid-stream, or while waiting for the whole answer)
     is aborted: its blocks come back long before it could have run to its length."""
+    server = slow_server
     server.wait_idle()
     lengths = server.state.metrics.requests.labels(finish_reason="length")
     aborts = server.state.metrics.requests.labels(finish_reason="abort")
@@ -306,12 +317,11 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
     if stream:
         with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
             with http.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()  # kept: closing this iterator (a break out of it) closes the connection
                 events = 0
-                for line in r.iter_lines():
-                    events += line.startswith("data: ")
-                    if events == 3:
-                        break
-                assert server.engine.requests, "the request should still be running"
+                while events < 3:
+                    events += next(lines).startswith("data: ")
+                assert server.stats()["requests"], "the request should still be running"
     else:  # a raw socket, closed once the engine runs the request
         import json
 
@@ -320,11 +330,12 @@ def test_a_client_that_disconnects_gives_every_block_back(server, stream):
         conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
         deadline = time.monotonic() + 30
-        while not any(r.output_ids for r in list(server.engine.requests.values())):
+        while not any(server.stats()["requests"].values()):
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.005)
         conn.close()
-    server.wait_idle()
+    st = server.wait_idle()  # the engine process's own count: no block held, every block free or cached
+    assert st["used_blocks"] == 0 and st["free_blocks"] + st["cached_blocks"] == st["num_blocks"]
     assert lengths._value.get() == before and aborts._value.get() == aborted + 1  # aborted, not run to its length
 
 
@@ -374,28 +385,82 @@ def test_concurrent_streaming_clients_with_disconnects_lose_no_tokens(server, cl
     assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
 
 
-def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(client, server, monkeypatch):
-    """A fault injected into the model's forward (the server's dependency, not the server)."""
-    server.wait_idle()
-    forward = server.engine.generator.forward_tensor
-    calls = []
+def test_a_failed_engine_step_fails_its_requests_with_500_and_the_server_goes_on(ckpt, one_thread):
+    """A fault injected into the model's forward in the engine process (the server's dependency,
+    not the server)."""
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "64",
+                "--max-num-seqs", "4"], on_start=fail_first_forward)
+    try:
+        client = s.client()
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=4)
+        assert e.value.status_code == 500
+        assert_error(e, None, "TG_ENGINE_FAILED")
+        assert "injected device fault" in e.value.body["message"]
+        s.wait_idle()
+        r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert httpx.get(f"{s.url}/health", trust_env=False).status_code == 200
+    finally:
+        s.close()
 
-    def failing_once(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("injected device fault")
-        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(server.engine.generator, "forward_tensor", failing_once)
-    with pytest.raises(openai.InternalServerError) as e:
-        client.completions.create(model="tiny", prompt="hi", max_tokens=4)
-    assert e.value.status_code == 500
-    assert_error(e, None, "TG_ENGINE_FAILED")
-    assert "injected device fault" in e.value.body["message"]
-    server.wait_idle()
-    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length")
-    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+def test_a_dead_engine_process_gives_503s_and_an_unhealthy_health_not_a_hang(ckpt, one_thread):
+    """The engine process is killed mid-request: the running stream ends with an error event,
+    a waiting plain request gets 503, new requests get 503 and /health 503."""
+    import json
+    import os
+    import signal
+    import threading
+
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "256",
+                "--max-num-seqs", "4"])
+    try:
+        client = s.client()
+        assert httpx.get(f"{s.url}/health", trust_env=False).status_code == 200
+        plain: list = []
+
+        def plain_request():
+            try:
+                client.completions.create(model="tiny", prompt="one two", max_tokens=200, temperature=0,
+                                          extra_body={"ignore_eos": True})
+                plain.append(None)
+            except openai.APIStatusError as e:
+                plain.append(e)
+
+        waiter = threading.Thread(target=plain_request)
+        body = {"model": "tiny", "prompt": "one two three", "max_tokens": 200, "stream": True, "ignore_eos": True,
+                "temperature": 0}
+        events = []
+        with httpx.Client(base_url=s.url, trust_env=False, timeout=60) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                for line in lines:
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                    if len(events) == 2:
+                        break
+                waiter.start()
+                deadline = time.monotonic() + 30
+                while len(s.stats()["requests"]) < 2:
+                    assert time.monotonic() < deadline, "the plain request never reached the engine"
+                    time.sleep(0.01)
+                os.kill(s.engine.info["pid"], signal.SIGKILL)
+                events += [line[6:] for line in lines if line.startswith("data: ")]
+        waiter.join(timeout=60)
+        assert not waiter.is_alive(), "the plain request hangs"
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "TG_ENGINE_FAILED" and "engine process died" in error["message"]
+        assert isinstance(plain[0], openai.APIStatusError) and plain[0].status_code == 503
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 503
+        assert_error(e, None, "TG_ENGINE_FAILED")
+        health = httpx.get(f"{s.url}/health", trust_env=False)
+        assert health.status_code == 503 and "engine process died" in health.json()["error"]["message"]
+    finally:
+        s.close()
 
 
 def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thread):
@@ -412,7 +477,7 @@ def test_a_model_without_a_chat_template_refuses_chat_with_400(tmp_path, one_thr
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--tensor-parallel"], "--tensor-parallel: serve runs on one device"),
+    (["--tensor-parallel"], "--tensor-parallel: expected to run under torchrun"),
     (["--lora", "nameonly"], "--lora: expected NAME=PATH"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: expected a fraction"),
 ])
@@ -424,16 +489,16 @@ def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
 
 
 def test_serve_kv_cache_dtype_fp8_runs_on_an_e4m3_cache(ckpt, one_thread):
-    """`serve --kv-cache-dtype fp8` builds its engine over an e4m3 cache (the FP8 cache's numbers are
-    checked in tests/model_wrapper/test_fp8_kv_cache.py)."""
+    """`serve --kv-cache-dtype fp8` builds its engine (what the engine process runs) over an e4m3 cache
+    (the FP8 cache's numbers are checked in tests/model_wrapper/test_fp8_kv_cache.py)."""
     import torch
 
     from text_generator.cli import build_parser
-    from text_generator.serve.server import build_state
+    from text_generator.serve.engine_worker import build_engine
 
     args = build_parser().parse_args(["serve", ckpt[0], "--device", "cpu", "--max-model-len", "64",
                                       "--max-num-seqs", "2", "--kv-cache-dtype", "fp8"])
-    engine = build_state(args).loop.engine
+    engine, _ = build_engine(args)
     assert all(t.dtype == torch.float8_e4m3fn for pair in engine.kv_cache for t in pair)
 
 
@@ -448,34 +513,130 @@ def test_speculative_ngram_serving_keeps_greedy_text(ckpt, oracle, one_thread):
         s.close()
 
 
-def test_python_m_text_generator_serve_answers_over_http(ckpt):
-    """The command line end to end: a subprocess serving until it is stopped."""
-    import os
-    import subprocess
-    import sys
+class ServeProcess:
+    """`python -m text_generator serve ...` (optionally under torchrun) in a subprocess on a free
+    port, until close()."""
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
-    proc = subprocess.Popen([sys.executable, "-m", "text_generator", "serve", ckpt[0], "--device", "cpu",
-                             "--port", str(port), "--served-model-name", "tiny", "--max-model-len", "64"],
-                            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
+    def __init__(self, launcher: list[str], args: list[str]):
+        import os
+        import subprocess
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=root)
+        self.proc = subprocess.Popen([*launcher, "-m", "text_generator", "serve", *args, "--port", str(self.port)],
+                                     cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 180
         while True:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"the server did not start:\n{self.proc.stdout.read()[-4000:]}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).status_code == 200:
+                if httpx.get(f"{self.url}/health", trust_env=False).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.2)
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                          http_client=httpx.Client(trust_env=False, timeout=60))
+
+    def client(self):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=120))
+
+    def close(self) -> None:
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def test_python_m_text_generator_serve_answers_over_http(ckpt):
+    """The command line end to end: a subprocess serving until it is stopped."""
+    import sys
+
+    s = ServeProcess([sys.executable], [ckpt[0], "--device", "cpu", "--served-model-name", "tiny",
+                                        "--max-model-len", "64"])
+    try:
+        c = s.client()
         assert [m.id for m in c.models.list().data] == ["tiny"]
         assert c.completions.create(model="tiny", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        s.close()
+
+
+def test_tensor_parallel_serving_under_torchrun_gives_transformers_greedy(ckpt, oracle):
+    """`torchrun --nproc-per-node 2 -m text_generator serve --tensor-parallel` (gloo on the CPU):
+    rank 0 serves HTTP, its engine process and rank 1 step in lockstep. Greedy text of the base
+    model, of a LoRA model name (peft's) and of an adapter loaded at run time equals the oracle's;
+    n=2 streams (the second choice joins through the prefix cache) equal the plain answer."""
+    import sys
+
+    base, lora = ckpt
+    s = ServeProcess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
+                     [base, "--tensor-parallel", "--device", "cpu", "--dtype", "float32", "--served-model-name",
+                      "tiny", "--lora", f"sql={lora}", "--max-model-len", "128", "--block-size", "4"])
+    try:
+        c = s.client()
+        for model in ("tiny", "sql"):
+            r = c.completions.create(model=model, prompt=PROMPTS, max_tokens=10, temperature=0)
+            for p, ch in zip(PROMPTS, r.choices):
+                assert ch.text == expected_text(oracle, model, oracle["tok"](p).input_ids, 10)[1], (model, p)
+        assert httpx.post(f"{s.url}/v1/load_lora_adapter", json={"lora_name": "sql2", "lora_path": lora},
+                          trust_env=False, timeout=60).status_code == 200
+        r = c.completions.create(model="sql2", prompt=PROMPTS[0], max_tokens=8, temperature=0)
+        assert r.choices[0].text == expected_text(oracle, "sql", oracle["tok"](PROMPTS[0]).input_ids, 8)[1]
+        messages = [{"role": "user", "content": "hello world"}]
+        want = expected_text(oracle, "tiny", chat_ids(oracle, messages), 8)[1]
+        texts = ["", ""]
+        for chunk in c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, n=2,
+                                               stream=True):
+            for ch in chunk.choices:
+                texts[ch.index] += ch.delta.content or ""
+        assert texts == [want, want]
+    finally:
+        s.close()
+
+
+def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracle, one_thread):
+    """The engine process's loop body, in this process: a group of three choices of one prompt
+    (the first computes it, the others wait for its blocks), the third aborted while it waits,
+    then a request aborted while it runs. Every request gets one final output; the finished
+    choices are transformers' greedy."""
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker
+    from text_generator.tokenizer import load_tokenizer
+
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
+                       tokenizer=load_tokenizer(ckpt[0]), freeze_gc=False)
+    sent = []
+    worker = EngineWorker(engine, sent.append)
+    ids = oracle["tok"](PROMPTS[0]).input_ids
+    greedy6 = SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True)
+    worker.apply([("add", [(f"c{i}", ids, greedy6) for i in range(3)], None), ("abort", "c2")])
+    worker.apply([("add", [("long", ids, SamplingParams(temperature=0, max_new_tokens=50, ignore_eos=True))], None)])
+    steps = 0
+    while worker.busy:
+        worker.step()
+        steps += 1
+        if steps == 3:
+            worker.apply([("abort", "long")])
+    outs = [o for kind, batch, _ in sent if kind == "out" for o in batch]
+    finals = {}
+    for o in outs:
+        if o.finish_reason is not None:
+            assert o.request_id not in finals, f"{o.request_id} ended twice"
+            finals[o.request_id] = o
+    assert {k: o.finish_reason for k, o in finals.items()} == {"c0": "length", "c1": "length", "c2": "abort",
+                                                                 "long": "abort"}
+    want = hf_generate(oracle["tiny"], ids, 6)  # exactly 6 tokens, as ignore_eos asks
+    for rid in ("c0", "c1"):
+        assert [t for o in outs if o.request_id == rid for t in o.new_token_ids] == want
+    assert finals["c0"].num_cached == 0 and finals["c1"].num_cached == 4 * ((len(ids) - 1) // 4)  # its full blocks
+    assert engine.block_manager.num_used_blocks == 0 and not engine.requests

@@ -1,8 +1,8 @@
 """The FastAPI app: OpenAI's /v1/models, /v1/completions, /v1/chat/completions, vLLM's LoRA admin
-endpoints, /health and /metrics, over an EngineLoop.
+endpoints, /health and /metrics, over an EngineClient (the engine runs in its own process).
 
-A request is parsed (protocol.py), checked and tokenized here (the HTTP side's own tokenizer
-copy: a Rust tokenizer must not be shared with the engine thread's decoding), turned into
+A request is parsed (protocol.py), checked and tokenized here (the HTTP process's own
+tokenizer), turned into
 SamplingParams (params.py) and submitted as one engine request per choice; the outputs come back
 through the request's RequestGroup and leave as one JSON body or as Server-Sent Events
 (responses.py). The text is the engine's: its delta_text per step, with stop strings cut.
@@ -25,7 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from text_generator.chat import ChatTemplateError, GenerationDefaults, render_chat
 from text_generator.errors import ErrorCode
 from text_generator.serve import responses as R
-from text_generator.serve.engine_loop import ENGINE_FAILURE, EngineLoop, RequestGroup
+from text_generator.serve.engine_client import ENGINE_DEAD, EngineClient, RequestGroup
+from text_generator.serve.engine_worker import ENGINE_FAILURE
 from text_generator.serve.errors import APIError, bad_request
 from text_generator.serve.metrics import ServerMetrics
 from text_generator.serve.params import for_choices, max_new_tokens, sampling_params
@@ -36,9 +37,9 @@ from text_generator.serve.protocol import (ChatCompletionRequest, CompletionRequ
 @dataclass
 class ServerState:
     """What the routes share. loras: served adapter name -> its folder (the engine's adapter name
-    is the same). tokenizer: the HTTP side's copy (not the engine's object)."""
+    is the same). tokenizer: the HTTP process's own (the engine process has another)."""
 
-    loop: EngineLoop
+    engine: EngineClient
     tokenizer: object
     model_name: str
     max_model_len: int
@@ -73,14 +74,13 @@ class ServerState:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    """The app over a ready EngineLoop; the loop starts with the app and stops with it."""
+    """The app over a started EngineClient; the engine process stops with the app."""
 
     @asynccontextmanager
     async def lifespan(_app):
-        if not state.loop.alive:
-            state.loop.start()
+        state.engine.attach(asyncio.get_running_loop())
         yield
-        state.loop.stop()
+        state.engine.stop()
 
     app = FastAPI(title="text-generator", lifespan=lifespan)
 
@@ -99,8 +99,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if not state.loop.alive:
-            e = APIError(503, ErrorCode.ENGINE_FAILED, f"the engine loop is not running ({state.loop.error!r})")
+        if not state.engine.alive:
+            e = APIError(503, ErrorCode.ENGINE_FAILED, f"the engine is not running ({state.engine.error})")
             return JSONResponse(e.body(), status_code=503)
         return {"status": "ok"}
 
@@ -156,7 +156,7 @@ def build_app(state: ServerState) -> FastAPI:
             raise bad_request(f"lora_name: expected a new name, got {name!r}, which is already served", "lora_name",
                               ErrorCode.ADAPTER_REFUSED)
         try:
-            await state.loop.call(lambda engine: engine.generator.load_adapter(name, body.lora_path))
+            await state.engine.call("load_adapter", name, body.lora_path)
         except (ValueError, RuntimeError, OSError) as e:
             raise bad_request(f"lora_path: adapter {name!r} refused: {e}", "lora_path", ErrorCode.ADAPTER_REFUSED) from None
         state.loras[name] = body.lora_path
@@ -170,7 +170,7 @@ def build_app(state: ServerState) -> FastAPI:
                            f"({sorted(state.loras)}), got {name!r}", "lora_name")
         path = state.loras.pop(name)  # new requests are refused from now on; running ones fail at the next step
         try:
-            await state.loop.call(lambda engine: engine.generator.unload_adapter(name))
+            await state.engine.call("unload_adapter", name)
         except (ValueError, RuntimeError) as e:
             state.loras[name] = path
             raise bad_request(f"lora_name: unloading {name!r} failed: {e}", "lora_name", ErrorCode.ADAPTER_REFUSED) from None
@@ -220,7 +220,7 @@ async def _run(state: ServerState, request: Request, body, adapter: str | None, 
         params += for_choices(sampling_params(body, max_tokens=budget, logprobs=logprobs, defaults=state.defaults),
                               body.n)
     engine_prompts = [ids for ids in prompts for _ in range(body.n)]
-    group = state.loop.submit(engine_prompts, params, adapter)
+    group = state.engine.submit(engine_prompts, params, adapter)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     prompt_tokens = sum(map(len, prompts))
     if body.stream:
@@ -262,12 +262,21 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _error(o) -> APIError:
+    """A request that ended with finish_reason "error" -> 503 (the engine process died), 500 (its
+    step failed) or 400 (the request itself was refused)."""
+    message = o.error or "the request failed"
+    if message.startswith(ENGINE_DEAD):
+        return APIError(503, ErrorCode.ENGINE_FAILED, message)
+    if message.startswith(ENGINE_FAILURE):
+        return APIError(500, ErrorCode.ENGINE_FAILED, message)
+    return bad_request(message)
+
+
 def _raise_errors(finals) -> None:
     for o in finals:
         if o.finish_reason == "error":
-            if (o.error or "").startswith(ENGINE_FAILURE):
-                raise APIError(500, ErrorCode.ENGINE_FAILED, o.error)
-            raise bad_request(o.error or "the request failed")
+            raise _error(o)
 
 
 async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str, chat: bool, want_logprobs: bool,
@@ -284,9 +293,7 @@ async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str,
             out = await group.next()
             i = group.index[out.request_id]
             if out.finish_reason == "error":
-                status = 500 if (out.error or "").startswith(ENGINE_FAILURE) else 400
-                code = ErrorCode.ENGINE_FAILED if status == 500 else ErrorCode.INVALID_REQUEST
-                yield R.sse(APIError(status, code, out.error or "the request failed").body())
+                yield R.sse(_error(out).body())
                 continue
             completion_tokens[i] = len(out.token_ids)
             text, fin = out.delta_text or "", R.finish_reason(out)

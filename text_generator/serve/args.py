@@ -36,4 +36,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: the model's dtype; fp8: an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--speculative", default=None, choices=("ngram",),
                    help="speculative decoding of greedy requests: ngram = prompt lookup")
-    p.add_argument("--tensor-parallel", action="store_true", help="not supported by serve yet (refused)")
+    p.add_argument("--tensor-parallel", action="store_true",
+                   help="shard the model over the ranks of torchrun (torchrun --nproc-per-node N -m text_generator "
+                   "serve ... --tensor-parallel): rank 0 serves HTTP, every rank steps the engine in lockstep")

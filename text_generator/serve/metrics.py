@@ -1,7 +1,9 @@
 """Prometheus metrics of one server: request counters, latency histograms, engine gauges.
 
-The engine thread records them (prometheus_client's metrics are thread-safe): `on_finished` for
-each finished request, `on_step` after each step. Each server has its own CollectorRegistry,
+The HTTP process records them as the engine process's outputs arrive (engine_client.py):
+`on_tokens` per request per step, `on_finished` per finished request, `on_stats` per step with
+the engine's own counts. Latencies are measured at the server: arrival of the HTTP request to
+the arrival of its tokens from the engine. Each server has its own CollectorRegistry,
 so several servers in one process (tests) do not collide; /metrics renders it.
 """
 
@@ -36,34 +38,37 @@ class ServerMetrics:
                                      "(0 without speculative decoding)", registry=r)
         self._prompt, self._cached = 0, 0
 
-    def on_finished(self, out, arrival: float) -> None:
-        """out: a finished RequestOutput; arrival: time.perf_counter() when the server got it."""
-        self.requests.labels(finish_reason=out.finish_reason or "unknown").inc()
-        n_prompt = len(out.prompt_token_ids)
-        self.prompt_tokens.inc(n_prompt)
-        self.cached_prompt_tokens.inc(out.num_cached_tokens)
-        self.generation_tokens.inc(len(out.token_ids))
-        self._prompt += n_prompt
-        self._cached += out.num_cached_tokens
+    def on_tokens(self, gap: float, n: int, *, first: bool) -> None:
+        """n tokens of one request reached the server gap seconds after its previous ones (after
+        its arrival, for the first): a TTFT, or n inter-token gaps of gap / n each."""
+        if first:
+            self.ttft.observe(max(gap, 0.0))
+            n -= 1
+            gap = 0.0
+        for _ in range(n):
+            self.itl.observe(gap / n)
+
+    def on_finished(self, reason: str, prompt_len: int, cached: int, num_tokens: int, e2e: float | None) -> None:
+        """A request ended: reason (stop / length / abort / error), its prompt and prefix-cache
+        hit lengths, its output tokens, arrival to its last token (None: it got none)."""
+        self.requests.labels(finish_reason=reason).inc()
+        self.prompt_tokens.inc(prompt_len)
+        self.cached_prompt_tokens.inc(cached)
+        self.generation_tokens.inc(num_tokens)
+        self._prompt += prompt_len
+        self._cached += cached
         if self._prompt:
             self.prefix_hit_rate.set(self._cached / self._prompt)
-        m = out.metrics
-        if m is None or m.first_token_time is None:
-            return
-        self.ttft.observe(max(m.first_token_time - arrival, 0.0))
-        for gap in m.itls:
-            self.itl.observe(gap)
-        if m.token_times:
-            self.e2e.observe(max(m.token_times[-1] - arrival, 0.0))
+        if e2e is not None:
+            self.e2e.observe(max(e2e, 0.0))
 
-    def on_step(self, engine, queued: int) -> None:
-        """engine: the LLMEngine after a step; queued: commands not yet handed to it."""
-        sched, bm = engine.scheduler, engine.block_manager
-        self.waiting.set(len(sched.waiting) + queued)
-        self.running.set(len(sched.running))
-        self.kv_usage.set(bm.num_used_blocks / bm.num_blocks)
-        if engine.num_draft_tokens:
-            self.spec_acceptance.set(engine.num_accepted_tokens / engine.num_draft_tokens)
+    def on_stats(self, stats) -> None:
+        """stats: engine_worker.Stats, sent by the engine process with each step's outputs."""
+        self.waiting.set(stats.waiting)
+        self.running.set(stats.running)
+        self.kv_usage.set(stats.used_blocks / stats.num_blocks)
+        if stats.draft_tokens:
+            self.spec_acceptance.set(stats.accepted_tokens / stats.draft_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

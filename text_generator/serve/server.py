@@ -1,4 +1,5 @@
-"""`text-generator serve MODEL_DIR`: flags -> model, tokenizer, LoRA adapters, engine, app; uvicorn.
+"""`text-generator serve MODEL_DIR`: flags -> the engine process (model, LoRA adapters, engine:
+engine_worker.build_engine), the HTTP side's tokenizer and state, the app; uvicorn.
 
 build_state(args) does everything but listen (tests call it, then run the app in a thread);
 run(args) adds uvicorn. Sizing: --num-blocks, else on CUDA the KV blocks that fit in
@@ -8,57 +9,48 @@ run(args) adds uvicorn. Sizing: --num-blocks, else on CUDA the KV blocks that fi
 
 from __future__ import annotations
 
-import json
 import os
 
 from text_generator.chat import load_generation_defaults
 from text_generator.cli import CLIError
 from text_generator.serve.app import ServerState, build_app
-from text_generator.serve.engine_loop import EngineLoop
+from text_generator.serve.engine_client import EngineClient
+from text_generator.serve.engine_worker import adapter_rank
 from text_generator.serve.metrics import ServerMetrics
 
 
-def build_state(args) -> ServerState:
-    """args: the parsed `serve` flags (cli.build_parser().parse_args(["serve", MODEL_DIR, ...]))."""
-    from text_generator import TextGenerator
-    from text_generator.engine import LLMEngine
+def build_state(args, on_start=None) -> ServerState:
+    """args: the parsed `serve` flags (cli.build_parser().parse_args(["serve", MODEL_DIR, ...])).
+    Starts the engine process and waits until its engine is built; on_start(engine): a picklable
+    function the engine process runs then (EngineClient)."""
     from text_generator.tokenizer import load_tokenizer
 
     _check_flags(args)
-    tokenizer = load_tokenizer(args.model_dir)
+    tokenizer = load_tokenizer(args.model_dir)  # the HTTP side's copy; the engine process loads its own
     if tokenizer is None:
         raise CLIError(f"serve: expected tokenizer files in {args.model_dir}, got none (the server takes text)")
-    gen = TextGenerator.from_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                                        attention_backend=args.attention_backend)
     loras = _parse_loras(args.lora)
-    if loras or args.enable_lora:
-        ranks = [_adapter_rank(path) for path in loras.values()]
-        gen.enable_lora(max_loras=args.max_loras or max(4, len(loras)),
-                        max_rank=args.max_lora_rank or max([16, *ranks]))
-        for name, path in loras.items():
-            gen.load_adapter(name, path)
-    max_len = min(args.max_model_len or gen.max_position_embeddings, gen.max_position_embeddings)
-    drafter = None
-    if args.speculative == "ngram":
-        from text_generator.speculative import NgramDrafter
-
-        drafter = NgramDrafter()
-    engine = LLMEngine(gen, num_blocks=args.num_blocks or _num_blocks(gen, args, max_len),
-                       block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                       max_num_batched_tokens=args.max_num_batched_tokens,
-                       enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_len,
-                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
     metrics = ServerMetrics()
-    return ServerState(loop=EngineLoop(engine, max_queue=args.max_queue, metrics=metrics),
-                       tokenizer=load_tokenizer(args.model_dir),  # the HTTP side's own copy
-                       model_name=args.served_model_name or args.model_dir, max_model_len=max_len,
-                       vocab_size=gen.vocab_size, defaults=load_generation_defaults(args.model_dir),
-                       metrics=metrics, loras=dict(loras))
+    client = EngineClient(args, max_queue=args.max_queue, metrics=metrics, on_start=on_start)
+    try:
+        info = client.start()
+    except RuntimeError as e:
+        raise CLIError(f"serve: {e}") from None
+    return ServerState(engine=client, tokenizer=tokenizer, model_name=args.served_model_name or args.model_dir,
+                       max_model_len=info["max_model_len"], vocab_size=info["vocab_size"],
+                       defaults=load_generation_defaults(args.model_dir), metrics=metrics, loras=dict(loras))
 
 
 def run(args) -> int:
+    """Serve until stopped. Under torchrun (--tensor-parallel) rank 0 serves HTTP (its engine
+    process is rank 0 of the process group) and the other ranks follow its engine."""
     import uvicorn
 
+    if args.tensor_parallel and os.environ.get("RANK", "0") != "0":
+        _check_flags(args)
+        from text_generator.serve.engine_worker import follow
+
+        return follow(args)
     state = build_state(args)
     print(f"serving {state.model_names()} at http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=str(getattr(args, "log_level", "WARNING")).lower())
@@ -66,9 +58,9 @@ def run(args) -> int:
 
 
 def _check_flags(args) -> None:
-    if args.tensor_parallel:
-        raise CLIError("--tensor-parallel: serve runs on one device for now (rank 0 serving HTTP with the other "
-                       "ranks following its engine is not built); use generate / bench under torchrun")
+    if args.tensor_parallel and "WORLD_SIZE" not in os.environ:
+        raise CLIError("--tensor-parallel: expected to run under torchrun (torchrun --nproc-per-node N "
+                       "-m text_generator serve ... --tensor-parallel), got no WORLD_SIZE in the environment")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise CLIError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {args.gpu_memory_utilization}")
     for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "port"):
@@ -96,16 +88,6 @@ def _parse_loras(specs: list[str]) -> dict[str, str]:
 
 def _adapter_rank(path: str) -> int:
     try:
-        with open(os.path.join(path, "adapter_config.json")) as f:
-            return int(json.load(f).get("r", 8))
+        return adapter_rank(path)
     except (OSError, ValueError) as e:
         raise CLIError(f"--lora: expected a PEFT adapter folder with adapter_config.json, got {path!r} ({e})") from None
-
-
-def _num_blocks(gen, args, max_len: int) -> int:
-    if gen.device.type == "cuda":
-        from kv_manager import profile_num_blocks
-
-        return profile_num_blocks(gen.kv_cache_spec_for(args.kv_cache_dtype), args.block_size, device=gen.device,
-                                  memory_fraction=args.gpu_memory_utilization, max_seq_len=max_len)
-    return -(-max_len // args.block_size) * args.max_num_seqs + 1

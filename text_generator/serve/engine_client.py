@@ -1,0 +1,283 @@
+"""EngineClient: the HTTP process's handle on the engine process (engine_worker.py).
+
+    asyncio handlers                  EngineClient                         engine process
+    submit() / RequestGroup.abort() -> cmd pipe (one message per group) -> steps continuously
+    RequestGroup.next() <- asyncio.Queue <- dispatch (event loop) <- reader thread <- out pipe
+
+The engine and the HTTP side no longer share a GIL: JSON, SSE, pydantic and uvicorn's work run
+here while the engine process steps. One reader thread blocks on the out pipe and hands each
+step's batch to the event loop in one call; dispatch rebuilds every request's RequestOutput from
+its deltas (token ids, the engine's delta_text, new logprob rows), records the metrics and feeds
+the request's group. /metrics gauges come from the Stats sent with each batch.
+
+If the engine process dies, the reader sees the pipe close: every live request ends with an
+ENGINE_DEAD error (503), new submissions get 503 and `alive` turns False (/health answers 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import multiprocessing
+import threading
+import time
+from typing import Callable
+
+from loguru import logger
+
+from text_generator.engine import RequestOutput
+from text_generator.errors import ErrorCode
+from text_generator.sampling import SamplingParams
+from text_generator.serve.engine_worker import Lean, Stats
+from text_generator.serve.errors import APIError
+from text_generator.serve.metrics import ServerMetrics
+
+ENGINE_DEAD = "the engine process died"  # how the error of a request cut off by a dead engine starts
+
+
+class RequestGroup:
+    """The engine requests of one HTTP request; `next()` returns their outputs in arrival order.
+
+    request_ids[i] is choice i's engine request; arrival: time.perf_counter() at submission."""
+
+    def __init__(self, owner: "EngineClient", request_ids: list[str]):
+        self.owner = owner
+        self.request_ids = request_ids
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self.arrival = time.perf_counter()
+        self.unfinished = set(request_ids)
+
+    @property
+    def done(self) -> bool:
+        return not self.unfinished
+
+    async def next(self) -> RequestOutput:
+        out = await self.queue.get()
+        if out.finished:
+            self.unfinished.discard(out.request_id)
+        return out
+
+    def abort(self) -> None:
+        """Take the unfinished requests out of the engine (idempotent; nothing to do when done)."""
+        for rid in sorted(self.unfinished):
+            self.owner._send(("abort", rid))
+        self.unfinished.clear()
+
+
+class _Live:
+    """What the HTTP side keeps of one engine request: its group and its output so far."""
+
+    __slots__ = ("group", "tokens", "pieces", "logprobs", "top", "last")
+
+    def __init__(self, group: RequestGroup):
+        self.group = group
+        self.tokens: list[int] = []
+        self.pieces: list[str] = []
+        self.logprobs: list[float] | None = None
+        self.top: list[dict] | None = None
+        self.last: float | None = None  # when its last token came
+
+
+class EngineClient:
+    """Starts and talks to the engine process. max_queue: requests that may wait beyond the
+    engine's max_num_seqs running ones; a submission past that is refused (503, TG_QUEUE_FULL).
+    on_start(engine): a picklable function run in the engine process once its engine is built."""
+
+    def __init__(self, args, *, max_queue: int = 256, metrics: ServerMetrics | None = None,
+                 on_start: Callable | None = None):
+        self.args = args
+        self.metrics = metrics
+        self.capacity = args.max_num_seqs + max_queue
+        self.on_start = on_start
+        self.info: dict = {}
+        self.error: str | None = None  # why the engine process is gone, once it is
+        self._live: dict[str, _Live] = {}  # event-loop thread only
+        self._calls: dict[int, concurrent.futures.Future] = {}
+        self._ids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self.process = None
+
+    # -- life cycle -----------------------------------------------------------------------------
+    def start(self) -> dict:
+        """Spawn the engine process and wait until its engine is built -> its info (vocab_size,
+        max_model_len, num_blocks, pid). Raises RuntimeError with the engine's error if it fails."""
+        import torch
+
+        from text_generator.serve import engine_worker
+
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or threads
+        cmd_recv, self._cmd = ctx.Pipe(duplex=False)
+        self._out, out_send = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=engine_worker.main, name="text-generator-engine", daemon=True,
+                                   args=(self.args, cmd_recv, out_send, torch.get_num_threads(), self.on_start))
+        self.process.start()
+        cmd_recv.close()  # the child's ends: closing ours lets each side see the other's death as EOF
+        out_send.close()
+        try:
+            kind, payload = self._out.recv()
+        except (EOFError, OSError):
+            self.process.join(5)
+            raise RuntimeError(f"the engine process exited while starting (exit code {self.process.exitcode})") from None
+        if kind != "ready":
+            self.process.join(30)
+            raise RuntimeError(f"the engine could not start: {payload}")
+        self.info = payload
+        threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
+        return payload
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The event loop that serves the requests (outputs are dispatched on it)."""
+        self._loop = loop
+
+    def stop(self) -> None:
+        if self.process is None or self._stopping:
+            return
+        self._stopping = True
+        try:
+            self._send(("stop",))
+        except (OSError, ValueError):
+            pass
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(10)
+
+    @property
+    def num_live(self) -> int:
+        """Requests submitted whose final output has not come back yet (their metrics are not
+        recorded yet either)."""
+        return len(self._live)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.error is None and not self._stopping and self.process.is_alive()
+
+    # -- requests -------------------------------------------------------------------------------
+    def submit(self, prompts: list[list[int]], params: list[SamplingParams], adapter: str | None) -> RequestGroup:
+        """One engine request per (prompt, params) pair; all run under `adapter` (None: base).
+        Raises APIError 503 when the queue is full or the engine process is gone. Event loop only."""
+        if not self.alive:
+            raise APIError(503, ErrorCode.ENGINE_FAILED, f"the engine is not running ({self.error})")
+        if len(self._live) + len(prompts) > self.capacity:
+            raise APIError(503, ErrorCode.QUEUE_FULL,
+                           f"server overloaded: {len(self._live)} requests live, at most {self.capacity} "
+                           f"(max_num_seqs + max_queue); retry later")
+        base = f"srv-{next(self._ids)}"
+        rids = [f"{base}-{i}" for i in range(len(prompts))]
+        group = RequestGroup(self, rids)
+        for rid in rids:
+            self._live[rid] = _Live(group)
+        self._send(("add", [(rid, ids, p) for rid, ids, p in zip(rids, prompts, params)], adapter))
+        return group
+
+    async def call(self, name: str, *args):
+        """Run `name` (load_adapter / unload_adapter / stats) in the engine process between steps."""
+        return await asyncio.wrap_future(self._call(name, args))
+
+    def call_sync(self, name: str, *args, timeout: float = 60.0):
+        """call() from a thread outside the event loop (tests, tools)."""
+        return self._call(name, args).result(timeout)
+
+    def _call(self, name: str, args: tuple) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            fut.set_exception(RuntimeError(f"the engine is not running ({self.error})"))
+            return fut
+        call_id = next(self._ids)
+        self._calls[call_id] = fut
+        self._send(("call", call_id, name, args))
+        return fut
+
+    def _send(self, cmd: tuple) -> None:
+        with self._send_lock:
+            try:
+                self._cmd.send(cmd)
+            except (OSError, ValueError):  # the engine process is gone; the reader reports it
+                pass
+
+    # -- the reader thread and the event loop -----------------------------------------------
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._out.recv()
+            except (EOFError, OSError):
+                break
+            if msg[0] == "reply":
+                _, call_id, ok, result = msg
+                fut = self._calls.pop(call_id, None)
+                if fut is not None and fut.set_running_or_notify_cancel():
+                    if ok:
+                        fut.set_result(result)
+                    else:
+                        kind, message = result
+                        fut.set_exception({"ValueError": ValueError, "OSError": OSError}.get(kind, RuntimeError)(message))
+            elif self._loop is not None:
+                self._on_loop(self._dispatch, msg[1], msg[2])
+        self.process.join(5)
+        self.error = f"{ENGINE_DEAD} (exit code {self.process.exitcode})"
+        if not self._stopping:
+            logger.error(self.error)
+        for fut in list(self._calls.values()):
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError(self.error))
+        self._calls.clear()
+        if self._loop is not None:
+            self._on_loop(self._fail_all, self.error)
+
+    def _on_loop(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is closed (server shutting down)
+            pass
+
+    def _dispatch(self, outs: list[Lean], stats: Stats) -> None:
+        """One step's outputs -> each request's RequestOutput into its group's queue; metrics."""
+        now = time.perf_counter()
+        m = self.metrics
+        for o in outs:
+            live = self._live.get(o.request_id)
+            if live is None:
+                continue  # a second report of a request already ended
+            live.tokens += o.new_token_ids
+            if o.delta_text:
+                live.pieces.append(o.delta_text)
+            if o.rows is not None:
+                if live.logprobs is None:
+                    live.logprobs, live.top = [], []
+                live.logprobs += [lp for _, lp, _ in o.rows]
+                live.top += [top for _, _, top in o.rows]
+            group = live.group
+            if m is not None and o.new_token_ids:
+                m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(o.new_token_ids),
+                            first=live.last is None)
+                live.last = now
+            finished = o.finish_reason is not None
+            if finished:
+                del self._live[o.request_id]
+                if m is not None:
+                    m.on_finished(o.finish_reason, o.prompt_len, o.num_cached, len(live.tokens),
+                                  None if live.last is None else live.last - group.arrival)
+            if o.request_id not in group.unfinished:
+                continue  # aborted by its client: nobody is listening
+            # snapshots: a stream that lags behind reads this step's rows, not a later step's
+            lps = live.logprobs
+            group.queue.put_nowait(RequestOutput(
+                request_id=o.request_id, prompt_token_ids=[], new_token_ids=o.new_token_ids,
+                token_ids=live.tokens if finished else live.tokens[:], finished=finished,
+                finish_reason=o.finish_reason, error=o.error, text="".join(live.pieces) if finished else None,
+                delta_text=o.delta_text, logprobs=lps if finished or lps is None else lps[:],
+                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=o.num_cached))
+        if m is not None:
+            m.on_stats(stats)
+
+    def _fail_all(self, message: str) -> None:
+        live, self._live = self._live, {}
+        for rid, entry in live.items():
+            if rid in entry.group.unfinished:
+                entry.group.queue.put_nowait(RequestOutput(
+                    request_id=rid, prompt_token_ids=[], new_token_ids=[], token_ids=entry.tokens, finished=True,
+                    finish_reason="error", error=message))
