@@ -1,0 +1,70 @@
+"""The K/V store and decode-attention kernels compile for Hopper (sm_90) with e4m3 and bf16 caches, on a
+machine without a GPU.
+
+The interpreter (test_kv_store.py, test_decode_attention.py) runs the kernels' arithmetic but not the
+compiler: a construct it accepts and the compiler refuses showed only on a GPU (a @triton.jit helper whose
+constexpr branches returned different types). Each kernel is compiled ahead of time for the Llama-3-8B
+shapes, with the ptxas that ships with Triton, in a child process without TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _compile_all() -> list[str]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    from model_wrapper.kernels import decode_attention, kv_store
+
+    built = []
+
+    def build(name, fn, pointers, constexprs, scalars=()):
+        sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in scalars else "i32")
+               for n in fn.arg_names}
+        triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, num_stages=2))
+        built.append(name)
+
+    for fp8 in (False, True):
+        cache = "*fp8e4nv" if fp8 else "*bf16"
+        tag = "e4m3" if fp8 else "bf16"
+        build(f"store {tag}", kv_store._store_kv_kernel,
+              dict(k_ptr="*bf16", v_ptr="*bf16", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64", ks_ptr="*fp32",
+                   vs_ptr="*fp32"), dict(BLOCK=1024, FP8=fp8))
+        build(f"rope store {tag}", kv_store._rope_store_kernel,
+              dict(qkv_ptr="*bf16", pos_ptr="*i64", cs_ptr="*fp32", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
+                   ks_ptr="*fp32", vs_ptr="*fp32", s_ptr="*bf16", bq_ptr="*bf16", bk_ptr="*bf16", bv_ptr="*bf16",
+                   rank_ptr="*i32", lslot_ptr="*i32", ss_ptr="*fp32"),
+              dict(R=16, HQ=32, HK=8, D=128, LORA=False, BLOCK_R=16, RPAD=16, NUM_SPLITS=1, PDL=False,
+                   SCALED=False, NB=1, FP8=fp8), scalars=("inv_n", "eps"))
+        build(f"decode {tag}", decode_attention._decode_kernel,
+              dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
+                   o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
+              dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8), scalars=("scale_log2",))
+    return built
+
+
+def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches():
+    triton = pytest.importorskip("triton")
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")):
+        pytest.skip("Triton's NVIDIA backend tools are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(json.loads(run.stdout.strip().splitlines()[-1])) == 6
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    print(json.dumps(_compile_all()))
