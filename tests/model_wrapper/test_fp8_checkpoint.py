@@ -205,6 +205,9 @@ def _tp_worker(rank, store, jobs, out_dir):
             torch.save(dict(out=out, methods=methods), os.path.join(out_dir, f"{name}.rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    from conftest import end_gloo_worker
+
+    end_gloo_worker()  # only after a worker that raised nothing (the exception skips it)
 
 
 @pytest.fixture(scope="module")
