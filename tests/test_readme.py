@@ -90,6 +90,9 @@ def test_readme_python_blocks_run(demo_cache, tmp_path):
                          ids=[b[0] for b in BLOCKS if b[1] is not None and b[2] is not None])
 def test_readme_torchrun_block_runs(bid, ranks, source, demo_cache, tmp_path):
     script = tmp_path / "example.py"
-    script.write_text(source)
+    # the block runs to its end, then each rank leaves at once: a normal interpreter exit after
+    # destroy_process_group aborts now and then on the shared 2-core machines (a gloo thread's
+    # "terminate called without an active exception" at teardown), after the example has done its work
+    script.write_text(source + "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n")
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
           str(script)], tmp_path, demo_cache)
