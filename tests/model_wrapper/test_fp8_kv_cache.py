@@ -26,6 +26,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from conftest import PagedHarness, hf_model, rel_err
+from test_masks import path, tree_rows
 from kv_manager import num_blocks_for_budget
 from text_generator import TextGenerator
 from text_generator.errors import ErrorCode, ForwardArgumentError
@@ -120,26 +121,6 @@ def test_fp8_cache_matches_transformers_over_fp8_rounded_kv(checkpoint_dir, fami
     assert rel_err(got, _hf_rows(hf_model(ckpt), full, where)) > 1e-3  # the rounding is real: far from the unrounded model
 
 
-def _tree_rows(parents):
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    depth = []
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] = mask[p]
-        mask[i, i] = True
-        depth.append(0 if p < 0 else depth[p] + 1)
-    return mask, depth
-
-
-def _path(parents, i):
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = parents[i]
-    return out[::-1]
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fp8_cache_draft_tree_matches_root_to_node_paths(checkpoint_dir, family):
     """A spec_mask tree step over an FP8 cache: node i's logits = the FP8 oracle's last logits of
@@ -155,7 +136,7 @@ def test_fp8_cache_draft_tree_matches_root_to_node_paths(checkpoint_dir, family)
     toks = torch.randint(0, VOCAB, (len(parents),), generator=g).tolist()
     h = fp8_harness(gen, 16, 4)
     h.step({0: ctx}, is_prefill=True)
-    mask, depth = _tree_rows(parents)
+    mask, depth = tree_rows(parents)
     start = len(ctx)
     h.ensure(0, start + len(parents))
     bt = torch.tensor([h.tables[0]], dtype=torch.int32)
@@ -163,7 +144,7 @@ def test_fp8_cache_draft_tree_matches_root_to_node_paths(checkpoint_dir, family)
                              torch.tensor([h.slot(0, start + i) for i in range(len(parents))]),
                              torch.tensor([start + len(parents)]), 64, q_lens=[len(parents)], spec_mask=mask)
     with torch.no_grad():
-        want = torch.stack([ref(torch.tensor([ctx + [toks[j] for j in _path(parents, i)]])).logits[0, -1]
+        want = torch.stack([ref(torch.tensor([ctx + [toks[j] for j in path(parents, i)]])).logits[0, -1]
                             for i in range(len(parents))])
     assert rel_err(out, want) < 1e-4
 
