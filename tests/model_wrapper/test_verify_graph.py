@@ -28,6 +28,7 @@ from triton_interpret import DEVICE, INTERPRET, needs_flashinfer, on_cuda_skip  
 from model_wrapper.attention.torch_backend import TorchAttentionBackend
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.kernels.verify_attention import causal_bits, mask_bits, paged_verify_attention
+from test_masks import tree_rows as tree_mask  # (bool [n, n] ancestor-or-self mask, depth of each node)
 from text_generator import TextGenerator
 
 pytestmark = [] if INTERPRET else [pytest.mark.cuda]  # on a GPU machine: with the other `-m cuda` tests
@@ -40,19 +41,6 @@ TOL = 2e-3 if DTYPE == torch.float16 else 1.6e-2
 def tree_parents(n: int, g: torch.Generator) -> list[int]:
     """A random tree of n nodes, parents before children (node 0 the root)."""
     return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
-
-
-def tree_mask(parents):
-    """-> (bool [n, n] ancestor-or-self mask, depth of each node)."""
-    n = len(parents)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    depth = []
-    for i, p in enumerate(parents):
-        if p >= 0:
-            m[i] = m[p]
-        m[i, i] = True
-        depth.append(0 if p < 0 else depth[p] + 1)
-    return m, depth
 
 
 class Step:
