@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator, tiny  # noqa: E402
+from text_generator.speculative import DraftTree  # noqa: E402
 
 
 class Steps:
@@ -62,14 +63,10 @@ class Steps:
         for r, (q, p) in enumerate(zip(q_lens, prefixes)):
             ids.append(torch.randint(0, self.gen.vocab_size, (q,)))
             parents = [-1] + [(i - 1) // 2 for i in range(1, q)] if tree else list(range(-1, q - 1))
+            draft = DraftTree(ids[-1].tolist(), parents)
             m = torch.zeros(q, max_q, dtype=torch.bool)
-            depth = []
-            for i, par in enumerate(parents):
-                if par >= 0:
-                    m[i] = m[par]
-                m[i, i] = True
-                depth.append(0 if par < 0 else depth[par] + 1)
-            pos.append(p + torch.tensor(depth))
+            m[:, :q] = draft.mask()
+            pos.append(p + torch.tensor(draft.depths()))
             slots.append(self.slots(r, p, q))
             masks.append(m)
         B = len(q_lens)
@@ -140,6 +137,8 @@ def main(argv=None):
         torch.set_num_threads(1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
+    if args.tiny:  # ctx + the largest chunk within the tiny model's 2048 positions
+        args.ctx = min(args.ctx, 128)
     gen = random_text_generator(cfg, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
     batches = [int(x) for x in args.batches.split(",")]
     qs = [int(x) for x in args.qs.split(",")]
