@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -46,6 +47,8 @@ def parse_args():
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
     p.add_argument("--memory-fraction", type=float, default=0.8)
+    p.add_argument("--client-procs", type=int, default=None,
+                   help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -54,6 +57,8 @@ def parse_args():
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.client_procs is None:
+        a.client_procs = 8 if a.device != "cpu" else 1
     a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
     return a
 
@@ -97,15 +102,16 @@ def run_engine(a, path, prompts) -> dict:
     return res
 
 
-async def client_load(port: int, prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
+    """One client process's share of a load: jobs = [(prompt, delay after t_start)], streamed with the
+    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time and own CPU seconds."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    rng = random.Random(seed)
     ttft, itl, tokens = [], [], [0]
 
     async def one(prompt, delay):
-        await asyncio.sleep(delay)
+        await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
         start = time.perf_counter()
         last = None
         stream = await client.completions.create(
@@ -124,16 +130,65 @@ async def client_load(port: int, prompts, output_len: int, rate: float | None, s
                 itl.extend([(now - last) / n] * n)
             last = now
 
-    delays, t = [], 0.0
-    for _ in prompts:
-        delays.append(t)
-        if rate:
-            t += rng.expovariate(rate)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(p, d) for p, d in zip(prompts, delays)))
-    res = stats(ttft, itl, tokens[0], time.perf_counter() - t0)
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one(p, d) for p, d in jobs))
+    end = time.perf_counter()
     await client.close()
-    return res
+    return dict(ttft=ttft, itl=itl, tokens=tokens[0], end=end, cpu=time.process_time() - cpu0)
+
+
+def _client_process(port, jobs, output_len, t_start) -> dict:
+    return asyncio.run(_client_part(port, jobs, output_len, t_start))
+
+
+def _warm_client() -> None:
+    import openai  # noqa: F401 - imported once per worker, before the timed runs
+
+
+class ClientPool:
+    """The load generator: `procs` processes (spawned once, openai imported), each streaming its share
+    of the requests on its own event loop, so that parsing SSE chunks with the openai client (about
+    100 us of Python each) never limits the measurement; procs=1 runs in this process."""
+
+    def __init__(self, procs: int):
+        import concurrent.futures
+        import multiprocessing
+
+        self.procs = procs
+        self.pool = None
+        if procs > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"),
+                                                               initializer=_warm_client)
+            list(self.pool.map(time.sleep, [0.0] * procs))  # every worker started and warm
+
+    def load(self, port: int, prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+        """All prompts at t = 0 (rate None) or Poisson arrivals at `rate`/s, dealt round-robin to the
+        client processes -> stats() of the run, plus client_cpu_pct: the busiest client process's CPU
+        time / the run's wall time (near 100: the client, not the server, set the pace)."""
+        rng = random.Random(seed)
+        delays, t = [], 0.0
+        for _ in prompts:
+            delays.append(t)
+            if rate:
+                t += rng.expovariate(rate)
+        jobs = list(zip(prompts, delays))
+        shares = [jobs[i::self.procs] for i in range(self.procs)]
+        t_start = time.perf_counter() + (0.3 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
+        if self.pool is None:
+            parts = [_client_process(port, shares[0], output_len, t_start)]
+        else:
+            parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
+                                       [t_start] * self.procs))
+        seconds = max(p["end"] for p in parts) - t_start
+        res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
+                    sum(p["tokens"] for p in parts), seconds)
+        res["client_procs"] = self.procs
+        res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
+        return res
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def free_port() -> int:
@@ -142,32 +197,89 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_server(a, path, prompts) -> dict:
-    import urllib.request
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a live process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(port), "--served-model-name", "m",
-           "--device", a.device, "--max-num-seqs", str(a.max_num_seqs), "--max-num-batched-tokens",
-           str(a.max_num_batched_tokens), "--max-model-len", str(a.input_len + a.output_len + 16),
-           "--gpu-memory-utilization", str(a.memory_fraction), "--max-queue", str(4 * len(prompts))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+
+def child_pids(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(name))
+            except OSError:
+                continue
+    return kids
+
+
+class Server:
+    """`python -m text_generator serve` in a subprocess with the engine settings of run_engine; `env`
+    adds environment variables (e.g. TG_SERVE_PROFILE). http_pid / engine_pid: its two processes."""
+
+    def __init__(self, a, path, num_prompts: int, env: dict | None = None):
+        import urllib.request
+
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(self.port),
+               "--served-model-name", "m", "--device", a.device, "--max-num-seqs", str(a.max_num_seqs),
+               "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-model-len",
+               str(a.input_len + a.output_len + 16), "--gpu-memory-utilization", str(a.memory_fraction),
+               "--max-queue", str(4 * num_prompts)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})})
         for _ in range(600):
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
                 break
             except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{proc.stdout.read()[-3000:]}")
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited:\n{self.proc.stdout.read()[-3000:]}")
                 time.sleep(1)
-        asyncio.run(client_load(port, prompts[:4], a.output_len, None))  # warm-up: graphs, kernels
-        res = {"saturation": asyncio.run(client_load(port, prompts, a.output_len, None))}
+        self.http_pid = self.proc.pid
+        # the engine process: multiprocessing's spawned child (not its resource tracker)
+        kids = [k for k in child_pids(self.http_pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
+        self.engine_pid = kids[0] if kids else None
+
+    def measure(self, clients: "ClientPool", prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+        """clients.load(...) plus the CPU % (of wall time) of the HTTP and the engine process meanwhile."""
+        pids = {"http": self.http_pid, "engine_proc": self.engine_pid}
+        before = {k: cpu_seconds(p) for k, p in pids.items() if p}
+        t0 = time.perf_counter()
+        res = clients.load(self.port, prompts, output_len, rate, seed)
+        wall = time.perf_counter() - t0
+        for k, c in before.items():
+            res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / wall
+        return res
+
+    def close(self) -> None:
+        # SIGINT: uvicorn shuts down, stops the engine process, then re-raises it as KeyboardInterrupt
+        # (with SIGTERM it would die by the signal: no TG_SERVE_PROFILE stats would be written)
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_server(a, path, prompts) -> dict:
+    clients = ClientPool(a.client_procs)
+    server = Server(a, path, len(prompts))
+    try:
+        server.measure(clients, prompts[:4], a.output_len, None)  # warm-up: graphs, kernels
+        res = {"saturation": server.measure(clients, prompts, a.output_len, None)}
+        print("server saturation:", json.dumps(res["saturation"]), flush=True)
         for rate in a.rates:
-            res[f"rate {rate:g}/s"] = asyncio.run(client_load(port, prompts, a.output_len, rate, seed=int(rate)))
+            res[f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
         return res
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.close()
+        clients.close()
 
 
 def main() -> None:

@@ -59,6 +59,17 @@ class RequestGroup:
             self.unfinished.discard(out.request_id)
         return out
 
+    def drain(self) -> list[RequestOutput]:
+        """The outputs already queued (none: []), without waiting: what a stream that fell behind
+        sends at once."""
+        outs = []
+        while not self.queue.empty():
+            out = self.queue.get_nowait()
+            if out.finished:
+                self.unfinished.discard(out.request_id)
+            outs.append(out)
+        return outs
+
     def abort(self) -> None:
         """Take the unfinished requests out of the engine (idempotent; nothing to do when done)."""
         for rid in sorted(self.unfinished):

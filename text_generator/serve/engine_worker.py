@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple
 from loguru import logger
 
 from text_generator.engine.output import describe
+from text_generator.serve.profiling import profiled
 
 ENGINE_FAILURE = "engine step failed"  # how the error of a request failed by a crashed step starts
 IDLE_POLL_S = 1.0  # an idle engine wakes this often (under TP: the heartbeat to the other ranks)
@@ -286,7 +287,7 @@ def main(args, cmd_conn, out_conn, num_threads: int, on_start: Callable | None =
     worker = EngineWorker(engine, out_conn.send)
     broadcast = _broadcaster(engine)
     try:
-        _lead(worker, cmd_conn, broadcast)
+        profiled("engine", _lead, worker, cmd_conn, broadcast)
     finally:
         _shutdown(engine)
 

@@ -17,6 +17,7 @@ from text_generator.serve.app import ServerState, build_app
 from text_generator.serve.engine_client import EngineClient
 from text_generator.serve.engine_worker import adapter_rank
 from text_generator.serve.metrics import ServerMetrics
+from text_generator.serve.profiling import profiled
 
 
 def build_state(args, on_start=None) -> ServerState:
@@ -53,7 +54,8 @@ def run(args) -> int:
         return follow(args)
     state = build_state(args)
     print(f"serving {state.model_names()} at http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=str(getattr(args, "log_level", "WARNING")).lower())
+    profiled("http", uvicorn.run, build_app(state), host=args.host, port=args.port,
+             log_level=str(getattr(args, "log_level", "WARNING")).lower())
     return 0
 
 
