@@ -249,11 +249,9 @@ class Server:
         """clients.load(...) plus the CPU % (of wall time) of the HTTP and the engine process meanwhile."""
         pids = {"http": self.http_pid, "engine_proc": self.engine_pid}
         before = {k: cpu_seconds(p) for k, p in pids.items() if p}
-        t0 = time.perf_counter()
         res = clients.load(self.port, prompts, output_len, rate, seed)
-        wall = time.perf_counter() - t0
-        for k, c in before.items():
-            res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / wall
+        for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
+            res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         return res
 
     def close(self) -> None:
@@ -273,7 +271,6 @@ def run_server(a, path, prompts) -> dict:
     try:
         server.measure(clients, prompts[:4], a.output_len, None)  # warm-up: graphs, kernels
         res = {"saturation": server.measure(clients, prompts, a.output_len, None)}
-        print("server saturation:", json.dumps(res["saturation"]), flush=True)
         for rate in a.rates:
             res[f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
         return res

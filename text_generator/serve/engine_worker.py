@@ -228,6 +228,10 @@ def build_engine(args):
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_len,
                        tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
+    if gen.device.type == "cuda" and not getattr(args, "no_warmup", False):
+        from text_generator.serve.warmup import warm_up
+
+        warm_up(engine)  # every rank alike (it steps): graphs captured, kernels compiled before "ready"
     info = dict(vocab_size=gen.vocab_size, max_model_len=max_len, num_blocks=engine.block_manager.num_blocks,
                 pid=os.getpid())
     return engine, info
