@@ -80,7 +80,7 @@ def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> d
                 itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
 
 
-def run_engine(a, path, prompts) -> dict:
+def run_engine(a, path, prompts, warm) -> dict:
     from text_generator import LLMEngine, SamplingParams, TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
@@ -89,7 +89,7 @@ def run_engine(a, path, prompts) -> dict:
                        max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
                        tokenizer=load_tokenizer(path))
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
-    engine.generate(prompts[:4], params, use_tqdm=False)  # warm-up: graphs, kernels
+    engine.generate(warm, params, use_tqdm=False)  # untimed: every graph bucket captured, every kernel compiled
     engine.block_manager.reset_prefix_cache()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params, use_tqdm=False)
@@ -108,11 +108,12 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    ttft, itl, tokens = [], [], [0]
+    ttft, itl, tokens, chunks, starts = [], [], [0], [0], []
 
     async def one(prompt, delay):
         await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
         start = time.perf_counter()
+        starts.append(start)
         last = None
         stream = await client.completions.create(
             model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
@@ -123,6 +124,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
             if not chunk.choices or chunk.choices[0].logprobs is None:
                 continue
             n = len(chunk.choices[0].logprobs.tokens or [])
+            chunks[0] += 1
             now = time.perf_counter()
             if last is None:
                 ttft.append(now - start)
@@ -134,7 +136,8 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     await asyncio.gather(*(one(p, d) for p, d in jobs))
     end = time.perf_counter()
     await client.close()
-    return dict(ttft=ttft, itl=itl, tokens=tokens[0], end=end, cpu=time.process_time() - cpu0)
+    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
+                cpu=time.process_time() - cpu0)
 
 
 def _client_process(port, jobs, output_len, t_start) -> dict:
@@ -173,15 +176,16 @@ class ClientPool:
                 t += rng.expovariate(rate)
         jobs = list(zip(prompts, delays))
         shares = [jobs[i::self.procs] for i in range(self.procs)]
-        t_start = time.perf_counter() + (0.3 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
+        t_start = time.perf_counter() + (0.5 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
         if self.pool is None:
             parts = [_client_process(port, shares[0], output_len, t_start)]
         else:
             parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
                                        [t_start] * self.procs))
-        seconds = max(p["end"] for p in parts) - t_start
+        seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
                     sum(p["tokens"] for p in parts), seconds)
+        res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
         return res
@@ -230,6 +234,7 @@ class Server:
                "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-model-len",
                str(a.input_len + a.output_len + 16), "--gpu-memory-utilization", str(a.memory_fraction),
                "--max-queue", str(4 * num_prompts)]
+        t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **(env or {})})
         for _ in range(600):
@@ -240,6 +245,7 @@ class Server:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"server exited:\n{self.proc.stdout.read()[-3000:]}")
                 time.sleep(1)
+        self.startup_s = time.perf_counter() - t0  # model load + (CUDA) the engine's start-up pass
         self.http_pid = self.proc.pid
         # the engine process: multiprocessing's spawned child (not its resource tracker)
         kids = [k for k in child_pids(self.http_pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
@@ -265,15 +271,15 @@ class Server:
             self.proc.wait()
 
 
-def run_server(a, path, prompts) -> dict:
+def run_server(a, path, prompts, warm) -> dict:
     clients = ClientPool(a.client_procs)
     server = Server(a, path, len(prompts))
     try:
-        server.measure(clients, prompts[:4], a.output_len, None)  # warm-up: graphs, kernels
+        server.measure(clients, warm, a.output_len, None)  # untimed, as the engine row's first pass
         res = {"saturation": server.measure(clients, prompts, a.output_len, None)}
         for rate in a.rates:
             res[f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
-        return res
+        return res, server.startup_s
     finally:
         server.close()
         clients.close()
@@ -285,12 +291,15 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
     prompts = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+    # each side first runs the same load untimed on other prompts (the prefix cache cannot help the timed
+    # pass): a cold run compiles kernels and captures decode graphs mid-way, at up to a second a step
+    warm = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
     res = dict(device=torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu",
                model="tiny" if a.tiny else "Llama-3-8B-shaped, random bf16", num_prompts=a.num_prompts,
                input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs)
-    res["engine"] = run_engine(a, path, prompts)
+    res["engine"] = run_engine(a, path, prompts, warm)
     print("engine:", json.dumps(res["engine"]), flush=True)
-    res["server"] = run_server(a, path, prompts)
+    res["server"], res["server_startup_s"] = run_server(a, path, prompts, warm)
     for k, v in res["server"].items():
         print(f"server {k}:", json.dumps(v), flush=True)
     res["http_cost_at_saturation"] = 1 - res["server"]["saturation"]["output_tokens_per_s"] / \

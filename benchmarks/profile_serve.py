@@ -48,6 +48,8 @@ def parse_args():
     p.add_argument("--memory-fraction", type=float, default=0.8)
     p.add_argument("--client-procs", type=int, default=1)
     p.add_argument("--cprofile", action="store_true", help="also profile both server processes (a second server)")
+    p.add_argument("--only-profile", action="store_true",
+                   help="skip the timed rows: one profiled server run (with --cprofile implied)")
     p.add_argument("--top", type=int, default=18, help="functions shown per profile")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None, help="write the numbers as JSON here")
@@ -56,7 +58,7 @@ def parse_args():
     return a
 
 
-def engine_alone(a, path, prompts) -> dict:
+def engine_alone(a, path, prompts, warm) -> dict:
     """LLMEngine.generate over the prompts (the bench_serve settings): wall tokens/s and CPU s per token."""
     from text_generator import LLMEngine, SamplingParams, TextGenerator
     from text_generator.tokenizer import load_tokenizer
@@ -66,7 +68,7 @@ def engine_alone(a, path, prompts) -> dict:
                        max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
                        tokenizer=load_tokenizer(path))
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
-    engine.generate(prompts[:4], params, use_tqdm=False)
+    engine.generate(warm, params, use_tqdm=False)  # untimed first pass: graphs, kernels
     engine.block_manager.reset_prefix_cache()
     t0, c0 = time.perf_counter(), time.process_time()
     outs = engine.generate(prompts, params, use_tqdm=False)
@@ -76,10 +78,10 @@ def engine_alone(a, path, prompts) -> dict:
                 cpu_us_per_token=1e6 * cpu / tokens)
 
 
-def served(a, path, prompts, clients: ClientPool, env: dict | None = None) -> dict:
+def served(a, path, prompts, warm, clients: ClientPool, env: dict | None = None) -> dict:
     server = Server(a, path, len(prompts), env=env)
     try:
-        server.measure(clients, prompts[:4], a.output_len, None)  # warm-up
+        server.measure(clients, warm, a.output_len, None)  # untimed first pass (other prompts: no prefix hits)
         res = server.measure(clients, prompts, a.output_len, None)
     finally:
         server.close()
@@ -107,24 +109,18 @@ def main() -> None:
     vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+    warm = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
     res = dict(device=a.device, num_prompts=a.num_prompts, input_len=a.input_len, output_len=a.output_len,
                max_num_seqs=a.max_num_seqs, client_procs=a.client_procs)
-    res["engine"] = engine_alone(a, path, prompts)
-    print("engine alone:", json.dumps(res["engine"]), flush=True)
     clients = ClientPool(a.client_procs)
     try:
-        res["served"] = served(a, path, prompts, clients)
-        print("served:", json.dumps(res["served"]), flush=True)
-        e, s = res["engine"], res["served"]
-        print(f"\nCPU us per output token: engine alone {e['cpu_us_per_token']:.0f}; served: engine process "
-              f"{s.get('engine_proc_cpu_us_per_token', float('nan')):.0f}, HTTP process "
-              f"{s.get('http_cpu_us_per_token', float('nan')):.0f}, client ({a.client_procs} process(es), "
-              f"busiest) {s['client_cpu_us_per_token']:.0f}")
-        print(f"tokens/s: engine alone {e['output_tokens_per_s']:.0f}, served {s['output_tokens_per_s']:.0f}",
-              flush=True)
+        if a.only_profile:
+            a.cprofile = True
+        else:
+            timed_rows(a, path, prompts, warm, clients, res)
         if a.cprofile:
             folder = tempfile.mkdtemp(prefix="tg_serve_profile_")
-            served(a, path, prompts, clients, env={"TG_SERVE_PROFILE": folder})
+            served(a, path, prompts, warm, clients, env={"TG_SERVE_PROFILE": folder})
             for name in ("engine", "http"):
                 prof = os.path.join(folder, f"{name}.prof")
                 if os.path.exists(prof):
@@ -136,6 +132,19 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def timed_rows(a, path, prompts, warm, clients, res) -> None:
+    """The engine alone, then served (no profiler): tokens/s and CPU us per token of each process."""
+    res["engine"] = e = engine_alone(a, path, prompts, warm)
+    print("engine alone:", json.dumps(e), flush=True)
+    res["served"] = s = served(a, path, prompts, warm, clients)
+    print("served:", json.dumps(s), flush=True)
+    print(f"\nCPU us per output token: engine alone {e['cpu_us_per_token']:.0f}; served: engine process "
+          f"{s.get('engine_proc_cpu_us_per_token', float('nan')):.0f}, HTTP process "
+          f"{s.get('http_cpu_us_per_token', float('nan')):.0f}, client ({a.client_procs} process(es), "
+          f"busiest) {s['client_cpu_us_per_token']:.0f}")
+    print(f"tokens/s: engine alone {e['output_tokens_per_s']:.0f}, served {s['output_tokens_per_s']:.0f}", flush=True)
 
 
 if __name__ == "__main__":
