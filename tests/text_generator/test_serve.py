@@ -652,7 +652,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
     choices are transformers' greedy."""
     from text_generator import SamplingParams, TextGenerator
     from text_generator.engine import LLMEngine
-    from text_generator.serve.engine_worker import EngineWorker
+    from text_generator.serve.engine_worker import EngineWorker, Lean
     from text_generator.tokenizer import load_tokenizer
 
     engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
@@ -669,7 +669,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
         steps += 1
         if steps == 3:
             worker.apply([("abort", "long")])
-    outs = [o for kind, batch, _ in sent if kind == "out" for o in batch]
+    outs = [Lean._make(o) for kind, batch, _ in sent if kind == "out" for o in batch]  # sent as plain tuples
     finals = {}
     for o in outs:
         if o.finish_reason is not None:
