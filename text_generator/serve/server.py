@@ -53,6 +53,12 @@ def run(args) -> int:
 
         return follow(args)
     state = build_state(args)
+    import gc
+
+    # everything built so far (torch, transformers, the app) lives as long as the process: out of
+    # the collector's sight, a full collection no longer walks it while streams wait
+    gc.collect()
+    gc.freeze()
     print(f"serving {state.model_names()} at http://{args.host}:{args.port}/v1", flush=True)
     profiled("http", uvicorn.run, build_app(state), host=args.host, port=args.port,
              log_level=str(getattr(args, "log_level", "WARNING")).lower())
