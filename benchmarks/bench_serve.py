@@ -8,10 +8,21 @@ Load: --num-prompts random prompts of --input-len token ids, each generating exa
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
 demo byte tokenizer the random checkpoint carries decodes most ids to no text). First the engine alone
 (LLMEngine.generate, all requests at t = 0); then `python -m text_generator serve` in a subprocess with
-the same engine settings (the server's engine runs in its own process, as `serve` always does), and the openai AsyncOpenAI client streaming the same requests: all at once
-(saturation), then Poisson arrivals at each --rates. Reports output tokens/s, TTFT and inter-token
-latency p50 / p99; the HTTP cost is 1 - server tokens/s / engine tokens/s at saturation.
-Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+the same engine settings (the server's engine runs in its own process, as `serve` always does), and the
+openai AsyncOpenAI client streaming the same requests: all at once (saturation), then Poisson arrivals at
+each --rates. Each side first runs the whole load once untimed on other prompts: a cold engine compiles
+kernels and captures decode graphs mid-run, at up to a second a step.
+
+The load generator must not be what it measures: the openai client spends about 100-200 us of Python per
+SSE chunk, so one process tops out near 5,000-10,000 chunks/s. --client-procs processes (default 8 on
+CUDA: the GPU host has 16 cores, one each for the engine and the HTTP process) share the requests
+round-robin, each with its own event loop. Every served row reports client_cpu_pct (the busiest client
+process: near 100 means the client set the pace), http_cpu_pct and engine_proc_cpu_pct (the server's
+two processes, from /proc), and tokens_per_chunk (above 1 where the server sent a stream's queued tokens
+as one chunk because it, or its client, was behind).
+
+Reports output tokens/s, TTFT and inter-token latency p50 / p99; the HTTP cost is 1 - server tokens/s /
+engine tokens/s at saturation. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
