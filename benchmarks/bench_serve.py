@@ -287,9 +287,12 @@ def run_server(a, path, prompts, warm) -> dict:
     server = Server(a, path, len(prompts))
     try:
         server.measure(clients, warm, a.output_len, None)  # untimed, as the engine row's first pass
+        print(f"server ready in {server.startup_s:.1f} s", flush=True)
         res = {"saturation": server.measure(clients, prompts, a.output_len, None)}
+        print("server saturation:", json.dumps(res["saturation"]), flush=True)  # each row as it comes
         for rate in a.rates:
-            res[f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
+            res[k := f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
+            print(f"server {k}:", json.dumps(res[k]), flush=True)
         return res, server.startup_s
     finally:
         server.close()
@@ -297,6 +300,8 @@ def run_server(a, path, prompts, warm) -> dict:
 
 
 def main() -> None:
+    # a `timeout` (SIGTERM) still runs the finally blocks: the server subprocess and the clients stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a = parse_args()
     path = checkpoint(a)
     g = torch.Generator().manual_seed(0)
@@ -311,8 +316,6 @@ def main() -> None:
     res["engine"] = run_engine(a, path, prompts, warm)
     print("engine:", json.dumps(res["engine"]), flush=True)
     res["server"], res["server_startup_s"] = run_server(a, path, prompts, warm)
-    for k, v in res["server"].items():
-        print(f"server {k}:", json.dumps(v), flush=True)
     res["http_cost_at_saturation"] = 1 - res["server"]["saturation"]["output_tokens_per_s"] / \
         res["engine"]["output_tokens_per_s"]
     print(f"HTTP layer costs {100 * res['http_cost_at_saturation']:.1f}% of throughput at saturation", flush=True)

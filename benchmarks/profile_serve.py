@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import pstats
+import signal
 import sys
 import tempfile
 import time
@@ -104,6 +105,7 @@ def top_functions(prof: str, n: int) -> str:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # under `timeout`: the server still stops
     a = parse_args()
     path = checkpoint(a)
     vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
