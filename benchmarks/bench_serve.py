@@ -60,6 +60,11 @@ def parse_args():
     p.add_argument("--memory-fraction", type=float, default=0.8)
     p.add_argument("--client-procs", type=int, default=None,
                    help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed passes of the engine row and of the saturation row (the median is reported)")
+    p.add_argument("--server-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
+                   "default: inherited)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -91,6 +96,13 @@ def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> d
                 itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median throughput, with every run's tokens/s beside it (runs_tokens_per_s)."""
+    res = dict(sorted(runs, key=lambda r: r["output_tokens_per_s"])[len(runs) // 2])
+    res["runs_tokens_per_s"] = [r["output_tokens_per_s"] for r in runs]
+    return res
+
+
 def run_engine(a, path, prompts, warm) -> dict:
     from text_generator import LLMEngine, SamplingParams, TextGenerator
     from text_generator.tokenizer import load_tokenizer
@@ -101,13 +113,16 @@ def run_engine(a, path, prompts, warm) -> dict:
                        tokenizer=load_tokenizer(path))
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
     engine.generate(warm, params, use_tqdm=False)  # untimed: every graph bucket captured, every kernel compiled
-    engine.block_manager.reset_prefix_cache()
-    t0 = time.perf_counter()
-    outs = engine.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    ttft = [o.metrics.first_token_time - t0 for o in outs]
-    itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
-    res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds)
+    runs = []
+    for _ in range(a.repeats):
+        engine.block_manager.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        ttft = [o.metrics.first_token_time - t0 for o in outs]
+        itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
+        runs.append(stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds))
+    res = median_run(runs)
     del engine, gen
     torch.cuda.empty_cache() if a.device != "cpu" else None
     return res
@@ -156,6 +171,9 @@ def _client_process(port, jobs, output_len, t_start) -> dict:
 
 
 def _warm_client() -> None:
+    # below the server's processes in the CPU scheduler: on a host with few cores the load generator
+    # must not take the engine's or the HTTP process's core (its own pace is what it reports)
+    os.nice(10)
     import openai  # noqa: F401 - imported once per worker, before the timed runs
 
 
@@ -246,8 +264,11 @@ class Server:
                str(a.input_len + a.output_len + 16), "--gpu-memory-utilization", str(a.memory_fraction),
                "--max-queue", str(4 * num_prompts)]
         t0 = time.perf_counter()
+        env = dict(env or {})
+        if getattr(a, "server_threads", None):
+            env["OMP_NUM_THREADS"] = str(a.server_threads)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **env})
         for _ in range(600):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
@@ -288,7 +309,8 @@ def run_server(a, path, prompts, warm) -> dict:
     try:
         server.measure(clients, warm, a.output_len, None)  # untimed, as the engine row's first pass
         print(f"server ready in {server.startup_s:.1f} s", flush=True)
-        res = {"saturation": server.measure(clients, prompts, a.output_len, None)}
+        res = {"saturation": median_run([server.measure(clients, prompts, a.output_len, None)
+                                         for _ in range(a.repeats)])}
         print("server saturation:", json.dumps(res["saturation"]), flush=True)  # each row as it comes
         for rate in a.rates:
             res[k := f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
@@ -312,7 +334,11 @@ def main() -> None:
     warm = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
     res = dict(device=torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu",
                model="tiny" if a.tiny else "Llama-3-8B-shaped, random bf16", num_prompts=a.num_prompts,
-               input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs)
+               input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs,
+               cpu_count=os.cpu_count(), client_procs=a.client_procs, server_threads=a.server_threads,
+               repeats=a.repeats)
+    print(f"{os.cpu_count()} cores, {a.client_procs} client processes, server threads "
+          f"{a.server_threads or 'inherited'}, {a.repeats} timed pass(es) per row", flush=True)
     res["engine"] = run_engine(a, path, prompts, warm)
     print("engine:", json.dumps(res["engine"]), flush=True)
     res["server"], res["server_startup_s"] = run_server(a, path, prompts, warm)

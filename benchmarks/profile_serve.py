@@ -56,6 +56,7 @@ def parse_args():
     p.add_argument("--out", default=None, help="write the numbers as JSON here")
     a = p.parse_args()
     a.tiny = a.device == "cpu"
+    a.repeats, a.server_threads = 1, None  # bench_serve's Server / run settings
     return a
 
 
