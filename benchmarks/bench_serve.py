@@ -8,10 +8,21 @@ Load: --num-prompts random prompts of --input-len token ids, each generating exa
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
 demo byte tokenizer the random checkpoint carries decodes most ids to no text). First the engine alone
 (LLMEngine.generate, all requests at t = 0); then `python -m text_generator serve` in a subprocess with
-the same engine settings (the server's engine runs in its own process, as `serve` always does), and the openai AsyncOpenAI client streaming the same requests: all at once
-(saturation), then Poisson arrivals at each --rates. Reports output tokens/s, TTFT and inter-token
-latency p50 / p99; the HTTP cost is 1 - server tokens/s / engine tokens/s at saturation.
-Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+the same engine settings (the server's engine runs in its own process, as `serve` always does), and the
+openai AsyncOpenAI client streaming the same requests: all at once (saturation), then Poisson arrivals at
+each --rates. Each side first runs the whole load once untimed on other prompts: a cold engine compiles
+kernels and captures decode graphs mid-run, at up to a second a step.
+
+The load generator must not be what it measures: the openai client spends about 100-200 us of Python per
+SSE chunk, so one process tops out near 5,000-10,000 chunks/s. --client-procs processes (default 8 on
+CUDA: the GPU host has 16 cores, one each for the engine and the HTTP process) share the requests
+round-robin, each with its own event loop. Every served row reports client_cpu_pct (the busiest client
+process: near 100 means the client set the pace), http_cpu_pct and engine_proc_cpu_pct (the server's
+two processes, from /proc), and tokens_per_chunk (above 1 where the server sent a stream's queued tokens
+as one chunk because it, or its client, was behind).
+
+Reports output tokens/s, TTFT and inter-token latency p50 / p99; the HTTP cost is 1 - server tokens/s /
+engine tokens/s at saturation. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -46,6 +58,13 @@ def parse_args():
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
     p.add_argument("--memory-fraction", type=float, default=0.8)
+    p.add_argument("--client-procs", type=int, default=None,
+                   help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed passes of the engine row and of the saturation row (the median is reported)")
+    p.add_argument("--server-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
+                   "default: inherited)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -54,6 +73,8 @@ def parse_args():
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.client_procs is None:
+        a.client_procs = 8 if a.device != "cpu" else 1
     a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
     return a
 
@@ -75,7 +96,14 @@ def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> d
                 itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
 
 
-def run_engine(a, path, prompts) -> dict:
+def median_run(runs: list[dict]) -> dict:
+    """The run of median throughput, with every run's tokens/s beside it (runs_tokens_per_s)."""
+    res = dict(sorted(runs, key=lambda r: r["output_tokens_per_s"])[len(runs) // 2])
+    res["runs_tokens_per_s"] = [r["output_tokens_per_s"] for r in runs]
+    return res
+
+
+def run_engine(a, path, prompts, warm) -> dict:
     from text_generator import LLMEngine, SamplingParams, TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
@@ -84,29 +112,34 @@ def run_engine(a, path, prompts) -> dict:
                        max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
                        tokenizer=load_tokenizer(path))
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
-    engine.generate(prompts[:4], params, use_tqdm=False)  # warm-up: graphs, kernels
-    engine.block_manager.reset_prefix_cache()
-    t0 = time.perf_counter()
-    outs = engine.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
-    ttft = [o.metrics.first_token_time - t0 for o in outs]
-    itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
-    res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds)
+    engine.generate(warm, params, use_tqdm=False)  # untimed: every graph bucket captured, every kernel compiled
+    runs = []
+    for _ in range(a.repeats):
+        engine.block_manager.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        ttft = [o.metrics.first_token_time - t0 for o in outs]
+        itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
+        runs.append(stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds))
+    res = median_run(runs)
     del engine, gen
     torch.cuda.empty_cache() if a.device != "cpu" else None
     return res
 
 
-async def client_load(port: int, prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
+    """One client process's share of a load: jobs = [(prompt, delay after t_start)], streamed with the
+    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time and own CPU seconds."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    rng = random.Random(seed)
-    ttft, itl, tokens = [], [], [0]
+    ttft, itl, tokens, chunks, starts = [], [], [0], [0], []
 
     async def one(prompt, delay):
-        await asyncio.sleep(delay)
+        await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
         start = time.perf_counter()
+        starts.append(start)
         last = None
         stream = await client.completions.create(
             model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
@@ -117,6 +150,7 @@ async def client_load(port: int, prompts, output_len: int, rate: float | None, s
             if not chunk.choices or chunk.choices[0].logprobs is None:
                 continue
             n = len(chunk.choices[0].logprobs.tokens or [])
+            chunks[0] += 1
             now = time.perf_counter()
             if last is None:
                 ttft.append(now - start)
@@ -124,16 +158,70 @@ async def client_load(port: int, prompts, output_len: int, rate: float | None, s
                 itl.extend([(now - last) / n] * n)
             last = now
 
-    delays, t = [], 0.0
-    for _ in prompts:
-        delays.append(t)
-        if rate:
-            t += rng.expovariate(rate)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(p, d) for p, d in zip(prompts, delays)))
-    res = stats(ttft, itl, tokens[0], time.perf_counter() - t0)
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one(p, d) for p, d in jobs))
+    end = time.perf_counter()
     await client.close()
-    return res
+    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
+                cpu=time.process_time() - cpu0)
+
+
+def _client_process(port, jobs, output_len, t_start) -> dict:
+    return asyncio.run(_client_part(port, jobs, output_len, t_start))
+
+
+def _warm_client() -> None:
+    # below the server's processes in the CPU scheduler: on a host with few cores the load generator
+    # must not take the engine's or the HTTP process's core (its own pace is what it reports)
+    os.nice(10)
+    import openai  # noqa: F401 - imported once per worker, before the timed runs
+
+
+class ClientPool:
+    """The load generator: `procs` processes (spawned once, openai imported), each streaming its share
+    of the requests on its own event loop, so that parsing SSE chunks with the openai client (about
+    100 us of Python each) never limits the measurement; procs=1 runs in this process."""
+
+    def __init__(self, procs: int):
+        import concurrent.futures
+        import multiprocessing
+
+        self.procs = procs
+        self.pool = None
+        if procs > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"),
+                                                               initializer=_warm_client)
+            list(self.pool.map(time.sleep, [0.0] * procs))  # every worker started and warm
+
+    def load(self, port: int, prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+        """All prompts at t = 0 (rate None) or Poisson arrivals at `rate`/s, dealt round-robin to the
+        client processes -> stats() of the run, plus client_cpu_pct: the busiest client process's CPU
+        time / the run's wall time (near 100: the client, not the server, set the pace)."""
+        rng = random.Random(seed)
+        delays, t = [], 0.0
+        for _ in prompts:
+            delays.append(t)
+            if rate:
+                t += rng.expovariate(rate)
+        jobs = list(zip(prompts, delays))
+        shares = [jobs[i::self.procs] for i in range(self.procs)]
+        t_start = time.perf_counter() + (0.5 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
+        if self.pool is None:
+            parts = [_client_process(port, shares[0], output_len, t_start)]
+        else:
+            parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
+                                       [t_start] * self.procs))
+        seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
+        res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
+                    sum(p["tokens"] for p in parts), seconds)
+        res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
+        res["client_procs"] = self.procs
+        res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
+        return res
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def free_port() -> int:
@@ -142,48 +230,118 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_server(a, path, prompts) -> dict:
-    import urllib.request
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of a live process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(port), "--served-model-name", "m",
-           "--device", a.device, "--max-num-seqs", str(a.max_num_seqs), "--max-num-batched-tokens",
-           str(a.max_num_batched_tokens), "--max-model-len", str(a.input_len + a.output_len + 16),
-           "--gpu-memory-utilization", str(a.memory_fraction), "--max-queue", str(4 * len(prompts))]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+
+def child_pids(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(name))
+            except OSError:
+                continue
+    return kids
+
+
+class Server:
+    """`python -m text_generator serve` in a subprocess with the engine settings of run_engine; `env`
+    adds environment variables (e.g. TG_SERVE_PROFILE). http_pid / engine_pid: its two processes."""
+
+    def __init__(self, a, path, num_prompts: int, env: dict | None = None):
+        import urllib.request
+
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(self.port),
+               "--served-model-name", "m", "--device", a.device, "--max-num-seqs", str(a.max_num_seqs),
+               "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-model-len",
+               str(a.input_len + a.output_len + 16), "--gpu-memory-utilization", str(a.memory_fraction),
+               "--max-queue", str(4 * num_prompts)]
+        t0 = time.perf_counter()
+        env = dict(env or {})
+        if getattr(a, "server_threads", None):
+            env["OMP_NUM_THREADS"] = str(a.server_threads)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **env})
         for _ in range(600):
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
                 break
             except OSError:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited:\n{proc.stdout.read()[-3000:]}")
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited:\n{self.proc.stdout.read()[-3000:]}")
                 time.sleep(1)
-        asyncio.run(client_load(port, prompts[:4], a.output_len, None))  # warm-up: graphs, kernels
-        res = {"saturation": asyncio.run(client_load(port, prompts, a.output_len, None))}
-        for rate in a.rates:
-            res[f"rate {rate:g}/s"] = asyncio.run(client_load(port, prompts, a.output_len, rate, seed=int(rate)))
+        self.startup_s = time.perf_counter() - t0  # model load + (CUDA) the engine's start-up pass
+        self.http_pid = self.proc.pid
+        # the engine process: multiprocessing's spawned child (not its resource tracker)
+        kids = [k for k in child_pids(self.http_pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
+        self.engine_pid = kids[0] if kids else None
+
+    def measure(self, clients: "ClientPool", prompts, output_len: int, rate: float | None, seed: int = 0) -> dict:
+        """clients.load(...) plus the CPU % (of wall time) of the HTTP and the engine process meanwhile."""
+        pids = {"http": self.http_pid, "engine_proc": self.engine_pid}
+        before = {k: cpu_seconds(p) for k, p in pids.items() if p}
+        res = clients.load(self.port, prompts, output_len, rate, seed)
+        for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
+            res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         return res
+
+    def close(self) -> None:
+        # SIGINT: uvicorn shuts down, stops the engine process, then re-raises it as KeyboardInterrupt
+        # (with SIGTERM it would die by the signal: no TG_SERVE_PROFILE stats would be written)
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_server(a, path, prompts, warm) -> dict:
+    clients = ClientPool(a.client_procs)
+    server = Server(a, path, len(prompts))
+    try:
+        server.measure(clients, warm, a.output_len, None)  # untimed, as the engine row's first pass
+        print(f"server ready in {server.startup_s:.1f} s", flush=True)
+        res = {"saturation": median_run([server.measure(clients, prompts, a.output_len, None)
+                                         for _ in range(a.repeats)])}
+        print("server saturation:", json.dumps(res["saturation"]), flush=True)  # each row as it comes
+        for rate in a.rates:
+            res[k := f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
+            print(f"server {k}:", json.dumps(res[k]), flush=True)
+        return res, server.startup_s
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.close()
+        clients.close()
 
 
 def main() -> None:
+    # a `timeout` (SIGTERM) still runs the finally blocks: the server subprocess and the clients stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a = parse_args()
     path = checkpoint(a)
     g = torch.Generator().manual_seed(0)
     vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
     prompts = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+    # each side first runs the same load untimed on other prompts (the prefix cache cannot help the timed
+    # pass): a cold run compiles kernels and captures decode graphs mid-way, at up to a second a step
+    warm = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
     res = dict(device=torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu",
                model="tiny" if a.tiny else "Llama-3-8B-shaped, random bf16", num_prompts=a.num_prompts,
-               input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs)
-    res["engine"] = run_engine(a, path, prompts)
+               input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs,
+               cpu_count=os.cpu_count(), client_procs=a.client_procs, server_threads=a.server_threads,
+               repeats=a.repeats)
+    print(f"{os.cpu_count()} cores, {a.client_procs} client processes, server threads "
+          f"{a.server_threads or 'inherited'}, {a.repeats} timed pass(es) per row", flush=True)
+    res["engine"] = run_engine(a, path, prompts, warm)
     print("engine:", json.dumps(res["engine"]), flush=True)
-    res["server"] = run_server(a, path, prompts)
-    for k, v in res["server"].items():
-        print(f"server {k}:", json.dumps(v), flush=True)
+    res["server"], res["server_startup_s"] = run_server(a, path, prompts, warm)
     res["http_cost_at_saturation"] = 1 - res["server"]["saturation"]["output_tokens_per_s"] / \
         res["engine"]["output_tokens_per_s"]
     print(f"HTTP layer costs {100 * res['http_cost_at_saturation']:.1f}% of throughput at saturation", flush=True)

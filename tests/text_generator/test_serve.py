@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import threading
 import time
 
 import httpx
@@ -300,6 +301,47 @@ def test_health_and_metrics(client, server):
     count = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith("tg_time_to_first_token_seconds_count"))
     assert count >= 1
+
+
+def test_a_stream_behind_the_engine_sends_the_queued_tokens_as_one_chunk(slow_server, oracle):
+    """The HTTP side is held up (its event loop blocked) while the engine steps on: once it resumes,
+    the stream sends everything queued meanwhile as one chunk, and the chunks still concatenate to
+    transformers' greedy text with log_softmax logprobs (tokens, values, text offsets)."""
+    server = slow_server
+    server.wait_idle()
+    n = 40
+    ids = oracle["tok"](PROMPTS[0]).input_ids
+    new = hf_generate(oracle["tiny"], ids, n)  # exactly n tokens: the request ignores EOS
+    want, rows = logprobs_of(oracle["tiny"], ids, new)
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=n, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    plain = server.client().completions.create(**kw).choices[0]
+    resume = threading.Event()
+    chunks = []
+    with server.client().completions.create(stream=True, **kw) as stream:
+        it = iter(stream)
+        chunks.append(next(it))  # the request runs; now hold the HTTP process's event loop
+        server.engine._loop.call_soon_threadsafe(resume.wait, 60)
+        deadline = time.monotonic() + 60
+        while True:  # until the engine has made >= 5 more tokens (or finished) behind the HTTP side's back
+            running = list(server.stats()["requests"].values())
+            if not running or running[0] >= len(chunks[0].choices[0].logprobs.tokens) + 5:
+                break
+            assert time.monotonic() < deadline, "the engine made no progress"
+            time.sleep(0.005)
+        resume.set()
+        chunks += list(it)
+    choices = [c.choices[0] for c in chunks if c.choices]
+    per_chunk = [len(c.logprobs.tokens) for c in choices if c.logprobs is not None]
+    assert sum(per_chunk) == n and max(per_chunk) >= 5, per_chunk  # one chunk carried what queued up
+    text = "".join(c.text for c in choices)
+    assert text == plain.text
+    assert [lp for c in choices if c.logprobs for lp in c.logprobs.token_logprobs] == pytest.approx(want, abs=1e-4)
+    offsets = [o for c in choices if c.logprobs for o in c.logprobs.text_offset]
+    assert offsets == plain.logprobs.text_offset
+    tops = [top for c in choices if c.logprobs for top in c.logprobs.top_logprobs]
+    for top, row in zip(tops, rows):
+        assert sorted(top.values(), reverse=True) == pytest.approx(row.topk(2).values.tolist()[:len(top)], abs=1e-4)
+    assert choices[-1].finish_reason == "length"
 
 
 # -- disconnects and load ------------------------------------------------------------------------
@@ -610,7 +652,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
     choices are transformers' greedy."""
     from text_generator import SamplingParams, TextGenerator
     from text_generator.engine import LLMEngine
-    from text_generator.serve.engine_worker import EngineWorker
+    from text_generator.serve.engine_worker import EngineWorker, Lean
     from text_generator.tokenizer import load_tokenizer
 
     engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
@@ -627,7 +669,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
         steps += 1
         if steps == 3:
             worker.apply([("abort", "long")])
-    outs = [o for kind, batch, _ in sent if kind == "out" for o in batch]
+    outs = [Lean._make(o) for kind, batch, _ in sent if kind == "out" for o in batch]  # sent as plain tuples
     finals = {}
     for o in outs:
         if o.finish_reason is not None:

@@ -48,6 +48,7 @@ class ServerState:
     metrics: ServerMetrics | None = None
     loras: dict[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    token_strs: dict[int, str] = field(default_factory=dict, repr=False)
 
     def adapter_for(self, model: str) -> str | None:
         """The engine adapter a request's "model" names (None: the base model); 404 otherwise."""
@@ -62,7 +63,11 @@ class ServerState:
         return [self.model_name, *self.loras]
 
     def token_str(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        """A token's own text (logprobs' "tokens"), decoded once per id: every streamed token needs it."""
+        s = self.token_strs.get(token_id)
+        if s is None:
+            s = self.token_strs[token_id] = self.tokenizer.decode([token_id])
+        return s
 
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
@@ -282,34 +287,36 @@ def _raise_errors(finals) -> None:
 async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str, chat: bool, want_logprobs: bool,
                   include_usage: bool, prompt_tokens: int):
     """SSE: one chunk per choice per step that brings text (or ends it), then usage, then [DONE].
-    Cancelled when the client disconnects: `finally` aborts what is still running."""
+    A stream that is behind its engine requests (the HTTP process or the client slower than the
+    engine's steps) sends everything that has queued up for a choice as one chunk: its text and
+    logprob rows concatenated (R.merge_outputs), so that the cost per chunk is paid per catch-up,
+    not per token. Cancelled when the client disconnects: `finally` aborts what is still running."""
     completion_tokens = [0] * len(group.request_ids)
     offsets = [0] * len(group.request_ids)
+    chunks = R.ChunkWriter(rid, model, chat)
     try:
         if chat:  # the role comes first, once per choice
             for i in range(len(group.request_ids)):
-                yield R.sse(R.chat_chunk(rid, model, i, {"role": "assistant", "content": ""}, None, None))
+                yield chunks.chat(i, {"role": "assistant", "content": ""}, None, None)
         while not group.done:
-            out = await group.next()
-            i = group.index[out.request_id]
-            if out.finish_reason == "error":
-                yield R.sse(_error(out).body())
-                continue
-            completion_tokens[i] = len(out.token_ids)
-            text, fin = out.delta_text or "", R.finish_reason(out)
-            rows = R.new_logprobs(out) if want_logprobs else []
-            if not text and fin is None and not rows:
-                continue
-            if chat:
-                lp = R.chat_logprobs(rows, state.token_str) if want_logprobs else None
-                yield R.sse(R.chat_chunk(rid, model, i, {"content": text} if text or fin is None else {}, fin, lp))
-            else:
-                lp = R.completion_logprobs(rows, state.token_str, offsets[i]) if want_logprobs else None
-                yield R.sse(R.completion_chunk(rid, model, i, text, fin, lp))
-            offsets[i] += len(text)
+            outs = [await group.next(), *group.drain()]
+            for m in R.merge_outputs(outs, want_logprobs):
+                i = group.index[m.request_id]
+                if m.failed:
+                    yield R.sse(_error(m).body())
+                    continue
+                completion_tokens[i] = m.num_tokens
+                if not m.text and m.finish is None and not m.rows:
+                    continue
+                if chat:
+                    lp = R.chat_logprobs(m.rows, state.token_str) if want_logprobs else None
+                    yield chunks.chat(i, {"content": m.text} if m.text or m.finish is None else {}, m.finish, lp)
+                else:
+                    lp = R.completion_logprobs(m.rows, state.token_str, offsets[i]) if want_logprobs else None
+                    yield chunks.completion(i, m.text, m.finish, lp)
+                offsets[i] += len(m.text)
         if include_usage:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            yield R.sse(R.usage_chunk(rid, model, obj, prompt_tokens, sum(completion_tokens)))
+            yield chunks.usage(prompt_tokens, sum(completion_tokens))
         yield R.sse("[DONE]")
     finally:
         group.abort()

@@ -29,6 +29,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="on CUDA, the fraction of GPU memory the model and KV cache may use")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="on CUDA, skip the start-up pass that captures every decode-graph batch size and compiles "
+                   "the kernels before the server answers /health (the first requests then pay for it)")
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "flashinfer"))

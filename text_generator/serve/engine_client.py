@@ -29,7 +29,7 @@ from loguru import logger
 from text_generator.engine import RequestOutput
 from text_generator.errors import ErrorCode
 from text_generator.sampling import SamplingParams
-from text_generator.serve.engine_worker import Lean, Stats
+from text_generator.serve.engine_worker import Stats
 from text_generator.serve.errors import APIError
 from text_generator.serve.metrics import ServerMetrics
 
@@ -58,6 +58,17 @@ class RequestGroup:
         if out.finished:
             self.unfinished.discard(out.request_id)
         return out
+
+    def drain(self) -> list[RequestOutput]:
+        """The outputs already queued (none: []), without waiting: what a stream that fell behind
+        sends at once."""
+        outs = []
+        while not self.queue.empty():
+            out = self.queue.get_nowait()
+            if out.finished:
+                self.unfinished.discard(out.request_id)
+            outs.append(out)
+        return outs
 
     def abort(self) -> None:
         """Take the unfinished requests out of the engine (idempotent; nothing to do when done)."""
@@ -234,45 +245,46 @@ class EngineClient:
         except RuntimeError:  # the event loop is closed (server shutting down)
             pass
 
-    def _dispatch(self, outs: list[Lean], stats: Stats) -> None:
-        """One step's outputs -> each request's RequestOutput into its group's queue; metrics."""
+    def _dispatch(self, outs: list[tuple], stats: tuple) -> None:
+        """One step's outputs (Lean fields as tuples) -> each request's RequestOutput into its
+        group's queue; metrics (stats: Stats' fields)."""
         now = time.perf_counter()
         m = self.metrics
-        for o in outs:
-            live = self._live.get(o.request_id)
+        for rid, new_ids, delta, reason, error, rows, num_cached, prompt_len in outs:
+            live = self._live.get(rid)
             if live is None:
                 continue  # a second report of a request already ended
-            live.tokens += o.new_token_ids
-            if o.delta_text:
-                live.pieces.append(o.delta_text)
-            if o.rows is not None:
+            live.tokens += new_ids
+            if delta:
+                live.pieces.append(delta)
+            if rows is not None:
                 if live.logprobs is None:
                     live.logprobs, live.top = [], []
-                live.logprobs += [lp for _, lp, _ in o.rows]
-                live.top += [top for _, _, top in o.rows]
+                live.logprobs += [lp for _, lp, _ in rows]
+                live.top += [top for _, _, top in rows]
             group = live.group
-            if m is not None and o.new_token_ids:
-                m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(o.new_token_ids),
+            if m is not None and new_ids:
+                m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(new_ids),
                             first=live.last is None)
                 live.last = now
-            finished = o.finish_reason is not None
+            finished = reason is not None
             if finished:
-                del self._live[o.request_id]
+                del self._live[rid]
                 if m is not None:
-                    m.on_finished(o.finish_reason, o.prompt_len, o.num_cached, len(live.tokens),
+                    m.on_finished(reason, prompt_len, num_cached, len(live.tokens),
                                   None if live.last is None else live.last - group.arrival)
-            if o.request_id not in group.unfinished:
+            if rid not in group.unfinished:
                 continue  # aborted by its client: nobody is listening
             # snapshots: a stream that lags behind reads this step's rows, not a later step's
             lps = live.logprobs
             group.queue.put_nowait(RequestOutput(
-                request_id=o.request_id, prompt_token_ids=[], new_token_ids=o.new_token_ids,
+                request_id=rid, prompt_token_ids=[], new_token_ids=new_ids,
                 token_ids=live.tokens if finished else live.tokens[:], finished=finished,
-                finish_reason=o.finish_reason, error=o.error, text="".join(live.pieces) if finished else None,
-                delta_text=o.delta_text, logprobs=lps if finished or lps is None else lps[:],
-                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=o.num_cached))
+                finish_reason=reason, error=error, text="".join(live.pieces) if finished else None,
+                delta_text=delta, logprobs=lps if finished or lps is None else lps[:],
+                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=num_cached))
         if m is not None:
-            m.on_stats(stats)
+            m.on_stats(Stats._make(stats))
 
     def _fail_all(self, message: str) -> None:
         live, self._live = self._live, {}

@@ -3,7 +3,9 @@
 Completions:       {"object": "text_completion", "choices": [{"index", "text", "logprobs", "finish_reason"}]}
 Chat completions:  {"object": "chat.completion", "choices": [{"index", "message", "logprobs", "finish_reason"}]}
 Streams send the same shapes with deltas ("text_completion" chunks / "chat.completion.chunk"),
-one Server-Sent Event each, then `data: [DONE]`.
+one Server-Sent Event each, then `data: [DONE]`. A stream's chunks are written by its ChunkWriter
+(the fields every chunk repeats are serialized once per stream) from merge_outputs: the outputs
+that queued up for a stream since its last chunk, one entry per choice.
 
 Logprobs come from the engine per output token (RequestOutput.logprobs / top_logprobs);
 `token_str` turns a token id into its text for the "tokens" / "token" fields.
@@ -13,15 +15,16 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from text_generator.engine import RequestOutput
 
 TokenStr = Callable[[int], str]
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # built once: dumps(**kw) builds one per call
 
 
 def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    data = payload if isinstance(payload, str) else _json(payload)
     return f"data: {data}\n\n"
 
 
@@ -77,11 +80,6 @@ def completion_body(rid: str, model: str, finals: list[RequestOutput], want_logp
             "choices": choices, "usage": usage(prompt_tokens, sum(len(o.token_ids) for o in finals))}
 
 
-def completion_chunk(rid: str, model: str, index: int, text: str, fin: str | None, logprobs: dict | None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": fin}]}
-
-
 # -- chat ----------------------------------------------------------------------------------
 def chat_logprobs(rows, token_str: TokenStr) -> dict:
     def entry(t: int, lp: float) -> dict:
@@ -102,11 +100,69 @@ def chat_body(rid: str, model: str, finals: list[RequestOutput], want_logprobs: 
             "choices": choices, "usage": usage(prompt_tokens, sum(len(o.token_ids) for o in finals))}
 
 
-def chat_chunk(rid: str, model: str, index: int, delta: dict, fin: str | None, logprobs: dict | None) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": fin}]}
+# -- streams -------------------------------------------------------------------------------
+class Merged(NamedTuple):
+    """What one chunk of a stream says of one choice: the text and logprob rows of the outputs merged
+    into it, the OpenAI finish reason and output token count of the latest, and whether it failed
+    (finish_reason "error"; error: its message)."""
+
+    request_id: str
+    text: str
+    rows: list
+    finish: str | None
+    num_tokens: int
+    failed: bool = False
+    error: str | None = None
 
 
-def usage_chunk(rid: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+def merge_outputs(outs: list[RequestOutput], want_logprobs: bool) -> list[Merged]:
+    """Consecutive outputs of a stream's requests (arrival order) -> one Merged per request, in order
+    of first appearance: delta texts and new logprob rows concatenated, so that the chunks still add
+    up to the same text and rows. A failed output gets its own entry after its request's merged text."""
+    merged: list[Merged] = []
+    open_: dict[str, list] = {}  # request id -> [text pieces, rows, latest output] not yet in `merged`
+    order: list[str] = []
+    for o in outs:
+        if o.finish_reason == "error":
+            _close(open_.pop(o.request_id, None), merged)
+            merged.append(Merged(o.request_id, "", [], None, len(o.token_ids), True, o.error))
+            continue
+        rows = new_logprobs(o) if want_logprobs else []
+        acc = open_.get(o.request_id)
+        if acc is None:
+            open_[o.request_id] = [[o.delta_text or ""], rows, o]
+            order.append(o.request_id)
+        else:
+            acc[0].append(o.delta_text or "")
+            acc[1] += rows
+            acc[2] = o
+    for rid in order:
+        _close(open_.pop(rid, None), merged)
+    return merged
+
+
+def _close(acc, merged: list[Merged]) -> None:
+    if acc is not None:
+        pieces, rows, last = acc
+        merged.append(Merged(last.request_id, "".join(pieces), rows, finish_reason(last), len(last.token_ids)))
+
+
+class ChunkWriter:
+    """The SSE events of one stream. Every chunk repeats id, object, created and model, serialized
+    here once; each chunk then encodes only its own fields (per-token cost at saturation)."""
+
+    def __init__(self, rid: str, model: str, chat: bool):
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self._meta = f'"id":{_json(rid)},"object":"{self.object}","created":{int(time.time())},"model":{_json(model)}'
+        self._head = 'data: {' + self._meta + ',"choices":[{"index":'
+
+    def completion(self, index: int, text: str, fin: str | None, logprobs: dict | None) -> str:
+        return (f'{self._head}{index},"text":{_json(text)},"logprobs":{_json(logprobs)},'
+                f'"finish_reason":{_json(fin)}}}]}}\n\n')
+
+    def chat(self, index: int, delta: dict, fin: str | None, logprobs: dict | None) -> str:
+        return (f'{self._head}{index},"delta":{_json(delta)},"logprobs":{_json(logprobs)},'
+                f'"finish_reason":{_json(fin)}}}]}}\n\n')
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
+        return f'data: {{{self._meta},"choices":[],"usage":{_json(usage(prompt_tokens, completion_tokens))}}}\n\n'

@@ -17,6 +17,7 @@ from text_generator.serve.app import ServerState, build_app
 from text_generator.serve.engine_client import EngineClient
 from text_generator.serve.engine_worker import adapter_rank
 from text_generator.serve.metrics import ServerMetrics
+from text_generator.serve.profiling import profiled
 
 
 def build_state(args, on_start=None) -> ServerState:
@@ -52,8 +53,15 @@ def run(args) -> int:
 
         return follow(args)
     state = build_state(args)
+    import gc
+
+    # everything built so far (torch, transformers, the app) lives as long as the process: out of
+    # the collector's sight, a full collection no longer walks it while streams wait
+    gc.collect()
+    gc.freeze()
     print(f"serving {state.model_names()} at http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=str(getattr(args, "log_level", "WARNING")).lower())
+    profiled("http", uvicorn.run, build_app(state), host=args.host, port=args.port,
+             log_level=str(getattr(args, "log_level", "WARNING")).lower())
     return 0
 
 

@@ -1,0 +1,42 @@
+"""The server's start-up pass (text_generator/serve/warmup.py), run here on a CPU engine: it takes
+the running batch through every size from max_num_seqs down to 1 behind a full prefill chunk, and
+leaves nothing behind (no request, every block free, speculation counters at zero), so that the
+next answer is still transformers' greedy."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_fixtures import greedy, make_chat_checkpoint, make_tokenizer
+from conftest import hf_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_warm_up_runs_every_batch_size_and_leaves_the_engine_as_new(tmp_path):
+    from text_generator import LLMEngine, SamplingParams, TextGenerator
+    from text_generator.serve.warmup import warm_up
+
+    path = make_chat_checkpoint(tmp_path)
+    tok = make_tokenizer()
+    engine = LLMEngine(TextGenerator.from_pretrained(path, device="cpu"), num_blocks=8 * 16 + 1, block_size=4,
+                       max_num_seqs=8, max_num_batched_tokens=32, max_seq_len=64, tokenizer=tok)
+    sizes, chunk = [], []
+    step = engine.step
+
+    def recording_step():  # what each step ran: decode batch size, prompt tokens scheduled
+        outs = step()
+        sizes.append(len(engine.scheduler.running))
+        chunk.append(sum(len(o.new_token_ids) for o in outs))
+        return outs
+
+    engine.step = recording_step
+    assert warm_up(engine) == 8
+    assert set(range(1, 9)) <= set(sizes) | {0}, sizes  # the batch shrank through every size
+    bm = engine.block_manager
+    assert not engine.requests and not engine.has_unfinished()
+    assert bm.num_used_blocks == 0 and bm.num_cached_blocks == 0 and bm.num_free_blocks == bm.num_blocks
+    assert engine.num_draft_tokens == engine.num_accepted_tokens == 0
+    ids = tok("the quick brown fox").input_ids
+    out = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=6), use_tqdm=False)[0]
+    assert out.token_ids == greedy(hf_model(path), ids, 6)
