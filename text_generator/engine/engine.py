@@ -42,6 +42,8 @@ from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.runahead import InFlight, complete, launch
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
+from text_generator.speculative.adaptive import AdaptiveSpeculation, DraftLengths
+from text_generator.speculative.engine_step import MAX_TREE_NODES, can_draft, speculative_step
 from text_generator.structured import GrammarCompiler, mask_logits_
 
 
@@ -62,11 +64,16 @@ class LLMEngine:
     speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
                  anything with start / propose / update / finish) for speculative decoding of
                  greedy requests in decode-only steps (speculative/engine_step.py); None: off
+    adaptive_speculation: True (default thresholds), an AdaptiveSpeculation (its thresholds) or
+                 False: per request, shrink the draft length as drafts fail, stop drafting for a
+                 request whose drafts keep failing and probe again now and then
+                 (speculative/adaptive.py); False: every drafting request drafts in every step
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
-    async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
-                 back to the plain order while a live request may draft (the drafter proposes
-                 from its accepted tokens, see _may_run_ahead) or uses penalties or structured
-                 output; requests that never draft (sampled, logprobs) run ahead with a drafter set.
+    async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. A step
+                 in which a request drafts runs in the plain order (the drafter proposes from its
+                 accepted tokens, see _may_run_ahead), as do steps while a live request uses
+                 penalties or structured output; steps in which no request drafts (sampled
+                 requests, requests whose drafting stopped) run ahead with a drafter set.
     kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / torch.float8_e4m3fn: an e4m3 cache
                  with the generator's per-layer kv_scales, one byte per element (twice the blocks
                  of a 16-bit cache in the same memory when the engine sizes it)
@@ -87,6 +94,7 @@ class LLMEngine:
         watermark: float = 0.01,
         sampler: Sampler | None = None,
         speculative=None,
+        adaptive_speculation: "bool | AdaptiveSpeculation" = True,
         freeze_gc: bool = True,
         async_scheduling: bool | None = None,
         kv_memory_fraction: float = 0.9,
@@ -96,6 +104,9 @@ class LLMEngine:
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
                              f"got {type(speculative).__name__}")
+        if not (isinstance(adaptive_speculation, (bool, AdaptiveSpeculation))):
+            raise ValueError(f"LLMEngine: adaptive_speculation: expected a bool or an AdaptiveSpeculation, "
+                             f"got {type(adaptive_speculation).__name__}")
         if not (isinstance(block_size, int) and block_size >= 1):
             raise ValueError(f"LLMEngine: block_size: expected an int >= 1, got {block_size!r}")
         if num_blocks is not None and not (isinstance(num_blocks, int) and num_blocks >= 1):
@@ -134,6 +145,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self.drafter = speculative
         self._drafting: set[str] = set()  # requests the drafter has started
+        policy = AdaptiveSpeculation() if adaptive_speculation is True else adaptive_speculation or None
+        self.draft_lengths = DraftLengths(policy, MAX_TREE_NODES - 1)  # per request: drafts wanted per step
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
@@ -206,10 +219,9 @@ class LLMEngine:
         if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
         if self.drafter is not None:
-            from text_generator.speculative.engine_step import can_draft
-
             if can_draft(p):
                 self._draft_reqs.add(rid)
+                self.draft_lengths.add(rid)
         if req.cache_key is not None:
             self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
@@ -242,6 +254,7 @@ class LLMEngine:
         self.scheduler.remove(req)
         self._history_reqs.discard(req.request_id)
         self._draft_reqs.discard(req.request_id)
+        self.draft_lengths.remove(req.request_id)
         req.finish(reason, error)
         del self.requests[req.request_id]
         if error is not None:
@@ -301,10 +314,9 @@ class LLMEngine:
         self._adapter_keys -= stale
 
     def _run(self, sched, prev: InFlight | None) -> list[RequestOutput]:
-        if self.drafter is not None and all(c.is_decode for c in sched.chunks):
-            from text_generator.speculative.engine_step import speculative_step
-
-            spec = speculative_step(self, sched.chunks)  # (prev is None whenever a request may draft)
+        if self.drafter is not None and prev is None and all(c.is_decode for c in sched.chunks):
+            # (prev is None whenever a request drafts in this step: _may_run_ahead)
+            spec = speculative_step(self, sched.chunks)
             if spec is not None:
                 return spec
         try:
@@ -324,7 +336,9 @@ class LLMEngine:
         for c in sched.chunks:
             c.request.num_computed = c.start + c.num_tokens
         sampled = [c.request for c in sched.chunks if c.needs_sample]
-        if self._may_run_ahead():
+        # A step launched ahead of prev stays in flight even when the next one must wait for the
+        # host (it drafts): its tokens come after prev's, which complete only after this call.
+        if prev is not None or self._may_run_ahead():
             self._inflight = launch(self, logits, sched.chunks, sampled)
             return []
         self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
@@ -334,13 +348,17 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         while a live request's sampling reads its own output history (penalties; a grammar,
-        which masks a token only once it has accepted the previous one), nor while a live
-        request may draft. A speculative step needs its requests' accepted tokens on the host
-        before it can be built at all: the drafter proposes from them (n-gram lookup, a draft
-        model's forward), and how many were accepted sets every later token's position, slot and
-        kv length, which the host plans attention and allocates blocks with. Requests that never
-        draft (sampled, logprobs) run ahead with a drafter set. The machinery is runahead.py's."""
-        return self.async_scheduling and not self._history_reqs and not self._draft_reqs
+        which masks a token only once it has accepted the previous one), nor when a request
+        drafts in the next step. A speculative step needs its requests' accepted tokens on the
+        host before it can be built at all: the drafter proposes from them (n-gram lookup, a
+        draft model's forward), and how many were accepted sets every later token's position,
+        slot and kv length, which the host plans attention and allocates blocks with. Whether a
+        request drafts in step n is draft_lengths.wanted(request, n), a function of its state
+        and n alone, so this answer (asked after step n - 1 and again before step n) holds in
+        step n. Requests that never draft (sampled, logprobs) or whose drafting stopped run
+        ahead with a drafter set. The machinery is runahead.py's."""
+        return self.async_scheduling and not self._history_reqs and not (
+            self._drafting and self.draft_lengths.any_wanted(self._drafting, self.num_steps + 1))
 
     def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
                  ) -> torch.Tensor:
@@ -446,7 +464,8 @@ class LLMEngine:
         try:
             if rid not in self._drafting:
                 self._drafting.add(rid)
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
+                known = len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
+                self.drafter.start(rid, req.prompt_ids + req.output_ids[:known - len(new)])
             self.drafter.update(rid, new)
         except Exception as e:
             self.stop_drafting([rid], e)

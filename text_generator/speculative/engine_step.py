@@ -4,7 +4,8 @@ When an engine has a drafter (`LLMEngine(..., speculative=NgramDrafter())`) and 
 only decodes, the engine runs this step instead of a plain one:
 
     eligible requests (greedy, no logprobs; penalties too; structured ones too, verified under
-        their grammar): drafter.propose -> DraftTree
+        their grammar) that want drafts this step (engine.draft_lengths: adaptive.py) with
+        their draft length as budget: drafter.propose -> DraftTree
         (root = the request's last token), pruned to the token budget, max_seq_len and the
         tokens still wanted; drafts appended to the block manager only where blocks are free
     other requests: a lone-root tree (a plain decode)
@@ -20,7 +21,9 @@ only decodes, the engine runs this step instead of a plain one:
 
 Output is exactly plain greedy decoding, penalties included (the verifier's guarantee); sampled
 requests never draft here, so their outputs and seeds are untouched. Steps with prefill chunks
-run plainly.
+run plainly, and so do steps in which no request wants drafts (the engine runs those ahead).
+Each drafting request's outcome (deepest draft, drafts accepted; a request the drafter gave
+nothing counts as nothing accepted) goes to engine.draft_lengths.record.
 
 Host work is per request, not per token: the batch tensors are built from flat lists
 (tree.build_tree_batch), slots come from the block tables in one op, and the per-request Python
@@ -65,13 +68,14 @@ def tree_slots(block_manager, seq_ids: list, cached: list[int], sizes: list[int]
 
 def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[RequestOutput] | None:
     """Run a decode-only step as draft trees; None (nothing done) when no request drafts."""
-    bm, drafter = engine.block_manager, engine.drafter
+    bm, drafter, lengths, step = engine.block_manager, engine.drafter, engine.draft_lengths, engine.num_steps
     room = engine.scheduler.max_num_batched_tokens - len(chunks)  # tokens left for drafts
     budgets = {}
     for c in chunks:
         r = c.request
-        if room > 0 and can_draft(r.params) and engine.is_drafting(r.request_id):
-            budgets[r.request_id] = min(MAX_TREE_NODES, engine.max_seq_len - c.start,
+        want = lengths.wanted(r.request_id, step)
+        if room > 0 and want > 0 and can_draft(r.params) and engine.is_drafting(r.request_id):
+            budgets[r.request_id] = min(want + 1, MAX_TREE_NODES, engine.max_seq_len - c.start,
                                         r.params.max_new_tokens - len(r.output_ids), room + 1)
     ids = [rid for rid, b in budgets.items() if b > 1]
     if not ids:
@@ -87,7 +91,10 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         t = proposed.get(r.request_id)
         if t is not None:
             t = t.pruned(min(budgets[r.request_id], room + 1), r.params.max_new_tokens - len(r.output_ids) - 1)
-            if t.tokens[0] != r.output_ids[-1] or t.size == 1 or not bm.can_append(r.request_id, t.size - 1):
+            if t.tokens[0] != r.output_ids[-1] or t.size == 1:
+                lengths.record(r.request_id, step, 0, 0)  # the drafter had nothing
+                t = None
+            elif not bm.can_append(r.request_id, t.size - 1):
                 t = None
         if t is None:
             t = DraftTree([r.output_ids[-1]], [-1])
@@ -158,6 +165,7 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
         r.num_computed = r.num_registered = cached[b] + len(v.path)
         engine.num_draft_tokens += t.size - 1
         engine.num_accepted_tokens += len(v.path) - 1
+        engine.draft_lengths.record(r.request_id, engine.num_steps, max(t.depths()), len(v.path) - 1)
         outputs.append(engine.emit(r, v.tokens))
     if plain:
         outputs += engine.emit_sampled(plain_reqs, sampled, host[len(host) - len(plain):])
