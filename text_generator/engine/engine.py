@@ -44,6 +44,7 @@ from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
 from text_generator.speculative.adaptive import AdaptiveSpeculation, DraftLengths
 from text_generator.speculative.engine_step import MAX_TREE_NODES, can_draft, speculative_step
+from text_generator.speculative.hidden_feed import HiddenFeed
 from text_generator.structured import GrammarCompiler, mask_logits_
 
 
@@ -61,9 +62,12 @@ class LLMEngine:
     tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
                  (then prompts are token ids and outputs carry no text)
     eos_token_id: overrides the tokenizer's
-    speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
-                 anything with start / propose / update / finish) for speculative decoding of
-                 greedy requests in decode-only steps (speculative/engine_step.py); None: off
+    speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter,
+                 Eagle3Drafter, or anything with start / propose / update / finish) for
+                 speculative decoding of greedy requests in decode-only steps
+                 (speculative/engine_step.py); None: off. A drafter with `hidden_layers` (EAGLE-3)
+                 gets the target's hidden states of every token of its requests
+                 (speculative/hidden_feed.py); their steps run in the plain order and eagerly
     adaptive_speculation: True (default thresholds), an AdaptiveSpeculation (its thresholds) or
                  False: per request, shrink the draft length as drafts fail, stop drafting for a
                  request whose drafts keep failing and probe again now and then
@@ -147,6 +151,8 @@ class LLMEngine:
         self._drafting: set[str] = set()  # requests the drafter has started
         policy = AdaptiveSpeculation() if adaptive_speculation is True else adaptive_speculation or None
         self.draft_lengths = DraftLengths(policy, MAX_TREE_NODES - 1)  # per request: drafts wanted per step
+        layers = getattr(speculative, "hidden_layers", None)
+        self.hidden_feed = HiddenFeed(layers) if layers else None  # target states for the drafter
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
@@ -255,6 +261,8 @@ class LLMEngine:
         self._history_reqs.discard(req.request_id)
         self._draft_reqs.discard(req.request_id)
         self.draft_lengths.remove(req.request_id)
+        if self.hidden_feed is not None:
+            self.hidden_feed.drop(req.request_id)
         req.finish(reason, error)
         del self.requests[req.request_id]
         if error is not None:
@@ -356,7 +364,10 @@ class LLMEngine:
         request drafts in step n is draft_lengths.wanted(request, n), a function of its state
         and n alone, so this answer (asked after step n - 1 and again before step n) holds in
         step n. Requests that never draft (sampled, logprobs) or whose drafting stopped run
-        ahead with a drafter set. The machinery is runahead.py's."""
+        ahead with a drafter set; those of a drafter that reads hidden states do not (it needs
+        every step's states with its tokens). The machinery is runahead.py's."""
+        if self.hidden_feed is not None and self._draft_reqs:
+            return False
         return self.async_scheduling and not self._history_reqs and not (
             self._drafting and self.draft_lengths.any_wanted(self._drafting, self.num_steps + 1))
 
@@ -395,12 +406,28 @@ class LLMEngine:
             kwargs["adapter_ids"] = adapters
         if dev_rows:
             kwargs["prev_token_ids"] = (prev.token_ids, torch.tensor(dev_rows), torch.tensor(dev_index))
-        return self.generator.forward_tensor(
+        lm_head = (offset + q - 1)[sample]
+        feed = self.hidden_feed is not None and any(r.request_id in self._draft_reqs for r in reqs)
+        if feed:  # every token's states for the drafter: all rows (logits too, by the contract)
+            kwargs.update(self.hidden_feed.forward_kwargs())
+        out = self.generator.forward_tensor(
             torch.tensor(ids, dtype=torch.int64), positions,
             not all(c.is_decode for c in chunks), self.kv_cache,
             self.block_manager.block_tables([r.request_id for r in reqs]),
             slots, (start + q).to(torch.int32), self.max_seq_len,
-            (offset + q - 1)[sample], **kwargs)
+            None if feed else lm_head, **kwargs)
+        if not feed:
+            return out
+        logits, hidden = out
+        for c, o in zip(chunks, offset.tolist()):
+            rid = c.request.request_id
+            if rid not in self._draft_reqs:
+                continue
+            if not c.is_decode and rid in self._drafting:  # computed again (preempted): start afresh
+                self._drafting.discard(rid)
+                self.drafter.finish(rid)
+            self.hidden_feed.add(rid, c.start, hidden[o:o + c.num_tokens])
+        return logits.index_select(0, lm_head.to(logits.device))
 
     # -- tokens out ------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
@@ -461,12 +488,21 @@ class LLMEngine:
         (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
         token starts it afresh."""
         rid = req.request_id
+        rows = None if self.hidden_feed is None else self.hidden_feed.take(rid)
         try:
             if rid not in self._drafting:
                 self._drafting.add(rid)
                 known = len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:known - len(new)])
-            self.drafter.update(rid, new)
+                context = req.prompt_ids + req.output_ids[:known - len(new)]
+                if rows is None:
+                    self.drafter.start(rid, context)
+                else:  # the states of the context's last positions
+                    self.drafter.start(rid, context, hidden=rows)
+                rows = None
+            if rows is None:
+                self.drafter.update(rid, new)
+            else:  # one row per new token: the positions they follow
+                self.drafter.update(rid, new, hidden=rows)
         except Exception as e:
             self.stop_drafting([rid], e)
 

@@ -114,17 +114,24 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         kwargs["spec_mask"] = batch.spec_mask
     if any(r.adapter is not None for r in reqs):
         kwargs["adapter_ids"] = [r.adapter for r in reqs]
-    logits = engine.generator.forward_tensor(
+    feed = engine.hidden_feed
+    if feed is not None:
+        kwargs.update(feed.forward_kwargs())
+    out = engine.generator.forward_tensor(
         batch.input_ids, batch.position_ids, False, engine.kv_cache, batch.block_tables, batch.slots,
         batch.input_lengths, engine.max_seq_len, None, **kwargs)
-    return _verify_and_commit(engine, reqs, cached, trees, batch, logits)
+    logits, hidden = out if feed is not None else (out, None)
+    return _verify_and_commit(engine, reqs, cached, trees, batch, logits, hidden)
 
 
 def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[int], trees: list[DraftTree],
-                       batch: TreeBatch, logits: torch.Tensor) -> list[RequestOutput]:
+                       batch: TreeBatch, logits: torch.Tensor, hidden: torch.Tensor | None = None
+                       ) -> list[RequestOutput]:
     """Verify every drafted tree, compact and commit the accepted K/V, sample the lone roots,
     emit: -> the step's outputs. The device -> host traffic is one tensor (plus the grammar
-    walks of structured requests and the logprobs of lone roots that asked for them)."""
+    walks of structured requests and the logprobs of lone roots that asked for them).
+    hidden [T, n, H]: the target's states of every node (a drafter that reads them): those of
+    each drafting request's accepted path, or its lone root, go to engine.hidden_feed."""
     bm, off = engine.block_manager, batch.offsets
     plain = [b for b, t in enumerate(trees) if t.size == 1]
     drafted = [b for b, t in enumerate(trees) if t.size > 1 and reqs[b].grammar is None]
@@ -158,6 +165,12 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
     for b in plain:
         bm.commit(reqs[b].request_id, cached[b] + 1)
         reqs[b].num_computed = cached[b] + 1
+    if hidden is not None:
+        for b, r in enumerate(reqs):
+            if r.request_id in engine._draft_reqs:
+                path = verdicts[b].path if b in verdicts else [0]
+                rows = torch.tensor([off[b] + i for i in path], device=hidden.device)
+                engine.hidden_feed.add(r.request_id, cached[b], hidden.index_select(0, rows))
     outputs = []
     for b, v in verdicts.items():
         r, t = reqs[b], trees[b]
