@@ -272,13 +272,16 @@ ENGINE_METHODS = (("engine plain", lambda: None, True),
                   ("ngram d4 fixed", lambda: NgramDrafter(max_ngram=3, depth=4), False))
 
 
-def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync) -> list[dict]:
+def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync, extra=()) -> list[dict]:
     """The engine without a drafter, with the n-gram drafter (adaptive) and with it drafting in
-    every step (fixed), at each batch size; prompts: a list long enough for the largest batch."""
+    every step (fixed), then `extra` methods ((name, drafter factory taking the batch size,
+    adaptive)), at each batch size; prompts: a list long enough for the largest batch."""
     rows = []
     for B in batches:
         base = None
-        for method, drafter_fn, adaptive in ENGINE_METHODS:
+        methods = [(m, lambda b, f=f: f(), a) for m, f, a in ENGINE_METHODS] + list(extra)
+        for method, make, adaptive in methods:
+            drafter_fn = lambda: make(B)  # noqa: E731
             kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
             engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
             runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
@@ -306,7 +309,7 @@ def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict
 
 
 def print_engine_row(r: dict) -> None:
-    print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:16s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
+    print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:26s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
           f"{r['tpot_ms']:8.2f} {r['itl_p50_ms']:8.2f} {r['itl_p99_ms']:8.2f} {r['accepted_per_step']:8.2f}")
 
 
@@ -323,6 +326,8 @@ def main(argv=None):
     ap.add_argument("--engine-only", action="store_true", help="only the engine rows")
     ap.add_argument("--no-engine", action="store_true", help="no engine rows")
     ap.add_argument("--no-arrivals", action="store_true", help="no continuous-arrivals engine rows")
+    ap.add_argument("--engine-eagle3", action="store_true", help="engine rows with an EAGLE-3 drafter too "
+                    "(random model, random head: what its drafting and hidden states cost)")
     ap.add_argument("--methods", nargs="+", default=None, help="batch-1 methods to run (default: all; plain is "
                     "always run first, as the baseline)")
     ap.add_argument("--scenarios", nargs="+", default=None, choices=["random", "copy", "echo"],
@@ -397,7 +402,8 @@ def main(argv=None):
     print("root logits, plain decode vs tree step (random model): max |diff| {max_abs_diff:.4f}, top-2 gap "
           "{top2_gap:.4f}, logit std {logit_std:.4f}, same argmax {same_argmax}".format(**numerics))
     print("eagle3 step cost: target decode step {target_decode_ms:.3f} ms, one EAGLE-3 draft step "
-          "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, eager)".format(**eagle_cost))
+          "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, {how})".format(
+              how="graphed" if eagle.runner.graphs is not None else "eager", **eagle_cost))
 
     # engine rows, random model first (the batch-1 loop below turns the model into the echo model)
     e_new = args.engine_new_tokens or (24 if args.tiny else 128)
@@ -406,11 +412,17 @@ def main(argv=None):
     rate = args.arrival_rate or (40.0 if args.tiny else 16.0)
     args.arrival_rate = rate
     n_prompts = max(max(args.engine_batches), n_arr)
-    print(f"{'engine: scenario':22s} {'load':24s} {'method':16s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
+    print(f"{'engine: scenario':22s} {'load':24s} {'method':26s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
           f"{'ITL p50':>8s} {'ITL p99':>8s} {'acc/step':>8s}")
     random_prompts = [torch.randint(V, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
+    # EAGLE-3 in the engine (random head: nothing accepted; its cost, hidden states in every step)
+    eagle_engine = [(f"engine eagle3 k{k} {'adaptive' if a else 'fixed'}",
+                     lambda B, k=k: Eagle3Drafter(gen, head_path, k=k, block_size=bs, max_seq_len=e_len,
+                                                  num_blocks=B * (-(-e_len // bs) + 1) + 8), a)
+                    for k, a in ((4, True), (4, False))] if args.engine_eagle3 else []
     e_rows = [] if args.no_engine else \
-        engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync)
+        engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync,
+                    eagle_engine)
 
     if not args.engine_only:
         print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
@@ -435,7 +447,7 @@ def main(argv=None):
                 print(f"{scen:24s} {name:16s} {row['tokens_per_forward']:8.2f} {row['acceptance']:7.2f} {t:8.3f} "
                       f"{row['tokens_per_s']:8.1f} {row['speedup']:7.2f}x {str(row['same_output']):>8s}")
 
-    else:
+    if args.engine_only or not any(echo for *_, echo in scenarios):  # the echo engine rows need the echo model
         make_echo(gen, perm.to(device))
     echo_prompts = [(cycle[i % len(cycle):] + cycle * 4)[:prompt_len] for i in range(n_prompts)]
     if not args.no_engine:
