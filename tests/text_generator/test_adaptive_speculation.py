@@ -123,9 +123,8 @@ def test_without_adaptation_every_step_drafts_the_full_length(gen, prompts, trut
                        async_scheduling=True)
     outs = serve(engine, prompts[:3], [SamplingParams(temperature=0.0, max_new_tokens=N_NEW)] * 3, [0, 0, 0])
     assert [o.token_ids for o in outs] == [truth[tuple(p)] for p in prompts[:3]]
-    # every decode step drafts at full length but the first (launched ahead of the prefill's
-    # token, before the drafter has it) and the last (one token left)
-    assert engine.num_accepted_tokens == 0 and len(drafter.budgets) == 3 * (N_NEW - 3)
+    # every decode step drafts at full length but the last (one token left)
+    assert engine.num_accepted_tokens == 0 and len(drafter.budgets) == 3 * (N_NEW - 2)
     assert drafter.budgets[0] == 16
 
 

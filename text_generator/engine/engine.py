@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
@@ -75,9 +76,10 @@ class LLMEngine:
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. A step
                  in which a request drafts runs in the plain order (the drafter proposes from its
-                 accepted tokens, see _may_run_ahead), as do steps while a live request uses
-                 penalties or structured output; steps in which no request drafts (sampled
-                 requests, requests whose drafting stopped) run ahead with a drafter set.
+                 accepted tokens, see _drafts), as do steps while a live request uses penalties
+                 or structured output; steps in which no request drafts (sampled requests,
+                 requests whose drafting stopped, steps with prefill chunks) run ahead with a
+                 drafter set.
     kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / torch.float8_e4m3fn: an e4m3 cache
                  with the generator's per-layer kv_scales, one byte per element (twice the blocks
                  of a 16-bit cache in the same memory when the engine sizes it)
@@ -278,7 +280,9 @@ class LLMEngine:
         before reading them back, then reads them, checks stops and reports them. So the host's
         scheduling, validation and attention planning overlap the device's previous step, and
         outputs come one step() later. Requests that finish on a token the device ran ahead of
-        have that extra row discarded."""
+        have that extra row discarded. A scheduled step in which a request drafts reads the
+        launched step back first (the drafter proposes from its tokens), then runs in the plain
+        order."""
         if self._adapter_keys:
             self._drop_stale_adapters()
         outputs, self._reports = self._reports, []
@@ -293,7 +297,13 @@ class LLMEngine:
             outputs.append(req.output([], None, self.tokenizer is not None))
         if sched.chunks:
             self.num_steps += 1
-            outputs += self._run(sched, prev)
+            if prev is not None and self._drafts(sched.chunks):
+                outputs += complete(self, prev)  # (may finish some of the scheduled requests)
+                prev = None
+                keep = [i for i, c in enumerate(sched.chunks) if not c.request.finished]
+                sched = replace(sched, chunks=[sched.chunks[i] for i in keep], slots=sched.slots[keep])
+            if sched.chunks:
+                outputs += self._run(sched, prev)
         if prev is not None:
             outputs += complete(self, prev)
         self._notify(outputs)
@@ -323,7 +333,7 @@ class LLMEngine:
 
     def _run(self, sched, prev: InFlight | None) -> list[RequestOutput]:
         if self.drafter is not None and prev is None and all(c.is_decode for c in sched.chunks):
-            # (prev is None whenever a request drafts in this step: _may_run_ahead)
+            # (prev is None whenever a request drafts in this step: step() read it back)
             spec = speculative_step(self, sched.chunks)
             if spec is not None:
                 return spec
@@ -344,9 +354,7 @@ class LLMEngine:
         for c in sched.chunks:
             c.request.num_computed = c.start + c.num_tokens
         sampled = [c.request for c in sched.chunks if c.needs_sample]
-        # A step launched ahead of prev stays in flight even when the next one must wait for the
-        # host (it drafts): its tokens come after prev's, which complete only after this call.
-        if prev is not None or self._may_run_ahead():
+        if self._may_run_ahead():
             self._inflight = launch(self, logits, sched.chunks, sampled)
             return []
         self.block_manager.commit_many([c.request.request_id for c in sched.chunks],
@@ -356,20 +364,26 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         while a live request's sampling reads its own output history (penalties; a grammar,
-        which masks a token only once it has accepted the previous one), nor when a request
-        drafts in the next step. A speculative step needs its requests' accepted tokens on the
-        host before it can be built at all: the drafter proposes from them (n-gram lookup, a
-        draft model's forward), and how many were accepted sets every later token's position,
-        slot and kv length, which the host plans attention and allocates blocks with. Whether a
-        request drafts in step n is draft_lengths.wanted(request, n), a function of its state
-        and n alone, so this answer (asked after step n - 1 and again before step n) holds in
-        step n. Requests that never draft (sampled, logprobs) or whose drafting stopped run
-        ahead with a drafter set; those of a drafter that reads hidden states do not (it needs
-        every step's states with its tokens). The machinery is runahead.py's."""
+        which masks a token only once it has accepted the previous one), nor while a request of
+        a drafter that reads hidden states lives (the drafter needs every step's states with its
+        tokens). Drafting requests otherwise run ahead in the steps in which they do not draft;
+        a step in which one drafts (_drafts) reads the launched step back before it runs. The
+        machinery is runahead.py's."""
         if self.hidden_feed is not None and self._draft_reqs:
             return False
-        return self.async_scheduling and not self._history_reqs and not (
-            self._drafting and self.draft_lengths.any_wanted(self._drafting, self.num_steps + 1))
+        return self.async_scheduling and not self._history_reqs
+
+    def _drafts(self, chunks: list[ScheduledChunk]) -> bool:
+        """Whether this step (decodes only, numbered num_steps) is a speculative one: a request
+        that may draft wants drafts in it (draft_lengths: adaptive.py). It needs the
+        requests' accepted tokens on the host before it can be built at all: the drafter
+        proposes from them (n-gram lookup, a draft model's forward), and how many were accepted
+        sets every later token's position, slot and kv length, which the host plans attention
+        and allocates blocks with."""
+        if self.drafter is None or not self._draft_reqs or not all(c.is_decode for c in chunks):
+            return False
+        return any(c.request.request_id in self._draft_reqs
+                   and self.draft_lengths.wanted(c.request.request_id, self.num_steps) > 0 for c in chunks)
 
     def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
                  ) -> torch.Tensor:

@@ -82,8 +82,8 @@ class DraftLengths:
 
     policy None: every request drafts up to max_length nodes in every step (no adaptation).
     Engine steps are numbered by the caller (LLMEngine.num_steps); wanted() is a function of the
-    state and the step number only, so the engine can ask before a step whether it will draft
-    (and so whether the step before it may run ahead) and get the same answer in the step.
+    state and the step number only: the engine asks it once a step is scheduled (whether to read
+    the launched step back first) and again while it builds the drafts.
     """
 
     def __init__(self, policy: AdaptiveSpeculation | None, max_length: int):
