@@ -272,14 +272,18 @@ ENGINE_METHODS = (("engine plain", lambda: None, True),
                   ("ngram d4 fixed", lambda: NgramDrafter(max_ngram=3, depth=4), False))
 
 
-def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync, extra=()) -> list[dict]:
+def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync, extra=(),
+                extra_batches=()) -> list[dict]:
     """The engine without a drafter, with the n-gram drafter (adaptive) and with it drafting in
-    every step (fixed), then `extra` methods ((name, drafter factory taking the batch size,
-    adaptive)), at each batch size; prompts: a list long enough for the largest batch."""
+    every step (fixed), then at the batch sizes in extra_batches the `extra` methods ((name,
+    drafter factory taking the batch size, adaptive)); prompts: a list long enough for the
+    largest batch."""
     rows = []
     for B in batches:
         base = None
-        methods = [(m, lambda b, f=f: f(), a) for m, f, a in ENGINE_METHODS] + list(extra)
+        methods = [(m, lambda b, f=f: f(), a) for m, f, a in ENGINE_METHODS]
+        if B in extra_batches:
+            methods += list(extra)
         for method, make, adaptive in methods:
             drafter_fn = lambda: make(B)  # noqa: E731
             kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
@@ -328,6 +332,8 @@ def main(argv=None):
     ap.add_argument("--no-arrivals", action="store_true", help="no continuous-arrivals engine rows")
     ap.add_argument("--engine-eagle3", action="store_true", help="engine rows with an EAGLE-3 drafter too "
                     "(random model, random head: what its drafting and hidden states cost)")
+    ap.add_argument("--engine-eagle3-batches", type=int, nargs="+", default=[8],
+                    help="the --engine-batches that get the EAGLE-3 rows")
     ap.add_argument("--methods", nargs="+", default=None, help="batch-1 methods to run (default: all; plain is "
                     "always run first, as the baseline)")
     ap.add_argument("--scenarios", nargs="+", default=None, choices=["random", "copy", "echo"],
@@ -422,7 +428,7 @@ def main(argv=None):
                     for k, a in ((4, True), (4, False))] if args.engine_eagle3 else []
     e_rows = [] if args.no_engine else \
         engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync,
-                    eagle_engine)
+                    eagle_engine, args.engine_eagle3_batches)
 
     if not args.engine_only:
         print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
