@@ -287,8 +287,12 @@ def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, 
         for method, make, adaptive in methods:
             drafter_fn = lambda: make(B)  # noqa: E731
             kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
-            engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
-            runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
+            try:
+                engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
+                runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
+            except Exception as e:  # one failing method must not lose the other rows
+                print(f"{scenario} batch {B} {method}: FAILED {type(e).__name__}: {e}")
+                continue
             r = sorted(runs, key=lambda x: x["tokens_per_s"])[len(runs) // 2]
             base = base or r["tokens_per_s"]
             rows.append(dict(scenario=scenario, load=f"batch {B}", method=method, speedup=r["tokens_per_s"] / base, **r))
@@ -401,7 +405,12 @@ def main(argv=None):
     if args.scenarios is not None:  # (in this order: the echo scenario turns the model into the echo model)
         scenarios = [s for s, key in zip(scenarios, ("random", "copy", "echo")) if key in args.scenarios]
     numerics = tree_vs_plain(gen, random_prompt, bs, max_seq_len)
-    eagle_cost = eagle3_step_cost(gen, eagle, random_prompt, bs, max_seq_len, sync)
+    try:
+        eagle_cost = eagle3_step_cost(gen, eagle, random_prompt, bs, max_seq_len, sync)
+    except Exception as e:  # one failing measurement must not lose the other rows
+        print(f"eagle3 step cost: FAILED {type(e).__name__}: {e}")
+        eagle_cost = dict(target_decode_ms=float("nan"), eagle3_draft_step_ms=float("nan"), ratio=float("nan"), k=4,
+                          error=f"{type(e).__name__}: {e}")
     rows = []
     print(f"device={device} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} dtype={args.dtype} "
           f"prompt={prompt_len} new_tokens={new_tokens} batch=1 backend={gen.model_wrapper.backend.name}")
@@ -438,8 +447,13 @@ def main(argv=None):
                 make_echo(draft, perm.to(device))
             base_time, base_out = None, None
             for name, fn in methods.items():
-                timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
-                runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync) for _ in range(args.repeats)]
+                try:
+                    timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
+                    runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)
+                            for _ in range(args.repeats)]
+                except Exception as e:  # one failing method must not lose the other rows
+                    print(f"{scen} {name}: FAILED {type(e).__name__}: {e}")
+                    continue
                 t = statistics.median(r[0] for r in runs)
                 _, out, st = runs[0]
                 if name == "plain":
@@ -510,7 +524,7 @@ def plot(rows, path, title):
     for ax, key, label in ((axes[0], "tokens_per_forward", "tokens per target forward"),
                            (axes[1], "speedup", "wall-clock speedup over plain decoding")):
         for m_i, m in enumerate(methods):
-            vals = [next(r[key] for r in rows if r["scenario"] == s and r["method"] == m) for s in scenarios]
+            vals = [next((r[key] for r in rows if r["scenario"] == s and r["method"] == m), 0.0) for s in scenarios]
             ax.bar([s_i + m_i * width for s_i in range(len(scenarios))], vals, width, label=m)
         ax.set_xticks([s_i + 0.4 - width / 2 for s_i in range(len(scenarios))], scenarios, fontsize=8)
         ax.set_ylabel(label)
