@@ -7,6 +7,7 @@ eagle3.py      Eagle3Drafter (an EAGLE-3 head over the target's hidden states)
 verify.py      greedy and rejection-sampling verification of a tree against the target's logits
 decoder.py     SpeculativeDecoder (the loop for a caller that owns its requests); K/V compaction
 engine_step.py the engine's speculative step (LLMEngine(..., speculative=drafter))
+hidden_feed.py the target's hidden states from the engine's forwards to an EAGLE-3 drafter
 """
 
 from text_generator.speculative.adaptive import AdaptiveSpeculation
