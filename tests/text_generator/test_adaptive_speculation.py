@@ -185,3 +185,28 @@ def test_bad_thresholds_are_refused_by_name(kw, name):
 def test_engine_refuses_a_bad_adaptive_speculation(gen):
     with pytest.raises(ValueError, match="adaptive_speculation"):
         LLMEngine(gen, num_blocks=16, block_size=4, adaptive_speculation="yes")
+
+
+class NothingDrafter(PhasedDrafter):
+    """Never has drafts (a lone root), like an n-gram lookup that finds nothing."""
+
+    def propose(self, seq_ids, budgets):
+        return [DraftTree.chain([self.ctx[s][-1]]) for s in seq_ids]
+
+
+def test_a_request_that_stops_on_a_token_read_back_before_a_drafting_step(gen, prompts, truth):
+    """Probing in every step (backoff 1) with a drafter that has nothing: every step is launched
+    ahead, and the next, which wants drafts, reads it back first; requests whose stop token comes
+    in that read-back leave the scheduled step before it runs. Outputs are transformers' greedy
+    ones up to the stop token, and every block comes back."""
+    policy = AdaptiveSpeculation(patience=1, min_backoff=1, max_backoff=1)
+    spy = SpyGenerator(gen)
+    engine = LLMEngine(spy, num_blocks=128, block_size=4, speculative=NothingDrafter(truth, DRAFTS["wrong"]),
+                       adaptive_speculation=policy, async_scheduling=True)
+    stops = [truth[tuple(p)][3 + 2 * i] for i, p in enumerate(prompts)]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=N_NEW, stop_token_ids=[s]) for s in stops]
+    outs = serve(engine, prompts, params, [0, 0, 0, 1, 1, 3])
+    for p, s, o in zip(prompts, stops, outs):
+        want = truth[tuple(p)]
+        assert o.token_ids == want[:want.index(s) + 1] and o.finish_reason == "stop"
+    assert all(c["device_rows"] == 0 for c in spy.calls if not c["is_prefill"])  # every decode step read back first
