@@ -190,8 +190,8 @@ class DecodeGraphRunner:
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
             max_q=q, max_kv=q, lora=None if self.lora is None else LoraStep(
                 None, self.lora, self.lora.make_graph_batch(bucket.token_slot, bucket.lora_groups)))
-        batch.hidden_layers = bucket.layers
-        batch.extras.update(bucket.extras)
+        batch.hidden_layers = getattr(bucket, "layers", None)
+        batch.extras.update(getattr(bucket, "extras", {}))
         return batch
 
     def _capture(self, size: int, kv_cache, block_size: int, q: int = 1, layers=None) -> _Bucket:
