@@ -16,6 +16,7 @@ import torch
 
 from conftest import hf_generate, hf_model
 from test_eagle3 import VOCAB, RecordingDrafter, make_head, oracle_chain
+from test_engine import SpyGenerator
 from test_speculative_engine import serve
 from text_generator import TextGenerator
 from text_generator.engine import LLMEngine
@@ -44,7 +45,8 @@ def hf_states(hf, tokens: list[int]) -> torch.Tensor:
 def test_eagle3_in_the_engine_is_plain_greedy_and_drafts_from_the_true_states(target8, tmp_path, run_ahead,
                                                                                 adaptive):
     """Staggered arrivals, a token budget that chunks the prompts, a sampled request alongside:
-    outputs are transformers' greedy ones, and every chain is the head's from the true states."""
+    outputs are transformers' greedy ones, and every chain is the head's from the true states
+    (also when steps run ahead of their tokens, the states of a launched step waiting for them)."""
     gen, hf = target8
     t = make_head(tmp_path / "head", seed=3)
     drafter = RecordingDrafter(gen, str(tmp_path / "head"), k=3, num_blocks=64, block_size=4)
@@ -54,13 +56,16 @@ def test_eagle3_in_the_engine_is_plain_greedy_and_drafts_from_the_true_states(ta
     n = 12
     params = [SamplingParams(temperature=0.0, max_new_tokens=n)] * 4 + \
         [SamplingParams(temperature=0.8, seed=3, max_new_tokens=n)]
-    engine = LLMEngine(gen, num_blocks=96, block_size=4, max_num_batched_tokens=10, speculative=drafter,
+    spy = SpyGenerator(gen)
+    engine = LLMEngine(spy, num_blocks=96, block_size=4, max_num_batched_tokens=10, speculative=drafter,
                        adaptive_speculation=adaptive, async_scheduling=run_ahead, enable_prefix_caching=False)
     outs = serve(engine, prompts, params, [0, 0, 1, 2, 2])
     for p, o in zip(prompts[:4], outs):
         assert o.token_ids == hf_generate(hf, p, n), o.error
     assert engine.num_draft_tokens >= (30 if not adaptive else 4) and drafter.log
     assert drafter.bm.num_used_blocks == 0 and not drafter._seqs
+    if run_ahead and adaptive:  # drafting stopped: steps ran ahead, the states waiting for their tokens
+        assert sum(c["device_rows"] > 0 for c in spy.calls) >= 5
     embed = gen.model_wrapper.model.model.embed_tokens.weight.float()
     for context, tokens in drafter.log:
         want = oracle_chain(t, embed, hf_states(hf, context[:-1]), context, len(tokens) - 1)

@@ -68,7 +68,7 @@ class LLMEngine:
                  speculative decoding of greedy requests in decode-only steps
                  (speculative/engine_step.py); None: off. A drafter with `hidden_layers` (EAGLE-3)
                  gets the target's hidden states of every token of its requests
-                 (speculative/hidden_feed.py); their steps run in the plain order and eagerly
+                 (speculative/hidden_feed.py; their steps replay graphs captured with the states)
     adaptive_speculation: True (default thresholds), an AdaptiveSpeculation (its thresholds) or
                  False: per request, shrink the draft length as drafts fail, stop drafting for a
                  request whose drafts keep failing and probe again now and then
@@ -364,13 +364,11 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         while a live request's sampling reads its own output history (penalties; a grammar,
-        which masks a token only once it has accepted the previous one), nor while a request of
-        a drafter that reads hidden states lives (the drafter needs every step's states with its
-        tokens). Drafting requests otherwise run ahead in the steps in which they do not draft;
+        which masks a token only once it has accepted the previous one). Drafting requests run
+        ahead in the steps in which they do not draft (a hidden-state drafter's rows wait in
+        hidden_feed, by position, for their tokens);
         a step in which one drafts (_drafts) reads the launched step back before it runs. The
         machinery is runahead.py's."""
-        if self.hidden_feed is not None and self._draft_reqs:
-            return False
         return self.async_scheduling and not self._history_reqs
 
     def _drafts(self, chunks: list[ScheduledChunk]) -> bool:
@@ -501,21 +499,21 @@ class LLMEngine:
         """Tell the drafter the request's new tokens (starting it first). A drafter that fails
         (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
         token starts it afresh."""
-        rid = req.request_id
-        rows = None if self.hidden_feed is None else self.hidden_feed.take(rid)
+        rid, feed = req.request_id, self.hidden_feed
+        known = len(req.prompt_ids) + len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
         try:
             if rid not in self._drafting:
                 self._drafting.add(rid)
-                known = len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
-                context = req.prompt_ids + req.output_ids[:known - len(new)]
+                context = req.prompt_ids + req.output_ids[:known - len(req.prompt_ids) - len(new)]
+                rows = None if feed is None else feed.take(rid, len(context))
                 if rows is None:
                     self.drafter.start(rid, context)
                 else:  # the states of the context's last positions
                     self.drafter.start(rid, context, hidden=rows)
-                rows = None
+            rows = None if feed is None else feed.take(rid, known - 1)
             if rows is None:
                 self.drafter.update(rid, new)
-            else:  # one row per new token: the positions they follow
+            else:  # one row per new token: the positions before them
                 self.drafter.update(rid, new, hidden=rows)
         except Exception as e:
             self.stop_drafting([rid], e)

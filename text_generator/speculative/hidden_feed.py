@@ -9,10 +9,12 @@ Every engine forward that holds such a request asks forward_tensor for those sta
     a decode step        the root's row
     a speculative step   the rows of the accepted path (root and accepted drafts)
 
-and takes them out when it tells the drafter the request's new tokens: start(context,
-hidden=rows) the first time (the rows of the context's last positions), update(emitted,
-hidden=rows) after that (one row per emitted token). Rows that do not continue the ones held
-(a request preempted and computed again) replace them.
+and takes them out, by position, when it tells the drafter the request's new tokens:
+start(context, hidden=rows) the first time (the held rows of the context's positions),
+update(emitted, hidden=rows) after that (the rows of the positions before each emitted token).
+A step launched ahead adds its rows before the tokens of the step before it are emitted; taking
+by position leaves them for the next emission. Rows that do not continue the ones held (a
+request preempted and computed again) replace them.
 """
 
 from __future__ import annotations
@@ -41,12 +43,21 @@ class HiddenFeed:
         else:
             self._held[rid] = (first, [rows])
 
-    def take(self, rid: Hashable) -> torch.Tensor | None:
-        """-> the held rows in position order (None: none), forgetting them."""
-        held = self._held.pop(rid, None)
+    def take(self, rid: Hashable, upto: int) -> torch.Tensor | None:
+        """-> the held rows of positions < upto, in position order (None: none), forgetting them."""
+        held = self._held.get(rid)
         if held is None:
             return None
-        return held[1][0] if len(held[1]) == 1 else torch.cat(held[1])
+        first, parts = held
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+        n = max(0, min(upto - first, rows.shape[0]))
+        if n == 0:
+            return None
+        if n == rows.shape[0]:
+            del self._held[rid]
+        else:
+            self._held[rid] = (first + n, [rows[n:]])
+        return rows[:n]
 
     def drop(self, rid: Hashable) -> None:
         self._held.pop(rid, None)
