@@ -29,11 +29,14 @@ Scenarios, and why there is an "echo" model:
 The cost per forward is the real 8B cost in every scenario; only acceptance differs.
 
 Engine rows (LLMEngine, greedy, EOS ignored, prefix caching off, async scheduling at its
-default: on for CUDA): the engine with the n-gram drafter (chain, depth 4) against the engine
-without one, at batch 8 and 32 (all requests at t = 0), on the random model with random prompts
-(little to accept: what drafting costs) and on the echo model with rotated copies of its cycle
-(everything accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate
-requests/s, --arrivals requests) on the echo model with and without the drafter. Each reports
+default: on for CUDA): the engine with the n-gram drafter (chain, depth 4; "adaptive": the
+default adaptive draft length, which stops drafting for requests whose drafts keep failing;
+"fixed": adaptive_speculation=False, every step drafts) against the engine without one, at
+batch 8 and 32 (all requests at t = 0), on the random model with random prompts (little to
+accept: what drafting costs) and on the echo model with rotated copies of its cycle (everything
+accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate requests/s,
+--arrivals requests) on the echo model with and without the drafter. tokens/s is the median of
+--repeats runs after a short warm-up. Each reports
 output tokens/s, TPOT (per request, (last - first token time) / (tokens - 1), median) and ITL
 p50 / p99 over the gaps between a request's token deliveries (a speculative step delivers its
 accepted run at once, so a gap is one engine step of that request).
@@ -41,6 +44,8 @@ accepted run at once, so a gap is one engine step of that request).
     python benchmarks/bench_speculative.py                       # CUDA, the full-size model
     python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
     python benchmarks/bench_speculative.py --engine-only --out X.json   # only the engine rows
+    python benchmarks/bench_speculative.py --methods plain "eagle3 k4 random" --scenarios random
+                                                                 # some batch-1 rows only
 
 Prints a table; writes benchmarks/results/speculative.json and speculative.png (if matplotlib is
 installed). tokens/forward counts decode forwards only (the prefill forward and its token are
@@ -224,14 +229,16 @@ def timed_generate(gen, kv, drafter_fn, prompt, new_tokens, max_seq_len, block_s
     return time.perf_counter() - t0, out, dec.stats
 
 
-def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sync, arrival_times=None) -> dict:
+def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sync, arrival_times=None,
+               adaptive=True) -> dict:
     """Serve greedy requests with an LLMEngine (drafter None: no speculation); arrival_times:
     seconds after the start at which prompt i arrives (None: all at once) -> the metrics."""
     B = len(prompts)
     n_seqs = B if arrival_times is None else min(B, 64)
     engine = LLMEngine(gen, num_blocks=n_seqs * (-(-max_seq_len // block_size) + 1) + 8, block_size=block_size,
                        max_num_seqs=n_seqs, max_num_batched_tokens=max(2048, 2 * len(prompts[0])),
-                       max_seq_len=max_seq_len, enable_prefix_caching=False, speculative=drafter)
+                       max_seq_len=max_seq_len, enable_prefix_caching=False, speculative=drafter,
+                       adaptive_speculation=adaptive)
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     times = arrival_times or [0.0] * B
     outs, nxt = [], 0
@@ -256,21 +263,37 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     n_tok = sum(len(o.token_ids) for o in outs)
     return dict(tokens_per_s=n_tok / elapsed, seconds=elapsed, tpot_ms=1e3 * statistics.median(tpot),
                 itl_p50_ms=1e3 * percentile(gaps, 50), itl_p99_ms=1e3 * percentile(gaps, 99),
-                accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps)
+                accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps,
+                drafted=engine.num_draft_tokens)
 
 
-def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync) -> list[dict]:
-    """The engine with and without the n-gram drafter at each batch size; prompts: a list long
-    enough for the largest batch."""
+ENGINE_METHODS = (("engine plain", lambda: None, True),
+                  ("engine ngram d4", lambda: NgramDrafter(max_ngram=3, depth=4), True),
+                  ("ngram d4 fixed", lambda: NgramDrafter(max_ngram=3, depth=4), False))
+
+
+def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, sync, extra=(),
+                extra_batches=()) -> list[dict]:
+    """The engine without a drafter, with the n-gram drafter (adaptive) and with it drafting in
+    every step (fixed), then at the batch sizes in extra_batches the `extra` methods ((name,
+    drafter factory taking the batch size, adaptive)); prompts: a list long enough for the
+    largest batch."""
     rows = []
     for B in batches:
         base = None
-        for method, drafter_fn in (("engine plain", lambda: None),
-                                   ("engine ngram d4", lambda: NgramDrafter(max_ngram=3, depth=4))):
-            engine_run(gen, prompts[:B], 8, drafter_fn(), block_size=args.block_size, max_seq_len=max_seq_len,
-                       sync=sync)  # warm-up
-            r = engine_run(gen, prompts[:B], new_tokens, drafter_fn(), block_size=args.block_size,
-                           max_seq_len=max_seq_len, sync=sync)
+        methods = [(m, lambda b, f=f: f(), a) for m, f, a in ENGINE_METHODS]
+        if B in extra_batches:
+            methods += list(extra)
+        for method, make, adaptive in methods:
+            drafter_fn = lambda: make(B)  # noqa: E731
+            kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
+            try:
+                engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
+                runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
+            except Exception as e:  # one failing method must not lose the other rows
+                print(f"{scenario} batch {B} {method}: FAILED {type(e).__name__}: {e}")
+                continue
+            r = sorted(runs, key=lambda x: x["tokens_per_s"])[len(runs) // 2]
             base = base or r["tokens_per_s"]
             rows.append(dict(scenario=scenario, load=f"batch {B}", method=method, speedup=r["tokens_per_s"] / base, **r))
             print_engine_row(rows[-1])
@@ -278,15 +301,19 @@ def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, 
 
 
 def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict]:
-    """Continuous arrivals (Poisson at --arrival-rate) with and without the drafter."""
+    """Continuous arrivals (Poisson at --arrival-rate) with and without the drafter. Each method
+    runs the schedule once untimed first: the batch sizes it passes through capture their decode
+    and verify CUDA graphs there (lazily, a capture stalls a step by tens to hundreds of ms), not
+    in the timed run, whichever method came first."""
     g = torch.Generator().manual_seed(1)
     gaps = torch.empty(len(prompts)).exponential_(generator=g) / args.arrival_rate
     times = torch.cumsum(gaps, 0).tolist()
     rows, base = [], None
-    for method, drafter_fn in (("engine plain", lambda: None),
-                               ("engine ngram d4", lambda: NgramDrafter(max_ngram=3, depth=4))):
-        r = engine_run(gen, prompts, new_tokens, drafter_fn(), block_size=args.block_size, max_seq_len=max_seq_len,
-                       sync=sync, arrival_times=times)
+    for method, drafter_fn, adaptive in ENGINE_METHODS:
+        kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, arrival_times=times,
+                  adaptive=adaptive)
+        engine_run(gen, prompts, new_tokens, drafter_fn(), **kw)  # warm-up
+        r = engine_run(gen, prompts, new_tokens, drafter_fn(), **kw)
         base = base or r["tokens_per_s"]
         rows.append(dict(scenario="copy / echo-model", load=f"{len(prompts)} arrivals at {args.arrival_rate:g}/s",
                          method=method, speedup=r["tokens_per_s"] / base, **r))
@@ -295,7 +322,7 @@ def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict
 
 
 def print_engine_row(r: dict) -> None:
-    print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:16s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
+    print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:26s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
           f"{r['tpot_ms']:8.2f} {r['itl_p50_ms']:8.2f} {r['itl_p99_ms']:8.2f} {r['accepted_per_step']:8.2f}")
 
 
@@ -310,6 +337,16 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--engine-only", action="store_true", help="only the engine rows")
+    ap.add_argument("--no-engine", action="store_true", help="no engine rows")
+    ap.add_argument("--no-arrivals", action="store_true", help="no continuous-arrivals engine rows")
+    ap.add_argument("--engine-eagle3", action="store_true", help="engine rows with an EAGLE-3 drafter too "
+                    "(random model, random head: what its drafting and hidden states cost)")
+    ap.add_argument("--engine-eagle3-batches", type=int, nargs="+", default=[8],
+                    help="the --engine-batches that get the EAGLE-3 rows")
+    ap.add_argument("--methods", nargs="+", default=None, help="batch-1 methods to run (default: all; plain is "
+                    "always run first, as the baseline)")
+    ap.add_argument("--scenarios", nargs="+", default=None, choices=["random", "copy", "echo"],
+                    help="batch-1 scenarios (default: all)")
     ap.add_argument("--engine-batches", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--engine-new-tokens", type=int, default=None, help="default 128 (tiny: 24)")
     ap.add_argument("--arrivals", type=int, default=None, help="requests in the arrivals run; default 64 (tiny: 16)")
@@ -363,17 +400,30 @@ def main(argv=None):
         "eagle3 k4 random": lambda: eagle,  # one head, reused: generate() finishes its requests
         "eagle3 tree 3x3": lambda: eagle_tree,
     }
+    if args.methods is not None:
+        unknown = set(args.methods) - set(methods)
+        if unknown:
+            ap.error(f"--methods: unknown {sorted(unknown)}; choose from {list(methods)}")
+        methods = {m: f for m, f in methods.items() if m == "plain" or m in args.methods}
     scenarios = [("random / random-model", random_prompt, False), ("copy / random-model", copy_prompt, False),
                  ("copy / echo-model", echo_prompt, True)]
+    if args.scenarios is not None:  # (in this order: the echo scenario turns the model into the echo model)
+        scenarios = [s for s, key in zip(scenarios, ("random", "copy", "echo")) if key in args.scenarios]
     numerics = tree_vs_plain(gen, random_prompt, bs, max_seq_len)
-    eagle_cost = eagle3_step_cost(gen, eagle, random_prompt, bs, max_seq_len, sync)
+    try:
+        eagle_cost = eagle3_step_cost(gen, eagle, random_prompt, bs, max_seq_len, sync)
+    except Exception as e:  # one failing measurement must not lose the other rows
+        print(f"eagle3 step cost: FAILED {type(e).__name__}: {e}")
+        eagle_cost = dict(target_decode_ms=float("nan"), eagle3_draft_step_ms=float("nan"), ratio=float("nan"), k=4,
+                          error=f"{type(e).__name__}: {e}")
     rows = []
     print(f"device={device} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} dtype={args.dtype} "
           f"prompt={prompt_len} new_tokens={new_tokens} batch=1 backend={gen.model_wrapper.backend.name}")
     print("root logits, plain decode vs tree step (random model): max |diff| {max_abs_diff:.4f}, top-2 gap "
           "{top2_gap:.4f}, logit std {logit_std:.4f}, same argmax {same_argmax}".format(**numerics))
     print("eagle3 step cost: target decode step {target_decode_ms:.3f} ms, one EAGLE-3 draft step "
-          "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, eager)".format(**eagle_cost))
+          "{eagle3_draft_step_ms:.3f} ms ({ratio:.2f}x; chains of {k}, {how})".format(
+              how="graphed" if eagle.runner.graphs is not None else "eager", **eagle_cost))
 
     # engine rows, random model first (the batch-1 loop below turns the model into the echo model)
     e_new = args.engine_new_tokens or (24 if args.tiny else 128)
@@ -382,10 +432,17 @@ def main(argv=None):
     rate = args.arrival_rate or (40.0 if args.tiny else 16.0)
     args.arrival_rate = rate
     n_prompts = max(max(args.engine_batches), n_arr)
-    print(f"{'engine: scenario':22s} {'load':24s} {'method':16s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
+    print(f"{'engine: scenario':22s} {'load':24s} {'method':26s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
           f"{'ITL p50':>8s} {'ITL p99':>8s} {'acc/step':>8s}")
     random_prompts = [torch.randint(V, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
-    e_rows = engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync)
+    # EAGLE-3 in the engine (random head: nothing accepted; its cost, hidden states in every step)
+    eagle_engine = [(f"engine eagle3 k{k} {'adaptive' if a else 'fixed'}",
+                     lambda B, k=k: Eagle3Drafter(gen, head_path, k=k, block_size=bs, max_seq_len=e_len,
+                                                  num_blocks=B * (-(-e_len // bs) + 1) + 8), a)
+                    for k, a in ((4, True), (4, False))] if args.engine_eagle3 else []
+    e_rows = [] if args.no_engine else \
+        engine_rows(gen, "random / random-model", random_prompts, e_new, args.engine_batches, args, e_len, sync,
+                    eagle_engine, args.engine_eagle3_batches)
 
     if not args.engine_only:
         print(f"{'scenario':24s} {'method':16s} {'tok/fwd':>8s} {'accept':>7s} {'time s':>8s} {'tok/s':>8s} {'speedup':>8s} {'same out':>8s}")
@@ -395,8 +452,13 @@ def main(argv=None):
                 make_echo(draft, perm.to(device))
             base_time, base_out = None, None
             for name, fn in methods.items():
-                timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
-                runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync) for _ in range(args.repeats)]
+                try:
+                    timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)  # warm-up: every shape once
+                    runs = [timed_generate(gen, kv, fn, prompt, new_tokens, max_seq_len, bs, sync)
+                            for _ in range(args.repeats)]
+                except Exception as e:  # one failing method must not lose the other rows
+                    print(f"{scen} {name}: FAILED {type(e).__name__}: {e}")
+                    continue
                 t = statistics.median(r[0] for r in runs)
                 _, out, st = runs[0]
                 if name == "plain":
@@ -410,11 +472,13 @@ def main(argv=None):
                 print(f"{scen:24s} {name:16s} {row['tokens_per_forward']:8.2f} {row['acceptance']:7.2f} {t:8.3f} "
                       f"{row['tokens_per_s']:8.1f} {row['speedup']:7.2f}x {str(row['same_output']):>8s}")
 
-    else:
+    if args.engine_only or not any(echo for *_, echo in scenarios):  # the echo engine rows need the echo model
         make_echo(gen, perm.to(device))
     echo_prompts = [(cycle[i % len(cycle):] + cycle * 4)[:prompt_len] for i in range(n_prompts)]
-    e_rows += engine_rows(gen, "copy / echo-model", echo_prompts, e_new, args.engine_batches, args, e_len, sync)
-    e_rows += arrival_rows(gen, echo_prompts[:n_arr], e_new, args, e_len, sync)
+    if not args.no_engine:
+        e_rows += engine_rows(gen, "copy / echo-model", echo_prompts, e_new, args.engine_batches, args, e_len, sync)
+        if not args.no_arrivals:
+            e_rows += arrival_rows(gen, echo_prompts[:n_arr], e_new, args, e_len, sync)
     result = dict(device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", dtype=args.dtype,
                   prompt_len=prompt_len, new_tokens=new_tokens, batch=1, block_size=bs,
@@ -426,8 +490,9 @@ def main(argv=None):
         json.dump(result, f, indent=2)
     if rows:
         plot(rows, args.out[: -len(".json")] + ".png", f"speculative decoding, batch 1 ({result['model']}, {result['device']})")
-    plot_engine(e_rows, args.out[: -len(".json")] + "_engine.png", f"engine with / without speculation ({result['model']}, "
-                f"{result['device']})")
+    if e_rows:
+        plot_engine(e_rows, args.out[: -len(".json")] + "_engine.png",
+                    f"engine with / without speculation ({result['model']}, {result['device']})")
     print(f"wrote {args.out}")
 
 
@@ -438,10 +503,13 @@ def plot_engine(rows, path, title):
     loads = list(dict.fromkeys((r["scenario"], r["load"]) for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key, label in ((axes[0], "tokens_per_s", "output tokens/s"), (axes[1], "itl_p99_ms", "ITL p99 (ms)")):
-        for m_i, m in enumerate(("engine plain", "engine ngram d4")):
-            vals = [next(r[key] for r in rows if (r["scenario"], r["load"]) == ld and r["method"] == m) for ld in loads]
-            ax.bar([i + m_i * 0.4 for i in range(len(loads))], vals, 0.4, label=m)
-        ax.set_xticks([i + 0.2 for i in range(len(loads))], [f"{a}\n{b}" for a, b in loads], fontsize=7)
+        methods = list(dict.fromkeys(r["method"] for r in rows))
+        w = 0.8 / len(methods)
+        for m_i, m in enumerate(methods):
+            vals = [next((r[key] for r in rows if (r["scenario"], r["load"]) == ld and r["method"] == m), 0.0)
+                    for ld in loads]
+            ax.bar([i + m_i * w for i in range(len(loads))], vals, w, label=m)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(loads))], [f"{a}\n{b}" for a, b in loads], fontsize=7)
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
@@ -461,7 +529,7 @@ def plot(rows, path, title):
     for ax, key, label in ((axes[0], "tokens_per_forward", "tokens per target forward"),
                            (axes[1], "speedup", "wall-clock speedup over plain decoding")):
         for m_i, m in enumerate(methods):
-            vals = [next(r[key] for r in rows if r["scenario"] == s and r["method"] == m) for s in scenarios]
+            vals = [next((r[key] for r in rows if r["scenario"] == s and r["method"] == m), 0.0) for s in scenarios]
             ax.bar([s_i + m_i * width for s_i in range(len(scenarios))], vals, width, label=m)
         ax.set_xticks([s_i + 0.4 - width / 2 for s_i in range(len(scenarios))], scenarios, fontsize=8)
         ax.set_ylabel(label)

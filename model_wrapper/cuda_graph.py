@@ -29,6 +29,13 @@ request 0) and their logits are dropped.
 With LoRA enabled on the Triton kernel (attach_lora), every graph carries the LoRA kernels; they
 read a static per-token adapter-slot buffer (-1 = base model, and padding), filled per replay,
 so one graph serves any mix of adapters, including none.
+A step that asks for hidden states (batch.hidden_layers: a draft head reads them) replays graphs
+of its own, captured with those layers (key (batch bucket, Q, layers)), which return (logits,
+hidden) with hidden's rows picked as the logits' are. A model with per-token float inputs beside
+the token ids (`graph_inputs`: {batch.extras name: (width, dtype)}, e.g. the EAGLE-3 head's
+feature) gets a static buffer per name in every bucket, filled per replay from batch.extras; a
+model that returns a tuple (the head: logits and its pre-norm output) returns it from the replay.
+
 Graphs capture the caller's kv_cache tensors by address: a different cache (or block size, or
 cache dtype) drops the graphs and captures again. Warm-up runs write only into a scratch cache.
 
@@ -75,8 +82,8 @@ class _Bucket:
     """Static inputs, the attention backend's graph state and the captured graph of one batch size
     (and, for a verify bucket, q rows per request: tokens = size * q rows)."""
 
-    def __init__(self, size: int, device, attn_state, q: int = 1):
-        self.size, self.q = size, q
+    def __init__(self, size: int, device, attn_state, q: int = 1, layers=None, graph_inputs=None):
+        self.size, self.q, self.layers = size, q, layers
         tokens = self.tokens = size * q
         # static inputs: token ids, positions, K/V slots (-1 = padding), and (verify) the bucket row
         # of each of the step's packed tokens; one copy per replay
@@ -88,8 +95,11 @@ class _Bucket:
         self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
         # the decode attention's static metadata (backend.init_cuda_graph_state), refilled per replay
         self.attn_state = attn_state
+        # the model's per-token float inputs (graph_inputs), [tokens, width] each, refilled per replay
+        self.extras = {name: torch.zeros(tokens, width, dtype=dtype, device=device)
+                       for name, (width, dtype) in (graph_inputs or {}).items()}
         self.graph = None
-        self.logits = None
+        self.logits = None  # the captured output: logits, or a tuple with logits first
 
 
 class DecodeGraphRunner:
@@ -130,8 +140,8 @@ class DecodeGraphRunner:
     def can_run(self, batch: ForwardBatch, kv_cache=None) -> bool:
         """Whether the step replays a graph: a decode step, or (kv_cache given, over which the backend
         has verify graphs) a multi-token step of at most q_buckets[-1] tokens per request."""
-        if (batch.atten_mask is not None or batch.hidden_layers is not None
-                or (batch.uses_lora and self.lora is None)):
+        if (batch.atten_mask is not None or (batch.uses_lora and self.lora is None)
+                or not all(name in batch.extras for name in self.graph_inputs)):
             return False
         if batch.max_q == 1:
             return batch.mode == ForwardMode.DECODE and batch.spec_mask is None and batch.batch_size <= self.max_batch
@@ -158,11 +168,20 @@ class DecodeGraphRunner:
         return (len(kv_cache), kv_cache[0][0].data_ptr(), kv_cache[-1][1].data_ptr(),
                 tuple(kv_cache[0][0].shape), kv_cache[0][0].dtype, block_size)
 
+    @property
+    def graph_inputs(self) -> dict:
+        """The model's per-token float inputs in batch.extras: {name: (width, dtype)}."""
+        return getattr(self.mw.model, "graph_inputs", None) or {}
+
+    @staticmethod
+    def _key_of(size: int, q: int, layers) -> tuple:
+        return (size, q) if layers is None else (size, q, tuple(layers))
+
     def _static_batch(self, bucket: _Bucket, block_size: int) -> ForwardBatch:
         q = getattr(bucket, "q", 1)
         tokens = bucket.size * q
         lens = torch.full((bucket.size,), q, dtype=torch.int32)
-        return ForwardBatch(
+        batch = ForwardBatch(
             mode=ForwardMode.DECODE, input_ids=bucket.input_ids, input_ids_cpu=None, positions=bucket.positions,
             positions_cpu=torch.zeros(tokens, dtype=torch.int64), slots=bucket.slots, slots_cpu=None,
             write_slots=bucket.slots, write_token_index=None, block_size=block_size,
@@ -171,13 +190,16 @@ class DecodeGraphRunner:
             token_req=None, token_req_cpu=None, token_kv_index_cpu=None, lm_head_indices=None, spec_mask=None, atten_mask=None,
             max_q=q, max_kv=q, lora=None if self.lora is None else LoraStep(
                 None, self.lora, self.lora.make_graph_batch(bucket.token_slot, bucket.lora_groups)))
+        batch.hidden_layers = getattr(bucket, "layers", None)
+        batch.extras.update(getattr(bucket, "extras", {}))
+        return batch
 
-    def _capture(self, size: int, kv_cache, block_size: int, q: int = 1) -> _Bucket:
+    def _capture(self, size: int, kv_cache, block_size: int, q: int = 1, layers=None) -> _Bucket:
         mw = self.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
         state = mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config, q_per_req=q) if q > 1 else \
             mw.backend.init_cuda_graph_state(size, max_pages, kv_cache, self.config)
-        bucket = _Bucket(size, mw.device, state, q)
+        bucket = _Bucket(size, mw.device, state, q, None if layers is None else tuple(layers), self.graph_inputs)
         if self.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
             n = bucket.tokens + 1
             bucket.lora_groups = torch.zeros(self.lora.max_loras + 1, n, dtype=torch.int32, device=mw.device)
@@ -200,24 +222,28 @@ class DecodeGraphRunner:
         self._pool = bucket.graph.pool()
         return bucket
 
-    def capture(self, kv_cache, block_size: int, sizes=None, q: int = 1) -> None:
+    def capture(self, kv_cache, block_size: int, sizes=None, q: int = 1, layers=None) -> None:
         """Capture the buckets of q tokens per request ahead of time (largest first, sharing one
-        memory pool); q > 1: verify buckets (sizes default to verify_buckets)."""
+        memory pool); q > 1: verify buckets (sizes default to verify_buckets); layers: graphs
+        that also return those hidden states (batch.hidden_layers)."""
         key = self._cache_key(kv_cache, block_size)
         if key != self._key:
             self._graphs, self._key, self._pool = {}, key, None
         for size in sorted(sizes or (self.buckets if q == 1 else self.verify_buckets), reverse=True):
-            if (size, q) not in self._graphs:
-                self._graphs[(size, q)] = self._capture(size, kv_cache, block_size, q)
+            if self._key_of(size, q, layers) not in self._graphs:
+                self._graphs[self._key_of(size, q, layers)] = self._capture(size, kv_cache, block_size, q, layers)
         logger.info("captured CUDA graphs for (batch size, tokens per request) {}", sorted(self._graphs))
 
-    def run(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
+    def run(self, batch: ForwardBatch, kv_cache):
+        """Replay the step's bucket -> its logits [num_out, vocab] (or the model's tuple, e.g.
+        (logits, hidden) for batch.hidden_layers), rows as the eager forward gives them."""
         B, T = batch.batch_size, batch.num_tokens
         size, q = self.bucket_for(B, batch.max_q)
         key = self._cache_key(kv_cache, batch.block_size)
-        if key != self._key or (size, q) not in self._graphs:
-            self.capture(kv_cache, batch.block_size, [size], q)
-        bucket = self._graphs[(size, q)]
+        gkey = self._key_of(size, q, batch.hidden_layers)
+        if key != self._key or gkey not in self._graphs:
+            self.capture(kv_cache, batch.block_size, [size], q, batch.hidden_layers)
+        bucket = self._graphs[gkey]
         st = bucket.staging
         bucket.copied.synchronize()
         st[:2].zero_()
@@ -245,16 +271,25 @@ class DecodeGraphRunner:
             if q > 1:  # packed token index -> bucket row
                 prev_rows = bucket.token_rows.index_select(0, prev_rows)
             bucket.input_ids.index_copy_(0, prev_rows, tokens.index_select(0, index))
+        for name, buf in bucket.extras.items():  # (padding rows keep stale values: their outputs are dropped)
+            src = batch.extras[name].to(buf.dtype)
+            if q == 1:
+                buf[:B].copy_(src)
+            else:
+                buf.index_copy_(0, bucket.token_rows[:T], src)
         bucket.copied.record()
         bucket.graph.replay()
         if q > 1:  # the rows of the step's tokens (those lm_head_indices names), in its order
-            out = bucket.token_rows[:T]
+            rows = bucket.token_rows[:T]
             if batch.lm_head_indices is not None:
-                out = out.index_select(0, batch.lm_head_indices)
-            return bucket.logits.index_select(0, out)
-        if batch.lm_head_indices is not None:
-            return bucket.logits.index_select(0, batch.lm_head_indices)
-        return bucket.logits[:B].clone()  # the static output is overwritten by the next replay
+                rows = rows.index_select(0, batch.lm_head_indices)
+        elif batch.lm_head_indices is not None:
+            rows = batch.lm_head_indices
+        else:
+            rows = None  # the first B rows, copied: the static output is overwritten by the next replay
+        outs = bucket.logits if isinstance(bucket.logits, tuple) else (bucket.logits,)
+        outs = tuple(o[:B].clone() if rows is None else o.index_select(0, rows) for o in outs)
+        return outs if isinstance(bucket.logits, tuple) else outs[0]
 
     def _fill_lora(self, bucket: _Bucket, batch: ForwardBatch, rows: torch.Tensor | None) -> None:
         """Each token's adapter slot (-1: base model, padding) and the tokens grouped by slot, into

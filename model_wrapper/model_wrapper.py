@@ -247,7 +247,8 @@ class ModelWrapper:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:
         """-> float32 logits [num_out, vocab_size] on the model's device; with batch.hidden_layers,
-        (logits, hidden [num_out, len(hidden_layers), hidden_size]) (CausalLM.forward), always eager."""
+        (logits, hidden [num_out, len(hidden_layers), hidden_size]) (CausalLM.forward); steps the
+        graph runner takes replay CUDA graphs (hidden states included), the others run eagerly."""
         if self.blas is None or batch.input_ids.shape[0] > BLAS_MAX_TOKENS:
             return self._forward(batch, kv_cache)
         prev = torch.backends.cuda.preferred_blas_library()

@@ -76,6 +76,12 @@ class Eagle3Head(nn.Module):
             self.embed_tokens = None
             self._shared_embed = embed.detach()  # the target's storage, not a parameter of the head
 
+    @property
+    def graph_inputs(self) -> dict:
+        """The per-token float input a CUDA graph of the head's step holds a static buffer for
+        (model_wrapper/cuda_graph.py): the feature g [T, H] in batch.extras[FEATURE]."""
+        return {FEATURE: (self.cfg.hidden_size, self.fc.weight.dtype)}
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] (target vocabulary) -> [T, H]."""
         if self.embed_tokens is not None:

@@ -45,7 +45,7 @@ def _hf(path, dtype):
 
 
 def test_hidden_states_on_flashinfer_match_transformers(target):
-    """Every state, every step kind (its q = 1 decode step, which would replay a graph, runs eagerly)."""
+    """Every state, every step kind (its q = 1 decode step replays a graph with the states)."""
     path, gen = target
     layers = list(range(9))
     out = hidden_scenario(gen, layers)
@@ -94,3 +94,93 @@ def test_greedy_speculation_with_eagle3_on_cuda_is_lossless(target, tmp_path):
     dec = SpeculativeDecoder(gen, kv, BlockManager(64, 16, enable_prefix_caching=False), drafter)
     assert dec.generate(prompts, 16) == plain
     assert dec.stats.drafted > 0 and drafter.bm.num_used_blocks == 0
+
+
+def test_graphed_hidden_state_steps_match_eager(target):
+    """Decode and verify steps that ask for hidden states replay graphs of their own (key with the
+    layers); their logits and states match the same steps run eagerly (graphs off), bf16 bound."""
+    path, gen = target
+    mw = gen.model_wrapper
+    layers = [2, 4, 5]
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (9, 21, 14)]
+    results = []
+    for graphs in (mw.graphs, None):
+        saved, mw.graphs = mw.graphs, graphs
+        try:
+            kv, bm = gen.allocate_kv_cache(32, 16), BlockManager(32, 16, enable_prefix_caching=False)
+            ids = list(range(len(prompts)))
+            for s, p in zip(ids, prompts):
+                bm.admit(s, p)
+            n = [len(p) for p in prompts]
+            toks = torch.tensor(sum(prompts, []))
+            pos = torch.cat([torch.arange(k) for k in n])
+            slots = torch.cat([bm.slots(s, 0, k) for s, k in zip(ids, n)])
+            gen.forward_tensor(toks, pos, True, kv, bm.block_tables(ids), slots, torch.tensor(n, dtype=torch.int32),
+                               1024, torch.tensor(n).cumsum(0) - 1, q_lens=n)
+            out = []
+            for q in (1, 3):  # a decode step, then a verify step of 3 tokens per request
+                for s, k in zip(ids, n):
+                    bm.commit(s, k)
+                    bm.append(s, [5 + j for j in range(q)])
+                step_toks = torch.tensor([5 + j for _ in ids for j in range(q)])
+                step_pos = torch.cat([torch.arange(k, k + q) for k in n])
+                step_slots = torch.cat([bm.slots(s, k, k + q) for s, k in zip(ids, n)])
+                n = [k + q for k in n]
+                out.append(gen.forward_tensor(step_toks, step_pos, False, kv, bm.block_tables(ids), step_slots,
+                                              torch.tensor(n, dtype=torch.int32), 1024, None, q_lens=[q] * len(ids),
+                                              output_hidden_states=layers))
+            results.append(out)
+        finally:
+            mw.graphs = saved
+    assert any(len(key) == 3 and key[2] == tuple(layers) for key in mw.graphs._graphs)  # graphs with the states
+    for (lg, hg), (le, he) in zip(*results):
+        assert hg.shape == he.shape and lg.shape == le.shape
+        assert rel_err(hg, he) < 2e-2 and rel_err(lg, le) < 2e-2
+
+
+def test_graphed_eagle3_head_steps_match_eager(target, tmp_path):
+    """The head's one-entry-per-lane steps replay decode graphs (the feature in a static buffer):
+    the same steps with graphs off give the same pre-norm outputs (bf16 bound) and drafts."""
+    path, gen = target
+    make_head(tmp_path / "head", seed=1, hidden=256)
+    on = Eagle3Drafter(gen, str(tmp_path / "head"), k=3, num_blocks=32, block_size=16)
+    off = Eagle3Drafter(gen, str(tmp_path / "head"), k=3, num_blocks=32, block_size=16, cuda_graphs=False)
+    assert on.runner.graphs is not None and off.runner.graphs is None
+    g = torch.Generator().manual_seed(2)
+    toks = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (23, 7)]
+    states = [torch.randn(len(t), 3, 256, generator=g) for t in toks]
+    outs = []
+    for d in (on, off):
+        feat = d.head.fuse(torch.cat(states).cuda(), d.runner.kernels)
+        _, out = d._forward(["a", "b"], toks, feat)  # step 0: several entries per request (eager)
+        steps = []
+        for j in range(3):  # one entry per request: decode-shaped (graphed in `on`)
+            top, out = d._forward(["a", "b"], [[3 + j], [4 + j]], out)
+            steps.append((top, out.float()))
+        outs.append(steps)
+    assert on.runner.graphs._graphs  # captured
+    for (top_on, out_on), (top_off, out_off) in zip(*outs):
+        assert rel_err(out_on, out_off) < 2e-2
+
+
+def test_eagle3_in_the_engine_on_cuda_is_plain_greedy(target, tmp_path):
+    """LLMEngine with an EAGLE-3 drafter = the engine without one, float32 (torch attention on the
+    GPU; bf16 near-ties of a random tiny model would flip either way), both scheduling orders."""
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    path, _ = target
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.float32, attention_backend="torch")
+    make_head(tmp_path / "head", seed=3, hidden=256)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 40))] for _ in range(5)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=16)
+    plain = LLMEngine(gen, num_blocks=64, block_size=16, async_scheduling=True).generate(prompts, params, use_tqdm=False)
+    for run_ahead in (False, True):
+        drafter = Eagle3Drafter(gen, str(tmp_path / "head"), k=3, num_blocks=64, block_size=16)
+        engine = LLMEngine(gen, num_blocks=64, block_size=16, speculative=drafter, adaptive_speculation=False,
+                           async_scheduling=run_ahead)
+        got = engine.generate(prompts, params, use_tqdm=False)
+        assert [o.token_ids for o in got] == [o.token_ids for o in plain]
+        assert engine.num_draft_tokens > 0 and drafter.bm.num_used_blocks == 0

@@ -243,21 +243,28 @@ def test_seeded_sampled_requests_are_untouched_by_drafting_batch_mates(gen, hf, 
     assert engine.num_accepted_tokens > 0
 
 
-def test_with_a_drafter_the_engine_runs_ahead_while_no_live_request_can_draft(gen):
-    """Running ahead stops only while a request that may draft is live: sampled requests alone
-    run ahead with a drafter set (device rows), and their outputs are the plain order's."""
+def test_with_a_drafter_the_engine_runs_ahead_while_no_request_drafts(gen, hf):
+    """Running ahead stops only for steps in which a request drafts: sampled requests alone run
+    ahead with a drafter set (device rows), and their outputs are the plain order's; a greedy
+    request that joins drafts in steps that wait for the host (no device rows), and its output
+    is transformers' greedy one."""
     prompts = make_prompts(4, 4)
     sampled = [SamplingParams(temperature=0.8, seed=i, max_new_tokens=10) for i in range(4)]
     want = serve(LLMEngine(gen, num_blocks=128, block_size=4, async_scheduling=False), prompts, sampled, [0] * 4)
     spy = SpyGenerator(gen)
-    engine = LLMEngine(spy, num_blocks=128, block_size=4, speculative=NgramDrafter(), async_scheduling=True)
+    truth = {tuple(prompts[0]): hf_generate(hf, prompts[0], 8)}
+    engine = LLMEngine(spy, num_blocks=128, block_size=4, speculative=ScriptedDrafter(truth, lambda i: (2, 2, False)),
+                       async_scheduling=True)
     got = serve(engine, prompts, sampled, [0] * 4)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert sum(c["device_rows"] for c in spy.calls) >= 4 * 10 - 2 * 4
-    # a greedy request joins: no step runs ahead while it lives
+    # a greedy request joins next to a sampled one
     spy.calls.clear()
-    engine.add_request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=6))
+    gid = engine.add_request(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))
     engine.add_request(prompts[1], sampled[1])
+    finals = {}
     while engine.has_unfinished():
-        engine.step()
-    assert spy.calls and all(c["device_rows"] == 0 for c in spy.calls[:3])
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals[gid].token_ids == truth[tuple(prompts[0])]
+    verify = [c for c in spy.calls if not c["is_prefill"] and max(c["q_lens"]) > 1]
+    assert verify and all(c["device_rows"] == 0 for c in verify)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
@@ -42,6 +43,9 @@ from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.runahead import InFlight, complete, launch
 from text_generator.engine.scheduler import ScheduledChunk, Scheduler
 from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
+from text_generator.speculative.adaptive import AdaptiveSpeculation, DraftLengths
+from text_generator.speculative.engine_step import MAX_TREE_NODES, can_draft, speculative_step
+from text_generator.speculative.hidden_feed import HiddenFeed
 from text_generator.structured import GrammarCompiler, mask_logits_
 
 
@@ -59,14 +63,23 @@ class LLMEngine:
     tokenizer:   anything with encode(str) -> ids, decode(ids) -> str, eos_token_id; or None
                  (then prompts are token ids and outputs carry no text)
     eos_token_id: overrides the tokenizer's
-    speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter, or
-                 anything with start / propose / update / finish) for speculative decoding of
-                 greedy requests in decode-only steps (speculative/engine_step.py); None: off
+    speculative: a drafter (text_generator.speculative's NgramDrafter, DraftModelDrafter,
+                 Eagle3Drafter, or anything with start / propose / update / finish) for
+                 speculative decoding of greedy requests in decode-only steps
+                 (speculative/engine_step.py); None: off. A drafter with `hidden_layers` (EAGLE-3)
+                 gets the target's hidden states of every token of its requests
+                 (speculative/hidden_feed.py; their steps replay graphs captured with the states)
+    adaptive_speculation: True (default thresholds), an AdaptiveSpeculation (its thresholds) or
+                 False: per request, shrink the draft length as drafts fail, stop drafting for a
+                 request whose drafts keep failing and probe again now and then
+                 (speculative/adaptive.py); False: every drafting request drafts in every step
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
-    async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. Steps fall
-                 back to the plain order while a live request may draft (the drafter proposes
-                 from its accepted tokens, see _may_run_ahead) or uses penalties or structured
-                 output; requests that never draft (sampled, logprobs) run ahead with a drafter set.
+    async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. A step
+                 in which a request drafts runs in the plain order (the drafter proposes from its
+                 accepted tokens, see _drafts), as do steps while a live request uses penalties
+                 or structured output; steps in which no request drafts (sampled requests,
+                 requests whose drafting stopped, steps with prefill chunks) run ahead with a
+                 drafter set.
     kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / torch.float8_e4m3fn: an e4m3 cache
                  with the generator's per-layer kv_scales, one byte per element (twice the blocks
                  of a 16-bit cache in the same memory when the engine sizes it)
@@ -87,6 +100,7 @@ class LLMEngine:
         watermark: float = 0.01,
         sampler: Sampler | None = None,
         speculative=None,
+        adaptive_speculation: "bool | AdaptiveSpeculation" = True,
         freeze_gc: bool = True,
         async_scheduling: bool | None = None,
         kv_memory_fraction: float = 0.9,
@@ -96,6 +110,9 @@ class LLMEngine:
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
                              f"got {type(speculative).__name__}")
+        if not (isinstance(adaptive_speculation, (bool, AdaptiveSpeculation))):
+            raise ValueError(f"LLMEngine: adaptive_speculation: expected a bool or an AdaptiveSpeculation, "
+                             f"got {type(adaptive_speculation).__name__}")
         if not (isinstance(block_size, int) and block_size >= 1):
             raise ValueError(f"LLMEngine: block_size: expected an int >= 1, got {block_size!r}")
         if num_blocks is not None and not (isinstance(num_blocks, int) and num_blocks >= 1):
@@ -134,6 +151,10 @@ class LLMEngine:
         self._ids = itertools.count()
         self.drafter = speculative
         self._drafting: set[str] = set()  # requests the drafter has started
+        policy = AdaptiveSpeculation() if adaptive_speculation is True else adaptive_speculation or None
+        self.draft_lengths = DraftLengths(policy, MAX_TREE_NODES - 1)  # per request: drafts wanted per step
+        layers = getattr(speculative, "hidden_layers", None)
+        self.hidden_feed = HiddenFeed(layers) if layers else None  # target states for the drafter
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
@@ -206,10 +227,9 @@ class LLMEngine:
         if p.has_penalties or req.grammar is not None:
             self._history_reqs.add(rid)
         if self.drafter is not None:
-            from text_generator.speculative.engine_step import can_draft
-
             if can_draft(p):
                 self._draft_reqs.add(rid)
+                self.draft_lengths.add(rid)
         if req.cache_key is not None:
             self._adapter_keys.add(req.cache_key)
         self.scheduler.add(req)
@@ -242,6 +262,9 @@ class LLMEngine:
         self.scheduler.remove(req)
         self._history_reqs.discard(req.request_id)
         self._draft_reqs.discard(req.request_id)
+        self.draft_lengths.remove(req.request_id)
+        if self.hidden_feed is not None:
+            self.hidden_feed.drop(req.request_id)
         req.finish(reason, error)
         del self.requests[req.request_id]
         if error is not None:
@@ -257,7 +280,9 @@ class LLMEngine:
         before reading them back, then reads them, checks stops and reports them. So the host's
         scheduling, validation and attention planning overlap the device's previous step, and
         outputs come one step() later. Requests that finish on a token the device ran ahead of
-        have that extra row discarded."""
+        have that extra row discarded. A scheduled step in which a request drafts reads the
+        launched step back first (the drafter proposes from its tokens), then runs in the plain
+        order."""
         if self._adapter_keys:
             self._drop_stale_adapters()
         outputs, self._reports = self._reports, []
@@ -272,7 +297,13 @@ class LLMEngine:
             outputs.append(req.output([], None, self.tokenizer is not None))
         if sched.chunks:
             self.num_steps += 1
-            outputs += self._run(sched, prev)
+            if prev is not None and self._drafts(sched.chunks):
+                outputs += complete(self, prev)  # (may finish some of the scheduled requests)
+                prev = None
+                keep = [i for i, c in enumerate(sched.chunks) if not c.request.finished]
+                sched = replace(sched, chunks=[sched.chunks[i] for i in keep], slots=sched.slots[keep])
+            if sched.chunks:
+                outputs += self._run(sched, prev)
         if prev is not None:
             outputs += complete(self, prev)
         self._notify(outputs)
@@ -301,10 +332,9 @@ class LLMEngine:
         self._adapter_keys -= stale
 
     def _run(self, sched, prev: InFlight | None) -> list[RequestOutput]:
-        if self.drafter is not None and all(c.is_decode for c in sched.chunks):
-            from text_generator.speculative.engine_step import speculative_step
-
-            spec = speculative_step(self, sched.chunks)  # (prev is None whenever a request may draft)
+        if self.drafter is not None and prev is None and all(c.is_decode for c in sched.chunks):
+            # (prev is None whenever a request drafts in this step: step() read it back)
+            spec = speculative_step(self, sched.chunks)
             if spec is not None:
                 return spec
         try:
@@ -334,13 +364,24 @@ class LLMEngine:
     def _may_run_ahead(self) -> bool:
         """Whether the next step may be launched before this one's tokens are on the host: not
         while a live request's sampling reads its own output history (penalties; a grammar,
-        which masks a token only once it has accepted the previous one), nor while a live
-        request may draft. A speculative step needs its requests' accepted tokens on the host
-        before it can be built at all: the drafter proposes from them (n-gram lookup, a draft
-        model's forward), and how many were accepted sets every later token's position, slot and
-        kv length, which the host plans attention and allocates blocks with. Requests that never
-        draft (sampled, logprobs) run ahead with a drafter set. The machinery is runahead.py's."""
-        return self.async_scheduling and not self._history_reqs and not self._draft_reqs
+        which masks a token only once it has accepted the previous one). Drafting requests run
+        ahead in the steps in which they do not draft (a hidden-state drafter's rows wait in
+        hidden_feed, by position, for their tokens);
+        a step in which one drafts (_drafts) reads the launched step back before it runs. The
+        machinery is runahead.py's."""
+        return self.async_scheduling and not self._history_reqs
+
+    def _drafts(self, chunks: list[ScheduledChunk]) -> bool:
+        """Whether this step (decodes only, numbered num_steps) is a speculative one: a request
+        that may draft wants drafts in it (draft_lengths: adaptive.py). It needs the
+        requests' accepted tokens on the host before it can be built at all: the drafter
+        proposes from them (n-gram lookup, a draft model's forward), and how many were accepted
+        sets every later token's position, slot and kv length, which the host plans attention
+        and allocates blocks with."""
+        if self.drafter is None or not self._draft_reqs or not all(c.is_decode for c in chunks):
+            return False
+        return any(c.request.request_id in self._draft_reqs
+                   and self.draft_lengths.wanted(c.request.request_id, self.num_steps) > 0 for c in chunks)
 
     def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
                  ) -> torch.Tensor:
@@ -377,12 +418,28 @@ class LLMEngine:
             kwargs["adapter_ids"] = adapters
         if dev_rows:
             kwargs["prev_token_ids"] = (prev.token_ids, torch.tensor(dev_rows), torch.tensor(dev_index))
-        return self.generator.forward_tensor(
+        lm_head = (offset + q - 1)[sample]
+        feed = self.hidden_feed is not None and any(r.request_id in self._draft_reqs for r in reqs)
+        if feed:  # every token's states for the drafter: all rows (logits too, by the contract)
+            kwargs.update(self.hidden_feed.forward_kwargs())
+        out = self.generator.forward_tensor(
             torch.tensor(ids, dtype=torch.int64), positions,
             not all(c.is_decode for c in chunks), self.kv_cache,
             self.block_manager.block_tables([r.request_id for r in reqs]),
             slots, (start + q).to(torch.int32), self.max_seq_len,
-            (offset + q - 1)[sample], **kwargs)
+            None if feed else lm_head, **kwargs)
+        if not feed:
+            return out
+        logits, hidden = out
+        for c, o in zip(chunks, offset.tolist()):
+            rid = c.request.request_id
+            if rid not in self._draft_reqs:
+                continue
+            if not c.is_decode and rid in self._drafting:  # computed again (preempted): start afresh
+                self._drafting.discard(rid)
+                self.drafter.finish(rid)
+            self.hidden_feed.add(rid, c.start, hidden[o:o + c.num_tokens])
+        return logits.index_select(0, lm_head.to(logits.device))
 
     # -- tokens out ------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
@@ -442,12 +499,22 @@ class LLMEngine:
         """Tell the drafter the request's new tokens (starting it first). A drafter that fails
         (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
         token starts it afresh."""
-        rid = req.request_id
+        rid, feed = req.request_id, self.hidden_feed
+        known = len(req.prompt_ids) + len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
         try:
             if rid not in self._drafting:
                 self._drafting.add(rid)
-                self.drafter.start(rid, req.prompt_ids + req.output_ids[:-len(new)])
-            self.drafter.update(rid, new)
+                context = req.prompt_ids + req.output_ids[:known - len(req.prompt_ids) - len(new)]
+                rows = None if feed is None else feed.take(rid, len(context))
+                if rows is None:
+                    self.drafter.start(rid, context)
+                else:  # the states of the context's last positions
+                    self.drafter.start(rid, context, hidden=rows)
+            rows = None if feed is None else feed.take(rid, known - 1)
+            if rows is None:
+                self.drafter.update(rid, new)
+            else:  # one row per new token: the positions before them
+                self.drafter.update(rid, new, hidden=rows)
         except Exception as e:
             self.stop_drafting([rid], e)
 

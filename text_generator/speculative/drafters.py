@@ -7,7 +7,8 @@ drafts + its own next token); `finish(seq_id)` at the end. A drafter never sees 
 target; whatever it proposes, verification keeps the output exact.
 
 A drafter that reads the target's hidden states (EAGLE-3, speculative/eagle3.py) has a
-`hidden_layers` attribute (output_hidden_states indices); the driver then asks forward_tensor for
+`hidden_layers` attribute (output_hidden_states indices); the driver (SpeculativeDecoder, or
+LLMEngine through hidden_feed.py) then asks forward_tensor for
 those states and passes them as `start(seq_id, prompt, hidden=[prompt rows, n, H])` and
 `update(seq_id, emitted, hidden=[len(emitted), n, H])` (the states at the accepted path).
 """

@@ -66,13 +66,15 @@ class Eagle3Drafter:
     EAGLE-3 head (model_wrapper/eagle3_loader.py).
 
     Owns the head (under a ModelWrapper of its own: attention backend and kernels of the
-    target's kind, no CUDA graphs), its one-layer kv_cache of num_blocks x block_size and its
-    BlockManager. hidden_layers: the distinct target states (output_hidden_states indices, sorted)
-    the driver must pass to start / update; the head's three are picked from them.
+    target's kind; with cuda_graphs, on a backend that has them, the one-entry-per-lane steps
+    1 .. k-1 replay decode graphs per lane bucket, the feature in a static buffer), its one-layer
+    kv_cache of num_blocks x block_size and its BlockManager. hidden_layers: the distinct target
+    states (output_hidden_states indices, sorted) the driver must pass to start / update; the
+    head's three are picked from them.
     """
 
     def __init__(self, target, path: str, *, k: int = 4, branches: int = 1, num_blocks: int = 256,
-                 block_size: int = 16, max_seq_len: int | None = None):
+                 block_size: int = 16, max_seq_len: int | None = None, cuda_graphs: bool = True):
         if k < 1 or branches < 1:
             raise ValueError(f"Eagle3Drafter: expected k >= 1 and branches >= 1, got k={k}, branches={branches}")
         mw = target.model_wrapper
@@ -80,7 +82,7 @@ class Eagle3Drafter:
         head, cfg, aux = load_eagle3_head(path, target.config, target_embed=embed, dtype=target.dtype,
                                           device=target.device)
         backend = make_backend(mw.backend.name, cfg, target.device, target.dtype)
-        self.runner = ModelWrapper(head, cfg, backend, target.device, target.dtype, cuda_graphs=False,
+        self.runner = ModelWrapper(head, cfg, backend, target.device, target.dtype, cuda_graphs=cuda_graphs,
                                    kernel_config=mw.kernel_config)
         self.head, self.k, self.branches = head, k, branches
         self.aux_layers = aux  # the head's three states, in fc's order

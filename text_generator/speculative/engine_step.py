@@ -4,7 +4,8 @@ When an engine has a drafter (`LLMEngine(..., speculative=NgramDrafter())`) and 
 only decodes, the engine runs this step instead of a plain one:
 
     eligible requests (greedy, no logprobs; penalties too; structured ones too, verified under
-        their grammar): drafter.propose -> DraftTree
+        their grammar) that want drafts this step (engine.draft_lengths: adaptive.py) with
+        their draft length as budget: drafter.propose -> DraftTree
         (root = the request's last token), pruned to the token budget, max_seq_len and the
         tokens still wanted; drafts appended to the block manager only where blocks are free
     other requests: a lone-root tree (a plain decode)
@@ -20,7 +21,9 @@ only decodes, the engine runs this step instead of a plain one:
 
 Output is exactly plain greedy decoding, penalties included (the verifier's guarantee); sampled
 requests never draft here, so their outputs and seeds are untouched. Steps with prefill chunks
-run plainly.
+run plainly, and so do steps in which no request wants drafts (the engine runs those ahead).
+Each drafting request's outcome (deepest draft, drafts accepted; a request the drafter gave
+nothing counts as nothing accepted) goes to engine.draft_lengths.record.
 
 Host work is per request, not per token: the batch tensors are built from flat lists
 (tree.build_tree_batch), slots come from the block tables in one op, and the per-request Python
@@ -65,13 +68,14 @@ def tree_slots(block_manager, seq_ids: list, cached: list[int], sizes: list[int]
 
 def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[RequestOutput] | None:
     """Run a decode-only step as draft trees; None (nothing done) when no request drafts."""
-    bm, drafter = engine.block_manager, engine.drafter
+    bm, drafter, lengths, step = engine.block_manager, engine.drafter, engine.draft_lengths, engine.num_steps
     room = engine.scheduler.max_num_batched_tokens - len(chunks)  # tokens left for drafts
     budgets = {}
     for c in chunks:
         r = c.request
-        if room > 0 and can_draft(r.params) and engine.is_drafting(r.request_id):
-            budgets[r.request_id] = min(MAX_TREE_NODES, engine.max_seq_len - c.start,
+        want = lengths.wanted(r.request_id, step)
+        if room > 0 and want > 0 and can_draft(r.params) and engine.is_drafting(r.request_id):
+            budgets[r.request_id] = min(want + 1, MAX_TREE_NODES, engine.max_seq_len - c.start,
                                         r.params.max_new_tokens - len(r.output_ids), room + 1)
     ids = [rid for rid, b in budgets.items() if b > 1]
     if not ids:
@@ -87,7 +91,10 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         t = proposed.get(r.request_id)
         if t is not None:
             t = t.pruned(min(budgets[r.request_id], room + 1), r.params.max_new_tokens - len(r.output_ids) - 1)
-            if t.tokens[0] != r.output_ids[-1] or t.size == 1 or not bm.can_append(r.request_id, t.size - 1):
+            if t.tokens[0] != r.output_ids[-1] or t.size == 1:
+                lengths.record(r.request_id, step, 0, 0)  # the drafter had nothing
+                t = None
+            elif not bm.can_append(r.request_id, t.size - 1):
                 t = None
         if t is None:
             t = DraftTree([r.output_ids[-1]], [-1])
@@ -107,17 +114,24 @@ def speculative_step(engine: "LLMEngine", chunks: list[ScheduledChunk]) -> list[
         kwargs["spec_mask"] = batch.spec_mask
     if any(r.adapter is not None for r in reqs):
         kwargs["adapter_ids"] = [r.adapter for r in reqs]
-    logits = engine.generator.forward_tensor(
+    feed = engine.hidden_feed
+    if feed is not None:
+        kwargs.update(feed.forward_kwargs())
+    out = engine.generator.forward_tensor(
         batch.input_ids, batch.position_ids, False, engine.kv_cache, batch.block_tables, batch.slots,
         batch.input_lengths, engine.max_seq_len, None, **kwargs)
-    return _verify_and_commit(engine, reqs, cached, trees, batch, logits)
+    logits, hidden = out if feed is not None else (out, None)
+    return _verify_and_commit(engine, reqs, cached, trees, batch, logits, hidden)
 
 
 def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[int], trees: list[DraftTree],
-                       batch: TreeBatch, logits: torch.Tensor) -> list[RequestOutput]:
+                       batch: TreeBatch, logits: torch.Tensor, hidden: torch.Tensor | None = None
+                       ) -> list[RequestOutput]:
     """Verify every drafted tree, compact and commit the accepted K/V, sample the lone roots,
     emit: -> the step's outputs. The device -> host traffic is one tensor (plus the grammar
-    walks of structured requests and the logprobs of lone roots that asked for them)."""
+    walks of structured requests and the logprobs of lone roots that asked for them).
+    hidden [T, n, H]: the target's states of every node (a drafter that reads them): those of
+    each drafting request's accepted path, or its lone root, go to engine.hidden_feed."""
     bm, off = engine.block_manager, batch.offsets
     plain = [b for b, t in enumerate(trees) if t.size == 1]
     drafted = [b for b, t in enumerate(trees) if t.size > 1 and reqs[b].grammar is None]
@@ -151,6 +165,12 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
     for b in plain:
         bm.commit(reqs[b].request_id, cached[b] + 1)
         reqs[b].num_computed = cached[b] + 1
+    if hidden is not None:
+        for b, r in enumerate(reqs):
+            if r.request_id in engine._draft_reqs:
+                path = verdicts[b].path if b in verdicts else [0]
+                rows = torch.tensor([off[b] + i for i in path], device=hidden.device)
+                engine.hidden_feed.add(r.request_id, cached[b], hidden.index_select(0, rows))
     outputs = []
     for b, v in verdicts.items():
         r, t = reqs[b], trees[b]
@@ -158,6 +178,7 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
         r.num_computed = r.num_registered = cached[b] + len(v.path)
         engine.num_draft_tokens += t.size - 1
         engine.num_accepted_tokens += len(v.path) - 1
+        engine.draft_lengths.record(r.request_id, engine.num_steps, max(t.depths()), len(v.path) - 1)
         outputs.append(engine.emit(r, v.tokens))
     if plain:
         outputs += engine.emit_sampled(plain_reqs, sampled, host[len(host) - len(plain):])
