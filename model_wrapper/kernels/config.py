@@ -60,6 +60,16 @@ class KernelConfig:
     moe_decode_down_block_k: int = 128
     moe_decode_warps: int = 4
     moe_decode_stages: int = 3
+    # the decode path's experts as register-tile GEMVs (kernels/moe_gemv.py: a program loads its whole
+    # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
+    moe_decode_gemv: bool = True
+    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8 twice the weights, same bytes)
+    moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
+    moe_gemv_warps: int = 8
+    # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
+    # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
+    moe_fused_route: bool = True
+    moe_route_warps: int = 4
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks

@@ -1,7 +1,8 @@
 """Fused mixture-of-experts on the GPU: the entry point fused_moe and the grouped GEMMs of larger steps.
 
-Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (kernels/
-moe_decode.py: a GEMV per pair, no sort). Larger ones sort the pairs per expert on the device and run
+Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (no sort: a GEMV
+per pair, kernels/moe_gemv.py's register tiles, or kernels/moe_decode.py's K loops where a row does not
+fit a tile or cfg.moe_decode_gemv is off). Larger ones sort the pairs per expert on the device and run
 two grouped GEMMs:
 
     ids [T, k] --moe_align--> pairs [R] (pair p = t * k + j, sorted by expert, each expert's run padded
@@ -33,6 +34,7 @@ import triton.language as tl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
+from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
 
 
 @triton.jit
@@ -114,6 +116,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         return torch.zeros_like(x)
     P = T * k
     if takes_decode_path(P, E, cfg):
+        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg):
+            return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()
     fp8 = gate_up_scale is not None

@@ -134,7 +134,9 @@ class SparseMoE(nn.Module):
         the ranks' partial sums (their intermediate slices) are all-reduced once."""
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
-        weights, ids = route(F.linear(x, self.gate.weight), self.spec)
+        # the router's projection is a model projection (the GEMV at 1-2 tokens on CUDA), then one
+        # routing call (one kernel on CUDA: kernels/moe_route.py)
+        weights, ids = kernels.moe_route(kernels.linear(x, self.gate.weight), self.spec)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)

@@ -26,8 +26,12 @@ from model_wrapper.layers.moe import MoESpec, dequantize_experts, experts_refere
 
 interpreter_only = pytest.mark.skipif(not INTERPRET, reason="interpreter case")
 # small tiles, so that the interpreter's tiny shapes span several programs and K steps
-DECODE = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16,
-                      moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32, moe_decode_stages=1)
+DECODE_LOOP = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16,
+                           moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32,
+                           moe_decode_stages=1, moe_decode_gemv=False)
+# the register-tile GEMVs (kernels/moe_gemv.py): H = 48 and I = 40 pad to 64, 256 weights a tile: 2 gate_up
+# columns a program, 2 or 4 down rows of each of the token's k experts
+DECODE = dataclasses.replace(DECODE_LOOP, moe_decode_gemv=True, moe_gemv_tile=256, moe_gemv_down_tile=512)
 SORTED = KernelConfig(moe_decode_pairs=0, moe_block_m=16, moe_block_n=16, moe_block_k=32, moe_stages=1,
                       moe_small_pairs=40, moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=32,
                       moe_large_stages=1, moe_align_chunk=32)
@@ -105,10 +109,11 @@ CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE, SORTED, SORTED_TORCH_ALIGN], ids=["decode", "sorted", "sorted-torch-align"])
+@pytest.mark.parametrize("cfg", [DECODE, DECODE_LOOP, SORTED, SORTED_TORCH_ALIGN],
+                         ids=["decode-gemv", "decode-loop", "sorted", "sorted-torch-align"])
 @pytest.mark.parametrize("T,E,k,routing", CASES + [(257, 16, 4, "random")])
 def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
-    if cfg is DECODE and T == 257:
+    if cfg in (DECODE, DECODE_LOOP) and T == 257:
         pytest.skip("the decode path is for a few pairs (the interpreter takes minutes here)")
     x, w, ids, gate_up, down = _case(T, E, k, 48, 40, torch.float32, "cpu", routing)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
@@ -118,13 +123,16 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
 
 # the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs); FP8
 # tiles span twice the configured columns: 64 (inside one 128-column group) and 256 (two groups a tile)
-DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=32, moe_decode_down_block_n=32,
-                                 moe_decode_down_block_k=32)
+DECODE_FP8 = dataclasses.replace(DECODE_LOOP, moe_decode_block_n=64, moe_decode_block_k=32,
+                                 moe_decode_down_block_n=32, moe_decode_down_block_k=32)
 DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
+# register tiles: rows of H = 200 and I = 136 pad to 256 (two groups, the second partly filled)
+DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_gemv_tile=512, moe_gemv_down_tile=1024)
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, SORTED], ids=["decode", "decode-wide", "sorted"])
+@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, DECODE_FP8_GEMV, SORTED],
+                         ids=["decode", "decode-wide", "decode-gemv", "sorted"])
 @pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled."""
