@@ -91,6 +91,7 @@ class KernelConfig:
     moe_large_block_k: int = 64
     moe_large_warps: int = 8
     moe_large_stages: int = 3
+    moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only
     # GEMV (fp32 FMAs on weights held in registers); up to fp8_skinny_max_tokens: the weight-only
