@@ -170,6 +170,8 @@ def _cuda_close(got, x, w, ids, gate_up, down):
 
 DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20)
 CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
+              "decode-loop": dataclasses.replace(DECODE_CUDA, moe_decode_gemv=False),
+              "decode-no-pdl": dataclasses.replace(DECODE_CUDA, pdl=False),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -180,7 +182,7 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
 @pytest.mark.parametrize("T", [1, 3, 16, 257, 4096])
 @pytest.mark.parametrize("E,k", [(8, 2), (64, 8), (128, 8)])
 def test_fused_moe_matches_reference_cuda(path, T, E, k):
-    if path == "decode" and T > 257:
+    if path.startswith("decode") and T > 257:
         pytest.skip("the decode path is for a few pairs")
     x, w, ids, gate_up, down = _case(T, E, k, 256, 128, torch.bfloat16, "cuda", "skew" if T == 257 else "random")
     _cuda_close(fused_moe(x, w, ids, gate_up, down, CUDA_PATHS[path]), x, w, ids, gate_up, down)
@@ -188,10 +190,10 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
-    if path == "decode" and T > 257:
+    if path.startswith("decode") and T > 257:
         pytest.skip("the decode path is for a few pairs")
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 200, torch.bfloat16, "cuda", "ties" if T == 16 else "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
@@ -201,7 +203,7 @@ def test_fp8_experts_match_reference_cuda(path, T):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
 def test_graph_replay_follows_new_routing(path):
     """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
     copied into the captured buffers) give what eager calls give: nothing depends on the host."""
@@ -216,3 +218,36 @@ def test_graph_replay_follows_new_routing(path):
         x.copy_(x2), w.copy_(w2), ids.copy_(ids2)
         graph.replay()
         torch.testing.assert_close(out, fused_moe(x2, w2, ids2, gate_up, down, cfg), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("T", [1, 4, 8, 32])
+def test_router_routing_experts_chain_in_a_graph_cuda(T):
+    """The sparse layer's chain as SparseMoE runs it on CUDA (router GEMV, routing kernel, experts, all with
+    PDL: the decode path's down kernel reads ids and weights before its wait) captured in one graph at
+    Qwen3-30B-A3B's shape and replayed on new inputs: bit for bit the chain without PDL, run eagerly."""
+    from model_wrapper.kernels.moe_route import moe_route
+    from model_wrapper.kernels.ops import gemv, gemv_fits
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    H, inter, E, k = 2048, 768, 128, 8
+    gate = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    gate_up = torch.randn(E, 2 * inter, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    down = torch.randn(E, H, inter, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def chain(x, cfg):
+        logits = gemv(x, gate, cfg=cfg) if gemv_fits(x, gate, cfg) else torch.nn.functional.linear(x, gate)
+        w, ids = moe_route(logits, k, True, False, cfg)
+        return fused_moe(x, w, ids, gate_up, down, cfg)
+
+    cfg = KernelConfig()
+    chain(x, cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, cfg)
+    for _ in range(20):
+        x.copy_(torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        torch.testing.assert_close(out, chain(x.clone(), dataclasses.replace(cfg, pdl=False)), rtol=0, atol=0)
