@@ -15,6 +15,7 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   gemv         the register-tile decode path forced (16 and 32 tokens: where it stops paying)
   sorted       the sort and grouped GEMMs forced (1-8 tokens)
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
+  route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
@@ -44,10 +45,13 @@ LAYERS = 4
 PREVIOUS = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
 FORCE_DECODE = dict(moe_decode_pairs=1 << 30, moe_decode_pairs_per_expert=1 << 30)
 # register-tile decode path: (gate_up tile, down tile, warps)
-GEMV_TILES = [(8192, 8192, 8), (8192, 16384, 8), (16384, 8192, 8), (16384, 16384, 8), (16384, 32768, 8),
-              (32768, 16384, 8), (32768, 32768, 8), (16384, 16384, 4), (8192, 8192, 4), (32768, 32768, 16)]
-# grouped GEMM (prefill): (block_m, block_n, block_k, warps, stages)
-CANDIDATES = [(16, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4)]
+GEMV_TILES = [(16384, 16384, 8), (8192, 8192, 8), (32768, 32768, 8), (16384, 16384, 4), (8192, 16384, 8),
+              (16384, 8192, 8), (8192, 8192, 4)]
+FP8_TILES = 4  # the first four also on e4m3 experts (every tile is a compile)
+ROUTE_WARPS = (1, 2, 8)
+# grouped GEMM (sorted path at 16-32 tokens; prefill): (block_m, block_n, block_k, warps, stages)
+CANDIDATES = [(16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3), (16, 64, 256, 4, 2)]
+PREFILL_CANDIDATES = [(64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4)]
 
 
 def expert_bytes(fp8: bool) -> float:
@@ -130,12 +134,21 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
             measure(T, "gemv", dataclasses.replace(new, **FORCE_DECODE), x)
             measure(T, "gemv-fp8", dataclasses.replace(new, **FORCE_DECODE), x, fp8=True)
         if T in (1, 4, 8):
-            for tile, down_tile, warps in GEMV_TILES:
+            for i, (tile, down_tile, warps) in enumerate(GEMV_TILES):
                 cfg = dataclasses.replace(new, **FORCE_DECODE, moe_gemv_tile=tile, moe_gemv_down_tile=down_tile,
                                           moe_gemv_warps=warps)
                 extra = dict(tile=tile, down_tile=down_tile, warps=warps)
                 measure(T, "tile", cfg, x, **extra)
-                measure(T, "tile-fp8", cfg, x, fp8=True, **extra)
+                if i < FP8_TILES:
+                    measure(T, "tile-fp8", cfg, x, fp8=True, **extra)
+        if T in (1, 32):
+            for warps in ROUTE_WARPS:
+                measure(T, "route-warps", dataclasses.replace(new, moe_route_warps=warps), x, route_warps=warps)
+        if T in (16, 32):
+            for bm, bn, bk, warps, stages in CANDIDATES:
+                cfg = dataclasses.replace(new, moe_decode_pairs=0, moe_block_m=bm, moe_block_n=bn, moe_block_k=bk,
+                                          moe_warps=warps, moe_stages=stages)
+                measure(T, "grouped", cfg, x, block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
         if T in (1, 32):
             for name, cfg in (("old", PREVIOUS), ("new", new)):
                 names = count_kernels(layers[False][0], x, cfg)
@@ -152,7 +165,7 @@ def prefill_sweep(rows: list, bw: float, g: torch.Generator) -> None:
         w, ids = torch.softmax(torch.randn(T, E, device="cuda", generator=g), -1).topk(K, -1)
         w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
         floor_us = ids.unique().numel() * expert_bytes(False) / bw * 1e6
-        for bm, bn, bk, warps, stages in CANDIDATES:
+        for bm, bn, bk, warps, stages in PREFILL_CANDIDATES:
             cfg = dataclasses.replace(KernelConfig(), moe_small_pairs=1 << 30, moe_block_m=bm, moe_block_n=bn,
                                       moe_block_k=bk, moe_warps=warps, moe_stages=stages)
             us = graph_ms(lambda: fused_moe(x, w, ids, gate_up, down, cfg)) * 1e3
