@@ -12,6 +12,7 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   new          KernelConfig() as it stands; new-fp8 the same on e4m3 experts
   no-pdl       new without programmatic dependent launch
   route-torch  new with torch's routing ops;  loop: new with the K-looped decode kernels
+  route-kernel new with the routing kernel before the decode experts (not routed inside them)
   gemv         the register-tile decode path forced (16 and 32 tokens: where it stops paying)
   sorted       the sort and grouped GEMMs forced (1-8 tokens)
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
@@ -125,6 +126,9 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
         if T in (1, 8, 32):
             measure(T, "no-pdl", dataclasses.replace(new, pdl=False), x)
             measure(T, "route-torch", dataclasses.replace(new, moe_fused_route=False), x)
+        if T <= 8:
+            measure(T, "route-kernel", dataclasses.replace(new, moe_route_in_experts=False), x)
+            measure(T, "route-kernel-fp8", dataclasses.replace(new, moe_route_in_experts=False), x, fp8=True)
         decode = takes_decode_path(T * K, E, new)
         if decode:
             measure(T, "loop", dataclasses.replace(new, moe_decode_gemv=False), x)

@@ -69,6 +69,9 @@ class KernelConfig:
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True
+    # on the register-tile decode path the experts' kernels route their own token from the logits (no
+    # routing kernel between the router GEMV and gate_up: kernels/moe_gemv.moe_gemv_routed)
+    moe_route_in_experts: bool = True
     moe_route_warps: int = 4
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a

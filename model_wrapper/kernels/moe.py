@@ -121,6 +121,13 @@ def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig) -> bo
     return num_pairs <= min(cfg.moe_decode_pairs, cfg.moe_decode_pairs_per_expert * num_experts)
 
 
+def takes_gemv_path(x: torch.Tensor, top_k: int, gate_up: torch.Tensor, cfg: KernelConfig) -> bool:
+    """Whether fused_moe runs the step x [T, H] on the register-tile decode path (kernels/moe_gemv.py)."""
+    E, two_i, H = gate_up.shape
+    return (0 < x.shape[0] and takes_decode_path(x.shape[0] * top_k, E, cfg) and cfg.moe_decode_gemv
+            and moe_gemv_fits(H, two_i // 2, top_k, cfg))
+
+
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
               down_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +145,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         return torch.zeros_like(x)
     P = T * k
     if takes_decode_path(P, E, cfg):
-        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg):
+        if takes_gemv_path(x, k, gate_up, cfg):
             return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()

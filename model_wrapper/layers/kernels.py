@@ -69,6 +69,11 @@ class TorchKernels:
         """Router logits [T, E] -> (weights [T, k], expert ids [T, k] int64): layers/moe.route (a MoESpec)."""
         return route(logits, spec)
 
+    def moe(self, x, logits, spec, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
+        """A sparse MLP's experts from the router logits [T, E]: moe_route, then moe_experts (a MoESpec)."""
+        weights, ids = self.moe_route(logits, spec)
+        return self.moe_experts(x, weights, ids, gate_up, down, gate_up_scale, down_scale)
+
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
         """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
         down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert).
@@ -179,6 +184,19 @@ class FlashInferKernels(TorchKernels):
         from model_wrapper.kernels.moe_route import moe_route
 
         return moe_route(logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, self.config)
+
+    def moe(self, x, logits, spec, gate_up, down, gate_up_scale=None, down_scale=None):
+        """Decode steps on the register-tile path with config.moe_route_in_experts: two kernels that route
+        their own tokens (kernels/moe_gemv.moe_gemv_routed); otherwise the routing kernel, then fused_moe."""
+        cfg = self.config
+        if self._triton is not None and cfg.moe_fused_route and cfg.moe_route_in_experts:
+            from model_wrapper.kernels.moe import takes_gemv_path
+            from model_wrapper.kernels.moe_gemv import moe_gemv_routed
+
+            if (gate_up_scale is None) == (down_scale is None) and takes_gemv_path(x, spec.top_k, gate_up, cfg):
+                return moe_gemv_routed(x, logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, gate_up, down,
+                                       cfg, gate_up_scale, down_scale)
+        return super().moe(x, logits, spec, gate_up, down, gate_up_scale, down_scale)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else
