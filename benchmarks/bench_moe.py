@@ -8,6 +8,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          prev      session 31's defaults (torch's routing ops, the K-looped decode kernels of moe_decode.py)
          new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
                    align and grouped GEMMs above)
+         new-rk    new with the routing kernel before the decode experts (not routed inside them)
+         new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
@@ -39,6 +41,11 @@ from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
 # session 31's defaults: the sort-free decode path's K-looped kernels (moe_decode.py) after torch's routing ops
 PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
+# the bf16 variants first: the fp8 ones quantize the model in place
+VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
+            "new-rk": dataclasses.replace(KernelConfig(), moe_route_in_experts=False),
+            "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -138,11 +145,10 @@ def main():
     ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
     ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
     ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
-    ap.add_argument("--variants", default="old,new,new-fp8", help="of old, prev, new, new-fp8 (new-fp8 last: it "
-                    "quantizes the model in place)")
+    ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
-    variants = [v for v in ("old", "prev", "new", "new-fp8") if v in args.variants.split(",")]
+    variants = [v for v in VARIANTS if v in args.variants.split(",")]
     cfg = dict(QWEN3_30B_A3B)
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
@@ -158,7 +164,7 @@ def main():
     perm = torch.randperm(num_blocks)
     decode, prefill = [], []
     for variant in variants:
-        kc = {"old": OLD_MOE, "prev": PREV_MOE}.get(variant, KernelConfig())
+        kc = VARIANTS[variant]
         fp8 = variant.endswith("fp8")
         if fp8:
             quantize_experts(gen.model_wrapper.model)

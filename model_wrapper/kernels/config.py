@@ -47,12 +47,12 @@ class KernelConfig:
     add_norm_block: int = 128  # columns per program of add_lora_rms_norm
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
-    # mixture-of-experts decode path (kernels/moe_decode.py): steps of at most moe_decode_pairs
-    # token-expert pairs, and few per expert (a repeated expert is read once per pair), skip the sort and read each pair's
-    # expert in GEMVs (0: every step sorts; the A/B switch of benchmarks/bench_moe.py). The tiles
-    # are first guesses sized for the SM count at one token (8 pairs x 48 gate_up blocks, 256 down
-    # blocks), not yet measured: benchmarks/sweep_moe.py sweeps them
-    moe_decode_pairs: int = 64
+    # mixture-of-experts decode path (kernels/moe_gemv.py, or moe_decode.py's K loops): steps of at most
+    # moe_decode_pairs token-expert pairs, and few per expert (a repeated expert is read once per pair),
+    # skip the sort and read each pair's expert in GEMVs (0: every step sorts). H200 sweep (sweep_moe.py,
+    # one layer): 1.9x its bytes at 1 token against 4.0x before, 1.5x at 8 tokens where the sorted path
+    # is at ~1.2x from 16 tokens on: the bound sits at 4 tokens of Qwen3-30B-A3B
+    moe_decode_pairs: int = 32
     moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256

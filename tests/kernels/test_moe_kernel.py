@@ -95,10 +95,10 @@ def test_fused_align_matches_the_list_built_sort(T, E, k, bm, chunk, routing):
 
 
 def test_the_decode_path_takes_few_pairs_on_many_experts():
-    """Default bounds: Qwen3-30B-A3B's decode (128 experts, top-8) up to 8 tokens, Mixtral's (8 experts,
+    """Default bounds: Qwen3-30B-A3B's decode (128 experts, top-8) up to 4 tokens, Mixtral's (8 experts,
     top-2) up to 4; the config's switches move them, 0 turns the path off."""
     cfg = KernelConfig()
-    assert takes_decode_path(8, 128, cfg) and takes_decode_path(64, 128, cfg) and not takes_decode_path(72, 128, cfg)
+    assert takes_decode_path(8, 128, cfg) and takes_decode_path(32, 128, cfg) and not takes_decode_path(40, 128, cfg)
     assert takes_decode_path(8, 8, cfg) and not takes_decode_path(10, 8, cfg)
     assert takes_decode_path(16, 8, dataclasses.replace(cfg, moe_decode_pairs_per_expert=2))
     assert not takes_decode_path(1, 128, dataclasses.replace(cfg, moe_decode_pairs=0))
