@@ -8,7 +8,6 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          prev      session 31's defaults (torch's routing ops, the K-looped decode kernels of moe_decode.py)
          new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
                    align and grouped GEMMs above)
-         new-rk    new with the routing kernel before the decode experts (not routed inside them)
          new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
@@ -43,7 +42,6 @@ OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_alig
 PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
 # the bf16 variants first: the fp8 ones quantize the model in place
 VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
-            "new-rk": dataclasses.replace(KernelConfig(), moe_route_in_experts=False),
             "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 

@@ -12,9 +12,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   new          KernelConfig() as it stands; new-fp8 the same on e4m3 experts
   no-pdl       new without programmatic dependent launch
   route-torch  new with torch's routing ops;  loop: new with the K-looped decode kernels
-  route-kernel new with the routing kernel before the decode experts (not routed inside them)
-  gemv         the register-tile decode path forced (16 and 32 tokens: where it stops paying)
-  sorted       the sort and grouped GEMMs forced (1-8 tokens)
+  gemv         the register-tile decode path forced where the default sorts (bf16 from 8 tokens, fp8 from 2)
+  sorted       the sort and grouped GEMMs forced where the default takes the decode path
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
@@ -44,7 +43,7 @@ H, I, E, K = 2048, 768, 128, 8
 LAYERS = 4
 # the path before this sweep's kernels: torch routing, K-looped decode kernels
 PREVIOUS = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
-FORCE_DECODE = dict(moe_decode_pairs=1 << 30, moe_decode_pairs_per_expert=1 << 30)
+FORCE_DECODE = dict(moe_decode_pairs=1 << 30, moe_fp8_decode_pairs=1 << 30, moe_decode_pairs_per_expert=1 << 30)
 # register-tile decode path: (gate_up tile, down tile, warps)
 GEMV_TILES = [(16384, 16384, 8), (8192, 8192, 8), (32768, 32768, 8), (16384, 16384, 4), (8192, 8192, 4)]
 FP8_TILES = 3  # the first four also on e4m3 experts (every tile is a compile)
@@ -125,16 +124,15 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
         if T in (1, 8, 32):
             measure(T, "no-pdl", dataclasses.replace(new, pdl=False), x)
             measure(T, "route-torch", dataclasses.replace(new, moe_fused_route=False), x)
-        if T <= 8:
-            measure(T, "route-kernel", dataclasses.replace(new, moe_route_in_experts=False), x)
-            measure(T, "route-kernel-fp8", dataclasses.replace(new, moe_route_in_experts=False), x, fp8=True)
         decode = takes_decode_path(T * K, E, new)
         if decode:
             measure(T, "loop", dataclasses.replace(new, moe_decode_gemv=False), x)
             measure(T, "sorted", dataclasses.replace(new, moe_decode_pairs=0), x)
-            measure(T, "sorted-fp8", dataclasses.replace(new, moe_decode_pairs=0), x, fp8=True)
         else:
             measure(T, "gemv", dataclasses.replace(new, **FORCE_DECODE), x)
+        if takes_decode_path(T * K, E, new, fp8=True):
+            measure(T, "sorted-fp8", dataclasses.replace(new, moe_fp8_decode_pairs=0), x, fp8=True)
+        else:
             measure(T, "gemv-fp8", dataclasses.replace(new, **FORCE_DECODE), x, fp8=True)
         if T in (1, 4):
             for i, (tile, down_tile, warps) in enumerate(GEMV_TILES):

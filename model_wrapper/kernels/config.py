@@ -48,11 +48,14 @@ class KernelConfig:
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
     # mixture-of-experts decode path (kernels/moe_gemv.py, or moe_decode.py's K loops): steps of at most
-    # moe_decode_pairs token-expert pairs, and few per expert (a repeated expert is read once per pair),
-    # skip the sort and read each pair's expert in GEMVs (0: every step sorts). H200 sweep (sweep_moe.py,
-    # one layer): 1.9x its bytes at 1 token against 4.0x before, 1.5x at 8 tokens where the sorted path
-    # is at ~1.2x from 16 tokens on: the bound sits at 4 tokens of Qwen3-30B-A3B
+    # moe_decode_pairs token-expert pairs (FP8 experts: moe_fp8_decode_pairs), and few per expert (a
+    # repeated expert is read once per pair), skip the sort and read each pair's expert in GEMVs (0: every
+    # step sorts). H100 sweep (sweep_moe.py, one Qwen3-30B-A3B layer in a graph, x its bytes): 1 token
+    # 1.57x (sorted 1.90x), 2 tokens 1.43x (1.64x), 4 tokens 1.31x (1.34x), 8 tokens sorted 1.17x. FP8:
+    # the GEMVs dequantize every weight in fp32 FMAs and stop paying after one token (2 tokens: 2.72x
+    # against 2.51x sorted; 4 tokens 2.31x against 1.78x)
     moe_decode_pairs: int = 32
+    moe_fp8_decode_pairs: int = 8
     moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
@@ -64,15 +67,13 @@ class KernelConfig:
     # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
     moe_decode_gemv: bool = True
     moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8 twice the weights, same bytes)
+    # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
-    moe_fused_route: bool = True
-    # on the register-tile decode path the experts' kernels route their own token from the logits (no
-    # routing kernel between the router GEMV and gate_up: kernels/moe_gemv.moe_gemv_routed)
-    moe_route_in_experts: bool = True
-    moe_route_warps: int = 4
+    moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
+    moe_route_warps: int = 4  # (2 / 8 within noise)
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks

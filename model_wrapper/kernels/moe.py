@@ -115,17 +115,12 @@ def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOC
     tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
 
 
-def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig) -> bool:
-    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs,
-    and not many more than the experts (the decode path reads a repeated expert once per pair)."""
-    return num_pairs <= min(cfg.moe_decode_pairs, cfg.moe_decode_pairs_per_expert * num_experts)
-
-
-def takes_gemv_path(x: torch.Tensor, top_k: int, gate_up: torch.Tensor, cfg: KernelConfig) -> bool:
-    """Whether fused_moe runs the step x [T, H] on the register-tile decode path (kernels/moe_gemv.py)."""
-    E, two_i, H = gate_up.shape
-    return (0 < x.shape[0] and takes_decode_path(x.shape[0] * top_k, E, cfg) and cfg.moe_decode_gemv
-            and moe_gemv_fits(H, two_i // 2, top_k, cfg))
+def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: bool = False) -> bool:
+    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs
+    (cfg.moe_fp8_decode_pairs for FP8 experts), and not many more than the experts (the decode path reads a
+    repeated expert once per pair)."""
+    most = cfg.moe_fp8_decode_pairs if fp8 else cfg.moe_decode_pairs
+    return num_pairs <= min(most, cfg.moe_decode_pairs_per_expert * num_experts)
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -144,8 +139,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     P = T * k
-    if takes_decode_path(P, E, cfg):
-        if takes_gemv_path(x, k, gate_up, cfg):
+    if takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None):
+        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg):
             return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()

@@ -17,11 +17,6 @@ where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels l
              route kernel, complete before any gate_up program passed its wait), so its weights stream in
              while gate_up drains; then waits and reads act.
 
-Routed (moe_gemv_routed, ROUTE): no routing kernel runs before them; each program routes its own token from
-the router logits (moe_route.topk_softmax: its slot's expert in gate_up, the k experts and their weights in
-down), one kernel boundary fewer on the layer's critical path. gate_up waits for the router GEMV; down reads
-the logits before its wait (complete once every gate_up program passed its wait).
-
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in
 fp32, one final rounding. FP8 (e4m3, float32 scales per row and 128 columns) tiles are dequantized to the
@@ -37,24 +32,18 @@ import triton.language as tl
 from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
-from model_wrapper.kernels.moe_route import topk_softmax
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, logits_ptr, act_ptr, N, K, E, stride_x, stride_l, stride_we,
-                         stride_wn, stride_se, stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr,
-                         FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, ROUTE: tl.constexpr,
-                         SLOTS: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr):
+def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
+                         stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
-        gdc_wait()  # the kernel before (routing, or ROUTE: the router GEMV) is complete
+        gdc_wait()  # the route kernel is complete: ids are final
         gdc_launch_dependents()
-    if ROUTE:  # route the token here: the expert of rank p % TOP_K
-        sel, _ = topk_softmax(logits_ptr, t.to(tl.int64), E, stride_l, TOP_K, SLOTS, EP, RENORM)
-        e = tl.sum(tl.where(tl.arange(0, SLOTS) == p % TOP_K, sel, 0), axis=0).to(tl.int64)
-    else:
-        e = tl.load(ids_ptr + p).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
     dtype = act_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -75,11 +64,9 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, logits_ptr, act_ptr, N, K
 
 
 @triton.jit
-def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, logits_ptr, y_ptr, N, K, E, stride_act, stride_l,
-                      stride_we, stride_wn, stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
-                      KP: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      ROUTE: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, FP32_W: tl.constexpr,
-                      PDL: tl.constexpr):
+def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
+                      stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
+                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -95,17 +82,10 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, logits_ptr, y_ptr,
     k_ok = cols < K
     # before the wait: ids and routing weights (the route kernel's, complete: see the module docstring)
     # and the experts' rows
-    if ROUTE:  # route the token here (the logits' GEMV is complete: see the module docstring)
-        sel, sel_w = topk_softmax(logits_ptr, t.to(tl.int64), E, stride_l, TOP_K, SLOTS, EP, RENORM)
-        e = tl.sum(tl.where(rj[:, None] == slot[None, :], sel[None, :], 0), axis=1).to(tl.int64)
-        if not FP32_W:  # the routing weights rounded to the model dtype, as the routing kernel stores them
-            sel_w = sel_w.to(dtype).to(tl.float32)
-        rw = tl.where(slot_ok, sel_w, 0.0)
-    else:
-        e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
-        rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
+    e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
     w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
     w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
     w = _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
     if PDL:
@@ -132,32 +112,13 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
              down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], gate_up [E, 2I, H], down [E, H, I] (model dtype, or e4m3 with
     scales [E, 2I, ceil(H / 128)] and [E, H, ceil(I / 128)]) -> [T, H] in x's dtype, in two kernels."""
-    return _launch(x, gate_up, down, cfg, gate_up_scale, down_scale, ids.shape[1], weights=weights.contiguous(),
-                   ids=ids.contiguous())
-
-
-def moe_gemv_routed(x: torch.Tensor, logits: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,
-                    gate_up: torch.Tensor, down: torch.Tensor, cfg: KernelConfig,
-                    gate_up_scale: torch.Tensor | None = None, down_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """moe_gemv with the routing (kernels/moe_route.py's, from the router logits [T, E]) done inside both
-    kernels: each program routes its own token (a [E, E] rank), no routing kernel and no ids in memory."""
-    if not 0 < top_k <= logits.shape[1]:
-        raise ValueError(f"moe_gemv_routed: top_k must be in 1..{logits.shape[1]} (the experts), got {top_k}")
-    return _launch(x, gate_up, down, cfg, gate_up_scale, down_scale, top_k, logits=logits.contiguous(),
-                   renorm=norm_topk_prob, fp32_weights=fp32_weights)
-
-
-def _launch(x, gate_up, down, cfg, gate_up_scale, down_scale, k, weights=None, ids=None, logits=None, renorm=True,
-            fp32_weights=False):
     T, H = x.shape
+    k = ids.shape[1]
     inter = gate_up.shape[1] // 2
     fp8 = gate_up_scale is not None
-    route = logits is not None
-    x = x.contiguous()
+    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    if T == 0:
-        return y
     tile = cfg.moe_gemv_tile * (2 if fp8 else 1)  # FP8: the same bytes a program
     down_tile = cfg.moe_gemv_down_tile * (2 if fp8 else 1)
     kp_h, kp_i = triton.next_power_of_2(H), triton.next_power_of_2(inter)
@@ -165,20 +126,16 @@ def _launch(x, gate_up, down, cfg, gate_up_scale, down_scale, k, weights=None, i
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
-    ids_arg, rw_arg, logits_arg = (x, x, logits) if route else (ids, weights, x)  # x: a stand-in, never read
-    E = logits.shape[1] if route else gate_up.shape[0]
-    routing = dict(EP=max(2, triton.next_power_of_2(E)), RENORM=renorm, PDL=pdl, num_warps=cfg.moe_gemv_warps,
-                   **launch_args(pdl))
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
-        x, gate_up, s, ids_arg, logits_arg, act, inter, H, E, x.stride(0), logits_arg.stride(0), gate_up.stride(0),
-        gate_up.stride(1), sse, ssn, act.stride(0), TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n,
-        ROUTE=route, SLOTS=slots, **routing)
+        x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
+        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl, num_warps=cfg.moe_gemv_warps,
+        **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
-        act, down, s, ids_arg, rw_arg, logits_arg, y, H, inter, E, act.stride(0), logits_arg.stride(0), down.stride(0),
-        down.stride(1), sse, ssn, y.stride(0), TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP,
-        BLOCK_N=block_n_down, ROUTE=route, FP32_W=fp32_weights, **routing)
+        act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
+        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl,
+        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

@@ -30,18 +30,19 @@ from model_wrapper.kernels.config import KernelConfig
 
 
 @triton.jit
-def topk_softmax(logits_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-                 RENORM: tl.constexpr):
-    """Token t's routing from its logits row -> (ids [KP] int32, weights [KP] fp32): slots j < TOP_K hold
-    the experts of rank j and their (renormalised) probabilities, slots past TOP_K garbage (mask them).
-    Also run inside the decode experts (kernels/moe_gemv.py, ROUTE), which route their own token."""
+def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
+                  RENORM: tl.constexpr, PDL: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()  # the router GEMV is complete
+        gdc_launch_dependents()
     e = tl.arange(0, EP)
     ok = e < E
     logit = tl.load(logits_ptr + t * stride_l + e, mask=ok, other=float("-inf")).to(tl.float32)
     ex = tl.exp(logit - tl.max(logit, axis=0))
     ex = tl.where(ok, ex, 0.0)
     p = ex / tl.sum(ex, axis=0)
-    # rank of each expert (rows: e, columns: the others f); padding ranks last (p = -1 there)
+    # rank of each expert (rows: e, columns: the others f); padding ranks last (p = 0, higher index)
     f = tl.arange(0, EP)
     pf = tl.where(f < E, p, -1.0)
     pe = tl.where(ok, p, -1.0)
@@ -51,21 +52,9 @@ def topk_softmax(logits_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constex
     hit = rank[None, :] == j[:, None]  # [KP, EP]: slot j holds the expert of rank j
     ids = tl.sum(tl.where(hit, e[None, :], 0), axis=1)
     w = tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
-    if RENORM:
-        w = w / tl.sum(tl.where(j < TOP_K, w, 0.0), axis=0)
-    return ids, w
-
-
-@triton.jit
-def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-                  RENORM: tl.constexpr, PDL: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    if PDL:
-        gdc_wait()  # the router GEMV is complete
-        gdc_launch_dependents()
-    ids, w = topk_softmax(logits_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM)
-    j = tl.arange(0, KP)
     slot_ok = j < TOP_K
+    if RENORM:
+        w = w / tl.sum(tl.where(slot_ok, w, 0.0), axis=0)
     tl.store(ids_ptr + t * TOP_K + j, ids.to(tl.int64), mask=slot_ok)
     tl.store(w_ptr + t * TOP_K + j, w.to(w_ptr.dtype.element_ty), mask=slot_ok)
 

@@ -185,19 +185,6 @@ class FlashInferKernels(TorchKernels):
 
         return moe_route(logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, self.config)
 
-    def moe(self, x, logits, spec, gate_up, down, gate_up_scale=None, down_scale=None):
-        """Decode steps on the register-tile path with config.moe_route_in_experts: two kernels that route
-        their own tokens (kernels/moe_gemv.moe_gemv_routed); otherwise the routing kernel, then fused_moe."""
-        cfg = self.config
-        if self._triton is not None and cfg.moe_fused_route and cfg.moe_route_in_experts:
-            from model_wrapper.kernels.moe import takes_gemv_path
-            from model_wrapper.kernels.moe_gemv import moe_gemv_routed
-
-            if (gate_up_scale is None) == (down_scale is None) and takes_gemv_path(x, spec.top_k, gate_up, cfg):
-                return moe_gemv_routed(x, logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, gate_up, down,
-                                       cfg, gate_up_scale, down_scale)
-        return super().moe(x, logits, spec, gate_up, down, gate_up_scale, down_scale)
-
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else
         pairs sorted per expert on the device and grouped GEMMs; FP8 experts dequantized in registers;

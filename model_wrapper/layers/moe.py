@@ -136,7 +136,7 @@ class SparseMoE(nn.Module):
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
         # the router's projection is a model projection (the GEMV at 1-2 tokens on CUDA); kernels.moe routes
-        # (on CUDA one kernel, or inside the decode experts' kernels) and runs the experts
+        # (on CUDA one kernel: kernels/moe_route.py) and runs the experts
         logits = kernels.linear(x, self.gate.weight)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
