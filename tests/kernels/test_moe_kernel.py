@@ -1,8 +1,10 @@
 """The fused MoE kernels (model_wrapper/kernels/moe*.py) against the reference experts (layers/moe.py).
 
 Under Triton's interpreter on the CPU (fp32: the interpreter mishandles bf16 dots) and on CUDA in bf16
-(marked cuda). Both paths of fused_moe are forced in turn through KernelConfig: the decode path (a GEMV
-per token-expert pair, no sort) and the sorted path (moe_align, fused or torch ops, then grouped GEMMs).
+(marked cuda). The paths of fused_moe are forced in turn through KernelConfig: the decode path (a GEMV
+per token-expert pair, no sort: the register-tile kernels of moe_gemv.py or the K-looped ones of
+moe_decode.py) and the sorted path (moe_align, fused or torch ops, then grouped GEMMs and the k-sum). On
+CUDA also with PDL off, and the router GEMV -> routing kernel -> experts chain replayed in a graph.
 Token counts cover one token, a few, a block's worth and more; expert counts and top-k vary, with experts
 that receive no token, routing ties (every token routed to the same experts) and FP8 experts (e4m3 with
 per-row, 128-column scales) checked against the reference on weights dequantized here, group by group.
