@@ -4,8 +4,11 @@ transformers' own generate, all in the same run.
 
     python3 benchmarks/bench_moe.py --out benchmarks/results        # -> moe.json, moe.png
 
-variants old       the previous MoE path (KernelConfig with no decode path and the torch-ops sort)
-         new       KernelConfig() as it stands (kernels/moe_decode.py at few pairs, the fused align above)
+variants old       the first MoE path (KernelConfig with no decode path, the torch-ops sort and routing)
+         prev      session 31's defaults (torch's routing ops, the K-looped decode kernels of moe_decode.py)
+         new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
+                   align and grouped GEMMs above)
+         new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
@@ -33,8 +36,14 @@ from benchmarks.bench_forward import copy_bandwidth, decode_case, hf_decode_step
 from benchmarks.common import pyplot, random_text_generator  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
-# the MoE path before the decode path and the fused align: the torch-ops sort and grouped GEMMs at every size
-OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False)
+# the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
+OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
+# session 31's defaults: the sort-free decode path's K-looped kernels (moe_decode.py) after torch's routing ops
+PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
+# the bf16 variants first: the fp8 ones quantize the model in place
+VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
+            "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -131,7 +140,13 @@ def main():
     ap.add_argument("--kv-gib", type=float, default=30.0)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick run); floors scale with it")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
+    ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
+    ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
+    ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
     args = ap.parse_args()
+    batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
+    variants = [v for v in VARIANTS if v in args.variants.split(",")]
     cfg = dict(QWEN3_30B_A3B)
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
@@ -146,14 +161,15 @@ def main():
     kv = gen.allocate_kv_cache(num_blocks, 16)
     perm = torch.randperm(num_blocks)
     decode, prefill = [], []
-    for variant, kc in (("old", OLD_MOE), ("new", KernelConfig()), ("new-fp8", KernelConfig())):
+    for variant in variants:
+        kc = VARIANTS[variant]
         fp8 = variant.endswith("fp8")
         if fp8:
             quantize_experts(gen.model_wrapper.model)
             torch.cuda.empty_cache()
         gen.model_wrapper.set_kernel_config(kc)
-        for B in (1, 8, 32, 128):
-            for ctx in (512, 2048):
+        for B in batches:
+            for ctx in contexts:
                 if B * -(-ctx // 16) > num_blocks:
                     continue
                 t = decode_case(gen, kv, 16, B, ctx, perm, 30)
@@ -162,7 +178,7 @@ def main():
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
                       f"  x{t / floor:.2f}", flush=True)
-        for T in (1024, 4096):
+        for T in () if args.decode_only else (1024, 4096):
             n = max(2, 16384 // T)
             t = prefill_case(gen, kv, 16, T, perm, n)
             tg = grouped_chain(cfg, T, n)
@@ -172,7 +188,7 @@ def main():
     res.update(decode=decode, prefill=prefill)
     del kv, gen
     torch.cuda.empty_cache()
-    if not args.no_peer:
+    if not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
         hf = random_hf_moe(cfg)
         step = hf_decode_step(hf, 32, 512, 16, "cuda")
         ours = next(d for d in decode if d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512)
@@ -191,10 +207,10 @@ def plot(res, path):
     if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for variant in ("old", "new", "new-fp8"):
+    for variant in ("old", "prev", "new", "new-fp8"):
         rows = [d for d in res["decode"] if d["variant"] == variant and d["context"] == 512]
         line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=variant)
-        if variant != "old":  # old and new share the bf16 floor
+        if variant in ("new", "new-fp8"):  # old, prev and new share the bf16 floor
             a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
     a.set(xlabel="batch", ylabel="ms / decode step", title="decode, context 512 (dashed: bytes floor)", xscale="log")
     a.legend()

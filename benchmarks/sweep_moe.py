@@ -1,16 +1,23 @@
-"""Launch constants of the fused MoE kernels (kernels/moe*.py) on one Qwen3-30B-A3B layer's experts, the
-previous path beside the current one in the same run.
+"""Launch constants and paths of the MoE layer on Qwen3-30B-A3B's shape (H 2048, I 768, 128 experts, top-8),
+each variant beside the previous path in the same run.
 
-    python3 benchmarks/sweep_moe.py --out benchmarks/results/moe_sweep.json
+    python3 benchmarks/sweep_moe.py --out benchmarks/results/moe_sweep.json            # decode (1-32 tokens)
+    python3 benchmarks/sweep_moe.py --prefill --out ...                                 # + grouped-GEMM tiles
 
-For each token count: one layer's fused_moe in a CUDA graph, median replay, against the bytes of the experts
-its tokens reach (bf16, and e4m3 + scales) and a balanced torch.bmm chain of the same shapes. Rows:
-  old          the previous path: torch-ops sort (about eight kernels) and the grouped GEMMs at every size
-  new          KernelConfig() as it stands (decode path at few pairs, fused align above)
-  new-fp8      the same on e4m3 experts with per-row, 128-column scales
-  decode       the decode path forced (every token count up to 32: where it stops paying)
-  tile         candidate tilings of the path the default takes at that size (decode tiles up to 8 tokens,
-               grouped-GEMM tiles above, with the fused align)
+Decode: LAYERS sparse MLP layers (router projection, routing, experts: SparseMoE.forward on
+FlashInferKernels, each layer its own random weights, so nothing stays in L2) run one after another on the
+same input in one CUDA graph; the median replay per layer against the bytes a layer must read (the router and
+the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (variant):
+  old          the previous defaults: torch's routing ops, the K-looped decode kernels (moe_decode.py)
+  new          KernelConfig() as it stands; new-fp8 the same on e4m3 experts
+  no-pdl       new without programmatic dependent launch
+  route-torch  new with torch's routing ops;  loop: new with the K-looped decode kernels
+  gemv         the register-tile decode path forced where the default sorts (bf16 from 8 tokens, fp8 from 2)
+  sorted       the sort and grouped GEMMs forced where the default takes the decode path
+  tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
+  route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
+Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
+Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
 from __future__ import annotations
@@ -29,16 +36,21 @@ from benchmarks.bench_forward import copy_bandwidth  # noqa: E402
 from benchmarks.bench_moe import OLD_MOE, quantize_fp8_blockwise  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 from model_wrapper.kernels.moe import fused_moe, takes_decode_path  # noqa: E402
+from model_wrapper.layers.kernels import FlashInferKernels  # noqa: E402
+from model_wrapper.layers.moe import MoESpec, SparseMoE  # noqa: E402
 
 H, I, E, K = 2048, 768, 128, 8
-# grouped GEMM: (block_m, block_n, block_k, warps, stages)
-CANDIDATES = [(16, 32, 64, 4, 3), (16, 64, 64, 4, 3), (16, 64, 128, 4, 3), (16, 128, 64, 4, 3),
-              (32, 64, 64, 4, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4)]
-# decode path: (gate_up block_n, block_k, down block_n, down block_k, warps, stages)
-DECODE_CANDIDATES = [(16, 256, 8, 128, 4, 3), (8, 256, 8, 128, 4, 3), (16, 128, 16, 64, 4, 3),
-                     (32, 256, 8, 128, 4, 3), (16, 512, 8, 256, 8, 2), (8, 512, 4, 256, 4, 2),
-                     (16, 256, 8, 128, 2, 3), (16, 256, 8, 128, 8, 4), (32, 128, 4, 128, 4, 4)]
-FORCE_DECODE = dict(moe_decode_pairs=1 << 30, moe_decode_pairs_per_expert=1 << 30)
+LAYERS = 4
+# the path before this sweep's kernels: torch routing, K-looped decode kernels
+PREVIOUS = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
+FORCE_DECODE = dict(moe_decode_pairs=1 << 30, moe_fp8_decode_pairs=1 << 30, moe_decode_pairs_per_expert=1 << 30)
+# register-tile decode path: (gate_up tile, down tile, warps)
+GEMV_TILES = [(16384, 16384, 8), (8192, 8192, 8), (32768, 32768, 8), (16384, 16384, 4), (8192, 8192, 4)]
+FP8_TILES = 3  # the first four also on e4m3 experts (every tile is a compile)
+ROUTE_WARPS = (2, 8)
+# grouped GEMM (sorted path at 16-32 tokens; prefill): (block_m, block_n, block_k, warps, stages)
+CANDIDATES = [(16, 64, 128, 4, 3), (16, 32, 128, 4, 3), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3), (16, 64, 256, 4, 2)]
+PREFILL_CANDIDATES = [(64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4)]
 
 
 def expert_bytes(fp8: bool) -> float:
@@ -48,71 +60,144 @@ def expert_bytes(fp8: bool) -> float:
     return 3 * H * I + (2 * I * -(-H // 128) + H * -(-I // 128)) * 4
 
 
+def make_layers(fp8: bool, g: torch.Generator) -> list[SparseMoE]:
+    layers = []
+    for _ in range(LAYERS):
+        with torch.device("cuda"):
+            m = SparseMoE(MoESpec(E, K, I, norm_topk_prob=True), H).to(torch.bfloat16).requires_grad_(False)
+        m.gate.weight.normal_(0, 0.02, generator=g)
+        ex = m.experts
+        ex.gate_up_proj.normal_(0, 0.02, generator=g)
+        ex.down_proj.normal_(0, 0.02, generator=g)
+        if fp8:
+            for name in ("gate_up_proj", "down_proj"):
+                q, s = quantize_fp8_blockwise(getattr(ex, name).data)
+                setattr(ex, name, torch.nn.Parameter(q, requires_grad=False))
+                setattr(ex, name + "_scale", s)
+        layers.append(m)
+    return layers
+
+
+def kernels_for(cfg: KernelConfig) -> FlashInferKernels:
+    return FlashInferKernels(torch.ones(64, device="cuda"), torch.bfloat16, 16, cfg)
+
+
+def count_kernels(layer: SparseMoE, x: torch.Tensor, cfg: KernelConfig) -> list[str]:
+    """The CUDA kernels one eager call of the layer launches (after a warm-up call)."""
+    kern = kernels_for(cfg)
+    layer(x, None, kern)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        layer(x, None, kern)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
+    layers = {False: make_layers(False, g), True: make_layers(True, g)}
+    router = E * H * 2
+    counts = {}
+
+    def measure(T, name, cfg, x, fp8=False, **extra):
+        kern = kernels_for(cfg)
+        ls = layers[fp8]
+        # the experts a layer's tokens reach (the floor reads each once), averaged over the layers
+        touched = sum(torch.topk(x @ l.gate.weight.T, K).indices.unique().numel() for l in ls) / LAYERS
+        floor_us = (router + touched * expert_bytes(fp8)) / bw * 1e6
+        try:
+            us = graph_ms(lambda: [l(x, None, kern) for l in ls]) * 1e3 / LAYERS
+        except Exception as e:  # a tile that does not fit the SM's registers / shared memory
+            print(f"T={T} {name} {extra}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            return
+        rows.append(dict(part="decode", tokens=T, variant=name, us=us, floor_us=floor_us, ratio=us / floor_us,
+                         experts_touched=touched, **extra))
+        print(f"T={T:3d} {name:12s} {us:7.1f} us/layer  floor {floor_us:6.1f}  x{us / floor_us:5.2f}  "
+              f"{extra if extra else ''}", flush=True)
+
+    new = KernelConfig()
+    for T in (1, 2, 4, 8, 16, 32):
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+        measure(T, "old", PREVIOUS, x)
+        measure(T, "new", new, x)
+        measure(T, "new-fp8", new, x, fp8=True)
+        measure(T, "old-fp8", PREVIOUS, x, fp8=True)
+        if T in (1, 8, 32):
+            measure(T, "no-pdl", dataclasses.replace(new, pdl=False), x)
+            measure(T, "route-torch", dataclasses.replace(new, moe_fused_route=False), x)
+        decode = takes_decode_path(T * K, E, new)
+        if decode:
+            measure(T, "loop", dataclasses.replace(new, moe_decode_gemv=False), x)
+            measure(T, "sorted", dataclasses.replace(new, moe_decode_pairs=0), x)
+        else:
+            measure(T, "gemv", dataclasses.replace(new, **FORCE_DECODE), x)
+        if takes_decode_path(T * K, E, new, fp8=True):
+            measure(T, "sorted-fp8", dataclasses.replace(new, moe_fp8_decode_pairs=0), x, fp8=True)
+        else:
+            measure(T, "gemv-fp8", dataclasses.replace(new, **FORCE_DECODE), x, fp8=True)
+        if T in (1, 4):
+            for i, (tile, down_tile, warps) in enumerate(GEMV_TILES):
+                cfg = dataclasses.replace(new, **FORCE_DECODE, moe_gemv_tile=tile, moe_gemv_down_tile=down_tile,
+                                          moe_gemv_warps=warps)
+                extra = dict(tile=tile, down_tile=down_tile, warps=warps)
+                measure(T, "tile", cfg, x, **extra)
+                if i < FP8_TILES:
+                    measure(T, "tile-fp8", cfg, x, fp8=True, **extra)
+        if T in (1, 32):
+            for warps in ROUTE_WARPS:
+                measure(T, "route-warps", dataclasses.replace(new, moe_route_warps=warps), x, route_warps=warps)
+        if T in (16, 32):
+            for bm, bn, bk, warps, stages in CANDIDATES:
+                cfg = dataclasses.replace(new, moe_decode_pairs=0, moe_block_m=bm, moe_block_n=bn, moe_block_k=bk,
+                                          moe_warps=warps, moe_stages=stages)
+                measure(T, "grouped", cfg, x, block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
+        if T in (1, 32):
+            for name, cfg in (("old", PREVIOUS), ("new", new)):
+                names = count_kernels(layers[False][0], x, cfg)
+                counts[f"T={T} {name}"] = names
+                print(f"T={T} {name}: {len(names)} kernels a layer: {names}", flush=True)
+    return counts
+
+
+def prefill_sweep(rows: list, bw: float, g: torch.Generator) -> None:
+    gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    for T in (128, 1024, 4096):
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+        w, ids = torch.softmax(torch.randn(T, E, device="cuda", generator=g), -1).topk(K, -1)
+        w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
+        floor_us = ids.unique().numel() * expert_bytes(False) / bw * 1e6
+        for bm, bn, bk, warps, stages in PREFILL_CANDIDATES:
+            cfg = dataclasses.replace(KernelConfig(), moe_small_pairs=1 << 30, moe_block_m=bm, moe_block_n=bn,
+                                      moe_block_k=bk, moe_warps=warps, moe_stages=stages)
+            us = graph_ms(lambda: fused_moe(x, w, ids, gate_up, down, cfg)) * 1e3
+            rows.append(dict(part="prefill", tokens=T, variant="tile", us=us, floor_us=floor_us, block_m=bm,
+                             block_n=bn, block_k=bk, warps=warps, stages=stages))
+            print(f"T={T:5d} tile {bm} {bn} {bk} {warps} {stages}: {us:8.1f} us (bytes floor {floor_us:.1f})",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results/moe_sweep.json")
+    ap.add_argument("--prefill", action="store_true", help="also the grouped-GEMM tiles at 128-4096 tokens")
     args = ap.parse_args()
     bw = copy_bandwidth("cuda")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    default = KernelConfig()
     rows = []
-
-    def measure(T, name, cfg, floor_us, chain_us, touched, fp8=False, **extra):
-        wts = dict(gate_up_scale=gs, down_scale=ds) if fp8 else {}
-        gu, dn = (gq, dq) if fp8 else (gate_up, down)
-        try:
-            us = graph_ms(lambda: fused_moe(x, w, ids, gu, dn, cfg, **wts)) * 1e3
-        except Exception as e:  # a tile that does not fit the SM's shared memory or registers
-            print(f"T={T} {name} {extra}: {type(e).__name__}")
-            return
-        rows.append(dict(tokens=T, variant=name, us=us, floor_us=floor_us, ratio=us / floor_us, chain_us=chain_us,
-                         experts_touched=touched, **extra))
-        print(f"T={T:5d} {name:8s} {us:9.1f} us  floor {floor_us:8.1f}  x{us / floor_us:5.2f}  bmm chain "
-              f"{chain_us:8.1f}  {extra if extra else ''}", flush=True)
-
-    for T in (1, 2, 4, 8, 16, 32, 128, 1024, 4096):
-        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
-        logits = torch.randn(T, E, device="cuda", generator=g)
-        w, ids = torch.softmax(logits, -1).topk(K, -1)
-        w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
-        touched = ids.unique().numel()
-        floor, floor8 = (touched * expert_bytes(f) / bw * 1e6 for f in (False, True))
-        n = max(1, T * K // E)
-        xe = torch.randn(E, n, H, device="cuda", dtype=torch.bfloat16)
-        ae = torch.randn(E, n, I, device="cuda", dtype=torch.bfloat16)
-        wg, wd = gate_up.transpose(1, 2), down.transpose(1, 2)
-        chain_us = graph_ms(lambda: (torch.bmm(xe, wg), torch.bmm(ae, wd))) * 1e3
-        measure(T, "old", OLD_MOE, floor, chain_us, touched)
-        measure(T, "new", default, floor, chain_us, touched)
-        measure(T, "new-fp8", default, floor8, chain_us, touched, fp8=True)
-        if T <= 32 and not takes_decode_path(T * K, E, default):
-            measure(T, "decode", dataclasses.replace(default, **FORCE_DECODE), floor, chain_us, touched)
-        if takes_decode_path(T * K, E, default):
-            for bn, bk, dbn, dbk, warps, stages in DECODE_CANDIDATES:
-                cfg = dataclasses.replace(default, moe_decode_block_n=bn, moe_decode_block_k=bk,
-                                          moe_decode_down_block_n=dbn, moe_decode_down_block_k=dbk,
-                                          moe_decode_warps=warps, moe_decode_stages=stages)
-                tile = dict(block_n=bn, block_k=bk, down_block_n=dbn, down_block_k=dbk, warps=warps, stages=stages)
-                measure(T, "tile", cfg, floor, chain_us, touched, **tile)
-                measure(T, "tile-fp8", cfg, floor8, chain_us, touched, fp8=True, **tile)
-        else:
-            for bm, bn, bk, warps, stages in CANDIDATES:
-                cfg = dataclasses.replace(default, moe_small_pairs=1 << 30, moe_block_m=bm, moe_block_n=bn,
-                                          moe_block_k=bk, moe_warps=warps, moe_stages=stages)
-                tile = dict(block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
-                measure(T, "tile", cfg, floor, chain_us, touched, **tile)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    counts = decode_sweep(rows, bw, g)
+    if args.prefill:
+        prefill_sweep(rows, bw, g)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, rows=rows), f, indent=1)
-    print("\nold -> new (us), one layer's experts:")
-    for T in sorted({r["tokens"] for r in rows}):
-        by = {r["variant"]: r for r in rows if r["tokens"] == T and r["variant"] in ("old", "new", "new-fp8")}
-        if len(by) == 3:
-            print(f"T={T:5d}  old {by['old']['us']:8.1f}  new {by['new']['us']:8.1f} (x{by['new']['ratio']:.2f} floor)"
-                  f"  fp8 {by['new-fp8']['us']:8.1f} (x{by['new-fp8']['ratio']:.2f} its floor)")
+        json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows,
+                       kernels=counts), f, indent=1)
+    print("\nper layer (us, x its bytes floor): old -> new, bf16 and fp8")
+    for T in sorted({r["tokens"] for r in rows if r["part"] == "decode"}):
+        by = {r["variant"]: r for r in rows if r["tokens"] == T and r["part"] == "decode"}
+        line = "  ".join(f"{v} {by[v]['us']:.1f} (x{by[v]['ratio']:.2f})" for v in ("old", "new", "old-fp8", "new-fp8")
+                         if v in by)
+        print(f"T={T:3d}  {line}")
 
 
 if __name__ == "__main__":

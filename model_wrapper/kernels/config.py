@@ -47,12 +47,15 @@ class KernelConfig:
     add_norm_block: int = 128  # columns per program of add_lora_rms_norm
     add_norm_warps: int = 4  # (2 / 8 within noise)
 
-    # mixture-of-experts decode path (kernels/moe_decode.py): steps of at most moe_decode_pairs
-    # token-expert pairs, and few per expert (a repeated expert is read once per pair), skip the sort and read each pair's
-    # expert in GEMVs (0: every step sorts; the A/B switch of benchmarks/bench_moe.py). The tiles
-    # are first guesses sized for the SM count at one token (8 pairs x 48 gate_up blocks, 256 down
-    # blocks), not yet measured: benchmarks/sweep_moe.py sweeps them
-    moe_decode_pairs: int = 64
+    # mixture-of-experts decode path (kernels/moe_gemv.py, or moe_decode.py's K loops): steps of at most
+    # moe_decode_pairs token-expert pairs (FP8 experts: moe_fp8_decode_pairs), and few per expert (a
+    # repeated expert is read once per pair), skip the sort and read each pair's expert in GEMVs (0: every
+    # step sorts). H100 sweep (sweep_moe.py, one Qwen3-30B-A3B layer in a graph, x its bytes): 1 token
+    # 1.57x (sorted 1.90x), 2 tokens 1.43x (1.64x), 4 tokens 1.31x (1.34x), 8 tokens sorted 1.17x. FP8:
+    # the GEMVs dequantize every weight in fp32 FMAs and stop paying after one token (2 tokens: 2.72x
+    # against 2.51x sorted; 4 tokens 2.31x against 1.78x)
+    moe_decode_pairs: int = 32
+    moe_fp8_decode_pairs: int = 8
     moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
@@ -60,6 +63,17 @@ class KernelConfig:
     moe_decode_down_block_k: int = 128
     moe_decode_warps: int = 4
     moe_decode_stages: int = 3
+    # the decode path's experts as register-tile GEMVs (kernels/moe_gemv.py: a program loads its whole
+    # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
+    moe_decode_gemv: bool = True
+    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8 twice the weights, same bytes)
+    # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
+    moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
+    moe_gemv_warps: int = 8
+    # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
+    # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
+    moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
+    moe_route_warps: int = 4  # (2 / 8 within noise)
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks
@@ -81,6 +95,7 @@ class KernelConfig:
     moe_large_block_k: int = 64
     moe_large_warps: int = 8
     moe_large_stages: int = 3
+    moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only
     # GEMV (fp32 FMAs on weights held in registers); up to fp8_skinny_max_tokens: the weight-only

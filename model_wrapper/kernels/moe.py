@@ -1,7 +1,8 @@
 """Fused mixture-of-experts on the GPU: the entry point fused_moe and the grouped GEMMs of larger steps.
 
-Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (kernels/
-moe_decode.py: a GEMV per pair, no sort). Larger ones sort the pairs per expert on the device and run
+Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (no sort: a GEMV
+per pair, kernels/moe_gemv.py's register tiles, or kernels/moe_decode.py's K loops where a row does not
+fit a tile or cfg.moe_decode_gemv is off). Larger ones sort the pairs per expert on the device and run
 two grouped GEMMs:
 
     ids [T, k] --moe_align--> pairs [R] (pair p = t * k + j, sorted by expert, each expert's run padded
@@ -10,7 +11,10 @@ two grouped GEMMs:
     gate_up kernel: program (m block, n block) of expert e = block_expert[m]:
                     act[p, n] = silu(x[p // k] @ gate_e[n]) * (x[p // k] @ up_e[n])      act [P, I]
     down kernel:    out[p, :] = w[p] * (act[p] @ down_e^T)                                out [P, H]
-    y = out.view(T, k, H).sum(1)
+    sum kernel:     y[t] = sum_j out[t * k + j]  (fp32, one rounding)                      y [T, H]
+
+All five kernels (the align's two, the GEMMs, the sum) launch with PDL on sm90+ and wait for the one before
+at entry: each launch overlaps the previous kernel's tail.
 
 No step reads a count back to the host: the sort, the per-expert padding and the grid are all sized by the
 worst case of T (R <= P + min(E, P) * (BLOCK_M - 1)), so a CUDA graph of a decode bucket replays whatever
@@ -30,18 +34,23 @@ import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
+from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
 
 
 @triton.jit
 def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr, SILU: tl.constexpr,
                      WEIGHTED: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if PDL:
+        gdc_wait()  # the kernel before (the align's scatter, or gate_up) is complete
+        gdc_launch_dependents()
     e = tl.load(block_expert_ptr + pid_m)
     if e >= E:
         return
@@ -91,10 +100,27 @@ def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw
              mask=valid[:, None] & n_ok[None, :])
 
 
-def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig) -> bool:
-    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs,
-    and not many more than the experts (the decode path reads a repeated expert once per pair)."""
-    return num_pairs <= min(cfg.moe_decode_pairs, cfg.moe_decode_pairs_per_expert * num_experts)
+@triton.jit
+def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PDL: tl.constexpr):
+    # y[t, n] = sum_j out[t * TOP_K + j, n] in fp32, one rounding (out [T * TOP_K, N] unit-strided rows)
+    t = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()  # the down GEMM is complete
+        gdc_launch_dependents()
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, KP)
+    rows = tl.load(out_ptr + (t * TOP_K + j)[:, None] * N + n[None, :], mask=(j < TOP_K)[:, None] & (n < N)[None, :],
+                   other=0.0)
+    tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
+
+
+def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: bool = False) -> bool:
+    """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs
+    (cfg.moe_fp8_decode_pairs for FP8 experts), and not many more than the experts (the decode path reads a
+    repeated expert once per pair)."""
+    most = cfg.moe_fp8_decode_pairs if fp8 else cfg.moe_decode_pairs
+    return num_pairs <= min(most, cfg.moe_decode_pairs_per_expert * num_experts)
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -113,7 +139,9 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     P = T * k
-    if takes_decode_path(P, E, cfg):
+    if takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None):
+        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg):
+            return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()
     fp8 = gate_up_scale is not None
@@ -124,16 +152,17 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
     if fp8:
         bk = min(bk, FP8_GROUP)
+    pdl = uses_pdl(x.device, cfg)
     if cfg.moe_fused_align:
-        pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk)
+        pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk, pdl)
     else:
         pairs, block_expert = moe_align_reference(ids, E, bm)
     act = torch.empty(P, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    launch = dict(TOP_K=k, FP8=fp8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
-                  num_stages=stages)
+    launch = dict(TOP_K=k, FP8=fp8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=warps,
+                  num_stages=stages, **launch_args(pdl))
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
         x, gate_up, s, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
@@ -142,4 +171,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
         act, down, s, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
         sse, ssn, out.stride(0), SILU=False, WEIGHTED=True, **launch)
-    return out.view(T, k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    _sum_k_kernel[(T, triton.cdiv(H, cfg.moe_sum_block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
+                                                           BLOCK_N=cfg.moe_sum_block, PDL=pdl, **launch_args(pdl))
+    return y

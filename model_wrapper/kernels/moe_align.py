@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args
+
 
 def align_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """R, the rows of `pairs`: every pair plus the worst-case padding, a whole number of blocks."""
@@ -52,8 +54,12 @@ def moe_align_reference(ids: torch.Tensor, num_experts: int, block_m: int) -> tu
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, pairs_ptr, P, rows, FILL, EP: tl.constexpr, CHUNK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, pairs_ptr, P, rows, FILL, EP: tl.constexpr, CHUNK: tl.constexpr,
+                  PDL: tl.constexpr):
     c = tl.program_id(0)
+    if PDL:
+        gdc_wait()  # the routing is complete
+        gdc_launch_dependents()
     offs = c * CHUNK + tl.arange(0, CHUNK)
     e = tl.load(ids_ptr + offs, mask=offs < P, other=EP)  # EP matches no column: a pair past P counts nowhere
     cols = tl.arange(0, EP)
@@ -68,8 +74,11 @@ def _count_kernel(ids_ptr, counts_ptr, pairs_ptr, P, rows, FILL, EP: tl.constexp
 @triton.jit
 def _scatter_kernel(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, P, E, num_chunks, num_blocks, BLOCKS_PER,
                     EP: tl.constexpr, CHUNK: tl.constexpr, CHUNK_TILE: tl.constexpr, BLOCK_TILE: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+                    BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     c = tl.program_id(0)
+    if PDL:
+        gdc_wait()  # the count kernel is complete
+        gdc_launch_dependents()
     cols = tl.arange(0, EP)
     total = tl.zeros((EP,), dtype=tl.int32)
     before = tl.zeros((EP,), dtype=tl.int32)
@@ -96,9 +105,11 @@ def _scatter_kernel(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, P, E, num_
         tl.store(block_expert_ptr + b, tl.sum(done.to(tl.int32), axis=1), mask=b < num_blocks)
 
 
-def moe_align(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_align(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 128,
+              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, k] int -> (pairs [R] int32, block_expert [R // block_m] int32): moe_align_reference's result
-    from two Triton kernels (chunk pairs a program; a power of two), nothing read back to the host."""
+    from two Triton kernels (chunk pairs a program; a power of two), nothing read back to the host; pdl:
+    launched with programmatic dependent launch (sm90+), each waiting for the kernel before at entry."""
     T, k = ids.shape
     P = T * k
     ids = ids.contiguous()
@@ -110,9 +121,9 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 12
     counts = torch.empty(num_chunks, ep, dtype=torch.int32, device=ids.device)
     pairs = torch.empty(rows, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=ids.device)
-    _count_kernel[(num_chunks,)](ids, counts, pairs, P, rows, fill, EP=ep, CHUNK=chunk)
+    _count_kernel[(num_chunks,)](ids, counts, pairs, P, rows, fill, EP=ep, CHUNK=chunk, PDL=pdl, **launch_args(pdl))
     _scatter_kernel[(num_chunks,)](ids, counts, pairs, block_expert, P, num_experts, num_chunks, num_blocks,
                                    triton.cdiv(num_blocks, num_chunks), EP=ep, CHUNK=chunk,
                                    CHUNK_TILE=min(32, max(2, triton.next_power_of_2(num_chunks))), BLOCK_TILE=64,
-                                   BLOCK_M=block_m)
+                                   BLOCK_M=block_m, PDL=pdl, **launch_args(pdl))
     return pairs, block_expert

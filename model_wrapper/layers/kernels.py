@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from model_wrapper.kernels.config import KernelConfig
-from model_wrapper.layers.moe import dequantize_experts, experts_reference
+from model_wrapper.layers.moe import dequantize_experts, experts_reference, route
 from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 
@@ -64,6 +64,15 @@ class TorchKernels:
         _no_lora(self, lora, scale)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def moe_route(self, logits: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [T, E] -> (weights [T, k], expert ids [T, k] int64): layers/moe.route (a MoESpec)."""
+        return route(logits, spec)
+
+    def moe(self, x, logits, spec, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
+        """A sparse MLP's experts from the router logits [T, E]: moe_route, then moe_experts (a MoESpec)."""
+        weights, ids = self.moe_route(logits, spec)
+        return self.moe_experts(x, weights, ids, gate_up, down, gate_up_scale, down_scale)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
         """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
@@ -166,6 +175,15 @@ class FlashInferKernels(TorchKernels):
         -> (weight * (residual + x + delta), residual + x + delta, RowScale), x and residual in place."""
         scale = self._triton.add_lora_rms_norm(x, residual, weight, eps, lora, self.config)
         return x, residual, scale
+
+    def moe_route(self, logits, spec):
+        """Softmax, top-k, renormalisation and cast in one Triton kernel (kernels/moe_route.py; exact
+        ties to the lower expert index); without Triton or with config.moe_fused_route off, torch's ops."""
+        if self._triton is None or not self.config.moe_fused_route:
+            return super().moe_route(logits, spec)
+        from model_wrapper.kernels.moe_route import moe_route
+
+        return moe_route(logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, self.config)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else

@@ -47,7 +47,8 @@ class MoESpec:
 
 
 def route(router_logits: torch.Tensor, spec: MoESpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights [T, k], expert ids [T, k] int64), transformers' routing."""
+    """router_logits [T, E] -> (weights [T, k], expert ids [T, k] int64), transformers' routing (on CUDA the
+    same in one kernel: kernels/moe_route.py)."""
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, spec.top_k, dim=-1)
     if spec.norm_topk_prob:
@@ -134,11 +135,13 @@ class SparseMoE(nn.Module):
         the ranks' partial sums (their intermediate slices) are all-reduced once."""
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
-        weights, ids = route(F.linear(x, self.gate.weight), self.spec)
+        # the router's projection is a model projection (the GEMV at 1-2 tokens on CUDA); kernels.moe routes
+        # (on CUDA one kernel: kernels/moe_route.py) and runs the experts
+        logits = kernels.linear(x, self.gate.weight)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)
-        y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
+        y = kernels.moe(x, logits, self.spec, ex.gate_up_proj, ex.down_proj, **scales)
         if self.shared_expert is not None:
             s = self.shared_expert
             shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)

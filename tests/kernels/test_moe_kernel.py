@@ -1,8 +1,10 @@
 """The fused MoE kernels (model_wrapper/kernels/moe*.py) against the reference experts (layers/moe.py).
 
 Under Triton's interpreter on the CPU (fp32: the interpreter mishandles bf16 dots) and on CUDA in bf16
-(marked cuda). Both paths of fused_moe are forced in turn through KernelConfig: the decode path (a GEMV
-per token-expert pair, no sort) and the sorted path (moe_align, fused or torch ops, then grouped GEMMs).
+(marked cuda). The paths of fused_moe are forced in turn through KernelConfig: the decode path (a GEMV
+per token-expert pair, no sort: the register-tile kernels of moe_gemv.py or the K-looped ones of
+moe_decode.py) and the sorted path (moe_align, fused or torch ops, then grouped GEMMs and the k-sum). On
+CUDA also with PDL off, and the router GEMV -> routing kernel -> experts chain replayed in a graph.
 Token counts cover one token, a few, a block's worth and more; expert counts and top-k vary, with experts
 that receive no token, routing ties (every token routed to the same experts) and FP8 experts (e4m3 with
 per-row, 128-column scales) checked against the reference on weights dequantized here, group by group.
@@ -26,8 +28,13 @@ from model_wrapper.layers.moe import MoESpec, dequantize_experts, experts_refere
 
 interpreter_only = pytest.mark.skipif(not INTERPRET, reason="interpreter case")
 # small tiles, so that the interpreter's tiny shapes span several programs and K steps
-DECODE = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20, moe_decode_block_n=16,
-                      moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32, moe_decode_stages=1)
+DECODE_LOOP = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20,
+                           moe_decode_block_n=16,
+                           moe_decode_block_k=32, moe_decode_down_block_n=8, moe_decode_down_block_k=32,
+                           moe_decode_stages=1, moe_decode_gemv=False)
+# the register-tile GEMVs (kernels/moe_gemv.py): H = 48 and I = 40 pad to 64, 256 weights a tile: 2 gate_up
+# columns a program, 2 or 4 down rows of each of the token's k experts
+DECODE = dataclasses.replace(DECODE_LOOP, moe_decode_gemv=True, moe_gemv_tile=256, moe_gemv_down_tile=512)
 SORTED = KernelConfig(moe_decode_pairs=0, moe_block_m=16, moe_block_n=16, moe_block_k=32, moe_stages=1,
                       moe_small_pairs=40, moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=32,
                       moe_large_stages=1, moe_align_chunk=32)
@@ -90,14 +97,16 @@ def test_fused_align_matches_the_list_built_sort(T, E, k, bm, chunk, routing):
 
 
 def test_the_decode_path_takes_few_pairs_on_many_experts():
-    """Default bounds: Qwen3-30B-A3B's decode (128 experts, top-8) up to 8 tokens, Mixtral's (8 experts,
+    """Default bounds: Qwen3-30B-A3B's decode (128 experts, top-8) up to 4 tokens, Mixtral's (8 experts,
     top-2) up to 4; the config's switches move them, 0 turns the path off."""
     cfg = KernelConfig()
-    assert takes_decode_path(8, 128, cfg) and takes_decode_path(64, 128, cfg) and not takes_decode_path(72, 128, cfg)
+    assert takes_decode_path(8, 128, cfg) and takes_decode_path(32, 128, cfg) and not takes_decode_path(40, 128, cfg)
     assert takes_decode_path(8, 8, cfg) and not takes_decode_path(10, 8, cfg)
     assert takes_decode_path(16, 8, dataclasses.replace(cfg, moe_decode_pairs_per_expert=2))
     assert not takes_decode_path(1, 128, dataclasses.replace(cfg, moe_decode_pairs=0))
     assert takes_decode_path(4 * 16, 4, DECODE) and not takes_decode_path(4 * 16, 4, SORTED)
+    # FP8 experts: one Qwen3-30B-A3B token only (the GEMVs' dequantization costs more than the sort beyond)
+    assert takes_decode_path(8, 128, cfg, fp8=True) and not takes_decode_path(16, 128, cfg, fp8=True)
 
 
 CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"),
@@ -105,10 +114,11 @@ CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE, SORTED, SORTED_TORCH_ALIGN], ids=["decode", "sorted", "sorted-torch-align"])
+@pytest.mark.parametrize("cfg", [DECODE, DECODE_LOOP, SORTED, SORTED_TORCH_ALIGN],
+                         ids=["decode-gemv", "decode-loop", "sorted", "sorted-torch-align"])
 @pytest.mark.parametrize("T,E,k,routing", CASES + [(257, 16, 4, "random")])
 def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
-    if cfg is DECODE and T == 257:
+    if cfg in (DECODE, DECODE_LOOP) and T == 257:
         pytest.skip("the decode path is for a few pairs (the interpreter takes minutes here)")
     x, w, ids, gate_up, down = _case(T, E, k, 48, 40, torch.float32, "cpu", routing)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
@@ -118,13 +128,16 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
 
 # the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs); FP8
 # tiles span twice the configured columns: 64 (inside one 128-column group) and 256 (two groups a tile)
-DECODE_FP8 = dataclasses.replace(DECODE, moe_decode_block_n=64, moe_decode_block_k=32, moe_decode_down_block_n=32,
-                                 moe_decode_down_block_k=32)
+DECODE_FP8 = dataclasses.replace(DECODE_LOOP, moe_decode_block_n=64, moe_decode_block_k=32,
+                                 moe_decode_down_block_n=32, moe_decode_down_block_k=32)
 DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
+# register tiles: rows of H = 200 and I = 136 pad to 256 (two groups, the second partly filled)
+DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_gemv_tile=512, moe_gemv_down_tile=1024)
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, SORTED], ids=["decode", "decode-wide", "sorted"])
+@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, DECODE_FP8_GEMV, SORTED],
+                         ids=["decode", "decode-wide", "decode-gemv", "sorted"])
 @pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled."""
@@ -160,8 +173,10 @@ def _cuda_close(got, x, w, ids, gate_up, down):
     assert err <= 2 * ref_err + 1e-3, (err, ref_err)
 
 
-DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20)
+DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20)
 CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
+              "decode-loop": dataclasses.replace(DECODE_CUDA, moe_decode_gemv=False),
+              "decode-no-pdl": dataclasses.replace(DECODE_CUDA, pdl=False),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -172,7 +187,7 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
 @pytest.mark.parametrize("T", [1, 3, 16, 257, 4096])
 @pytest.mark.parametrize("E,k", [(8, 2), (64, 8), (128, 8)])
 def test_fused_moe_matches_reference_cuda(path, T, E, k):
-    if path == "decode" and T > 257:
+    if path.startswith("decode") and T > 257:
         pytest.skip("the decode path is for a few pairs")
     x, w, ids, gate_up, down = _case(T, E, k, 256, 128, torch.bfloat16, "cuda", "skew" if T == 257 else "random")
     _cuda_close(fused_moe(x, w, ids, gate_up, down, CUDA_PATHS[path]), x, w, ids, gate_up, down)
@@ -180,10 +195,10 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
-    if path == "decode" and T > 257:
+    if path.startswith("decode") and T > 257:
         pytest.skip("the decode path is for a few pairs")
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 200, torch.bfloat16, "cuda", "ties" if T == 16 else "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
@@ -193,7 +208,7 @@ def test_fp8_experts_match_reference_cuda(path, T):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
 def test_graph_replay_follows_new_routing(path):
     """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
     copied into the captured buffers) give what eager calls give: nothing depends on the host."""
@@ -208,3 +223,36 @@ def test_graph_replay_follows_new_routing(path):
         x.copy_(x2), w.copy_(w2), ids.copy_(ids2)
         graph.replay()
         torch.testing.assert_close(out, fused_moe(x2, w2, ids2, gate_up, down, cfg), rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("T", [1, 4, 8, 32])
+def test_router_routing_experts_chain_in_a_graph_cuda(T):
+    """The sparse layer's chain as SparseMoE runs it on CUDA (router GEMV, routing kernel, experts, all with
+    PDL: the decode path's down kernel reads ids and weights before its wait) captured in one graph at
+    Qwen3-30B-A3B's shape and replayed on new inputs: bit for bit the chain without PDL, run eagerly."""
+    from model_wrapper.kernels.moe_route import moe_route
+    from model_wrapper.kernels.ops import gemv, gemv_fits
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    H, inter, E, k = 2048, 768, 128, 8
+    gate = torch.randn(E, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    gate_up = torch.randn(E, 2 * inter, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    down = torch.randn(E, H, inter, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def chain(x, cfg):
+        logits = gemv(x, gate, cfg=cfg) if gemv_fits(x, gate, cfg) else torch.nn.functional.linear(x, gate)
+        w, ids = moe_route(logits, k, True, False, cfg)
+        return fused_moe(x, w, ids, gate_up, down, cfg)
+
+    cfg = KernelConfig()
+    chain(x, cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(x, cfg)
+    for _ in range(20):
+        x.copy_(torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        torch.testing.assert_close(out, chain(x.clone(), dataclasses.replace(cfg, pdl=False)), rtol=0, atol=0)

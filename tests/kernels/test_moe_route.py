@@ -1,0 +1,85 @@
+"""The one-kernel MoE routing (kernels/moe_route.py) against torch's (layers/moe.route: transformers' softmax,
+topk, renormalisation and cast), under Triton's interpreter on the CPU and on CUDA (marked cuda).
+
+Random logits: the same experts in the same order, the same weights. Ties (equal logits, where torch.topk's
+choice is its sort's): a valid top-k taking the lower expert indices, with the weights torch gives the tied
+values. Expert counts that are not powers of two, top-1 to top-8, with and without renormalisation, weights
+in the model dtype or fp32 (Mixtral), and the router's projection plus routing as SparseMoE runs them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton_interpret import DEVICE, on_cuda_skip  # noqa: E402  (sets the interpreter up before the kernels import)
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+from model_wrapper.kernels.moe_route import moe_route  # noqa: E402
+from model_wrapper.layers.moe import MoESpec, route  # noqa: E402
+
+
+def _check(logits, k, norm, fp32_weights, same_ids=True):
+    """same_ids: no two logits of a row are equal (fp32 random), so the experts must be torch's; else
+    (logits in bf16 / fp16 repeat values) the chosen probabilities must be torch's, slot by slot."""
+    spec = MoESpec(logits.shape[1], k, 8, norm_topk_prob=norm, fp32_weights=fp32_weights)
+    want_w, want_ids = route(logits.cpu(), spec)
+    got_w, got_ids = moe_route(logits, k, norm, fp32_weights, KernelConfig())
+    assert got_ids.dtype == torch.int64 and got_w.dtype == want_w.dtype
+    if same_ids:
+        assert got_ids.cpu().tolist() == want_ids.tolist()
+    probs = torch.softmax(logits.cpu().float(), -1)
+    assert torch.equal(probs.gather(1, got_ids.cpu()), probs.gather(1, want_ids))
+    assert all(len(set(row)) == k for row in got_ids.cpu().tolist())
+    tol = 1e-6 if got_w.dtype == torch.float32 else 8e-3  # bf16: at most one rounding step apart
+    torch.testing.assert_close(got_w.cpu(), want_w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("T,E,k", [(1, 8, 2), (3, 60, 4), (16, 128, 8), (5, 8, 1), (2, 300, 6), (4, 2, 2)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_route_matches_torch(T, E, k, norm):
+    g = torch.Generator().manual_seed(T * 1000 + E)
+    logits = torch.randn(T, E, generator=g).to(DEVICE)
+    _check(logits, k, norm, fp32_weights=False)
+
+
+@pytest.mark.parametrize("dtype,fp32_weights", [(torch.bfloat16, False), (torch.bfloat16, True),
+                                                (torch.float16, False)])
+def test_route_in_the_model_dtype(dtype, fp32_weights):
+    """Logits in the model dtype (the router GEMV's output): weights rounded to it, or kept fp32."""
+    g = torch.Generator().manual_seed(7)
+    logits = (torch.randn(9, 64, generator=g) * 3).to(dtype).to(DEVICE)
+    _check(logits, 8, True, fp32_weights, same_ids=False)
+
+
+def test_ties_take_the_lower_expert_index():
+    """Equal logits: torch.topk picks some k of the tied experts; the kernel the k lowest indices, with the
+    same weights (every tied expert has the same probability)."""
+    logits = torch.zeros(3, 16)
+    logits[1, [2, 5, 9, 11]] = 1.0  # four tied leaders, top-2: experts 2 and 5
+    logits[2, [3, 7]] = 2.0  # two leaders, then 14 tied: top-4 takes 3, 7, 0, 1
+    w, ids = moe_route(logits.to(DEVICE), 2, True, False, KernelConfig())
+    assert ids.cpu().tolist() == [[0, 1], [2, 5], [3, 7]]
+    want_w, _ = route(logits, MoESpec(16, 2, 8, norm_topk_prob=True))
+    torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=1e-6)
+    w4, ids4 = moe_route(logits.to(DEVICE), 4, False, False, KernelConfig())
+    assert ids4.cpu().tolist() == [[0, 1, 2, 3], [2, 5, 9, 11], [3, 7, 0, 1]]
+    want_w4, want_ids4 = route(logits, MoESpec(16, 4, 8, norm_topk_prob=False))
+    torch.testing.assert_close(w4.cpu(), want_w4, rtol=1e-6, atol=1e-6)
+    # both are a top-4 of the same probabilities: the chosen values agree position by position
+    probs = torch.softmax(logits, -1)
+    assert torch.equal(probs.gather(1, ids4.cpu()), probs.gather(1, want_ids4))
+
+
+def test_bad_top_k_is_refused():
+    with pytest.raises(ValueError, match="top_k must be in 1..8"):
+        moe_route(torch.zeros(2, 8, device=DEVICE), 9, True, False)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("T", [1, 3, 32, 4096])
+def test_route_matches_torch_cuda(T):
+    g = torch.Generator().manual_seed(T)
+    logits = (torch.randn(T, 128, generator=g) * 2).to(torch.bfloat16).cuda()
+    _check(logits, 8, True, False, same_ids=False)
