@@ -55,7 +55,6 @@ class _MixedBucket:
         self.staging = torch.zeros(3 * tokens + requests, dtype=torch.int64).pin_memory()
         self.token_slot = torch.full((tokens,), -1, dtype=torch.int32, device=device)  # LoRA slots
         self.token_slot_staging = torch.full((tokens,), -1, dtype=torch.int32).pin_memory()
-        self.copied = torch.cuda.Event()  # staging may be refilled once its last copy is done
         self.attn_state = attn_state
         self.graph = None
         self.logits = None
@@ -75,10 +74,17 @@ class MixedGraphRunner:
         self.request_buckets = sorted(b for b in request_buckets if b <= parent.max_batch) or [parent.max_batch]
         self._graphs: dict[tuple[int, int], _MixedBucket] = {}  # (tokens, requests) -> bucket
         self._fits = None  # (cache key, whether the kernel reads that cache)
+        # every graph's logits end in this one buffer [request_buckets[-1], vocab] float32 (made at the
+        # first capture), so that no graph keeps its own: the caller's rows are cloned before any replay
+        self._out = None
+        # page indices [request_buckets[-1] * max_pages] int32, pinned and on the device, shared by every
+        # bucket; a staging buffer is refilled only once the last replay's copies ran (_copied)
+        self._indices = None
+        self._copied = None
 
     def reset(self) -> None:
         """Forget every captured graph (the owner dropped its pool or changed cache)."""
-        self._graphs = {}
+        self._graphs, self._indices = {}, None
 
     @property
     def token_buckets(self) -> list[int]:
@@ -134,8 +140,13 @@ class MixedGraphRunner:
         owner, mw = self.parent, self.parent.mw
         max_pages = -(-mw.cfg.max_position_embeddings // block_size)
         backend = mw.backend
+        if self._indices is None:
+            n = self.request_buckets[-1] * max_pages
+            self._indices = (torch.zeros(n, dtype=torch.int32).pin_memory(),
+                             torch.zeros(n, dtype=torch.int32, device=mw.device))
+            self._copied = torch.cuda.Event()
         state = make_mixed_state(backend.num_heads, backend.num_kv_heads, tokens, requests, max_pages, mw.device,
-                                 owner.config)
+                                 owner.config, indices=self._indices)
         bucket = _MixedBucket(tokens, requests, mw.device, state)
         if owner.lora is not None:  # the tokens grouped by adapter slot (LoraManager.groups_for)
             n = tokens + 1
@@ -151,10 +162,15 @@ class MixedGraphRunner:
             for _ in range(2):
                 mw.model(batch, scratch, attn, mw.kernels)
         torch.cuda.current_stream().wait_stream(stream)
+        if self._out is None:
+            self._out = torch.empty(self.request_buckets[-1], mw.cfg.vocab_size, dtype=torch.float32,
+                                    device=mw.device)
         bucket.graph = torch.cuda.CUDAGraph()
         mode = "thread_local" if mw.tp.enabled else "global"
         with torch.cuda.graph(bucket.graph, pool=owner._pool, capture_error_mode=mode):
-            bucket.logits = mw.model(batch, kv_cache, attn, mw.kernels)
+            # the graph's own logits go back to the pool once captured: later captures may reuse them
+            self._out[:requests].copy_(mw.model(batch, kv_cache, attn, mw.kernels))
+        bucket.logits = self._out[:requests]
         owner._pool = bucket.graph.pool()
         logger.info("captured a mixed-step CUDA graph for (tokens, requests) ({}, {})", tokens, requests)
         return bucket
@@ -170,7 +186,7 @@ class MixedGraphRunner:
             bucket = self._graphs[size] = self._capture(*size, kv_cache, batch.block_size)
         Tb = bucket.tokens
         st = bucket.staging
-        bucket.copied.synchronize()
+        self._copied.synchronize()
         st[: 2 * Tb].zero_()
         st[2 * Tb: 3 * Tb].fill_(-1)
         st[3 * Tb:].zero_()
@@ -186,9 +202,9 @@ class MixedGraphRunner:
         if batch.prev_token_ids is not None:  # ids still on the device (an engine running ahead)
             tokens, rows, index = batch.prev_token_ids  # rows: packed token indices = bucket rows
             bucket.input_ids.index_copy_(0, rows, tokens.index_select(0, index))
-        bucket.copied.record()
+        self._copied.record()
         bucket.graph.replay()
-        return bucket.logits[:n_out].clone()  # the static output is overwritten by the next replay
+        return bucket.logits[:n_out].clone()  # the shared output is overwritten by the next replay
 
     def _fill_lora(self, bucket: _MixedBucket, batch: ForwardBatch) -> None:
         """Each token's adapter slot (-1: base model, padding) and the tokens grouped by slot, into

@@ -28,7 +28,8 @@ class MixedGraphState:
     meta_staging:     pinned [2 * (requests + 1) + requests + 3 * n_tiles]: qo_indptr [R + 1],
                       kv_indptr [R + 1], kv_last_page_len [R], tiles [3, n_tiles] (tile_map)
     meta:             the same on the device; qo_indptr / kv_indptr / kv_last / tiles are its views
-    indices_staging:  pinned [requests * max_pages]; indices: the same on the device (kv_indices)
+    indices_staging:  pinned [>= requests * max_pages]; indices: the same on the device (kv_indices);
+                      may be shared by every bucket of a runner (one replay's pages are live at a time)
     block_n:          keys a step of the kernel's loop
     """
 
@@ -51,10 +52,11 @@ class MixedGraphState:
 
 
 def make_mixed_state(num_heads: int, num_kv_heads: int, tokens: int, requests: int, max_pages: int, device,
-                     config, sms: int | None = None, pin: bool = True) -> MixedGraphState:
+                     config, sms: int | None = None, pin: bool = True, indices=None) -> MixedGraphState:
     """A bucket's state on device; config: a KernelConfig (mixed_block_rows, mixed_block_n); sms:
     the GPU's SM count (None: ask the device) for the split rule. pin: pinned staging (False: plain
-    host memory, for host-side tests)."""
+    host memory, for host-side tests). indices: (staging, device) page-index buffers of at least
+    requests * max_pages entries to share, or None (the state's own)."""
     from model_wrapper.kernels.prefill_attention import max_tiles, prefill_splits, tile_tokens
 
     block_t = tile_tokens(num_heads, num_kv_heads, config.mixed_block_rows)
@@ -65,12 +67,15 @@ def make_mixed_state(num_heads: int, num_kv_heads: int, tokens: int, requests: i
     splits = prefill_splits(-(-tokens // block_t) + requests // 2, num_kv_heads, sms)
     n = 2 * (requests + 1) + requests + 3 * n_tiles
     meta_staging = torch.zeros(n, dtype=torch.int32)
-    indices_staging = torch.zeros(requests * max_pages, dtype=torch.int32)
+    if indices is None:
+        indices = (torch.zeros(requests * max_pages, dtype=torch.int32),
+                   torch.zeros(requests * max_pages, dtype=torch.int32, device=device))
+        if pin:
+            indices = (indices[0].pin_memory(), indices[1])
     if pin:
-        meta_staging, indices_staging = meta_staging.pin_memory(), indices_staging.pin_memory()
+        meta_staging = meta_staging.pin_memory()
     state = MixedGraphState(tokens, requests, block_t, n_tiles, splits, meta_staging,
-                            torch.zeros(n, dtype=torch.int32, device=device), indices_staging,
-                            torch.zeros(requests * max_pages, dtype=torch.int32, device=device),
+                            torch.zeros(n, dtype=torch.int32, device=device), indices[0], indices[1],
                             block_n=config.mixed_block_n)
     plan_mixed_replay(state, None, None, None, 1)  # padding only: what warm-up and capture run
     return state
