@@ -30,12 +30,10 @@ from model_wrapper.attention.kv_store import KVStore
 from model_wrapper.cuda_graph import DecodeGraphRunner
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.kernels.config import KernelConfig
-from test_prefill_attention import DTYPE, TOL
+from test_prefill_attention import DTYPE, TOL, D
 from test_prefill_attention import Step as KernelStep
 from test_verify_graph import gpu, gpu_ckpt  # noqa: F401 - the fixture, shared with the verify graphs' tests
 from text_generator import TextGenerator
-
-D = 32
 
 
 def _batch(q_lens, prefixes, *, is_prefill=True, lm=True, spec=False):
@@ -142,7 +140,7 @@ def test_mixed_bucket_attention_is_the_torch_backend(window):
     from model_wrapper.attention.prefill_graph import MixedGraphAttention, make_mixed_state, plan_mixed_replay
 
     heads, kv_heads, page, tokens, requests = 4, 2, 4, 48, 4
-    config = KernelConfig(mixed_block_rows=16, mixed_block_n=8)
+    config = KernelConfig(mixed_block_rows=16, mixed_block_n=8 if INTERPRET else 64)
     state = make_mixed_state(heads, kv_heads, tokens, requests, max_pages=32, device=DEVICE, config=config,
                              sms=32, pin=False)
     assert state.splits > 1  # a small machine: the split path too
