@@ -124,6 +124,27 @@ def gpu_ms(gen, args, kw, iters: int) -> float | None:
     return total / iters / 1e3
 
 
+def replay_ms(gen, args, kw, iters: int) -> float | None:
+    """The device time of the mixed graph the step replays, between CUDA events around back-to-back
+    replays of that graph alone (its inputs as the last call left them): a check on the profiler's sum
+    of kernel times. None where the step did not replay a mixed graph."""
+    runner = gen.model_wrapper.graphs
+    batch = _batch_of(gen, args, kw)
+    if runner is None or runner._route(batch, args[3]) != "mixed":
+        return None
+    gen.forward_tensor(*args, **kw)
+    graph = runner.mixed._graphs[runner.mixed.bucket_for(batch.num_tokens, max(batch.batch_size,
+                                                                              len(kw["lm_head_indices"])))].graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -192,7 +213,7 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
     variants = [(on, None) for on in modes] + [(True, r) for r in extra if True in modes]
     rows = []
     print(f"\n{'decodes':>7s} {'chunk':>6s} {'graphs':>6s} {'rows':>5s} {'wall ms':>8s} {'gpu ms':>8s} "
-          f"{'wall/gpu':>9s} {'/eager gpu':>10s} {'replayed':>9s}")
+          f"{'wall/gpu':>9s} {'/eager gpu':>10s} {'replayed':>9s} {'replay ms':>9s}")
     for c in chunks:
         st = Steps(gen, decodes + 1, args.ctx, c + 1, args.block_size)
         q = [1] * decodes + [c]
@@ -207,18 +228,21 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
                 gpu = gpu_ms(gen, a, kw, min(args.iters, 20))
                 runner = mw.graphs
                 replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
+                replay = replay_ms(gen, a, kw, args.iters) if replayed and sync is torch.cuda.synchronize else None
             if block_rows is not None:
                 mw.set_kernel_config(base_cfg)
             done.append(dict(decodes=decodes, chunk=c, graphs=on, tokens=sum(q), replayed=replayed,
                              block_rows=block_rows if block_rows is not None else base_cfg.mixed_block_rows,
-                             wall_ms=wall, gpu_ms=gpu, wall_over_gpu=None if gpu is None else wall / gpu))
+                             wall_ms=wall, gpu_ms=gpu, wall_over_gpu=None if gpu is None else wall / gpu,
+                             replay_ms=replay))
         eager_gpu = next((r["gpu_ms"] for r in done if not r["graphs"]), None)
         for r in done:
             r["wall_over_eager_gpu"] = None if eager_gpu is None or r["gpu_ms"] is None else r["wall_ms"] / eager_gpu
             fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
             print(f"{decodes:7d} {c:6d} {str(r['graphs']):>6s} {r['block_rows']:5d} {r['wall_ms']:8.3f} "
                   f"{fmt(r['gpu_ms'], '8.3f'):>8s} {fmt(r['wall_over_gpu'], '8.2f'):>8s}x "
-                  f"{fmt(r['wall_over_eager_gpu'], '9.2f'):>9s}x {str(r['replayed']):>9s}")
+                  f"{fmt(r['wall_over_eager_gpu'], '9.2f'):>9s}x {str(r['replayed']):>9s} "
+                  f"{fmt(r['replay_ms'], '8.3f'):>8s}")
         rows += done
         del st
     return rows

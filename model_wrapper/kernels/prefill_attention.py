@@ -46,7 +46,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
                     PAGE: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
                     FP8: tl.constexpr):
-    tile = tl.program_id(0)
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the map's last (longest causal) tiles start first
     h = tl.program_id(1)
     s = tl.program_id(2)
     req = tl.load(treq_ptr + tile)
