@@ -196,7 +196,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                             tiles: torch.Tensor, positions: torch.Tensor, scale: float, *, block_t: int,
                             window: int | None = None, splits: int = 1, block_n: int = BLOCK_N,
-                            num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
+                            num_warps: int | None = None, num_stages: int = 2, k_scale: torch.Tensor | None = None,
                             v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """q [T_b, H, D] packed (rows may be strided) -> [T_b, H, D]; caches [blocks, page, KVH, D] of
     q's dtype or float8_e4m3fn (read as e4m3 * k_scale / v_scale: float32 one-element device
@@ -217,12 +217,15 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_prefill_attention: an e4m3 cache needs k_scale and v_scale")
+    rows = max(16, triton.next_power_of_2(block_t * group))
+    if num_warps is None:  # a 128-row fp32 accumulator of 128 columns spills over 4 warps' registers
+        num_warps = 8 if rows >= 128 else 4
     _prefill_kernel[(tiles.shape[1], KVH, splits)](
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, tiles[0], tiles[1], tiles[2],
         positions, out, part, lse, k_scale if fp8 else qo_indptr, v_scale if fp8 else qo_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
-        PAGE=page, BLOCK_T=block_t, GROUP=group, ROWS=max(16, triton.next_power_of_2(block_t * group)), D=D,
+        PAGE=page, BLOCK_T=block_t, GROUP=group, ROWS=rows, D=D,
         BLOCK_N=block_n, SPLITS=splits, HAS_WINDOW=window is not None, FP8=fp8,
         num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
