@@ -334,3 +334,35 @@ def test_switch_off_runs_mixed_steps_eagerly(gpu_ckpt):  # noqa: F811
     assert not _mixed_buckets(gen)
     for a, b in zip(on, off):
         assert rel_err(a, b) < 2e-2
+
+
+@gpu
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_moe_mixed_steps_replay_graphs(checkpoint_dir, family):
+    """Mixture-of-experts models (Qwen3-MoE, Mixtral; routing on the device): the mixed steps capture and
+    replay (the fused MoE makes no host sync), and their logits stay within the bf16 bound of
+    transformers' fp32 logits on average (a router near-tie may route a token apart, as any rounding
+    change may: tests/model_wrapper/test_moe.py's criterion)."""
+    import transformers
+
+    from conftest import rel_err
+    from test_moe import _cuda_ckpt
+
+    path = _cuda_ckpt(checkpoint_dir, family)
+    contexts, g = _contexts(11)
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    got, seqs, _ = _mixed_steps(gen, contexts, g)
+    assert _mixed_buckets(gen) == [(32, 4), (64, 4)]
+    refs = [transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation="eager").cuda().eval()
+            for dt in (torch.float32, torch.bfloat16)]
+    ours, oracle = [], []
+    with torch.no_grad():
+        for logits, rows in zip(got, seqs):
+            for r, seq in enumerate(rows):
+                ids = torch.tensor([seq], device="cuda")
+                w32, w16 = (m(ids).logits[0, -1].float() for m in refs)
+                ours.append(rel_err(logits[r], w32))
+                oracle.append(rel_err(w16, w32))
+    ours, oracle = torch.tensor(ours), torch.tensor(oracle)
+    assert ours.mean() <= 2 * oracle.mean() + 1e-3, (ours.mean(), oracle.mean())
+    assert ours.median() <= 2 * oracle.median() + 1e-3, (ours.median(), oracle.median())
