@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from model_wrapper.attention.backend import AttentionBackend
@@ -43,6 +44,11 @@ class MixedGraphState:
     indices_staging: torch.Tensor
     indices: torch.Tensor
     block_n: int = 64
+    host: tuple | None = None  # (qo, indptr, last) NumPy views of meta_staging, its tiles [3, n_tiles] view, indices
+
+    def __post_init__(self):
+        views = self.views(self.meta_staging)
+        self.host = (*(t.numpy() for t in views[:3]), views[3], self.indices_staging.numpy())
 
     def views(self, t: torch.Tensor):
         """-> (qo_indptr, kv_indptr, kv_last, tiles [3, n_tiles]) of a meta-shaped tensor t."""
@@ -83,26 +89,30 @@ def make_mixed_state(num_heads: int, num_kv_heads: int, tokens: int, requests: i
 
 def plan_mixed_replay(state: MixedGraphState, q_lens_cpu, block_tables_cpu, seq_lens_cpu, page: int) -> None:
     """Fill state's metadata for B = len(q_lens_cpu) real requests (q_lens_cpu, seq_lens_cpu [B],
-    block_tables_cpu [B, W] int32, their tokens packed first), then copy it to the device
-    (non-blocking, from pinned staging). None: no request (every row padding)."""
-    from model_wrapper.attention.flashinfer_backend import page_metadata
+    block_tables_cpu [B, W] int32 host tensors, their tokens packed first), then copy it to the
+    device (non-blocking, from pinned staging). None: no request (every row padding). The host
+    arithmetic runs in NumPy on views of the staging: per-op cost of microseconds, not torch's."""
     from model_wrapper.kernels.prefill_attention import tile_map
 
-    qo, indptr, last, tiles = state.views(state.meta_staging)
+    qo, indptr, last, tiles, indices_staging = state.host
     B = 0 if q_lens_cpu is None else q_lens_cpu.shape[0]
     n = 0
+    qo[0] = indptr[0] = 0
     if B:
-        qo[1:B + 1] = torch.cumsum(q_lens_cpu, 0)
-        ind, indices, lst = page_metadata(block_tables_cpu, seq_lens_cpu, page, pin=False)
-        n = indices.numel()
-        indptr[: B + 1] = ind
-        last[:B] = lst
-        state.indices_staging[:n] = indices
-    qo[0] = 0
+        L = seq_lens_cpu.numpy().astype(np.int64)
+        pages = (L + page - 1) // page
+        np.cumsum(q_lens_cpu.numpy(), out=qo[1:B + 1])
+        np.cumsum(pages, out=indptr[1:B + 1])
+        last[:B] = L - (pages - 1) * page
+        tables = block_tables_cpu.numpy()
+        indices = tables[np.arange(tables.shape[1])[None, :] < pages[:, None]]  # row-major: request order
+        n = indices.shape[0]
+        indices_staging[:n] = indices
     qo[B + 1:] = qo[B]  # padding requests: no tokens, no pages
     indptr[B + 1:] = indptr[B]
     last[B:] = 0
-    tile_map(q_lens_cpu if B else torch.zeros(0, dtype=torch.int32), state.tokens, state.block_t, out=tiles)
+    tile_map(q_lens_cpu if B else torch.zeros(0, dtype=torch.int32), state.tokens, state.block_t,
+             out=tiles)
     if n:
         state.indices[:n].copy_(state.indices_staging[:n], non_blocking=True)
     state.meta.copy_(state.meta_staging, non_blocking=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -149,8 +150,9 @@ def max_tiles(tokens: int, requests: int, block_t: int) -> int:
 def tile_map(q_lens_cpu: torch.Tensor, tokens: int, block_t: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Host int32 [3, n_tiles]: rows tile_req (-1: padding), tile_tok0, tile_n of a step whose
     requests bring q_lens_cpu [B] tokens, packed into `tokens` rows (the rest padding); unused tiles
-    get (-1, 0, 0). out: a [3, n_tiles] int32 buffer to fill (n_tiles >= max_tiles(tokens, B, block_t))."""
-    q = q_lens_cpu.to(torch.int64)
+    get (-1, 0, 0). out: a [3, n_tiles] int32 host buffer to fill (n_tiles >= max_tiles(tokens, B,
+    block_t)). In NumPy on views of the tensors: a replay pays microseconds, not torch's per-op cost."""
+    q = q_lens_cpu.numpy().astype(np.int64)
     T = int(q.sum())
     per = (q + block_t - 1) // block_t  # tiles of each request
     n_real = int(per.sum())
@@ -159,19 +161,19 @@ def tile_map(q_lens_cpu: torch.Tensor, tokens: int, block_t: int, out: torch.Ten
         out = torch.empty(3, max_tiles(tokens, q.shape[0], block_t), dtype=torch.int32)
     if n_real + pad > out.shape[1]:
         raise ValueError(f"tile_map: {n_real + pad} tiles do not fit the buffer's {out.shape[1]}")
-    req = torch.repeat_interleave(torch.arange(q.shape[0]), per, output_size=n_real)
-    starts = torch.cumsum(per, 0) - per  # first tile of each request
-    k = torch.arange(n_real) - starts[req]  # tile within its request
-    qo = torch.cumsum(q, 0) - q
-    out[0].fill_(-1)
-    out[1:].zero_()
-    out[0, :n_real] = req.to(torch.int32)
-    out[1, :n_real] = (qo[req] + k * block_t).to(torch.int32)
-    out[2, :n_real] = torch.minimum(q[req] - k * block_t, torch.tensor(block_t)).to(torch.int32)
+    m = out.numpy()
+    req = np.repeat(np.arange(q.shape[0]), per)
+    k = np.arange(n_real) - (np.cumsum(per) - per)[req]  # tile within its request
+    qo = np.cumsum(q) - q
+    m[0] = -1
+    m[1:] = 0
+    m[0, :n_real] = req
+    m[1, :n_real] = qo[req] + k * block_t
+    m[2, :n_real] = np.minimum(q[req] - k * block_t, block_t)
     if pad:
-        p = T + torch.arange(pad) * block_t
-        out[1, n_real:n_real + pad] = p.to(torch.int32)
-        out[2, n_real:n_real + pad] = torch.clamp(tokens - p, max=block_t).to(torch.int32)
+        p = T + np.arange(pad) * block_t
+        m[1, n_real:n_real + pad] = p
+        m[2, n_real:n_real + pad] = np.minimum(tokens - p, block_t)
     return out
 
 
