@@ -124,6 +124,35 @@ def gpu_ms(gen, args, kw, iters: int) -> float | None:
     return total / iters / 1e3
 
 
+def host_ms(gen, args, kw, iters: int, sync) -> float:
+    """The host time of one forward_tensor call alone: the device idle before each call (nothing to
+    wait for), the call's return timed (a graph replay or the eager kernels are only launched)."""
+    total = 0.0
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        gen.forward_tensor(*args, **kw)
+        total += time.perf_counter() - t0
+    sync()
+    return total / iters * 1e3
+
+
+def profile_host(gen, args, kw, sync, top: int = 25) -> None:
+    """cProfile of 20 calls of the step (prints the functions of most cumulative time)."""
+    import cProfile
+    import pstats
+
+    gen.forward_tensor(*args, **kw)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        gen.forward_tensor(*args, **kw)
+        sync()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+
+
 def replay_ms(gen, args, kw, iters: int) -> float | None:
     """The device time of the mixed graph the step replays, between CUDA events around back-to-back
     replays of that graph alone (its inputs as the last call left them): a check on the profiler's sum
@@ -157,6 +186,7 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--mixed-only", action="store_true", help="only the mixed rows")
     ap.add_argument("--mixed-block-rows", default="", help="extra mixed_block_rows values for graphed mixed rows")
+    ap.add_argument("--profile-host", type=int, default=0, help="cProfile the graphed mixed step of this chunk")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify.json"))
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -213,7 +243,7 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
     variants = [(on, None) for on in modes] + [(True, r) for r in extra if True in modes]
     rows = []
     print(f"\n{'decodes':>7s} {'chunk':>6s} {'graphs':>6s} {'rows':>5s} {'wall ms':>8s} {'gpu ms':>8s} "
-          f"{'wall/gpu':>9s} {'/eager gpu':>10s} {'replayed':>9s} {'replay ms':>9s}")
+          f"{'wall/gpu':>9s} {'/eager gpu':>10s} {'replayed':>9s} {'replay ms':>9s} {'host ms':>8s}")
     for c in chunks:
         st = Steps(gen, decodes + 1, args.ctx, c + 1, args.block_size)
         q = [1] * decodes + [c]
@@ -229,12 +259,15 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
                 runner = mw.graphs
                 replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
                 replay = replay_ms(gen, a, kw, args.iters) if replayed and sync is torch.cuda.synchronize else None
+                host = host_ms(gen, a, kw, min(args.iters, 20), sync)
+                if on and block_rows is None and c == args.profile_host:
+                    profile_host(gen, a, kw, sync)
             if block_rows is not None:
                 mw.set_kernel_config(base_cfg)
             done.append(dict(decodes=decodes, chunk=c, graphs=on, tokens=sum(q), replayed=replayed,
                              block_rows=block_rows if block_rows is not None else base_cfg.mixed_block_rows,
                              wall_ms=wall, gpu_ms=gpu, wall_over_gpu=None if gpu is None else wall / gpu,
-                             replay_ms=replay))
+                             replay_ms=replay, host_ms=host))
         eager_gpu = next((r["gpu_ms"] for r in done if not r["graphs"]), None)
         for r in done:
             r["wall_over_eager_gpu"] = None if eager_gpu is None or r["gpu_ms"] is None else r["wall_ms"] / eager_gpu
@@ -242,7 +275,7 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
             print(f"{decodes:7d} {c:6d} {str(r['graphs']):>6s} {r['block_rows']:5d} {r['wall_ms']:8.3f} "
                   f"{fmt(r['gpu_ms'], '8.3f'):>8s} {fmt(r['wall_over_gpu'], '8.2f'):>8s}x "
                   f"{fmt(r['wall_over_eager_gpu'], '9.2f'):>9s}x {str(r['replayed']):>9s} "
-                  f"{fmt(r['replay_ms'], '8.3f'):>8s}")
+                  f"{fmt(r['replay_ms'], '8.3f'):>8s} {r['host_ms']:8.3f}")
         rows += done
         del st
     return rows

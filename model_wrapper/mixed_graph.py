@@ -9,8 +9,8 @@ stay packed as forward_tensor takes them; the bucket's rows past T are padding (
 0, slot -1: written nowhere), its requests past B too (no tokens, no pages):
 
     step (packed):   | r0: a | r1: b c d e f g | r2: h |        q_lens = [1, 6, 1], T = 8
-    bucket rows:     | a | b c d e f g | h | _ _ _ ... _ |      token bucket 32, request bucket 4
-    lm_rows:         | 0 6 7 0 |   (the caller's lm_head_indices, then padding rows 0)
+    bucket rows:     | a | b c d e f g | h | _ _ _ ... _ |      token bucket 32, request bucket 8
+    lm_rows:         | 0 6 7 0 0 0 0 0 |   (the caller's lm_head_indices, then padding rows 0)
 
 The logits of lm_rows[:num_out] come back. Attention is kernels/prefill_attention.py over the
 bucket's static metadata (attention/prefill_graph.py: per-request ranges and pages, the tile map).
@@ -39,8 +39,12 @@ from adapters.lora_layers import LoraStep
 from model_wrapper.attention.prefill_graph import MixedGraphAttention, make_mixed_state, plan_mixed_replay
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
-DEFAULT_TOKEN_BUCKETS = (32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
-DEFAULT_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# token buckets: steps of 32 up to 256, 64 up to 1024, 128 up to 2048: a step pads at most 1/8 of its
+# rows where its GEMMs are compute-bound (past ~256 tokens; padding there costs its share of the GPU time)
+DEFAULT_TOKEN_BUCKETS = tuple(range(32, 257, 32)) + tuple(range(320, 1025, 64)) + tuple(range(1152, 2049, 128))
+# request buckets: they size the metadata and the logit rows only (lm_head reads its weight once
+# whatever the rows up to a few dozen), so a few coarse ones keep the number of graphs down
+DEFAULT_REQUEST_BUCKETS = (8, 32, 128, 256)
 
 
 class _MixedBucket:
@@ -71,7 +75,7 @@ class MixedGraphRunner:
     def __init__(self, parent, token_buckets=DEFAULT_TOKEN_BUCKETS, request_buckets=DEFAULT_REQUEST_BUCKETS):
         self.parent = weakref.proxy(parent)
         self.all_token_buckets = sorted(token_buckets)
-        self.request_buckets = sorted(b for b in request_buckets if b <= parent.max_batch) or [parent.max_batch]
+        self.request_buckets = sorted({b for b in request_buckets if b < parent.max_batch} | {parent.max_batch})
         self._graphs: dict[tuple[int, int], _MixedBucket] = {}  # (tokens, requests) -> bucket
         self._fits = None  # (cache key, whether the kernel reads that cache)
         # every graph's logits end in this one buffer [request_buckets[-1], vocab] float32 (made at the

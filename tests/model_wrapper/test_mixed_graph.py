@@ -104,13 +104,15 @@ def test_which_graph_a_step_replays():
 
 def test_bucket_choice():
     """The smallest token bucket >= T and request bucket >= max(requests, logit rows); request
-    buckets stop at the runner's max_batch."""
+    buckets stop at the runner's max_batch, which is one."""
     runner, _, keep = _runner(max_batch=64)
     mixed = runner.mixed
-    assert mixed.bucket_for(72, 9) == (128, 16)
-    assert mixed.bucket_for(32, 1) == (32, 1) and mixed.bucket_for(33, 3) == (64, 4)
-    assert mixed.bucket_for(1032, 9) == (1536, 16) and mixed.bucket_for(2048, 64) == (2048, 64)
-    assert mixed.request_buckets[-1] == 64
+    assert mixed.bucket_for(72, 9) == (96, 32)
+    assert mixed.bucket_for(32, 1) == (32, 8) and mixed.bucket_for(33, 3) == (64, 8)
+    assert mixed.bucket_for(300, 9) == (320, 32) and mixed.bucket_for(1032, 9) == (1152, 32)
+    assert mixed.bucket_for(2048, 33) == (2048, 64) and mixed.request_buckets == [8, 32, 64]
+    for t in range(257, 2049):  # past 256 tokens (compute-bound GEMMs) a step pads at most 1/8 of its rows
+        assert mixed.bucket_for(t, 1)[0] - t <= t / 8
     assert 256 in mixed.token_buckets  # a bucket's steps stay on one side of the cuBLASLt switch
 
 
@@ -215,7 +217,7 @@ def test_graphed_mixed_steps_equal_eager_and_transformers(gpu_ckpt, model):  # n
     graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
     eager = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
     got, seqs, h = _mixed_steps(graph, contexts, g)
-    assert _mixed_buckets(graph) == [(32, 4), (64, 4)], _mixed_buckets(graph)
+    assert _mixed_buckets(graph) == [(32, 8), (64, 8)], _mixed_buckets(graph)
     assert not graph.model_wrapper.graphs._graphs  # no decode or verify graph took them
     want, _, _ = _mixed_steps(eager, contexts, _contexts(len(model))[1])
     ref32 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
@@ -247,7 +249,7 @@ def test_lm_head_rows_in_any_order_and_fewer_than_requests(gpu_ckpt):  # noqa: F
     outs = []
     for k, lm in enumerate((torch.tensor([12, 16, 56]), torch.tensor([56, 3, 12]), torch.tensor([16]))):
         outs.append(h.step({3 * k + r: c for r, c in enumerate(contexts)}, is_prefill=True, lm_head_indices=lm))
-    assert _mixed_buckets(gen) == [(64, 4)]
+    assert _mixed_buckets(gen) == [(64, 8)]
     torch.testing.assert_close(outs[1][0], outs[0][2])
     torch.testing.assert_close(outs[1][2], outs[0][0])
     torch.testing.assert_close(outs[2][0], outs[0][1])
@@ -352,7 +354,7 @@ def test_moe_mixed_steps_replay_graphs(checkpoint_dir, family):
     contexts, g = _contexts(11)
     gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
     got, seqs, _ = _mixed_steps(gen, contexts, g)
-    assert _mixed_buckets(gen) == [(32, 4), (64, 4)]
+    assert _mixed_buckets(gen) == [(32, 8), (64, 8)]
     refs = [transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dt, attn_implementation="eager").cuda().eval()
             for dt in (torch.float32, torch.bfloat16)]
     ours, oracle = [], []
