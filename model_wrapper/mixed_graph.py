@@ -39,9 +39,9 @@ from adapters.lora_layers import LoraStep
 from model_wrapper.attention.prefill_graph import MixedGraphAttention, make_mixed_state, plan_mixed_replay
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 
-# token buckets: steps of 32 up to 256, 64 up to 1024, 128 up to 2048: a step pads at most 1/8 of its
-# rows where its GEMMs are compute-bound (past ~256 tokens; padding there costs its share of the GPU time)
-DEFAULT_TOKEN_BUCKETS = tuple(range(32, 257, 32)) + tuple(range(320, 1025, 64)) + tuple(range(1152, 2049, 128))
+# token buckets: steps of 32 up to 512, 64 up to 1024, 128 up to 2048: a step of more than 256 tokens
+# (compute-bound GEMMs: padding costs its share of the GPU time) pads at most 1/8 of its rows
+DEFAULT_TOKEN_BUCKETS = tuple(range(32, 513, 32)) + tuple(range(576, 1025, 64)) + tuple(range(1152, 2049, 128))
 # request buckets: they size the metadata and the logit rows only (lm_head reads its weight once
 # whatever the rows up to a few dozen), so a few coarse ones keep the number of graphs down
 DEFAULT_REQUEST_BUCKETS = (8, 32, 128, 256)
