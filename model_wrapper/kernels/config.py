@@ -112,6 +112,6 @@ class KernelConfig:
     # per request: model_wrapper/mixed_graph.py) of at most mixed_max_tokens tokens replay graphs of
     # (token bucket, request bucket) with kernels/prefill_attention.py; off: they run eagerly
     mixed_graphs: bool = True
-    mixed_max_tokens: int = 2048  # first guess: benchmarks/bench_verify.py's mixed rows measure it
-    mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention
+    mixed_max_tokens: int = 2048  # 8B on H100: graphs even with eager past 1024 tokens, far ahead below
+    mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention (128: no better)
     mixed_block_n: int = 64  # keys a step of its loop
