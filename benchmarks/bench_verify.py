@@ -293,13 +293,21 @@ def _batch_of(gen, args, kw):
                               device=torch.device("cpu"))
 
 
+def _graph_gpu(row) -> float:
+    if row is None:
+        return 0.0
+    return row["replay_ms"] if row.get("replay_ms") is not None else row["gpu_ms"]
+
+
 def plot(result, path):
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax = axes[0]
-    for on in (True, False):
+    panels = (["verify"] if result["verify"] else []) + (["mixed"] if result["mixed"] else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(9, 6 * len(panels)), 4.5), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    ax = axes.get("verify")
+    for on in (True, False) if ax is not None else ():
         for kind in ("chain", "tree"):
             for B in sorted({r["batch"] for r in result["verify"]}):
                 rows = [r for r in result["verify"] if r["graphs"] == on and r["batch"] == B
@@ -308,25 +316,28 @@ def plot(result, path):
                     continue
                 ax.plot([r["q"] for r in rows], [r["ms"] for r in rows], "o-" if on else "x--",
                         label=f"batch {B}, {'graphs' if on else 'eager'}{', tree' if kind == 'tree' else ''}")
-    ax.set_xlabel("new tokens per request (1 = decode)")
-    ax.set_ylabel("ms per step")
-    ax.legend(fontsize=7)
-    ax = axes[1]
+    if ax is not None:
+        ax.set_xlabel("new tokens per request (1 = decode)")
+        ax.set_ylabel("ms per step")
+        ax.legend(fontsize=7)
+    ax = axes.get("mixed")
     m = [r for r in result["mixed"] if r["gpu_ms"] is not None]
     default_rows = result["kernel_config"]["mixed_block_rows"]
     eager = [r for r in m if not r["graphs"]]
     graphed = {r["chunk"]: r for r in m if r["graphs"] and r["block_rows"] == default_rows}
-    if eager:
+    if eager and ax is not None:
         x = range(len(eager))
         bars = [("eager wall", [r["wall_ms"] for r in eager]), ("eager GPU (FlashInfer)", [r["gpu_ms"] for r in eager]),
                 ("graphed wall", [graphed[r["chunk"]]["wall_ms"] if r["chunk"] in graphed else 0 for r in eager]),
-                ("graphed GPU", [graphed[r["chunk"]]["gpu_ms"] if r["chunk"] in graphed else 0 for r in eager])]
+                # a graph's GPU time: its replay between CUDA events (the profiler's sum counts PDL waits)
+                ("graphed GPU (replay)", [_graph_gpu(graphed.get(r["chunk"])) for r in eager])]
         for k, (label, ys) in enumerate(bars):
             ax.bar([i - 0.3 + 0.2 * k for i in x], ys, 0.2, label=label)
         ax.set_xticks(list(x), [f"{r['decodes']} dec + {r['chunk']}" for r in eager])
         ax.set_ylabel("ms per step")
         ax.legend(fontsize=8)
-    fig.suptitle(f"verify and mixed steps ({result['model']}, {result['device']}, ctx {result['ctx']})")
+    fig.suptitle(f"{' and '.join(panels)} steps ({result['model']}, {result['device']}, ctx {result['ctx']})",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
