@@ -9,9 +9,12 @@ every request holding --ctx cached tokens:
             and eagerly (graphs off). Target: a graphed verify step of q <= 8 at batch 1 within
             1.15x of a graphed decode step.
   mixed     8 decode requests plus one prefill chunk of 64 / 256 / 1024 tokens (after --ctx
-            tokens of its own), eager (too big for the verify graphs past 16 tokens per request):
+            tokens of its own), one logit row per request (as the engine asks), replaying the
+            mixed-step graphs (model_wrapper/mixed_graph.py) and eagerly (FlashInfer's kernels):
             the wall time of a step against its GPU time alone (the sum of its kernels' device
-            times from torch.profiler). Target: wall <= 1.1x GPU time.
+            times from torch.profiler), and the graphed wall time against the eager GPU time.
+            Target: wall <= 1.1x GPU time. --mixed-block-rows adds graphed rows for other
+            KernelConfig.mixed_block_rows values (the prefill attention's tile).
 
 Wall time is the mean over --iters back-to-back forward_tensor calls after a warm-up, the host
 preparing the next step while the GPU runs the last (as a serving loop does), with one
@@ -19,6 +22,7 @@ synchronize at the end. The verify graphs and decode graphs are captured during 
 
     python benchmarks/bench_verify.py                        # CUDA, Llama-3-8B shape
     python benchmarks/bench_verify.py --device cpu --tiny    # smoke test of the script itself
+    python benchmarks/bench_verify.py --mixed-only --chunks 16,64,256,1024,2000
 
 Prints a table; writes --out (JSON) and the same name .png (if matplotlib is installed).
 """
@@ -120,6 +124,56 @@ def gpu_ms(gen, args, kw, iters: int) -> float | None:
     return total / iters / 1e3
 
 
+def host_ms(gen, args, kw, iters: int, sync) -> float:
+    """The host time of one forward_tensor call alone: the device idle before each call (nothing to
+    wait for), the call's return timed (a graph replay or the eager kernels are only launched)."""
+    total = 0.0
+    for _ in range(iters):
+        sync()
+        t0 = time.perf_counter()
+        gen.forward_tensor(*args, **kw)
+        total += time.perf_counter() - t0
+    sync()
+    return total / iters * 1e3
+
+
+def profile_host(gen, args, kw, sync, top: int = 25) -> None:
+    """cProfile of 20 calls of the step (prints the functions of most cumulative time)."""
+    import cProfile
+    import pstats
+
+    gen.forward_tensor(*args, **kw)
+    sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        gen.forward_tensor(*args, **kw)
+        sync()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+
+
+def replay_ms(gen, args, kw, iters: int) -> float | None:
+    """The device time of the mixed graph the step replays, between CUDA events around back-to-back
+    replays of that graph alone (its inputs as the last call left them): a check on the profiler's sum
+    of kernel times. None where the step did not replay a mixed graph."""
+    runner = gen.model_wrapper.graphs
+    batch = _batch_of(gen, args, kw)
+    if runner is None or runner._route(batch, args[3]) != "mixed":
+        return None
+    gen.forward_tensor(*args, **kw)
+    graph = runner.mixed._graphs[runner.mixed.bucket_for(batch.num_tokens, max(batch.batch_size,
+                                                                              len(kw["lm_head_indices"])))].graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -130,6 +184,9 @@ def main(argv=None):
     ap.add_argument("--chunks", default="64,256,1024")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--mixed-only", action="store_true", help="only the mixed rows")
+    ap.add_argument("--mixed-block-rows", default="", help="extra mixed_block_rows values for graphed mixed rows")
+    ap.add_argument("--profile-host", type=int, default=0, help="cProfile the graphed mixed step of this chunk")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify.json"))
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -149,7 +206,7 @@ def main(argv=None):
     print(f"device={torch.cuda.get_device_name() if cuda else 'cpu'} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} "
           f"ctx={args.ctx} block_size={args.block_size}")
     print(f"{'batch':>5s} {'q':>3s} {'kind':>5s} {'graphs':>6s} {'ms':>8s} {'/decode':>8s} {'replayed':>9s}")
-    for B in batches:
+    for B in [] if args.mixed_only else batches:
         st = Steps(gen, B, args.ctx, max(qs) + 1, args.block_size)
         for on in modes:
             with graphs(gen, on):
@@ -165,19 +222,7 @@ def main(argv=None):
                     verify.append(row)
                     print(f"{B:5d} {q:3d} {row['kind']:>5s} {str(on):>6s} {ms:8.3f} {ms / base:7.2f}x {str(replayed):>9s}")
         del st
-    mixed = []
-    print(f"\n{'decodes':>7s} {'chunk':>6s} {'wall ms':>8s} {'gpu ms':>8s} {'wall/gpu':>9s}")
-    decodes = 8
-    for c in chunks:
-        st = Steps(gen, decodes + 1, args.ctx, c + 1, args.block_size)
-        a, kw = st.args([1] * decodes + [c], [args.ctx] * (decodes + 1), is_prefill=True)
-        wall = wall_ms(gen, a, kw, args.iters, sync)
-        gpu = gpu_ms(gen, a, kw, min(args.iters, 20))
-        mixed.append(dict(decodes=decodes, chunk=c, wall_ms=wall, gpu_ms=gpu,
-                          wall_over_gpu=None if gpu is None else wall / gpu))
-        print(f"{decodes:7d} {c:6d} {wall:8.3f} {'-' if gpu is None else f'{gpu:8.3f}':>8s} "
-              f"{'-' if gpu is None else f'{wall / gpu:8.2f}x':>9s}")
-        del st
+    mixed = mixed_rows(gen, args, chunks, modes, sync)
     result = dict(device=torch.cuda.get_device_name() if cuda else "cpu",
                   model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx,
                   block_size=args.block_size, iters=args.iters,
@@ -189,6 +234,53 @@ def main(argv=None):
     plot(result, args.out[: -len(".json")] + ".png")
 
 
+def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
+    """Per chunk: the mixed step graphed (default KernelConfig, then each --mixed-block-rows value) and
+    eager; wall and GPU ms, wall / GPU, and wall / the eager step's GPU ms."""
+    mw = gen.model_wrapper
+    base_cfg = mw.kernel_config
+    extra = [int(x) for x in args.mixed_block_rows.split(",") if x]
+    variants = [(on, None) for on in modes] + [(True, r) for r in extra if True in modes]
+    rows = []
+    print(f"\n{'decodes':>7s} {'chunk':>6s} {'graphs':>6s} {'rows':>5s} {'wall ms':>8s} {'gpu ms':>8s} "
+          f"{'wall/gpu':>9s} {'/eager gpu':>10s} {'replayed':>9s} {'replay ms':>9s} {'host ms':>8s}")
+    for c in chunks:
+        st = Steps(gen, decodes + 1, args.ctx, c + 1, args.block_size)
+        q = [1] * decodes + [c]
+        a, kw = st.args(q, [args.ctx] * (decodes + 1), is_prefill=True)
+        kw["lm_head_indices"] = torch.cumsum(torch.tensor(q), 0) - 1  # one logit row per request
+        done = []
+        for on, block_rows in variants:
+            if block_rows is not None:
+                mw.set_kernel_config(dataclasses.replace(base_cfg, mixed_block_rows=block_rows))
+            with graphs(gen, on):
+                wall = wall_ms(gen, a, kw, args.iters, sync)
+                gpu = gpu_ms(gen, a, kw, min(args.iters, 20))
+                runner = mw.graphs
+                replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
+                replay = replay_ms(gen, a, kw, args.iters) if replayed and sync is torch.cuda.synchronize else None
+                host = host_ms(gen, a, kw, min(args.iters, 20), sync)
+                if on and block_rows is None and c == args.profile_host:
+                    profile_host(gen, a, kw, sync)
+            if block_rows is not None:
+                mw.set_kernel_config(base_cfg)
+            done.append(dict(decodes=decodes, chunk=c, graphs=on, tokens=sum(q), replayed=replayed,
+                             block_rows=block_rows if block_rows is not None else base_cfg.mixed_block_rows,
+                             wall_ms=wall, gpu_ms=gpu, wall_over_gpu=None if gpu is None else wall / gpu,
+                             replay_ms=replay, host_ms=host))
+        eager_gpu = next((r["gpu_ms"] for r in done if not r["graphs"]), None)
+        for r in done:
+            r["wall_over_eager_gpu"] = None if eager_gpu is None or r["gpu_ms"] is None else r["wall_ms"] / eager_gpu
+            fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+            print(f"{decodes:7d} {c:6d} {str(r['graphs']):>6s} {r['block_rows']:5d} {r['wall_ms']:8.3f} "
+                  f"{fmt(r['gpu_ms'], '8.3f'):>8s} {fmt(r['wall_over_gpu'], '8.2f'):>8s}x "
+                  f"{fmt(r['wall_over_eager_gpu'], '9.2f'):>9s}x {str(r['replayed']):>9s} "
+                  f"{fmt(r['replay_ms'], '8.3f'):>8s} {r['host_ms']:8.3f}")
+        rows += done
+        del st
+    return rows
+
+
 def _batch_of(gen, args, kw):
     """The step's ForwardBatch as forward_tensor builds it (for the runner's can_run: did it replay?)."""
     from model_wrapper.forward_batch import ForwardBatch
@@ -197,17 +289,25 @@ def _batch_of(gen, args, kw):
     q = torch.tensor(kw["q_lens"], dtype=torch.int32)
     return ForwardBatch.build(input_ids=ids, input_ids_cpu=ids, positions=pos, slots=slots, is_prefill=is_prefill,
                               block_size=kv[0][0].shape[1], q_lens_cpu=q, seq_lens_cpu=lens, block_tables_cpu=tables,
-                              lm_head_indices=None, spec_mask=kw.get("spec_mask"), atten_mask=None,
+                              lm_head_indices=kw.get("lm_head_indices"), spec_mask=kw.get("spec_mask"), atten_mask=None,
                               device=torch.device("cpu"))
+
+
+def _graph_gpu(row) -> float:
+    if row is None:
+        return 0.0
+    return row["replay_ms"] if row.get("replay_ms") is not None else row["gpu_ms"]
 
 
 def plot(result, path):
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax = axes[0]
-    for on in (True, False):
+    panels = (["verify"] if result["verify"] else []) + (["mixed"] if result["mixed"] else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(9, 6 * len(panels)), 4.5), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    ax = axes.get("verify")
+    for on in (True, False) if ax is not None else ():
         for kind in ("chain", "tree"):
             for B in sorted({r["batch"] for r in result["verify"]}):
                 rows = [r for r in result["verify"] if r["graphs"] == on and r["batch"] == B
@@ -216,19 +316,28 @@ def plot(result, path):
                     continue
                 ax.plot([r["q"] for r in rows], [r["ms"] for r in rows], "o-" if on else "x--",
                         label=f"batch {B}, {'graphs' if on else 'eager'}{', tree' if kind == 'tree' else ''}")
-    ax.set_xlabel("new tokens per request (1 = decode)")
-    ax.set_ylabel("ms per step")
-    ax.legend(fontsize=7)
-    ax = axes[1]
+    if ax is not None:
+        ax.set_xlabel("new tokens per request (1 = decode)")
+        ax.set_ylabel("ms per step")
+        ax.legend(fontsize=7)
+    ax = axes.get("mixed")
     m = [r for r in result["mixed"] if r["gpu_ms"] is not None]
-    if m:
-        x = range(len(m))
-        ax.bar([i - 0.2 for i in x], [r["wall_ms"] for r in m], 0.4, label="wall")
-        ax.bar([i + 0.2 for i in x], [r["gpu_ms"] for r in m], 0.4, label="GPU (sum of kernels)")
-        ax.set_xticks(list(x), [f"{r['decodes']} dec + {r['chunk']}" for r in m])
+    default_rows = result["kernel_config"]["mixed_block_rows"]
+    eager = [r for r in m if not r["graphs"]]
+    graphed = {r["chunk"]: r for r in m if r["graphs"] and r["block_rows"] == default_rows}
+    if eager and ax is not None:
+        x = range(len(eager))
+        bars = [("eager wall", [r["wall_ms"] for r in eager]), ("eager GPU (FlashInfer)", [r["gpu_ms"] for r in eager]),
+                ("graphed wall", [graphed[r["chunk"]]["wall_ms"] if r["chunk"] in graphed else 0 for r in eager]),
+                # a graph's GPU time: its replay between CUDA events (the profiler's sum counts PDL waits)
+                ("graphed GPU (replay)", [_graph_gpu(graphed.get(r["chunk"])) for r in eager])]
+        for k, (label, ys) in enumerate(bars):
+            ax.bar([i - 0.3 + 0.2 * k for i in x], ys, 0.2, label=label)
+        ax.set_xticks(list(x), [f"{r['decodes']} dec + {r['chunk']}" for r in eager])
         ax.set_ylabel("ms per step")
         ax.legend(fontsize=8)
-    fig.suptitle(f"verify and mixed steps ({result['model']}, {result['device']}, ctx {result['ctx']})")
+    fig.suptitle(f"{' and '.join(panels)} steps ({result['model']}, {result['device']}, ctx {result['ctx']})",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

@@ -13,6 +13,12 @@ as per-row mask bits in the attention's static buffers.
     bucket rows (Q = 4):     | a b c _ | d e _ _ | _ _ _ _ |    batch bucket 3 -> 4 requests...
     token_rows = [0, 1, 2, 4, 5]  (row of each packed token: logits and run-ahead ids go through it)
 
+Any other step of at most KernelConfig.mixed_max_tokens tokens, causal, with lm_head_indices (one
+logit row per request, as the engine asks), replays a mixed graph of (token bucket, request
+bucket): model_wrapper/mixed_graph.py (MixedGraphRunner, owned by this runner, sharing its memory
+pool, cache key, LoRA manager and rules). Prefill steps (chunks mixed with decodes) go there before
+the verify graphs; multi-token decode steps (speculative verify) go to the verify graphs first.
+
 Per replay, on the host only:
 fill pinned staging buffers (token ids, positions, write slots), copy them into the graph's
 static inputs, let the attention backend fill its metadata, replay. No host-device sync. The
@@ -61,6 +67,7 @@ from loguru import logger
 from adapters.lora_layers import LoraStep
 from model_wrapper.forward_batch import ForwardBatch, ForwardMode
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.mixed_graph import MixedGraphRunner
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32) + tuple(range(40, 257, 8))
 
@@ -125,28 +132,50 @@ class DecodeGraphRunner:
         self._pool = None
         self._verify_fits = None  # (cache key, whether the backend has verify graphs over that cache)
         self.lora = None  # a LoraManager whose kernels the graphs carry
+        self.mixed = MixedGraphRunner(self)  # mixed and small prefill steps (model_wrapper/mixed_graph.py)
 
     def attach_lora(self, manager) -> None:
         """Capture LoRA into the graphs from now on when its kernel is graph-safe (Triton);
         otherwise steps with adapters run eagerly. Drops graphs captured without it."""
         self.lora = manager if getattr(manager, "kernel", None) == "triton" else None
-        self._graphs, self._key, self._pool = {}, None, None
+        self.drop()
 
     def drop(self) -> None:
         """Forget every captured graph: the next replay of each bucket captures it again (after a
         change of kernel configuration, see ModelWrapper.set_kernel_config)."""
         self._graphs, self._key, self._pool = {}, None, None
+        self.mixed.reset()
+
+    def _use_cache(self, kv_cache, block_size: int) -> None:
+        """Graphs replay over the cache they were captured with: another cache drops them all."""
+        key = self._cache_key(kv_cache, block_size)
+        if key != self._key:
+            self.drop()
+            self._key = key
 
     def can_run(self, batch: ForwardBatch, kv_cache=None) -> bool:
-        """Whether the step replays a graph: a decode step, or (kv_cache given, over which the backend
-        has verify graphs) a multi-token step of at most q_buckets[-1] tokens per request."""
+        """Whether the step replays a graph: a decode step; (kv_cache given) a prefill step the mixed
+        graphs take (mixed_graph.py); a multi-token step of at most q_buckets[-1] tokens per request
+        over a cache the backend has verify graphs for; any other step the mixed graphs take."""
         if (batch.atten_mask is not None or (batch.uses_lora and self.lora is None)
                 or not all(name in batch.extras for name in self.graph_inputs)):
             return False
-        if batch.max_q == 1:
-            return batch.mode == ForwardMode.DECODE and batch.spec_mask is None and batch.batch_size <= self.max_batch
-        return (kv_cache is not None and bool(self.q_buckets) and batch.max_q <= self.q_buckets[-1]
-                and batch.batch_size <= self.verify_buckets[-1] and self._verify_ok(kv_cache, batch.block_size))
+        return self._route(batch, kv_cache) is not None
+
+    def _route(self, batch: ForwardBatch, kv_cache) -> str | None:
+        """-> "decode", "verify", "mixed" or None (eager); a function of the call's arguments and the
+        configuration only. Prefill steps (chunks mixed with decodes) prefer the packed mixed graphs
+        over the verify graphs' fixed stride; multi-token decode steps (verify) the verify graphs."""
+        if batch.max_q == 1 and batch.mode == ForwardMode.DECODE:
+            return "decode" if batch.spec_mask is None and batch.batch_size <= self.max_batch else None
+        # the mixed graphs return logits only, for models without extra graph inputs (not hidden states)
+        mixed = batch.hidden_layers is None and not self.graph_inputs and self.mixed.can_run(batch, kv_cache)
+        if mixed and batch.mode != ForwardMode.DECODE:
+            return "mixed"
+        if (batch.max_q > 1 and kv_cache is not None and bool(self.q_buckets) and batch.max_q <= self.q_buckets[-1]
+                and batch.batch_size <= self.verify_buckets[-1] and self._verify_ok(kv_cache, batch.block_size)):
+            return "verify"
+        return "mixed" if mixed else None
 
     def _verify_ok(self, kv_cache, block_size: int) -> bool:
         key = self._cache_key(kv_cache, block_size)
@@ -171,7 +200,7 @@ class DecodeGraphRunner:
     @property
     def graph_inputs(self) -> dict:
         """The model's per-token float inputs in batch.extras: {name: (width, dtype)}."""
-        return getattr(self.mw.model, "graph_inputs", None) or {}
+        return getattr(getattr(self.mw, "model", None), "graph_inputs", None) or {}
 
     @staticmethod
     def _key_of(size: int, q: int, layers) -> tuple:
@@ -226,9 +255,7 @@ class DecodeGraphRunner:
         """Capture the buckets of q tokens per request ahead of time (largest first, sharing one
         memory pool); q > 1: verify buckets (sizes default to verify_buckets); layers: graphs
         that also return those hidden states (batch.hidden_layers)."""
-        key = self._cache_key(kv_cache, block_size)
-        if key != self._key:
-            self._graphs, self._key, self._pool = {}, key, None
+        self._use_cache(kv_cache, block_size)
         for size in sorted(sizes or (self.buckets if q == 1 else self.verify_buckets), reverse=True):
             if self._key_of(size, q, layers) not in self._graphs:
                 self._graphs[self._key_of(size, q, layers)] = self._capture(size, kv_cache, block_size, q, layers)
@@ -237,6 +264,8 @@ class DecodeGraphRunner:
     def run(self, batch: ForwardBatch, kv_cache):
         """Replay the step's bucket -> its logits [num_out, vocab] (or the model's tuple, e.g.
         (logits, hidden) for batch.hidden_layers), rows as the eager forward gives them."""
+        if self._route(batch, kv_cache) == "mixed":
+            return self.mixed.run(batch, kv_cache)
         B, T = batch.batch_size, batch.num_tokens
         size, q = self.bucket_for(B, batch.max_q)
         key = self._cache_key(kv_cache, batch.block_size)

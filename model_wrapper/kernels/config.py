@@ -123,3 +123,10 @@ class KernelConfig:
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
     # of (batch bucket, tokens-per-request bucket) with kernels/verify_attention.py; off: they run eagerly
     verify_graphs: bool = True
+    # mixed and small prefill steps (any mix of 1..T new tokens per request, causal, one logit row
+    # per request: model_wrapper/mixed_graph.py) of at most mixed_max_tokens tokens replay graphs of
+    # (token bucket, request bucket) with kernels/prefill_attention.py; off: they run eagerly
+    mixed_graphs: bool = True
+    mixed_max_tokens: int = 2048  # 8B on H100: graphs even with eager past 1024 tokens, far ahead below
+    mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention (128: no better)
+    mixed_block_n: int = 64  # keys a step of its loop

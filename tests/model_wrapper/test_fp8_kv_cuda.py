@@ -133,7 +133,10 @@ def test_graph_replay_over_fp8_cache_equals_eager(ckpt, batch, triton_decode):
     tokens = torch.randint(0, 96, (6, batch), generator=g).tolist()
     scales = _scales(path, prompts)
     eager = _gen(path, torch.bfloat16, scales, cuda_graphs=False)
-    graph = _gen(path, torch.bfloat16, scales, cuda_graphs=True, kernel_config=KernelConfig(triton_decode=triton_decode))
+    # the prefill stays eager in both (mixed_graphs off): its K/V rounded to e4m3 apart would differ in
+    # the cache by whole e4m3 steps here and there (the mixed graphs over e4m3: tests/model_wrapper/test_mixed_graph.py)
+    graph = _gen(path, torch.bfloat16, scales, cuda_graphs=True,
+                 kernel_config=KernelConfig(triton_decode=triton_decode, mixed_graphs=False))
     assert torch.equal(eager.kv_scales, graph.kv_scales)
     for rescale in (False, True):
         if rescale:
