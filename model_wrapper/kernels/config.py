@@ -92,10 +92,14 @@ class KernelConfig:
     fp8_gemv_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (groups x group width) a program holds
     fp8_skinny_max_tokens: int = 16  # decode and verify steps stay weight-only
-    fp8_skinny_block_k: int = 256  # K step without groups; with groups: min(this, group)
-    fp8_skinny_min_programs: int = 128  # rows per program shrink (64 -> 16) until this many programs (H200 sweep)
-    fp8_skinny_warps: int = 4
+    fp8_skinny_block_k: int = 128  # K step; with groups it holds block_k // group sub-steps of one scale a row
+    fp8_skinny_dequant: bool = False  # scale the e4m3 tile in registers, one product a K step (else one a group)
+    fp8_skinny_block_n: int = 64  # rows a program, halving (to 16) until fp8_skinny_min_programs programs
+    fp8_skinny_min_programs: int = 128  # (H200 sweep: 32 / 128 even, 512 slower)
+    fp8_skinny_warps: int = 4  # up to 16 tokens (8 warps: 1.6-2x slower, H200 sweep)
     fp8_skinny_stages: int = 3
+    fp8_skinny_wide_warps: int = 4  # 17 to fp8_skinny_max_tokens tokens (a token tile of 32-128)
+    fp8_skinny_wide_stages: int = 3
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

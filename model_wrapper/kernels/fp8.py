@@ -172,12 +172,22 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
 
 @triton.jit
 def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
-                   stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+                   stride_o, GROUP: tl.constexpr, SUB: tl.constexpr, PER_GROUP: tl.constexpr, DEQUANT: tl.constexpr,
+                   BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   SILU: tl.constexpr, PDL: tl.constexpr):
     # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
-    # GEMM). PER_GROUP: BLOCK_K divides GROUP, so a K step has one scale per row; each step's
-    # product is scaled before it joins the fp32 sum. Otherwise one scale per row, at the end.
+    # GEMM). PER_GROUP: a K step of BLOCK_K holds NG = BLOCK_K // SUB sub-steps of SUB columns,
+    # SUB dividing GROUP, so each sub-step has one scale per row:
+    #
+    #   k ... k+SUB ... k+2*SUB ... k+BLOCK_K       scale of sub-step j: weight_scale[n, (k + j*SUB) // GROUP]
+    #   |  j=0  |  j=1  |  ...  |  j=NG-1 |
+    #
+    # DEQUANT: the [rows, BLOCK_K] e4m3 tile is scaled in registers (fp32 product, rounded to x's
+    # dtype: the bf16 model's dequantized weight) and enters one product; otherwise (exact) each
+    # sub-step is its own product of the upcast e4m3 tile, scaled in fp32 before it joins the sum.
+    # Without PER_GROUP one scale per row, applied at the end.
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    NG: tl.constexpr = BLOCK_K // SUB
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < N
     safe = tl.where(live, rows, 0).to(tl.int64)
@@ -185,7 +195,6 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     s_rows = s_ptr + safe * stride_s
     toks = tl.arange(0, BM)
     tok_ok = toks < M
-    ks = tl.arange(0, BLOCK_K)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete
@@ -193,21 +202,37 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        kk = k + ks
-        k_ok = kk < K
-        xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
-                              other=0.0))
-        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)  # e4m3 -> 16-bit: exact
-        if PER_GROUP:
-            acc += tl.dot(w, xt) * tl.load(s_rows + k // GROUP)[:, None]
+        if PER_GROUP and not DEQUANT:
+            for j in tl.static_range(NG):
+                kk = k + j * SUB + tl.arange(0, SUB)
+                k_ok = kk < K
+                xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :],
+                                      mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
+                g_ok = k + j * SUB < K
+                w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)  # e4m3 -> 16-bit: exact
+                acc += tl.dot(w, xt) * tl.load(s_rows + (k + j * SUB) // GROUP, mask=g_ok, other=0.0)[:, None]
+                if SILU:
+                    wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)
+                    su = tl.load(s_rows + N * stride_s + (k + j * SUB) // GROUP, mask=g_ok, other=0.0)
+                    up += tl.dot(wu, xt) * su[:, None]
         else:
-            acc = tl.dot(w, xt, acc)
-        if SILU:
-            wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)
+            kk = k + tl.arange(0, BLOCK_K)
+            k_ok = kk < K
+            xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :],
+                                  mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
+            w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+            if SILU:
+                wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
             if PER_GROUP:
-                up += tl.dot(wu, xt) * tl.load(s_rows + N * stride_s + k // GROUP)[:, None]
-            else:
-                up = tl.dot(wu, xt, up)
+                gk = k + tl.arange(0, NG) * SUB  # first column of each sub-step
+                g_at = s_rows[:, None] + (gk // GROUP)[None, :]
+                g_ok = (gk < K)[None, :]
+                w = _scale_tile(w, tl.load(g_at, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
+                if SILU:
+                    wu = _scale_tile(wu, tl.load(g_at + N * stride_s, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
+            acc = tl.dot(w.to(dt), xt, acc)
+            if SILU:
+                up = tl.dot(wu.to(dt), xt, up)
     if not PER_GROUP:
         acc *= tl.load(s_rows)[:, None]
         if SILU:
@@ -222,35 +247,55 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
 
 
+@triton.jit
+def _scale_tile(w, s, ROWS: tl.constexpr, NG: tl.constexpr, SUB: tl.constexpr, dt: tl.constexpr):
+    """e4m3 w [ROWS, NG * SUB] times s [ROWS, NG] (a scale per row and SUB columns), in fp32,
+    rounded to dt."""
+    w3 = tl.reshape(w.to(tl.float32), [ROWS, NG, SUB]) * s[:, :, None]
+    return tl.reshape(w3, [ROWS, NG * SUB]).to(dt)
+
+
 def _k_step(K: int, group: int, most: int) -> int | None:
-    """The K step of a tensor-core path: a power of 2 of at least 32 (an e4m3 MMA's K) that divides
-    the scale group (any, with one group a row); None where none does."""
+    """The scale-group step of a tensor-core path: a power of 2 of at least 32 (an e4m3 MMA's K)
+    that divides the scale group, at most `most` (any, with one group a row); None where none does."""
     if group >= K:
         return most
     step = min(most, group & -group)  # the largest power of 2 dividing group
     return step if step >= 32 else None
 
 
+def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: KernelConfig) -> dict:
+    """The skinny kernel's tiling for M tokens: BLOCK_K and SUB (a sub-step of one scale a row,
+    dividing the group), rows a program (BLOCK_N halving from cfg.fp8_skinny_block_n until
+    cfg.fp8_skinny_min_programs programs), warps and stages (BM > 16: the fp8_skinny_wide_* set)."""
+    bm = max(16, triton.next_power_of_2(M))
+    block_k = cfg.fp8_skinny_block_k
+    sub = _k_step(K, group, block_k)  # a power of 2 up to block_k, so it divides block_k
+    block_n = cfg.fp8_skinny_block_n
+    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
+        block_n //= 2
+    if silu:
+        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    wide = bm > 16
+    return dict(BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, SUB=sub if group < K else block_k,
+                DEQUANT=cfg.fp8_skinny_dequant, num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps,
+                num_stages=cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages)
+
+
 def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """The "skinny" path: x [M, K] bf16 / fp16 (M <= 64, unit column stride) -> [M, N] (silu: [M, N // 2])."""
+    """The "skinny" path: x [M, K] bf16 / fp16 (M <= 128, unit column stride) -> [M, N] (silu: [M, N // 2])."""
     M, K = x.shape
     n_out = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
     if not M:
         return out
-    block_k = _k_step(K, group, cfg.fp8_skinny_block_k)
-    bm = max(16, triton.next_power_of_2(M))
-    block_n = 64
-    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
-        block_n //= 2
-    if silu:
-        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    launch = _skinny_launch(M, n_out, K, group, silu, cfg)
+    rows = launch["BLOCK_N"] // 2 if silu else launch["BLOCK_N"]
     pdl = uses_pdl(x.device, cfg)
-    _fp8_skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
+    _fp8_skinny_kernel[(triton.cdiv(n_out, rows),)](
         x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
-        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=bm, BLOCK_N=block_n,
-        BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_warps,
-        num_stages=cfg.fp8_skinny_stages, **launch_args(pdl))
+        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, HAS_BIAS=bias is not None,
+        SILU=silu, PDL=pdl, **launch, **launch_args(pdl))
     return out
 
 

@@ -124,18 +124,25 @@ def test_fp8_gemv_is_the_weight_only_product(dtype):
         assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
 
 
-@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_block_k=64, fp8_skinny_min_programs=1)],
-                         ids=["default", "k64-wide-programs"])
+SKINNY_CONFIGS = {"default": KernelConfig(),
+                  "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_min_programs=1),
+                  "k256-exact": KernelConfig(fp8_skinny_block_k=256),
+                  "k512-dequant": KernelConfig(fp8_skinny_block_k=512, fp8_skinny_dequant=True, fp8_skinny_block_n=32),
+                  "k128-dequant": KernelConfig(fp8_skinny_block_k=128, fp8_skinny_dequant=True)}
+
+
+@pytest.mark.parametrize("cfg", SKINNY_CONFIGS.values(), ids=SKINNY_CONFIGS.keys())
 def test_fp8_skinny_is_the_weight_only_product(cfg):
     """The "skinny" path (tensor-core products of upcast e4m3 tiles): token counts 1 / 3 / 16 / 17 /
-    40, groups of 128 (a scale per K step) and 64, one group a row with K not a multiple of the K
-    step, N odd, bias, strided rows, the SiLU epilogue; another K step and rows per program (cfg).
-    fp16 here (the interpreter's bf16 dot is wrong); bf16 on CUDA."""
+    40 / 100, groups of 128 (one or several scales per K step) and 64, one group a row with K not a
+    multiple of the K step, N odd, bias, strided rows, the SiLU epilogue; other K steps, rows per
+    program, and the tile scaled in registers before one product a K step (cfg). fp16 here (the
+    interpreter's bf16 dot is wrong); bf16 on CUDA."""
     g = torch.Generator().manual_seed(2)
     dtype = torch.float16
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (3, 70, 520, 128, False, True),
                                           (16, 33, 1000, 1000, True, False), (17, 50, 256, 64, True, True),
-                                          (40, 21, 300, 300, False, False)):
+                                          (40, 21, 300, 300, False, False), (100, 24, 640, 128, True, False)):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
