@@ -17,12 +17,17 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             tensor-core products per K step, scaled per group in fp32
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
                                             GEMM with a scale per row of each operand
+  larger, 128 x 128 blocks,    "scaled_mm_block"  x quantized per token and 128 columns, cuBLASLt's
+    CUDA bf16                               block-scaled FP8 GEMM (torch._scaled_mm, feature-detected
+                                            once per device; the linear's compact block scales)
   larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
                                             GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
 
 Decode wants the weight-only paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no
-faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md); torch._scaled_mm
-refuses block-wise scales, hence the Triton GEMM. Off CUDA, fp8_linear runs the torch reference;
+faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and its
+block-scaled GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). Where
+torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM takes them (about
+2.4x slower at 4k tokens, benchmarks/RESULTS.md). Off CUDA, fp8_linear runs the torch reference;
 the kernels themselves run on any device under Triton's interpreter (the tests call them there).
 gate_up's SiLU-and-mul is fused into the weight-only kernels' epilogue (each product rounded to
 the dtype first, as the unfused pair); the prefill paths run the GEMM, then silu_and_mul.
@@ -46,41 +51,48 @@ from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_
 # -- activation quantization -------------------------------------------------------------------
 
 @triton.jit
-def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
-                     GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
-                     AMIN: tl.constexpr):
-    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a power of 2)
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
+                     GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
+                     FMAX: tl.constexpr, AMIN: tl.constexpr):
+    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a
+    # power of 2); rows from M on (padding) quantize zeros: q = 0 with the scale of an all-zero group
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * BG + tl.arange(0, BG)
     j = tl.arange(0, GP)
     cols = g[:, None] * GROUP + j[None, :]
     m = (j[None, :] < GROUP) & (cols < K)
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m & (row < M), other=0.0).to(tl.float32)
     if STATIC:
         s = tl.load(in_scale_ptr).to(tl.float32)
         q = tl.math.div_rn(x, s)
     else:
         # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
         s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
-        tl.store(s_ptr + row * stride_s + g, s, mask=g * GROUP < K)
+        tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
         q = tl.math.div_rn(x, s[:, None])
     q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
 
 
-def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None):
+def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
+              outer: bool = False):
+    """-> (q e4m3 [rows, K], s float32 [rows, KG]) of x [M, K] (rows >= M: zero rows after x's).
+    outer: s is a view of a [KG, rows] buffer (stride(0) == 1: cuBLASLt's block-scale layout)."""
     M, K = x.shape
+    rows = M if rows is None else rows
     kg = triton.cdiv(K, group)
-    q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
-    if input_scale is None:
-        s = torch.empty(M, kg, dtype=torch.float32, device=x.device)
+    q = torch.empty(rows, K, dtype=torch.float8_e4m3fn, device=x.device)
+    if input_scale is not None:
+        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(rows, kg)
+    elif outer:
+        s = torch.empty(kg, rows, dtype=torch.float32, device=x.device).t()
     else:
-        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(M, kg)
-    if M:
+        s = torch.empty(rows, kg, dtype=torch.float32, device=x.device)
+    if rows:
         gp = triton.next_power_of_2(group)
         bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
-        _fp8_quantize_kernel[(M, triton.cdiv(kg, bg))](
-            x, q, s, s, K, x.stride(0), q.stride(0), s.stride(0), GROUP=group, GP=gp, BG=bg,
+        _fp8_quantize_kernel[(rows, triton.cdiv(kg, bg))](
+            x, q, s, s, M, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GROUP=group, GP=gp, BG=bg,
             STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
     return q, s
 
@@ -368,6 +380,49 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch
     return y if bias is None else y.add_(bias)
 
 
+def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
+    """The "scaled_mm_block" path (block-format weights, group 128): x quantized per token and 128
+    columns, then torch._scaled_mm with block-wise scales -> [M, N] in x's dtype:
+
+        scale_a  float32 [M', K / 128], stride(0) == 1   (cuBLASLt's 1 x 128 activation blocks)
+        scale_b  block_scale float32 [K / 128, N / 128]  (128 x 128 weight blocks; Fp8Method.block_scale)
+
+    M is padded to a multiple of 16 (M'; zero rows) for the scale layout's leading dimension."""
+    M, K = x.shape
+    mp = -(-M // 16) * 16
+    a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=x.dtype)
+    y = y[:M] if mp != M else y
+    return y if bias is None else y.add_(bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_mm_works(device: torch.device) -> bool:
+    """Whether torch._scaled_mm takes 128 x 128 block scales on `device` (cuBLASLt >= 12.9 on sm90;
+    torch 2.11 does): one small trial product against the torch reference, once per device."""
+    if device.type != "cuda" or not _fp8_mma(device):
+        return False
+    g = torch.Generator(device=device).manual_seed(0)
+    N, K = 256, 256
+    w = (torch.randn(N, K, device=device, generator=g) * 32).to(torch.float8_e4m3fn)
+    blocks = torch.rand(N // 128, K // 128, device=device, generator=g) + 0.5
+    rows = blocks.repeat_interleave(128, 0)
+    x = torch.randn(24, K, device=device, generator=g).to(torch.bfloat16)
+    try:
+        got = fp8_scaled_mm_block(x, w, blocks.t()).float()
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    want = fp8_linear_reference(x, w, rows, 128, quantize_input=True).float()
+    return bool(((got - want).abs().max() <= 0.02 * want.abs().max()).item())
+
+
+def scaled_mm_block_fits(x: torch.Tensor, weight: torch.Tensor, block_scale: torch.Tensor | None) -> bool:
+    """Whether the "scaled_mm_block" path takes x: the linear has compact block scales (block
+    format, group 128, N and K multiples of 128), x bf16 on a GPU whose torch._scaled_mm takes them."""
+    return (block_scale is not None and x.is_cuda and x.dtype == torch.bfloat16 and weight.is_contiguous()
+            and _block_mm_works(x.device))
+
+
 @functools.lru_cache(maxsize=None)
 def _fp8_mma(device: torch.device) -> bool:
     """Whether `device` multiplies e4m3 operands: sm89+ (and any device under the interpreter)."""
@@ -383,10 +438,10 @@ def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 # -- the entry points -----------------------------------------------------------------------------
 
 def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
-             cfg: KernelConfig = DEFAULT, silu: bool = False) -> str:
-    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "gemm" or "reference"
-    (a scale group no tensor-core K step divides, x in neither bf16 nor fp16, or a prefill step on
-    a GPU without e4m3 tensor cores, before sm89)."""
+             cfg: KernelConfig = DEFAULT, silu: bool = False, block_scale: torch.Tensor | None = None) -> str:
+    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "scaled_mm_block",
+    "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
+    or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
     M, K = x.shape
     gp, kgp = _gemv_shape(K, group)
     if x.dtype not in (torch.bfloat16, torch.float16):
@@ -399,18 +454,26 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return "skinny"
     if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
         return "scaled_mm"
+    if scaled_mm_block_fits(x, weight, block_scale):
+        return "scaled_mm_block"
     return "gemm" if _fp8_mma(x.device) else "reference"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-               cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+               cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, W = e4m3 weight [N, K] * weight_scale [N, KG]
     per row and group of `group` columns. The weight-only paths (M <= cfg.fp8_skinny_max_tokens)
     leave x unquantized and ignore input_scale; larger steps quantize x per token and group, or
-    with input_scale. Off CUDA: the torch reference (same quantization)."""
-    path = fp8_path(x, weight, weight_scale, group, cfg) if x.is_cuda else "reference"
+    with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
+    has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
+    (same quantization)."""
+    if input_scale is not None:
+        block_scale = None  # static activations: one scale, not per token and group
+    path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
     x = _unit_cols(x)
+    if path == "scaled_mm_block":
+        return fp8_scaled_mm_block(x, weight, block_scale, bias)
     if path == "gemv":
         return fp8_gemv(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "skinny":
@@ -425,7 +488,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                      bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                     cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up [M, N // 2] of fp8_linear over gate_up rows [gate | up] (weight [N, K], its
     scales [N, KG] and bias [N] gate rows first): fused into the weight-only kernels' epilogue;
     the prefill paths run the GEMM, then silu_and_mul."""
@@ -438,4 +501,4 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if path == "reference":
         weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg), cfg)
+    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale), cfg)
