@@ -281,14 +281,14 @@ def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: Kern
     dividing the group), rows a program (BLOCK_N halving from cfg.fp8_skinny_block_n until
     cfg.fp8_skinny_min_programs programs), warps and stages (BM > 16: the fp8_skinny_wide_* set)."""
     bm = max(16, triton.next_power_of_2(M))
-    block_k = cfg.fp8_skinny_block_k
+    wide = bm > 16
+    block_k = cfg.fp8_skinny_wide_block_k if wide else cfg.fp8_skinny_block_k
     sub = _k_step(K, group, block_k)  # a power of 2 up to block_k, so it divides block_k
     block_n = cfg.fp8_skinny_block_n
     while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
         block_n //= 2
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
-    wide = bm > 16
     return dict(BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, SUB=sub if group < K else block_k,
                 DEQUANT=cfg.fp8_skinny_dequant, num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps,
                 num_stages=cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages)
