@@ -5,10 +5,12 @@ projection shape and token count, beside the floor of the bytes each must read.
     python benchmarks/bench_fp8_gemm.py --smoke --out /tmp/fp8   # CPU, Triton's interpreter, tiny shapes
 
 For qkv 6144x4096, o 4096x4096, gate_up 28672x4096 (also with its SiLU epilogue), down 4096x14336,
-at M = 1, 8, 16, 32, 128, 4096 tokens, with block-wise (128) and per-channel weight scales:
+at M = 1, 4, 8, 16, 32, 64, 128, 256, 4096 tokens, with block-wise (128 x 128 blocks) and
+per-channel weight scales (--scales, --shapes pick a subset):
 - "fp8": fp8_linear as the model calls it (its path named), and each path forced where it
-  applies ("gemv" up to 16 tokens, "skinny" up to 64, "gemm" always, "scaled_mm" per-channel),
-  so KernelConfig's fp8_* thresholds can be read off the table;
+  applies ("gemv" up to 16 tokens, "skinny" up to 128, "gemm" always, "scaled_mm" per-channel,
+  "scaled_mm_block" block-wise where torch._scaled_mm takes block scales), so KernelConfig's
+  fp8_* thresholds can be read off the table;
 - "bf16": the project's bf16 projection (FlashInferKernels.linear / gate_up_silu: GEMV, skinny
   GEMM or cuBLAS) on the dequantized weight;
 - "scaled_mm_only": torch._scaled_mm on activations quantized beforehand (cuBLASLt's GEMM alone).
@@ -17,8 +19,9 @@ together (no L2 reuse between calls) divided by the calls; floor = (e4m3 weight 
 bytes) / the copy bandwidth measured here (a 1 GiB device copy); TB/s = the e4m3 weight bytes
 over the time. Every fp8 result is checked against the dequantized product (max rel. error in the
 JSON). Writes fp8_gemm.json and fp8_gemm.png to --out. --sweep adds the weight-only kernels'
-KernelConfig values (GEMV tile and warps at 1 token; skinny K step, programs and stages at 4-16
-tokens; block-wise scales) under "sweep" in the JSON, to tune them from.
+KernelConfig values (the skinny kernel's K step, dequant mode and stages at 16, 64 and 128
+tokens; block-wise scales), beside cuBLASLt's block-scaled GEMM and bf16 at the same token counts,
+under "sweep" in the JSON, to tune them from.
 """
 
 from __future__ import annotations
@@ -217,8 +220,7 @@ def sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16, device, g, dt) -
     GEMM and bf16 at the same token counts: a row per (variant, tokens), printed."""
     N, K = ws[0].shape
     rows = []
-    variants = [("gemv", 1, dataclasses.replace(cfg, fp8_gemv_tile=t, fp8_gemv_warps=w))
-                for t in (16384, 32768) for w in (4, 8)]
+    variants = []  # (the GEMV's tile and warps: results/fp8_sweep.json)
     # M 3..16 pad to the same 16-token tile: M = 16 times them all. The K step: one product a scale
     # group ("exact") or the tile scaled in registers, one product a step ("dequant")
     for M in SWEEP_TOKENS:
@@ -231,7 +233,7 @@ def sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16, device, g, dt) -
                     variants.append(("skinny", M, c))
     keys_of = {"gemv": ("fp8_gemv_tile", "fp8_gemv_warps"),
                "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant", "fp8_skinny_stages")}
-    xs = {M: torch.randn(M, K, device=device, generator=g).to(dt) for M in (1,) + SWEEP_TOKENS}
+    xs = {M: torch.randn(M, K, device=device, generator=g).to(dt) for M in SWEEP_TOKENS}
     for kernel, M, c in variants:
         x = xs[M]
         fn = fp8.fp8_gemv if kernel == "gemv" else fp8.fp8_skinny
