@@ -51,6 +51,21 @@ from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_
 # -- activation quantization -------------------------------------------------------------------
 
 @triton.jit
+def _round_to_e4m3(q):
+    """fp32 q in [-448, 448] -> the nearest e4m3 value, ties to even, still fp32: the conversion
+    after it is then exact whatever rounding the hardware's or the compiler's conversion does.
+
+    e4m3 keeps 3 mantissa bits from exponent -6 up (biased fp32 exponent e >= 121), and spacing
+    2^-9 below (subnormals): ulp = 2^(max(e, 121) - 127 - 3). q / ulp (an exact power-of-2
+    product) lies in (-16, 16); adding and subtracting 1.5 * 2^23 rounds it to an integer, ties
+    to even, in IEEE fp32 adds."""
+    e = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
+    ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
+    inv = ((257 - e) << 23).to(tl.float32, bitcast=True)  # 1 / ulp
+    return ((q * inv + 12582912.0) - 12582912.0) * ulp
+
+
+@triton.jit
 def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
                      GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
                      FMAX: tl.constexpr, AMIN: tl.constexpr):
@@ -70,8 +85,9 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stri
         s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
         tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
         q = tl.math.div_rn(x, s[:, None])
-    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+    q = _round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
+
 
 
 def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
