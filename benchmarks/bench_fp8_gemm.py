@@ -225,14 +225,13 @@ def sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16, device, g, dt) -
     # group ("exact") or the tile scaled in registers, one product a step ("dequant")
     for M in SWEEP_TOKENS:
         wide = M > 16
-        for dq in (False, True):
-            for bk in (128, 256, 512):
-                for st in ((3, 5) if not wide else (3,)):
-                    c = dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_wide_block_k=bk, fp8_skinny_dequant=dq,
-                                            fp8_skinny_stages=st, fp8_skinny_wide_stages=st)
-                    variants.append(("skinny", M, c))
+        for dq, bk in ((False, 128), (False, 256), (False, 512), (True, 256), (True, 512)):
+            for st, mp in (((3, 128), (5, 128)) if not wide else ((3, 64), (3, 128))):
+                c = dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_wide_block_k=bk, fp8_skinny_dequant=dq,
+                                        fp8_skinny_stages=st, fp8_skinny_wide_stages=st, fp8_skinny_wide_min_programs=mp)
+                variants.append(("skinny", M, c))
     keys_of = {"gemv": ("fp8_gemv_tile", "fp8_gemv_warps"),
-               "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant", "fp8_skinny_stages")}
+               "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant", "fp8_skinny_stages", "fp8_skinny_wide_min_programs")}
     xs = {M: torch.randn(M, K, device=device, generator=g).to(dt) for M in SWEEP_TOKENS}
     for kernel, M, c in variants:
         x = xs[M]

@@ -98,8 +98,11 @@ class KernelConfig:
     fp8_skinny_min_programs: int = 128  # (H200 sweep: 32 / 128 even, 512 slower)
     fp8_skinny_warps: int = 4  # up to 16 tokens (8 warps: 1.6-2x slower, H200 sweep)
     fp8_skinny_stages: int = 3
-    fp8_skinny_wide_block_k: int = 128  # 17 to fp8_skinny_max_tokens tokens (a token tile of 32-128): the
-    fp8_skinny_wide_warps: int = 4  # x tile grows with the tokens, so its K step and stages are their own
+    # 17 to fp8_skinny_max_tokens tokens (a token tile of 32-128): the x tile grows with the tokens
+    # (shared memory per stage) and every program re-reads x from L2, so these have their own values
+    fp8_skinny_wide_block_k: int = 128
+    fp8_skinny_wide_min_programs: int = 128
+    fp8_skinny_wide_warps: int = 4
     fp8_skinny_wide_stages: int = 3
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128

@@ -301,7 +301,8 @@ def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: Kern
     block_k = cfg.fp8_skinny_wide_block_k if wide else cfg.fp8_skinny_block_k
     sub = _k_step(K, group, block_k)  # a power of 2 up to block_k, so it divides block_k
     block_n = cfg.fp8_skinny_block_n
-    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
+    least = cfg.fp8_skinny_wide_min_programs if wide else cfg.fp8_skinny_min_programs
+    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < least:
         block_n //= 2
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows

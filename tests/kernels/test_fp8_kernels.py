@@ -151,7 +151,7 @@ def test_fp8_gemv_is_the_weight_only_product(dtype):
 
 SKINNY_CONFIGS = {"default": KernelConfig(),
                   "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_wide_block_k=64,
-                                                    fp8_skinny_min_programs=1),
+                                                    fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
                   "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256),
                   "k512-dequant": KernelConfig(fp8_skinny_block_k=512, fp8_skinny_wide_block_k=512,
                                                fp8_skinny_dequant=True, fp8_skinny_block_n=32),
