@@ -205,29 +205,31 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
-    """fp8_path: 1-2 tokens the GEMV, up to 16 the skinny GEMM, beyond the quantized GEMM (off
-    CUDA never cuBLASLt's); KernelConfig moves each bound; a group no K step divides, fp32 x and
-    rows wider than the GEMV holds go elsewhere. Off CUDA fp8_linear and fp8_gate_up_silu are the
-    reference: weight-only up to fp8_skinny_max_tokens, quantized beyond."""
+    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM, beyond the
+    quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
+    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
+    fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
+    quantized beyond."""
     g = torch.Generator().manual_seed(4)
     w, s = make_weight(24, 256, 128, g, "cpu")
+    big = KernelConfig().fp8_skinny_max_tokens
 
     def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16, K=256):
-        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg)
+        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg, block_scale=s[::128].t())
 
-    assert [path(M) for M in (1, 2, 3, 16, 17, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
+    assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
     assert [path(M, moved) for M in (4, 5, 32, 33)] == ["gemv", "skinny", "skinny", "gemm"]
     assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
     assert path(1, dtype=torch.float32) == "reference"
     assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
-    for M in (2, 17):
+    for M in (2, big + 1):
         x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
-        assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
-        ref = fp8_linear_reference(x, w, s, 128, quantize_input=M > 16)
+        assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
+        ref = fp8_linear_reference(x, w, s, 128, quantize_input=M > big)
         assert torch.equal(fp8.fp8_linear(x, w, s, 128), ref)
         got = fp8.fp8_gate_up_silu(x, w, s, 128)
-        assert rel_err(got, silu_product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
+        assert rel_err(got, silu_product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
 
 
 def block_scale_of(w, s, group):
