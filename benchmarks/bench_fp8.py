@@ -183,6 +183,8 @@ def main():
     ap.add_argument("--acc-tokens", type=int, default=4096)
     ap.add_argument("--engine-prompts", type=int, default=256)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--kernel-config", default=None,
+                    help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
     args = ap.parse_args()
     dev = args.device
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
@@ -201,6 +203,16 @@ def main():
 
     gen8 = random_text_generator(cfg, device=dev, dtype=dtype)
     genr = random_text_generator(cfg, device=dev, dtype=dtype)
+    if args.kernel_config:
+        import dataclasses
+
+        from model_wrapper.kernels import KernelConfig
+
+        with open(args.kernel_config) as f:
+            overrides = json.load(f)
+        res["kernel_config_overrides"] = overrides
+        for gen in (gen8, genr):
+            gen.model_wrapper.set_kernel_config(dataclasses.replace(KernelConfig(), **overrides))
     fp8_bytes = to_fp8(gen8, genr, args.kind)
     rest = other_bytes(genr)
     proj_bf16 = sum(p.numel() * p.element_size() for lin in genr.model_wrapper.lora_linears().values()

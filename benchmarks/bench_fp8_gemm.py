@@ -53,6 +53,10 @@ def parse():
     ap.add_argument("--scales", default="block128,channel", help="comma-separated: block128, channel")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--smoke", action="store_true", help="CPU under Triton's interpreter, tiny shapes (plumbing only)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts of the cases (default: %s)"
+                    % ",".join(map(str, TOKENS)))
+    ap.add_argument("--kernel-config", default=None,
+                    help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
     return ap.parse_args()
 
 
@@ -75,6 +79,11 @@ def main():
     if not args.smoke:
         shapes = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
     cfg = KernelConfig()
+    if args.kernel_config:
+        with open(args.kernel_config) as f:
+            cfg = dataclasses.replace(cfg, **json.load(f))
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
     bw = copy_bandwidth(device)
     bf16 = bf16_projections(device, cfg)
     res = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)",
@@ -109,12 +118,17 @@ def main():
                 res.setdefault("sweep", []).extend(sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16,
                                                          device, g, dt))
             del ws, ss, wb, bls
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fp8_gemm.json"), "w") as f:
-        json.dump(res, f, indent=1)
+            save(res, args.out)  # after each shape: a run cut short keeps what it measured
+    save(res, args.out)
     if res["cases"]:
         plot(res, os.path.join(args.out, "fp8_gemm.png"))
     print(f"wrote {args.out}/fp8_gemm.json (and fp8_gemm.png with matplotlib)")
+
+
+def save(res, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "fp8_gemm.json"), "w") as f:
+        json.dump(res, f, indent=1)
 
 
 def bf16_projections(device, cfg):
@@ -225,13 +239,13 @@ def sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16, device, g, dt) -
     # group ("exact") or the tile scaled in registers, one product a step ("dequant")
     for M in SWEEP_TOKENS:
         wide = M > 16
-        for dq, bk in ((False, 128), (False, 256), (False, 512), (True, 256), (True, 512)):
-            for st, mp in (((3, 128), (5, 128)) if not wide else ((3, 64), (3, 128))):
-                c = dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_wide_block_k=bk, fp8_skinny_dequant=dq,
-                                        fp8_skinny_stages=st, fp8_skinny_wide_stages=st, fp8_skinny_wide_min_programs=mp)
-                variants.append(("skinny", M, c))
+        grid = ((False, 128), (False, 256), (False, 512), (True, 256), (True, 512))
+        for dq, bk in grid if M < 128 else grid[:2] + grid[3:4]:  # 128 tokens: 512-column x tiles overflow
+            c = dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_wide_block_k=bk, fp8_skinny_dequant=dq,
+                                    fp8_skinny_wide_dequant=dq)
+            variants.append(("skinny", M, c))
     keys_of = {"gemv": ("fp8_gemv_tile", "fp8_gemv_warps"),
-               "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant", "fp8_skinny_stages", "fp8_skinny_wide_min_programs")}
+               "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant")}
     xs = {M: torch.randn(M, K, device=device, generator=g).to(dt) for M in SWEEP_TOKENS}
     for kernel, M, c in variants:
         x = xs[M]

@@ -101,6 +101,7 @@ class KernelConfig:
     # 17 to fp8_skinny_max_tokens tokens (a token tile of 32-128): the x tile grows with the tokens
     # (shared memory per stage) and every program re-reads x from L2, so these have their own values
     fp8_skinny_wide_block_k: int = 128
+    fp8_skinny_wide_dequant: bool = False
     fp8_skinny_wide_min_programs: int = 128
     fp8_skinny_wide_warps: int = 4
     fp8_skinny_wide_stages: int = 3

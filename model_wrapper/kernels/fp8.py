@@ -307,7 +307,7 @@ def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: Kern
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     return dict(BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, SUB=sub if group < K else block_k,
-                DEQUANT=cfg.fp8_skinny_dequant, num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps,
+                DEQUANT=cfg.fp8_skinny_wide_dequant if wide else cfg.fp8_skinny_dequant, num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps,
                 num_stages=cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages)
 
 

@@ -154,7 +154,8 @@ SKINNY_CONFIGS = {"default": KernelConfig(),
                                                     fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
                   "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256),
                   "k512-dequant": KernelConfig(fp8_skinny_block_k=512, fp8_skinny_wide_block_k=512,
-                                               fp8_skinny_dequant=True, fp8_skinny_block_n=32),
+                                               fp8_skinny_dequant=True, fp8_skinny_wide_dequant=True,
+                                               fp8_skinny_block_n=32),
                   "k128-dequant": KernelConfig(fp8_skinny_block_k=128, fp8_skinny_dequant=True)}
 
 
