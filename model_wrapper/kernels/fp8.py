@@ -292,10 +292,14 @@ def _k_step(K: int, group: int, most: int) -> int | None:
     return step if step >= 32 else None
 
 
+_SKINNY_SMEM = 200 * 1024  # bytes of shared memory the skinny kernel's pipeline stages may take
+
+
 def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: KernelConfig) -> dict:
     """The skinny kernel's tiling for M tokens: BLOCK_K and SUB (a sub-step of one scale a row,
     dividing the group), rows a program (BLOCK_N halving from cfg.fp8_skinny_block_n until
-    cfg.fp8_skinny_min_programs programs), warps and stages (BM > 16: the fp8_skinny_wide_* set)."""
+    cfg.fp8_skinny_min_programs programs), warps and stages (BM > 16: the fp8_skinny_wide_* set);
+    BLOCK_K halves where the stages would overflow shared memory (wide token tiles)."""
     bm = max(16, triton.next_power_of_2(M))
     wide = bm > 16
     block_k = cfg.fp8_skinny_wide_block_k if wide else cfg.fp8_skinny_block_k
@@ -306,9 +310,15 @@ def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: Kern
         block_n //= 2
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    stages = cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages
+    # a stage holds e4m3 rows and the x tile (2-byte): halve the K step until the stages fit
+    # shared memory (228 KB an SM on Hopper, with room left for the compiler's own)
+    k_floor = sub if group < K else 32  # a K step holds whole sub-steps
+    while block_k > k_floor and stages * block_k * (block_n + 2 * bm) > _SKINNY_SMEM:
+        block_k //= 2
     return dict(BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, SUB=sub if group < K else block_k,
-                DEQUANT=cfg.fp8_skinny_wide_dequant if wide else cfg.fp8_skinny_dequant, num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps,
-                num_stages=cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages)
+                DEQUANT=cfg.fp8_skinny_wide_dequant if wide else cfg.fp8_skinny_dequant,
+                num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps, num_stages=stages)
 
 
 def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
