@@ -51,7 +51,7 @@ from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_
 # -- activation quantization -------------------------------------------------------------------
 
 @triton.jit
-def _round_to_e4m3(q):
+def round_to_e4m3(q):
     """fp32 q in [-448, 448] -> the nearest e4m3 value, ties to even, still fp32: the conversion
     after it is then exact whatever rounding the hardware's or the compiler's conversion does.
 
@@ -85,7 +85,7 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stri
         s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
         tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
         q = tl.math.div_rn(x, s[:, None])
-    q = _round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
+    q = round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
 
 
