@@ -50,6 +50,6 @@ deq = lambda q, s: q.double() * s.double().repeat_interleave(128, 1)  # noqa: E7
 exact2 = deq(xq2, xs2) @ deq(w, ws2).t()
 tri2 = fp8.fp8_gemm(x, w, ws2, 128).double()
 line = f"block: triton gemm {f(tri2, exact2)}  bf16 rounding of exact {f(exact2.bfloat16().double(), exact2)}"
-if fp8._block_mm_works(x.device):
+if fp8._block_mm_works(x.device, N, K):
     line += f"  cublas block scaled_mm {f(fp8.fp8_scaled_mm_block(x, w, wb.t()).double(), exact2)}"
 print(line)

@@ -44,25 +44,36 @@ def dequant(w, s, group):
     return w.double() * s.double()[:, cols]
 
 
+def ieee_div(a, b):
+    """a / b in float32, correctly rounded wherever it runs: the quotient in float64, rounded once
+    to float32 (53 >= 2 * 24 + 2 bits: the double rounding is exact). torch's CUDA division by a
+    scalar multiplies by its reciprocal instead (an ulp off at times)."""
+    return (a.double() / b.double()).float()
+
+
 def quantize_oracle(x, group, input_scale=None):
     """x [M, K] -> (x rounded through e4m3, as float64 [M, K]): per group of columns, scale =
-    max(amax, 1e-10) / 448, or the static input_scale."""
+    max(amax, 1e-10) / 448, or the static input_scale; IEEE divisions, the e4m3 rounding by
+    torch on the CPU (round to nearest even)."""
     out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
     for c in range(0, x.shape[1], group):
         blk = x[:, c:c + group].float()
         if input_scale is None:
-            scale = blk.abs().amax(dim=1, keepdim=True).clamp_min(1e-10) / 448
+            scale = ieee_div(blk.abs().amax(dim=1, keepdim=True).clamp_min(1e-10), torch.tensor(448.0))
         else:
-            scale = input_scale.float()
-        q = (blk / scale).clamp(-448, 448).to(E4M3)
-        out[:, c:c + group] = q.double() * scale.double()
+            scale = input_scale.float().cpu()
+        q = ieee_div(blk, scale.to(blk.device)).clamp(-448, 448).cpu().to(E4M3).to(x.device)
+        out[:, c:c + group] = q.double() * scale.double().to(x.device)
     return out
 
 
 def kernel_quantized(x, group, input_scale=None):
     """x rounded through e4m3 by the kernels' own quantization (fp8.quantize_fp8_per_token_group /
     quantize_fp8_static), as float64 [M, K]: the operand the prefill paths multiply. The tests
-    above and test_quantize_on_cuda_is_the_oracle hold that function to quantize_oracle."""
+    above and test_quantize_on_cuda_is_the_oracle hold that function to quantize_oracle, which
+    stands for it off CUDA (where fp8_linear runs the torch reference)."""
+    if not x.is_cuda:
+        return quantize_oracle(x, group, input_scale)
     if input_scale is not None:
         return fp8.quantize_fp8_static(x, input_scale).double() * input_scale.double()
     q, qs = fp8.quantize_fp8_per_token_group(x, group)
@@ -104,7 +115,7 @@ def test_quantize_per_token_group_is_amax_over_448_rounded_to_e4m3(dtype):
         cols = torch.arange(K, device=x.device) // group
         assert torch.equal(q.double() * s.double()[:, cols], quantize_oracle(x, group)), (M, K, group)
         assert not q.float().isnan().any() and (q[0].float() == 0).all()
-        want_s = torch.stack([x[:, c:c + group].float().abs().amax(1).clamp_min(1e-10) / 448
+        want_s = torch.stack([ieee_div(x[:, c:c + group].float().abs().amax(1).clamp_min(1e-10), torch.tensor(448.0))
                               for c in range(0, K, group)], dim=1)
         assert torch.equal(s, want_s)
     x = rows(4, 200, dtype, g)
@@ -152,7 +163,8 @@ def test_fp8_gemv_is_the_weight_only_product(dtype):
 SKINNY_CONFIGS = {"default": KernelConfig(),
                   "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_wide_block_k=64,
                                                     fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
-                  "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256),
+                  "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256,
+                                             fp8_skinny_dequant=False, fp8_skinny_wide_dequant=False),
                   "k512-dequant": KernelConfig(fp8_skinny_block_k=512, fp8_skinny_wide_block_k=512,
                                                fp8_skinny_dequant=True, fp8_skinny_wide_dequant=True,
                                                fp8_skinny_block_n=32),
@@ -318,7 +330,8 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
         assert rel_err(got, product(x, w, s, grp, b, True, in_scale)) < TOL[dtype], (N, K, "static")
     prefill = "gemm"
     if dtype == torch.bfloat16:
-        prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(torch.device("cuda")) else "gemm"
+        prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(
+            torch.device("cuda", torch.cuda.current_device()), 4096, 4096) else "gemm"
     assert {"gemv", "skinny", prefill} <= seen, seen
 
 
