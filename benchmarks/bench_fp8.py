@@ -17,7 +17,8 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    FP8 weights with an FP8 cache, and bf16; floor = (weight bytes + scales + KV bytes) / copy
    bandwidth measured here;
 3. prefill of 4k tokens: FP8 vs bf16, beside the FP8 GEMM chain of the same shapes
-   (torch._scaled_mm with per-row scales: cuBLASLt FP8) and the bf16 chain;
+   (torch._scaled_mm with per-row scales: cuBLASLt FP8; with --kind block also its block-scaled
+   GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
 Writes fp8.json and fp8.png to --out.
@@ -115,24 +116,30 @@ def fp32_copy(gen_ref, gen8, cfg, device):
     return g32
 
 
-def fp8_gemm_chain(cfg, T, device, iters):
+def fp8_gemm_chain(cfg, T, device, iters, blocks=False):
     """Seconds of the decoder's GEMMs in FP8 at T tokens (cuBLASLt via torch._scaled_mm, per-row
-    scales: the best FP8 GEMM a peer gets from torch), plus the bf16 lm_head of one row."""
+    scales: the best FP8 GEMM a peer gets from torch; blocks: its 1 x 128 / 128 x 128 block-scaled
+    GEMM, the "scaled_mm_block" path's), activations quantized beforehand, plus the bf16 lm_head
+    of one row."""
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     hd = h // cfg["num_attention_heads"]
     qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
     shapes = [(h, qkv), (cfg["num_attention_heads"] * hd, h), (h, 2 * i), (i, h)]
     xs = {k: torch.randn(T, k, device=device).to(E4M3) for k, _ in shapes}
     ws = [torch.randn(n, k, device=device).to(E4M3) for k, n in shapes]
-    sa = torch.ones(T, 1, device=device)
-    sbs = [torch.ones(1, n, device=device) for _, n in shapes]
+    if blocks:
+        sas = {k: torch.ones(k // 128, T, device=device).t() for k, _ in shapes}
+        sbs = [torch.ones(n // 128, k // 128, device=device).t() for k, n in shapes]
+    else:
+        sas = {k: torch.ones(T, 1, device=device) for k, _ in shapes}
+        sbs = [torch.ones(1, n, device=device) for _, n in shapes]
     lm = torch.randn(cfg["vocab_size"], h, dtype=torch.bfloat16, device=device)
     xl = torch.randn(1, h, dtype=torch.bfloat16, device=device)
 
     def chain():
         for _ in range(cfg["num_hidden_layers"]):
             for (k, _), w, sb in zip(shapes, ws, sbs):
-                torch._scaled_mm(xs[k], w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                torch._scaled_mm(xs[k], w.t(), scale_a=sas[k], scale_b=sb, out_dtype=torch.bfloat16)
         torch.nn.functional.linear(xl, lm)
 
     return timed(chain, iters=iters, device=device)
@@ -176,6 +183,9 @@ def main():
     ap.add_argument("--acc-tokens", type=int, default=4096)
     ap.add_argument("--engine-prompts", type=int, default=256)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--kernel-config", default=None,
+                    help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
     args = ap.parse_args()
     dev = args.device
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
@@ -194,6 +204,16 @@ def main():
 
     gen8 = random_text_generator(cfg, device=dev, dtype=dtype)
     genr = random_text_generator(cfg, device=dev, dtype=dtype)
+    if args.kernel_config:
+        import dataclasses
+
+        from model_wrapper.kernels import KernelConfig
+
+        with open(args.kernel_config) as f:
+            overrides = json.load(f)
+        res["kernel_config_overrides"] = overrides
+        for gen in (gen8, genr):
+            gen.model_wrapper.set_kernel_config(dataclasses.replace(KernelConfig(), **overrides))
     fp8_bytes = to_fp8(gen8, genr, args.kind)
     rest = other_bytes(genr)
     proj_bf16 = sum(p.numel() * p.element_size() for lin in genr.model_wrapper.lora_linears().values()
@@ -203,12 +223,13 @@ def main():
           flush=True)
 
     # both against float32 on the same (dequantized) weights: what FP8 costs beside bf16's own rounding
-    g32 = fp32_copy(genr, gen8, cfg, dev)
-    acc = accuracy({"fp8": gen8, "bf16": genr}, g32, cfg, args.acc_tokens if not args.tiny else 128)
-    acc["fp8_vs_bf16"] = accuracy({"fp8": gen8}, genr, cfg, args.acc_tokens if not args.tiny else 128)["fp8"]
-    res["accuracy"] = acc
-    print("accuracy (reference: fp32 on the dequantized weights)", acc, flush=True)
-    del g32
+    if not args.skip_accuracy:
+        g32 = fp32_copy(genr, gen8, cfg, dev)
+        acc = accuracy({"fp8": gen8, "bf16": genr}, g32, cfg, args.acc_tokens if not args.tiny else 128)
+        acc["fp8_vs_bf16"] = accuracy({"fp8": gen8}, genr, cfg, args.acc_tokens if not args.tiny else 128)["fp8"]
+        res["accuracy"] = acc
+        print("accuracy (reference: fp32 on the dequantized weights)", acc, flush=True)
+        del g32
     gc.collect()
     torch.cuda.empty_cache() if dev == "cuda" else None
 
@@ -239,9 +260,15 @@ def main():
     del kv8, kvr
     chain_bf16, _ = gemm_chain(cfg, T_pre, dev, n)
     chain_fp8 = fp8_gemm_chain(cfg, T_pre, dev, n) if dev == "cuda" else float("nan")
+    chain_blk = float("nan")
+    if dev == "cuda" and args.kind == "block":
+        from model_wrapper.kernels.fp8 import _block_mm_works
+
+        works = _block_mm_works(torch.device(dev, torch.cuda.current_device()), 4096, 4096)
+        chain_blk = fp8_gemm_chain(cfg, T_pre, dev, n, blocks=True) if works else chain_blk
     res["prefill"] = dict(tokens=T_pre, fp8_ms=t8 * 1e3, bf16_ms=tr * 1e3, speedup_vs_bf16=tr / t8,
-                          fp8_gemm_chain_ms=chain_fp8 * 1e3, bf16_gemm_chain_ms=chain_bf16 * 1e3,
-                          ratio_to_fp8_chain=t8 / chain_fp8)
+                          fp8_gemm_chain_ms=chain_fp8 * 1e3, fp8_block_gemm_chain_ms=chain_blk * 1e3,
+                          bf16_gemm_chain_ms=chain_bf16 * 1e3, ratio_to_fp8_chain=t8 / chain_fp8)
     print("prefill", res["prefill"], flush=True)
 
     if not args.skip_engine:
@@ -273,8 +300,9 @@ def plot(res, path):
     a.set(xlabel="batch", ylabel="ms / decode step", xscale="log", title=f"decode, ctx {res['context']} (dashed: floor)")
     a.legend()
     p = res["prefill"]
-    names = ["fp8", "bf16", "fp8 GEMM chain", "bf16 GEMM chain"]
-    vals = [p["fp8_ms"], p["bf16_ms"], p["fp8_gemm_chain_ms"], p["bf16_gemm_chain_ms"]]
+    names = ["fp8", "bf16", "fp8 GEMM chain", "fp8 block GEMM chain", "bf16 GEMM chain"]
+    vals = [p["fp8_ms"], p["bf16_ms"], p["fp8_gemm_chain_ms"], p.get("fp8_block_gemm_chain_ms", float("nan")),
+            p["bf16_gemm_chain_ms"]]
     b.bar(names, vals)
     b.set(ylabel="ms", title=f"prefill {p['tokens']} tokens")
     fig.suptitle(f"{res['model']} on {res['device']}")

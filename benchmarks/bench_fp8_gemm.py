@@ -5,10 +5,12 @@ projection shape and token count, beside the floor of the bytes each must read.
     python benchmarks/bench_fp8_gemm.py --smoke --out /tmp/fp8   # CPU, Triton's interpreter, tiny shapes
 
 For qkv 6144x4096, o 4096x4096, gate_up 28672x4096 (also with its SiLU epilogue), down 4096x14336,
-at M = 1, 8, 16, 32, 128, 4096 tokens, with block-wise (128) and per-channel weight scales:
+at M = 1, 4, 8, 16, 32, 64, 128, 256, 4096 tokens, with block-wise (128 x 128 blocks) and
+per-channel weight scales (--scales, --shapes pick a subset):
 - "fp8": fp8_linear as the model calls it (its path named), and each path forced where it
-  applies ("gemv" up to 16 tokens, "skinny" up to 64, "gemm" always, "scaled_mm" per-channel),
-  so KernelConfig's fp8_* thresholds can be read off the table;
+  applies ("gemv" up to 16 tokens, "skinny" up to 128, "gemm" always, "scaled_mm" per-channel,
+  "scaled_mm_block" block-wise where torch._scaled_mm takes block scales), so KernelConfig's
+  fp8_* thresholds can be read off the table;
 - "bf16": the project's bf16 projection (FlashInferKernels.linear / gate_up_silu: GEMV, skinny
   GEMM or cuBLAS) on the dequantized weight;
 - "scaled_mm_only": torch._scaled_mm on activations quantized beforehand (cuBLASLt's GEMM alone).
@@ -17,8 +19,9 @@ together (no L2 reuse between calls) divided by the calls; floor = (e4m3 weight 
 bytes) / the copy bandwidth measured here (a 1 GiB device copy); TB/s = the e4m3 weight bytes
 over the time. Every fp8 result is checked against the dequantized product (max rel. error in the
 JSON). Writes fp8_gemm.json and fp8_gemm.png to --out. --sweep adds the weight-only kernels'
-KernelConfig values (GEMV tile and warps at 1 token; skinny K step, programs and stages at 4-16
-tokens; block-wise scales) under "sweep" in the JSON, to tune them from.
+KernelConfig values (the skinny kernel's K step, dequant mode and stages at 16, 64 and 128
+tokens; block-wise scales), beside cuBLASLt's block-scaled GEMM and bf16 at the same token counts,
+under "sweep" in the JSON, to tune them from.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-TOKENS = (1, 8, 16, 32, 128, 4096)
+TOKENS = (1, 4, 8, 16, 32, 64, 128, 256, 4096)
+SWEEP_TOKENS = (16, 64, 128)  # skinny token tiles 16 (3-16 tokens), 64, 128
 SMOKE_SHAPES = {"gate_up": (128, 256), "down": (64, 320)}
 SMOKE_TOKENS = (1, 8, 17)
 ROTATE_BYTES = 256 << 20  # weight copies per case: > 50 MB of L2 many times over
@@ -46,7 +50,13 @@ def parse():
     ap.add_argument("--out", default=os.path.join(HERE, "benchmarks", "results"))
     ap.add_argument("--sweep", action="store_true", help="also time the weight-only kernels' launch configs")
     ap.add_argument("--sweep-only", action="store_true", help="the sweep alone (block scales), no cases")
+    ap.add_argument("--scales", default="block128,channel", help="comma-separated: block128, channel")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--smoke", action="store_true", help="CPU under Triton's interpreter, tiny shapes (plumbing only)")
+    ap.add_argument("--tokens", default=None, help="comma-separated token counts of the cases (default: %s)"
+                    % ",".join(map(str, TOKENS)))
+    ap.add_argument("--kernel-config", default=None,
+                    help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
     return ap.parse_args()
 
 
@@ -66,7 +76,14 @@ def main():
 
     device = "cpu" if args.smoke else "cuda"
     shapes, tokens = (SMOKE_SHAPES, SMOKE_TOKENS) if args.smoke else (SHAPES, TOKENS)
+    if not args.smoke:
+        shapes = {k: v for k, v in shapes.items() if k in args.shapes.split(",")}
     cfg = KernelConfig()
+    if args.kernel_config:
+        with open(args.kernel_config) as f:
+            cfg = dataclasses.replace(cfg, **json.load(f))
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
     bw = copy_bandwidth(device)
     bf16 = bf16_projections(device, cfg)
     res = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)",
@@ -76,13 +93,17 @@ def main():
     g = torch.Generator(device=device).manual_seed(0)
     dt = torch.float16 if args.smoke else torch.bfloat16  # the interpreter's bf16 dot is wrong
     for shape, (N, K) in shapes.items():
-        for scales in (("block128",) if args.sweep_only else ("block128", "channel")):
+        for scales in (("block128",) if args.sweep_only else args.scales.split(",")):
             group = 128 if scales == "block128" else K
             kg = -(-K // group)
             copies = 2 if args.smoke else max(2, -(-ROTATE_BYTES // (N * K)))
             ws = [(torch.randn(N, K, device=device, generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
                   for _ in range(copies)]
-            ss = [torch.rand(N, kg, device=device, generator=g) / (64 * K**0.5) for _ in range(copies)]
+            # block128: a scale per 128 x 128 block, kept per row as the loader does (each 128-row band one row)
+            bands = -(-N // 128) if scales == "block128" else N
+            ss = [(torch.rand(bands, kg, device=device, generator=g) / (64 * K**0.5)).repeat_interleave(
+                N // bands, 0)[:N].contiguous() for _ in range(copies)]
+            bls = [block_scale(s, ws[0], group) for s in ss]
             wb = [dequantize_fp8_weight(w, s, group, dt) for w, s in zip(ws, ss)]
             silu_cases = (False, True) if shape == "gate_up" else (False,)
             if args.sweep_only:
@@ -91,17 +112,23 @@ def main():
             for silu in silu_cases:
                 for M in tokens:
                     x = torch.randn(M, K, device=device, generator=g).to(dt)
-                    res["cases"] += run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16,
-                                             bw, device)
+                    res["cases"] += run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, bls, wb, group, cfg,
+                                             bf16, bw, device)
             if args.sweep and scales == "block128":
-                res.setdefault("sweep", []).extend(sweep(fp8, torch, shape, ws, ss, group, cfg, device, g, dt))
-            del ws, ss, wb
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fp8_gemm.json"), "w") as f:
-        json.dump(res, f, indent=1)
+                res.setdefault("sweep", []).extend(sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16,
+                                                         device, g, dt))
+            del ws, ss, wb, bls
+            save(res, args.out)  # after each shape: a run cut short keeps what it measured
+    save(res, args.out)
     if res["cases"]:
         plot(res, os.path.join(args.out, "fp8_gemm.png"))
     print(f"wrote {args.out}/fp8_gemm.json (and fp8_gemm.png with matplotlib)")
+
+
+def save(res, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "fp8_gemm.json"), "w") as f:
+        json.dump(res, f, indent=1)
 
 
 def bf16_projections(device, cfg):
@@ -137,7 +164,17 @@ def bf16_projections(device, cfg):
     return {"name": "Triton GEMV / skinny + cuBLAS (no FlashInfer)", "linear": linear, "silu": silu}
 
 
-def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16, bw, device) -> list[dict]:
+def block_scale(s, w, group):
+    """The compact block scales Fp8Method keeps for (w, s) (None for per-channel scales)."""
+    import torch
+    from model_wrapper.layers.fp8_linear import Fp8Method
+
+    lin = torch.nn.Module()
+    lin.weight, lin.weight_scale = w, s
+    return Fp8Method(group).block_scale(lin)
+
+
+def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, bls, wb, group, cfg, bf16, bw, device) -> list[dict]:
     """Every variant of one (shape, scales, silu, M): a result row each, printed."""
     from model_wrapper.kernels.activation import silu_and_mul
 
@@ -147,12 +184,16 @@ def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16
     floor_bytes = N * K + N * kg * 4 + M * K * 2 + M * n_out * 2
     floor_s = floor_bytes / bw
     entry = fp8.fp8_gate_up_silu if silu else fp8.fp8_linear
-    variants = {f"fp8 ({fp8.fp8_path(x, ws[0], ss[0], group, cfg, silu) if device == 'cuda' else 'reference'})":
-                lambda i: entry(x, ws[i], ss[i], group, cfg=cfg)}
+    path = fp8.fp8_path(x, ws[0], ss[0], group, cfg, silu, bls[0]) if device == "cuda" else "reference"
+    if silu and path in ("gemm", "scaled_mm") and fp8.scaled_mm_block_fits(x, ws[0], bls[0]):
+        path = "scaled_mm_block"  # gate_up's prefill: the GEMM fp8_linear picks, then silu_and_mul
+    variants = {f"fp8 ({path})": lambda i: entry(x, ws[i], ss[i], group, cfg=cfg, block_scale=bls[i])}
     if M <= 16:
         variants["fp8 gemv"] = lambda i: fp8.fp8_gemv(x, ws[i], ss[i], group, silu=silu, cfg=cfg)
-    if M <= 64:
+    if M <= 128:
         variants["fp8 skinny"] = lambda i: fp8.fp8_skinny(x, ws[i], ss[i], group, silu=silu, cfg=cfg)
+    if not silu and M > 1 and device == "cuda" and fp8.scaled_mm_block_fits(x, ws[0], bls[0]):
+        variants["fp8 scaled_mm_block"] = lambda i: fp8.fp8_scaled_mm_block(x, ws[i], bls[i])
     if silu:
         variants["fp8 gemm"] = lambda i: silu_and_mul(fp8.fp8_gemm(x, ws[i], ss[i], group, cfg=cfg), cfg)
     else:
@@ -188,28 +229,50 @@ def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, wb, group, cfg, bf16
     return rows
 
 
-def sweep(fp8, torch, shape, ws, ss, group, cfg, device, g, dt) -> list[dict]:
-    """The weight-only kernels under other KernelConfig values: a row per (config, tokens), printed."""
+def sweep(fp8, torch, shape, ws, ss, bls, wb, group, cfg, bf16, device, g, dt) -> list[dict]:
+    """The weight-only kernels under other KernelConfig values, beside the block-scaled cuBLASLt
+    GEMM and bf16 at the same token counts: a row per (variant, tokens), printed."""
     N, K = ws[0].shape
     rows = []
-    variants = [("gemv", 1, dataclasses.replace(cfg, fp8_gemv_tile=t, fp8_gemv_warps=w))
-                for t in (8192, 16384, 32768) for w in (4, 8)]
-    # M 3..16 pad to the same 16-token tile: one M times them all; min_programs sets the rows a
-    # program takes (64 halving to 16 until that many programs)
-    variants += [("skinny", 16, dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_min_programs=p,
-                                                    fp8_skinny_stages=st, fp8_skinny_warps=w))
-                 for bk in (128, 256) for p in (32, 128, 512) for st in (3, 5) for w in (4, 8)]
+    variants = []  # (the GEMV's tile and warps: results/fp8_sweep.json)
+    # M 3..16 pad to the same 16-token tile: M = 16 times them all. The K step: one product a scale
+    # group ("exact") or the tile scaled in registers, one product a step ("dequant")
+    for M in SWEEP_TOKENS:
+        wide = M > 16
+        grid = ((False, 128), (False, 256), (False, 512), (True, 256), (True, 512))
+        for dq, bk in grid if M < 128 else grid[:2] + grid[3:4]:  # 128 tokens: 512-column x tiles overflow
+            c = dataclasses.replace(cfg, fp8_skinny_block_k=bk, fp8_skinny_wide_block_k=bk, fp8_skinny_dequant=dq,
+                                    fp8_skinny_wide_dequant=dq)
+            variants.append(("skinny", M, c))
+    keys_of = {"gemv": ("fp8_gemv_tile", "fp8_gemv_warps"),
+               "skinny": ("fp8_skinny_block_k", "fp8_skinny_dequant")}
+    xs = {M: torch.randn(M, K, device=device, generator=g).to(dt) for M in SWEEP_TOKENS}
     for kernel, M, c in variants:
-        x = torch.randn(M, K, device=device, generator=g).to(dt)
+        x = xs[M]
         fn = fp8.fp8_gemv if kernel == "gemv" else fp8.fp8_skinny
-        sec = time_calls(torch, lambda i: fn(x, ws[i], ss[i], group, cfg=c), len(ws), device)
-        keys = ("fp8_gemv_tile", "fp8_gemv_warps") if kernel == "gemv" else (
-            "fp8_skinny_block_k", "fp8_skinny_min_programs", "fp8_skinny_stages", "fp8_skinny_warps")
+        keys = keys_of[kernel]
+        try:
+            sec = time_calls(torch, lambda i: fn(x, ws[i], ss[i], group, cfg=c), len(ws), device)
+        except Exception as e:  # a K step whose tiles exceed shared memory at this token tile: noted, skipped
+            rows.append({"shape": shape, "kernel": kernel, "tokens": M, **{k: getattr(c, k) for k in keys},
+                         "error": repr(e)[:200]})
+            print(f"sweep {shape:8s} {kernel:6s} M={M:3d} " + " ".join(f"{k[4:]}={getattr(c, k)}" for k in keys)
+                  + f": {type(e).__name__}", flush=True)
+            continue
         row = {"shape": shape, "kernel": kernel, "tokens": M, **{k: getattr(c, k) for k in keys}, "us": sec * 1e6,
                "weight_TBps": N * K / sec / 1e12}
-        print(f"sweep {shape:8s} {kernel:6s} M={M:2d} " + " ".join(f"{k}={row[k]}" for k in keys)
+        print(f"sweep {shape:8s} {kernel:6s} M={M:3d} " + " ".join(f"{k[4:]}={row[k]}" for k in keys)
               + f": {row['us']:.2f} us ({row['weight_TBps']:.2f} TB/s)", flush=True)
         rows.append(row)
+    for M in SWEEP_TOKENS:
+        x = xs[M]
+        others = {"bf16": lambda i: bf16["linear"](x, wb[i])}
+        if device == "cuda" and fp8.scaled_mm_block_fits(x, ws[0], bls[0]):
+            others["scaled_mm_block"] = lambda i: fp8.fp8_scaled_mm_block(x, ws[i], bls[i])
+        for name, fn in others.items():
+            sec = time_calls(torch, fn, len(ws), device)
+            rows.append({"shape": shape, "kernel": name, "tokens": M, "us": sec * 1e6, "weight_TBps": N * K / sec / 1e12})
+            print(f"sweep {shape:8s} {name:15s} M={M:3d}: {sec * 1e6:.2f} us", flush=True)
     return rows
 
 

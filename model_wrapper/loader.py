@@ -28,7 +28,7 @@ from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.fp8_weights import (Fp8Tensors, check_dtypes, dequantize_slice, group_of, is_fp8_aux,
                                        keep_fp8_storage, plan_fp8, row_scales)
-from model_wrapper.layers.fp8_linear import E4M3
+from model_wrapper.layers.fp8_linear import E4M3, Fp8Method
 from model_wrapper.models.decoder import CausalLM
 from model_wrapper.parallel import TPGroup, TPShard
 
@@ -197,6 +197,9 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         )
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    for module in model.modules():  # FP8 linears keep their block scales for cuBLASLt, once
+        if isinstance(getattr(module, "method", None), Fp8Method):
+            module.method.prepare(module)
     model.checkpoint_kv_scales = None
     if fp8 is not None and fp8.kv_scales:
         k, v = zip(*((small[a], small[b]) for a, b in fp8.kv_scales))

@@ -100,17 +100,28 @@ class KernelConfig:
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only
     # GEMV (fp32 FMAs on weights held in registers); up to fp8_skinny_max_tokens: the weight-only
     # skinny tensor-core GEMM (e4m3 upcast in registers); beyond: activations quantized, then
-    # torch._scaled_mm (one scale per row) or the block-scaled Triton GEMM. Not yet tuned on a GPU:
-    # the values follow the bf16 kernels' (benchmarks/bench_fp8_gemm.py times each path at each M)
+    # torch._scaled_mm (one scale per row, or 128 x 128 blocks where torch takes them) or the
+    # block-scaled Triton GEMM (benchmarks/bench_fp8_gemm.py times each path at each M)
     fp8_gemv_max_tokens: int = 2  # the bf16 GEMV's bound; e4m3 halves the bytes a FMA may take
     fp8_gemv_tile: int = 32768  # weights a program holds (H200 sweep: 4% faster than 16k)
     fp8_gemv_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (groups x group width) a program holds
-    fp8_skinny_max_tokens: int = 16  # decode and verify steps stay weight-only
-    fp8_skinny_block_k: int = 256  # K step without groups; with groups: min(this, group)
-    fp8_skinny_min_programs: int = 128  # rows per program shrink (64 -> 16) until this many programs (H200 sweep)
-    fp8_skinny_warps: int = 4
+    fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
+    fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
+    fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:
+    # o 15.6 us against 23.1 with a product per group; qkv 20.4 / gate_up 58.8 / down 38.1 against bf16's
+    # 19.9 / 82.9 / 42.9; benchmarks/pick_fp8_config.py on bench_fp8_gemm.py --sweep-only)
+    fp8_skinny_block_n: int = 64  # rows a program, halving (to 16) until fp8_skinny_min_programs programs
+    fp8_skinny_min_programs: int = 128  # (H200 sweep: 32 / 128 even, 512 slower)
+    fp8_skinny_warps: int = 4  # up to 16 tokens (8 warps: 1.6-2x slower, H200 sweep)
     fp8_skinny_stages: int = 3
+    # 17 to fp8_skinny_max_tokens tokens (a token tile of 32-128): the x tile grows with the tokens
+    # (shared memory per stage) and every program re-reads x from L2, so these have their own values
+    fp8_skinny_wide_block_k: int = 256  # (the best swept at 64 tokens, still ~2x bf16's time)
+    fp8_skinny_wide_dequant: bool = True
+    fp8_skinny_wide_min_programs: int = 128
+    fp8_skinny_wide_warps: int = 4
+    fp8_skinny_wide_stages: int = 3
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

@@ -17,12 +17,17 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             tensor-core products per K step, scaled per group in fp32
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
                                             GEMM with a scale per row of each operand
+  larger, 128 x 128 blocks,    "scaled_mm_block"  x quantized per token and 128 columns, cuBLASLt's
+    CUDA bf16                               block-scaled FP8 GEMM (torch._scaled_mm, feature-detected
+                                            once per device; the linear's compact block scales)
   larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
                                             GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
 
 Decode wants the weight-only paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no
-faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md); torch._scaled_mm
-refuses block-wise scales, hence the Triton GEMM. Off CUDA, fp8_linear runs the torch reference;
+faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and its
+block-scaled GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). Where
+torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM takes them (about
+2.4x slower at 4k tokens, benchmarks/RESULTS.md). Off CUDA, fp8_linear runs the torch reference;
 the kernels themselves run on any device under Triton's interpreter (the tests call them there).
 gate_up's SiLU-and-mul is fused into the weight-only kernels' epilogue (each product rounded to
 the dtype first, as the unfused pair); the prefill paths run the GEMM, then silu_and_mul.
@@ -35,6 +40,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from loguru import logger
 
 from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
@@ -46,41 +52,64 @@ from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_
 # -- activation quantization -------------------------------------------------------------------
 
 @triton.jit
-def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, K, stride_x, stride_q, stride_s, GROUP: tl.constexpr,
-                     GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr, FMAX: tl.constexpr,
-                     AMIN: tl.constexpr):
-    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a power of 2)
+def round_to_e4m3(q):
+    """fp32 q in [-448, 448] -> the nearest e4m3 value, ties to even, still fp32: the conversion
+    after it is then exact whatever rounding the hardware's or the compiler's conversion does.
+
+    e4m3 keeps 3 mantissa bits from exponent -6 up (biased fp32 exponent e >= 121), and spacing
+    2^-9 below (subnormals): ulp = 2^(max(e, 121) - 127 - 3). q / ulp (an exact power-of-2
+    product) lies in (-16, 16); adding and subtracting 1.5 * 2^23 rounds it to an integer, ties
+    to even, in IEEE fp32 adds."""
+    e = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
+    ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
+    inv = ((257 - e) << 23).to(tl.float32, bitcast=True)  # 1 / ulp
+    return ((q * inv + 12582912.0) - 12582912.0) * ulp
+
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
+                     GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
+                     FMAX: tl.constexpr, AMIN: tl.constexpr):
+    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a
+    # power of 2); rows from M on (padding) quantize zeros: q = 0 with the scale of an all-zero group
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * BG + tl.arange(0, BG)
     j = tl.arange(0, GP)
     cols = g[:, None] * GROUP + j[None, :]
     m = (j[None, :] < GROUP) & (cols < K)
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m & (row < M), other=0.0).to(tl.float32)
     if STATIC:
         s = tl.load(in_scale_ptr).to(tl.float32)
         q = tl.math.div_rn(x, s)
     else:
         # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
         s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
-        tl.store(s_ptr + row * stride_s + g, s, mask=g * GROUP < K)
+        tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
         q = tl.math.div_rn(x, s[:, None])
-    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+    q = round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
 
 
-def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None):
+
+def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
+              outer: bool = False):
+    """-> (q e4m3 [rows, K], s float32 [rows, KG]) of x [M, K] (rows >= M: zero rows after x's).
+    outer: s is a view of a [KG, rows] buffer (stride(0) == 1: cuBLASLt's block-scale layout)."""
     M, K = x.shape
+    rows = M if rows is None else rows
     kg = triton.cdiv(K, group)
-    q = torch.empty(M, K, dtype=torch.float8_e4m3fn, device=x.device)
-    if input_scale is None:
-        s = torch.empty(M, kg, dtype=torch.float32, device=x.device)
+    q = torch.empty(rows, K, dtype=torch.float8_e4m3fn, device=x.device)
+    if input_scale is not None:
+        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(rows, kg)
+    elif outer:
+        s = torch.empty(kg, rows, dtype=torch.float32, device=x.device).t()
     else:
-        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(M, kg)
-    if M:
+        s = torch.empty(rows, kg, dtype=torch.float32, device=x.device)
+    if rows:
         gp = triton.next_power_of_2(group)
         bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
-        _fp8_quantize_kernel[(M, triton.cdiv(kg, bg))](
-            x, q, s, s, K, x.stride(0), q.stride(0), s.stride(0), GROUP=group, GP=gp, BG=bg,
+        _fp8_quantize_kernel[(rows, triton.cdiv(kg, bg))](
+            x, q, s, s, M, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GROUP=group, GP=gp, BG=bg,
             STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
     return q, s
 
@@ -172,12 +201,22 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
 
 @triton.jit
 def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
-                   stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+                   stride_o, GROUP: tl.constexpr, SUB: tl.constexpr, PER_GROUP: tl.constexpr, DEQUANT: tl.constexpr,
+                   BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   SILU: tl.constexpr, PDL: tl.constexpr):
     # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
-    # GEMM). PER_GROUP: BLOCK_K divides GROUP, so a K step has one scale per row; each step's
-    # product is scaled before it joins the fp32 sum. Otherwise one scale per row, at the end.
+    # GEMM). PER_GROUP: a K step of BLOCK_K holds NG = BLOCK_K // SUB sub-steps of SUB columns,
+    # SUB dividing GROUP, so each sub-step has one scale per row:
+    #
+    #   k ... k+SUB ... k+2*SUB ... k+BLOCK_K       scale of sub-step j: weight_scale[n, (k + j*SUB) // GROUP]
+    #   |  j=0  |  j=1  |  ...  |  j=NG-1 |
+    #
+    # DEQUANT: the [rows, BLOCK_K] e4m3 tile is scaled in registers (fp32 product, rounded to x's
+    # dtype: the bf16 model's dequantized weight) and enters one product; otherwise (exact) each
+    # sub-step is its own product of the upcast e4m3 tile, scaled in fp32 before it joins the sum.
+    # Without PER_GROUP one scale per row, applied at the end.
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    NG: tl.constexpr = BLOCK_K // SUB
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < N
     safe = tl.where(live, rows, 0).to(tl.int64)
@@ -185,7 +224,6 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     s_rows = s_ptr + safe * stride_s
     toks = tl.arange(0, BM)
     tok_ok = toks < M
-    ks = tl.arange(0, BLOCK_K)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete
@@ -193,21 +231,37 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        kk = k + ks
-        k_ok = kk < K
-        xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
-                              other=0.0))
-        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)  # e4m3 -> 16-bit: exact
-        if PER_GROUP:
-            acc += tl.dot(w, xt) * tl.load(s_rows + k // GROUP)[:, None]
+        if PER_GROUP and not DEQUANT:
+            for j in tl.static_range(NG):
+                kk = k + j * SUB + tl.arange(0, SUB)
+                k_ok = kk < K
+                xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :],
+                                      mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
+                g_ok = k + j * SUB < K
+                w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)  # e4m3 -> 16-bit: exact
+                acc += tl.dot(w, xt) * tl.load(s_rows + (k + j * SUB) // GROUP, mask=g_ok, other=0.0)[:, None]
+                if SILU:
+                    wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)
+                    su = tl.load(s_rows + N * stride_s + (k + j * SUB) // GROUP, mask=g_ok, other=0.0)
+                    up += tl.dot(wu, xt) * su[:, None]
         else:
-            acc = tl.dot(w, xt, acc)
-        if SILU:
-            wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0).to(dt)
+            kk = k + tl.arange(0, BLOCK_K)
+            k_ok = kk < K
+            xt = tl.trans(tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :],
+                                  mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
+            w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+            if SILU:
+                wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
             if PER_GROUP:
-                up += tl.dot(wu, xt) * tl.load(s_rows + N * stride_s + k // GROUP)[:, None]
-            else:
-                up = tl.dot(wu, xt, up)
+                gk = k + tl.arange(0, NG) * SUB  # first column of each sub-step
+                g_at = s_rows[:, None] + (gk // GROUP)[None, :]
+                g_ok = (gk < K)[None, :]
+                w = _scale_tile(w, tl.load(g_at, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
+                if SILU:
+                    wu = _scale_tile(wu, tl.load(g_at + N * stride_s, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
+            acc = tl.dot(w.to(dt), xt, acc)
+            if SILU:
+                up = tl.dot(wu.to(dt), xt, up)
     if not PER_GROUP:
         acc *= tl.load(s_rows)[:, None]
         if SILU:
@@ -222,35 +276,66 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
 
 
+@triton.jit
+def _scale_tile(w, s, ROWS: tl.constexpr, NG: tl.constexpr, SUB: tl.constexpr, dt: tl.constexpr):
+    """e4m3 w [ROWS, NG * SUB] times s [ROWS, NG] (a scale per row and SUB columns), in fp32,
+    rounded to dt."""
+    w3 = tl.reshape(w.to(tl.float32), [ROWS, NG, SUB]) * s[:, :, None]
+    return tl.reshape(w3, [ROWS, NG * SUB]).to(dt)
+
+
 def _k_step(K: int, group: int, most: int) -> int | None:
-    """The K step of a tensor-core path: a power of 2 of at least 32 (an e4m3 MMA's K) that divides
-    the scale group (any, with one group a row); None where none does."""
+    """The scale-group step of a tensor-core path: a power of 2 of at least 32 (an e4m3 MMA's K)
+    that divides the scale group, at most `most` (any, with one group a row); None where none does."""
     if group >= K:
         return most
     step = min(most, group & -group)  # the largest power of 2 dividing group
     return step if step >= 32 else None
 
 
+_SKINNY_SMEM = 200 * 1024  # bytes of shared memory the skinny kernel's pipeline stages may take
+
+
+def _skinny_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: KernelConfig) -> dict:
+    """The skinny kernel's tiling for M tokens: BLOCK_K and SUB (a sub-step of one scale a row,
+    dividing the group), rows a program (BLOCK_N halving from cfg.fp8_skinny_block_n until
+    cfg.fp8_skinny_min_programs programs), warps and stages (BM > 16: the fp8_skinny_wide_* set);
+    BLOCK_K halves where the stages would overflow shared memory (wide token tiles)."""
+    bm = max(16, triton.next_power_of_2(M))
+    wide = bm > 16
+    block_k = cfg.fp8_skinny_wide_block_k if wide else cfg.fp8_skinny_block_k
+    sub = _k_step(K, group, block_k)  # a power of 2 up to block_k, so it divides block_k
+    block_n = cfg.fp8_skinny_block_n
+    least = cfg.fp8_skinny_wide_min_programs if wide else cfg.fp8_skinny_min_programs
+    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < least:
+        block_n //= 2
+    if silu:
+        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    stages = cfg.fp8_skinny_wide_stages if wide else cfg.fp8_skinny_stages
+    # a stage holds e4m3 rows and the x tile (2-byte): halve the K step until the stages fit
+    # shared memory (228 KB an SM on Hopper, with room left for the compiler's own)
+    k_floor = sub if group < K else 32  # a K step holds whole sub-steps
+    while block_k > k_floor and stages * block_k * (block_n + 2 * bm) > _SKINNY_SMEM:
+        block_k //= 2
+    return dict(BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, SUB=sub if group < K else block_k,
+                DEQUANT=cfg.fp8_skinny_wide_dequant if wide else cfg.fp8_skinny_dequant,
+                num_warps=cfg.fp8_skinny_wide_warps if wide else cfg.fp8_skinny_warps, num_stages=stages)
+
+
 def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """The "skinny" path: x [M, K] bf16 / fp16 (M <= 64, unit column stride) -> [M, N] (silu: [M, N // 2])."""
+    """The "skinny" path: x [M, K] bf16 / fp16 (M <= 128, unit column stride) -> [M, N] (silu: [M, N // 2])."""
     M, K = x.shape
     n_out = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
     if not M:
         return out
-    block_k = _k_step(K, group, cfg.fp8_skinny_block_k)
-    bm = max(16, triton.next_power_of_2(M))
-    block_n = 64
-    while block_n > 16 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
-        block_n //= 2
-    if silu:
-        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    launch = _skinny_launch(M, n_out, K, group, silu, cfg)
+    rows = launch["BLOCK_N"] // 2 if silu else launch["BLOCK_N"]
     pdl = uses_pdl(x.device, cfg)
-    _fp8_skinny_kernel[(triton.cdiv(n_out, block_n // 2 if silu else block_n),)](
+    _fp8_skinny_kernel[(triton.cdiv(n_out, rows),)](
         x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
-        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=bm, BLOCK_N=block_n,
-        BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_warps,
-        num_stages=cfg.fp8_skinny_stages, **launch_args(pdl))
+        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, HAS_BIAS=bias is not None,
+        SILU=silu, PDL=pdl, **launch, **launch_args(pdl))
     return out
 
 
@@ -323,6 +408,69 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch
     return y if bias is None else y.add_(bias)
 
 
+def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
+    """The "scaled_mm_block" path (block-format weights, group 128): x quantized per token and 128
+    columns, then torch._scaled_mm with block-wise scales -> [M, N] in x's dtype:
+
+        scale_a  float32 [M', K / 128], stride(0) == 1   (cuBLASLt's 1 x 128 activation blocks)
+        scale_b  block_scale float32 [K / 128, N / 128]  (128 x 128 weight blocks; Fp8Method.block_scale)
+
+    M is padded to a multiple of 16 (M'; zero rows) for the scale layout's leading dimension."""
+    M, K = x.shape
+    mp = -(-M // 16) * 16
+    a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=x.dtype)
+    y = y[:M] if mp != M else y
+    return y if bias is None else y.add_(bias)
+
+
+_BLOCK_MM: dict = {}  # (device, N, K) -> whether torch._scaled_mm takes block scales there
+
+
+def _block_mm_works(device: torch.device, N: int, K: int) -> bool:
+    """Whether torch._scaled_mm takes 128 x 128 block scales for [N, K] weights on `device`
+    (cuBLASLt >= 12.9 on sm90; torch 2.11 does): one trial product of that shape against the
+    same quantized operands, once per shape (never inside a CUDA graph capture: it reads the
+    result). A refusal is logged with its reason and the Triton GEMM takes the shape."""
+    key = (device, N, K)
+    if key not in _BLOCK_MM:
+        if device.type != "cuda" or not _fp8_mma(device) or N % 128 or K % 128:
+            return False
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _BLOCK_MM[key] = _try_block_mm(device, N, K)
+    return _BLOCK_MM[key]
+
+
+def _try_block_mm(device: torch.device, N: int, K: int) -> bool:
+    g = torch.Generator(device=device).manual_seed(0)
+    w = torch.randint(-64, 64, (N, K), device=device, generator=g, dtype=torch.int8).to(torch.float8_e4m3fn)
+    blocks = torch.rand(N // 128, K // 128, device=device, generator=g) + 0.5
+    x = torch.randn(16, K, device=device, generator=g).to(torch.bfloat16)
+    try:
+        got = fp8_scaled_mm_block(x, w, blocks.t())[:, :256].float()
+    except Exception as e:  # noqa: BLE001 (any refusal of the library means: not here)
+        logger.warning(f"torch._scaled_mm refuses 128x128 block scales for [{N}, {K}] weights ({e!r:.300}); "
+                       "the Triton FP8 GEMM takes them")
+        return False
+    q, qs = quantize_fp8_per_token_group(x, 128)
+    xd = q.float() * qs.repeat_interleave(128, dim=1)
+    wd = w[:256].float() * blocks[:2].repeat_interleave(128, 0).repeat_interleave(128, 1)
+    want = xd @ wd.t()
+    err = float((got - want).abs().max() / want.abs().max())
+    if err > 0.02:
+        logger.warning(f"torch._scaled_mm with block scales is {err:.3g} off for [{N}, {K}] weights; "
+                       "the Triton FP8 GEMM takes them")
+    return err <= 0.02
+
+
+def scaled_mm_block_fits(x: torch.Tensor, weight: torch.Tensor, block_scale: torch.Tensor | None) -> bool:
+    """Whether the "scaled_mm_block" path takes x: the linear has compact block scales (block
+    format, group 128, N and K multiples of 128), x bf16 on a GPU whose torch._scaled_mm takes them."""
+    return (block_scale is not None and x.is_cuda and x.dtype == torch.bfloat16 and weight.is_contiguous()
+            and _block_mm_works(x.device, *weight.shape))
+
+
 @functools.lru_cache(maxsize=None)
 def _fp8_mma(device: torch.device) -> bool:
     """Whether `device` multiplies e4m3 operands: sm89+ (and any device under the interpreter)."""
@@ -338,10 +486,10 @@ def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 # -- the entry points -----------------------------------------------------------------------------
 
 def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
-             cfg: KernelConfig = DEFAULT, silu: bool = False) -> str:
-    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "gemm" or "reference"
-    (a scale group no tensor-core K step divides, x in neither bf16 nor fp16, or a prefill step on
-    a GPU without e4m3 tensor cores, before sm89)."""
+             cfg: KernelConfig = DEFAULT, silu: bool = False, block_scale: torch.Tensor | None = None) -> str:
+    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "scaled_mm_block",
+    "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
+    or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
     M, K = x.shape
     gp, kgp = _gemv_shape(K, group)
     if x.dtype not in (torch.bfloat16, torch.float16):
@@ -354,18 +502,26 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return "skinny"
     if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
         return "scaled_mm"
+    if scaled_mm_block_fits(x, weight, block_scale):
+        return "scaled_mm_block"
     return "gemm" if _fp8_mma(x.device) else "reference"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-               cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+               cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, W = e4m3 weight [N, K] * weight_scale [N, KG]
     per row and group of `group` columns. The weight-only paths (M <= cfg.fp8_skinny_max_tokens)
     leave x unquantized and ignore input_scale; larger steps quantize x per token and group, or
-    with input_scale. Off CUDA: the torch reference (same quantization)."""
-    path = fp8_path(x, weight, weight_scale, group, cfg) if x.is_cuda else "reference"
+    with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
+    has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
+    (same quantization)."""
+    if input_scale is not None:
+        block_scale = None  # static activations: one scale, not per token and group
+    path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
     x = _unit_cols(x)
+    if path == "scaled_mm_block":
+        return fp8_scaled_mm_block(x, weight, block_scale, bias)
     if path == "gemv":
         return fp8_gemv(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "skinny":
@@ -380,7 +536,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                      bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                     cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """silu(gate) * up [M, N // 2] of fp8_linear over gate_up rows [gate | up] (weight [N, K], its
     scales [N, KG] and bias [N] gate rows first): fused into the weight-only kernels' epilogue;
     the prefill paths run the GEMM, then silu_and_mul."""
@@ -393,4 +549,4 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if path == "reference":
         weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg), cfg)
+    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale), cfg)

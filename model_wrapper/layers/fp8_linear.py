@@ -68,7 +68,7 @@ class Fp8Method:
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
-                                  kernels.config)
+                                  kernels.config, self.block_scale(linear))
         return F.linear(x, self.dequantized(linear, x.dtype), bias)
 
     def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
@@ -76,8 +76,33 @@ class Fp8Method:
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_gate_up_silu(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
-                                        kernels.config)
+                                        kernels.config, self.block_scale(linear))
         return kernels.silu_mul(F.linear(x, self.dequantized(linear, x.dtype), bias))
+
+    def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
+        """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1
+        (cuBLASLt's block-scaled GEMM, kernels/fp8.py "scaled_mm_block"), or None where they are not
+        blocks. Made once (prepare, called by the loader) and kept on the linear; a linear filled
+        another way makes them on its first call outside a CUDA graph capture."""
+        if "fp8_block_scale" not in linear.__dict__:
+            if linear.weight.is_cuda and torch.cuda.is_current_stream_capturing():
+                return None  # the check below reads the device: never inside a capture
+            self.prepare(linear)
+        return linear.__dict__["fp8_block_scale"]
+
+    def prepare(self, linear: nn.Module) -> None:
+        """After the weights are filled: keep the block scales of block_scale. They exist where the
+        group is 128, N and K are multiples of 128 and each 128-row band of weight_scale repeats one
+        row (a block checkpoint's scales as fp8_weights.row_scales lays them out, not a TP shard
+        starting inside a band)."""
+        s = linear.weight_scale
+        n, k = linear.weight.shape
+        blocks = None
+        if self.group == 128 and n % 128 == 0 and k % 128 == 0 and not self.static:
+            compact = s[::128]  # [N / 128, KG]
+            if torch.equal(compact.repeat_interleave(128, dim=0), s):
+                blocks = compact.contiguous().t()
+        linear.__dict__["fp8_block_scale"] = blocks
 
     def dequantized(self, linear: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The weight as W [out, in] in dtype (the fallback's, and a test's, view of it)."""

@@ -23,6 +23,7 @@ from triton_interpret import DEVICE, TOL, on_cuda_skip  # first: it sets up the 
 from model_wrapper.kernels import KernelConfig  # noqa: E402
 from model_wrapper.kernels import fp8  # noqa: E402
 from model_wrapper.kernels.fp8_reference import fp8_linear_reference  # noqa: E402
+from model_wrapper.layers.fp8_linear import Fp8Method  # noqa: E402
 from conftest import rel_err  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -43,24 +44,46 @@ def dequant(w, s, group):
     return w.double() * s.double()[:, cols]
 
 
+def ieee_div(a, b):
+    """a / b in float32, correctly rounded wherever it runs: the quotient in float64, rounded once
+    to float32 (53 >= 2 * 24 + 2 bits: the double rounding is exact). torch's CUDA division by a
+    scalar multiplies by its reciprocal instead (an ulp off at times)."""
+    return (a.double() / b.double()).float()
+
+
 def quantize_oracle(x, group, input_scale=None):
     """x [M, K] -> (x rounded through e4m3, as float64 [M, K]): per group of columns, scale =
-    max(amax, 1e-10) / 448, or the static input_scale."""
+    max(amax, 1e-10) / 448, or the static input_scale; IEEE divisions, the e4m3 rounding by
+    torch on the CPU (round to nearest even)."""
     out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
     for c in range(0, x.shape[1], group):
         blk = x[:, c:c + group].float()
         if input_scale is None:
-            scale = blk.abs().amax(dim=1, keepdim=True).clamp_min(1e-10) / 448
+            scale = ieee_div(blk.abs().amax(dim=1, keepdim=True).clamp_min(1e-10), torch.tensor(448.0))
         else:
-            scale = input_scale.float()
-        q = (blk / scale).clamp(-448, 448).to(E4M3)
-        out[:, c:c + group] = q.double() * scale.double()
+            scale = input_scale.float().cpu()
+        q = ieee_div(blk, scale.to(blk.device)).clamp(-448, 448).cpu().to(E4M3).to(x.device)
+        out[:, c:c + group] = q.double() * scale.double().to(x.device)
     return out
 
 
+def kernel_quantized(x, group, input_scale=None):
+    """x rounded through e4m3 by the kernels' own quantization (fp8.quantize_fp8_per_token_group /
+    quantize_fp8_static), as float64 [M, K]: the operand the prefill paths multiply. The tests
+    above and test_quantize_on_cuda_is_the_oracle hold that function to quantize_oracle, which
+    stands for it off CUDA (where fp8_linear runs the torch reference)."""
+    if not x.is_cuda:
+        return quantize_oracle(x, group, input_scale)
+    if input_scale is not None:
+        return fp8.quantize_fp8_static(x, input_scale).double() * input_scale.double()
+    q, qs = fp8.quantize_fp8_per_token_group(x, group)
+    return dequant(q, qs, group)
+
+
 def product(x, w, s, group, bias=None, quantized=False, input_scale=None):
-    """The float64 product of x with W (+ bias); quantized: x through e4m3 first."""
-    xd = quantize_oracle(x, group, input_scale) if quantized else x.double()
+    """The float64 product of x with W (+ bias); quantized: x through e4m3 first, by the kernels'
+    own quantization (the same operands: what remains is the GEMM's error, the dtype's rounding)."""
+    xd = kernel_quantized(x, group, input_scale) if quantized else x.double()
     y = xd @ dequant(w, s, group).t()
     return y if bias is None else y + bias.double()
 
@@ -92,7 +115,7 @@ def test_quantize_per_token_group_is_amax_over_448_rounded_to_e4m3(dtype):
         cols = torch.arange(K, device=x.device) // group
         assert torch.equal(q.double() * s.double()[:, cols], quantize_oracle(x, group)), (M, K, group)
         assert not q.float().isnan().any() and (q[0].float() == 0).all()
-        want_s = torch.stack([x[:, c:c + group].float().abs().amax(1).clamp_min(1e-10) / 448
+        want_s = torch.stack([ieee_div(x[:, c:c + group].float().abs().amax(1).clamp_min(1e-10), torch.tensor(448.0))
                               for c in range(0, K, group)], dim=1)
         assert torch.equal(s, want_s)
     x = rows(4, 200, dtype, g)
@@ -101,6 +124,19 @@ def test_quantize_per_token_group_is_amax_over_448_rounded_to_e4m3(dtype):
     q = fp8.quantize_fp8_static(x, scale)
     assert torch.equal(q.double() * scale.double(), quantize_oracle(x, 200, scale))
     assert q[1, 7].float() == 448
+
+
+def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
+    """The block-scaled cuBLASLt path's quantization: rows padded with zero rows (q 0, the scale of
+    an all-zero group) and the scales [rows, KG] as a view of a [KG, rows] buffer (stride(0) == 1),
+    the first M rows equal to quantize_fp8_per_token_group's."""
+    g = torch.Generator().manual_seed(7)
+    x = rows(5, 384, torch.float16, g, strided=True)
+    q, s = fp8._quantize(x, 128, None, rows=16, outer=True)
+    want_q, want_s = fp8.quantize_fp8_per_token_group(x, 128)
+    assert q.shape == (16, 384) and s.shape == (16, 3) and s.stride(0) == 1
+    assert torch.equal(q[:5].float(), want_q.float()) and torch.equal(s[:5], want_s)
+    assert (q[5:].float() == 0).all() and torch.equal(s[5:], torch.full((11, 3), 1e-10 / 448, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -124,18 +160,29 @@ def test_fp8_gemv_is_the_weight_only_product(dtype):
         assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
 
 
-@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_block_k=64, fp8_skinny_min_programs=1)],
-                         ids=["default", "k64-wide-programs"])
+SKINNY_CONFIGS = {"default": KernelConfig(),
+                  "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_wide_block_k=64,
+                                                    fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
+                  "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256,
+                                             fp8_skinny_dequant=False, fp8_skinny_wide_dequant=False),
+                  "k512-dequant": KernelConfig(fp8_skinny_block_k=512, fp8_skinny_wide_block_k=512,
+                                               fp8_skinny_dequant=True, fp8_skinny_wide_dequant=True,
+                                               fp8_skinny_block_n=32),
+                  "k128-dequant": KernelConfig(fp8_skinny_block_k=128, fp8_skinny_dequant=True)}
+
+
+@pytest.mark.parametrize("cfg", SKINNY_CONFIGS.values(), ids=SKINNY_CONFIGS.keys())
 def test_fp8_skinny_is_the_weight_only_product(cfg):
     """The "skinny" path (tensor-core products of upcast e4m3 tiles): token counts 1 / 3 / 16 / 17 /
-    40, groups of 128 (a scale per K step) and 64, one group a row with K not a multiple of the K
-    step, N odd, bias, strided rows, the SiLU epilogue; another K step and rows per program (cfg).
-    fp16 here (the interpreter's bf16 dot is wrong); bf16 on CUDA."""
+    40 / 100, groups of 128 (one or several scales per K step) and 64, one group a row with K not a
+    multiple of the K step, N odd, bias, strided rows, the SiLU epilogue; other K steps, rows per
+    program, and the tile scaled in registers before one product a K step (cfg). fp16 here (the
+    interpreter's bf16 dot is wrong); bf16 on CUDA."""
     g = torch.Generator().manual_seed(2)
     dtype = torch.float16
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (3, 70, 520, 128, False, True),
                                           (16, 33, 1000, 1000, True, False), (17, 50, 256, 64, True, True),
-                                          (40, 21, 300, 300, False, False)):
+                                          (40, 21, 300, 300, False, False), (100, 24, 640, 128, True, False)):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
@@ -171,29 +218,53 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
-    """fp8_path: 1-2 tokens the GEMV, up to 16 the skinny GEMM, beyond the quantized GEMM (off
-    CUDA never cuBLASLt's); KernelConfig moves each bound; a group no K step divides, fp32 x and
-    rows wider than the GEMV holds go elsewhere. Off CUDA fp8_linear and fp8_gate_up_silu are the
-    reference: weight-only up to fp8_skinny_max_tokens, quantized beyond."""
+    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM, beyond the
+    quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
+    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
+    fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
+    quantized beyond."""
     g = torch.Generator().manual_seed(4)
     w, s = make_weight(24, 256, 128, g, "cpu")
+    big = KernelConfig().fp8_skinny_max_tokens
 
     def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16, K=256):
-        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg)
+        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg, block_scale=s[::128].t())
 
-    assert [path(M) for M in (1, 2, 3, 16, 17, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
+    assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
     assert [path(M, moved) for M in (4, 5, 32, 33)] == ["gemv", "skinny", "skinny", "gemm"]
     assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
     assert path(1, dtype=torch.float32) == "reference"
     assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
-    for M in (2, 17):
+    for M in (2, big + 1):
         x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
-        assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
-        ref = fp8_linear_reference(x, w, s, 128, quantize_input=M > 16)
+        assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
+        ref = fp8_linear_reference(x, w, s, 128, quantize_input=M > big)
         assert torch.equal(fp8.fp8_linear(x, w, s, 128), ref)
         got = fp8.fp8_gate_up_silu(x, w, s, 128)
-        assert rel_err(got, silu_product(x, w, s, 128, quantized=M > 16)) < TOL[torch.bfloat16]
+        assert rel_err(got, silu_product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
+
+
+def block_scale_of(w, s, group):
+    """Fp8Method's block scales of (w, s) as the model keeps them (None where s is not 128-row bands)."""
+    lin = torch.nn.Module()
+    lin.weight, lin.weight_scale = w, s
+    return Fp8Method(group).block_scale(lin)
+
+
+def test_block_scales_are_kept_only_for_128_row_bands():
+    """Fp8Method.block_scale: a block checkpoint's scales (each 128-row band one row repeated) as
+    [K / 128, N / 128] blocks with stride(0) == 1, made once; None for scales that differ within a
+    band (a TP shard starting inside one), N or K not a multiple of 128, or per-channel scales."""
+    g = torch.Generator().manual_seed(8)
+    w, s = make_weight(256, 384, 128, g, "cpu")
+    bands = s[::128].repeat_interleave(128, 0)
+    got = block_scale_of(w, bands, 128)
+    assert got.shape == (3, 2) and got.stride(0) == 1 and torch.equal(got, s[::128].t())
+    assert block_scale_of(w, s, 128) is None
+    assert block_scale_of(w[:200], bands[:200], 128) is None
+    assert block_scale_of(w, bands[64:].repeat(2, 1)[:256], 128) is None  # bands shifted by 64 rows
+    assert block_scale_of(w, s[:, :1].contiguous(), 384) is None
 
 
 # -- CUDA: every path through the entry points, bf16 and fp16 -------------------------------------
@@ -203,39 +274,65 @@ LLAMA_SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
 @pytest.mark.cuda
 @on_cuda_skip
+def test_quantize_on_cuda_is_the_oracle():
+    """The Triton quantization on the GPU against quantize_oracle, bit for bit: Llama-3-8B widths,
+    groups of 128 and a whole row, bf16 and fp16, and a static scale."""
+    g = torch.Generator().manual_seed(9)
+    for dtype in (torch.bfloat16, torch.float16):
+        for K, group in ((4096, 128), (14336, 128), (4096, 4096)):
+            x = torch.randn(257, K, generator=g).to("cuda", dtype)
+            q, s = fp8.quantize_fp8_per_token_group(x, group)
+            assert torch.equal(dequant(q, s, group), quantize_oracle(x, group)), (dtype, K, group)
+        scale = torch.tensor(0.01, device="cuda")
+        assert torch.equal(fp8.quantize_fp8_static(x, scale).double() * scale.double(), quantize_oracle(x, K, scale))
+
+
+@pytest.mark.cuda
+@on_cuda_skip
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("group", [128, None], ids=["block128", "per-channel"])
 def test_fp8_linear_on_cuda_every_path(dtype, group):
-    """fp8_linear and fp8_gate_up_silu on CUDA at 1, 2, 3, 16, 17, 257 and 4096 tokens, Llama-3-8B's
-    projection shapes and a ragged one (N odd, K not a multiple of 128, bias), block-wise (128)
-    and per-channel scales: against the float64 product (quantized activations beyond 16 tokens)
-    within the dtype's tolerance; which path each takes (cuBLASLt's row-wise GEMM for per-channel
-    bf16 prefill); strided rows; a static input scale."""
+    """fp8_linear and fp8_gate_up_silu on CUDA at 1, 2, 3, 16, 17, 64, 257 and 4096 tokens,
+    Llama-3-8B's projection shapes and a ragged one (N odd, K not a multiple of 128, bias),
+    block-wise (128 x 128 blocks, as the loader keeps them, with their compact block scales) and
+    per-channel scales: against the float64 product of the same operands (beyond
+    fp8_skinny_max_tokens x quantized by the kernels' own quantization, which
+    test_quantize_on_cuda_is_the_oracle checks), within four roundings of the dtype; which path
+    each takes (cuBLASLt's row-wise GEMM for per-channel bf16 prefill, its block-scaled one for
+    block bf16 prefill where torch takes block scales); strided rows; a static input scale."""
     g = torch.Generator().manual_seed(5)
     seen = set()
+    big = KernelConfig().fp8_skinny_max_tokens
     for N, K in LLAMA_SHAPES + ((1001, 520),):
         grp = group or K
         w, s = make_weight(N, K, grp, g, "cuda")
+        if group:
+            s = s[::128].repeat_interleave(128, 0)[:N].contiguous()  # a block checkpoint's scales
+        block = block_scale_of(w, s, grp)
+        assert (block is not None) == (group == 128 and N % 128 == 0 and K % 128 == 0)
         b = torch.randn(N, generator=g).to("cuda", dtype) if N == 1001 else None
-        for M in (1, 2, 3, 16, 17, 257, 4096):
+        for M in (1, 2, 3, 16, 17, 64, 257, 4096):
             if M == 4096 and N == 28672:
                 continue  # the same GEMM as 257 tokens, longer
             x = rows(M, K, dtype, g, "cuda", strided=M in (3, 257))
-            path = fp8.fp8_path(x, w, s, grp)
+            path = fp8.fp8_path(x, w, s, grp, block_scale=block)
             seen.add(path)
-            got = fp8.fp8_linear(x, w, s, grp, b)
+            got = fp8.fp8_linear(x, w, s, grp, b, block_scale=block)
             assert got.dtype == dtype and got.shape == (M, N)
-            err = rel_err(got, product(x, w, s, grp, b, quantized=M > 16))
+            err = rel_err(got, product(x, w, s, grp, b, quantized=M > big))
             assert err < TOL[dtype], (M, N, K, path, err)
             if M in (1, 3, 257) and N % 2 == 0:
-                got = fp8.fp8_gate_up_silu(x, w, s, grp)
-                assert rel_err(got, silu_product(x, w, s, grp, quantized=M > 16)) < TOL[dtype], (M, N, K, path)
+                got = fp8.fp8_gate_up_silu(x, w, s, grp, block_scale=block)
+                assert rel_err(got, silu_product(x, w, s, grp, quantized=M > big)) < TOL[dtype], (M, N, K, path)
         in_scale = torch.tensor(0.01, device="cuda")
         x = rows(300, K, dtype, g, "cuda")
-        got = fp8.fp8_linear(x, w, s, grp, b, input_scale=in_scale)
+        got = fp8.fp8_linear(x, w, s, grp, b, input_scale=in_scale, block_scale=block)
         assert rel_err(got, product(x, w, s, grp, b, True, in_scale)) < TOL[dtype], (N, K, "static")
-    want = {"gemv", "skinny", "gemm" if group or dtype == torch.float16 else "scaled_mm"}
-    assert want <= seen, seen
+    prefill = "gemm"
+    if dtype == torch.bfloat16:
+        prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(
+            torch.device("cuda", torch.cuda.current_device()), 4096, 4096) else "gemm"
+    assert {"gemv", "skinny", prefill} <= seen, seen
 
 
 @pytest.mark.cuda
