@@ -107,6 +107,8 @@ def run_engine(a, path, prompts, warm) -> dict:
     from text_generator import LLMEngine, SamplingParams, TextGenerator
     from text_generator.tokenizer import load_tokenizer
 
+    if a.device != "cpu":
+        torch.set_num_threads(1)  # as serve's engine process on CUDA: the same engine on both sides
     gen = TextGenerator.from_pretrained(path, device=a.device)
     engine = LLMEngine(gen, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                        max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
