@@ -81,8 +81,9 @@ class SymmMemAllReduce:
         -> (the reducer, "") or (None, why not). Every rank gets the same answer."""
         import torch.distributed as dist
 
-        if dist.get_backend(group) != "nccl":
-            return None, f"the process group's backend is {dist.get_backend(group)}, not nccl"
+        backend = str(dist.get_backend(group))
+        if "nccl" not in backend:
+            return None, f"the process group's backend is {backend}, not nccl"
         if not torch.cuda.is_available():  # (an nccl group implies CUDA; kept for clarity)
             return None, "no CUDA device"
         device = torch.device("cuda", torch.cuda.current_device())
@@ -99,6 +100,14 @@ class SymmMemAllReduce:
 
         pg = group if group is not None else dist.group.WORLD
         name = pg.group_name
+        try:  # older torch needs the group registered for symmetric memory; newer does it itself
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(name)
+        except Exception:  # noqa: BLE001 - absent or already registered: the rendezvous below decides
+            pass
         why, buffer = "", None
         try:
             buffer = symm_mem.empty(max_bytes, dtype=torch.uint8, device=device)
