@@ -249,7 +249,7 @@ def test_tp2_fp8_and_moe_graphs_on_two_gpus(tmp_path):
             paths[name], refs[name], _ = write_fp8(src, tmp_path / name, "block", ignore=("lm_head", "gate"))
         else:
             paths[name] = refs[name] = src
-    _spawn_cuda(_tp_graph_worker, (str(tmp_path / "store"), paths, str(tmp_path)), tmp_path, "TP=2 graphs", 420)
+    _spawn_cuda(_tp_graph_worker, (str(tmp_path / "store"), paths, str(tmp_path)), tmp_path, "TP=2 graphs", 240)
     ranks = [torch.load(tmp_path / f"tpgraphs.rank{r}.pt") for r in range(WORLD)]
     assert ranks[0]["one_shot"]["path"] == "one_shot", ranks[0]["one_shot"]["fallback"]
     for name, path in paths.items():
