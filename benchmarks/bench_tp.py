@@ -235,6 +235,11 @@ def free(r: Ranks) -> None:
         torch.cuda.empty_cache()
 
 
+def e4m3_tensors(gen) -> int:
+    """How many of the loaded model's parameters are kept in e4m3 (FP8 storage)."""
+    return sum(p.dtype == torch.float8_e4m3fn for p in gen.model_wrapper.model.parameters())
+
+
 def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_start: float) -> dict:
     """Both phases and the correctness runs of one model -> its JSON section (rank 0; {} elsewhere)."""
     from text_generator import TextGenerator
@@ -273,6 +278,7 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
         t = time.monotonic()
         gen = load(None)
         out["cuda_graphs"] = gen.model_wrapper.graphs is not None
+        out["e4m3_tensors_tp1"] = e4m3_tensors(gen)
         kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
         logits1 = check_run(gen, kv, prompts, tokens)
         del kv
@@ -294,6 +300,7 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
     # -- phase 2: TP=W on every rank ----------------------------------------------------------
     t = time.monotonic()
     gen = load(tp)
+    out[f"e4m3_tensors_tp{W}"] = e4m3_tensors(gen)  # fewer than TP=1's: a shard that cuts an FP8 block, dequantized
     kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
     checks = {}
     for mode in modes:
