@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 ALL_REDUCE_MODES = ("dist", "one_shot", "two_shot", "auto")
-# "auto": one_shot where it can run (bench_allreduce.py: it beats NCCL at decode sizes on 2 x H200)
+# "auto": the kernel picked where symmetric memory runs (bench_allreduce.py, benchmarks/RESULTS.md)
 AUTO_KIND = "one_shot"
 DEFAULT_MAX_BYTES = 1 << 20  # batch 128 x hidden 4096 in bf16: the largest decode message of the 8B shape
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
