@@ -25,6 +25,8 @@ step's outcome is agreed over the group (a MIN of a flag), so all ranks fall bac
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 ALL_REDUCE_MODES = ("dist", "one_shot", "two_shot", "auto")
@@ -41,6 +43,19 @@ def symm_mem_fits(x: torch.Tensor, max_bytes: int) -> bool:
     nbytes = x.numel() * x.element_size()
     return (x.dtype in _KERNEL_DTYPES and x.is_contiguous() and 0 < nbytes <= max_bytes
             and nbytes % _ALIGN == 0 and (x.storage_offset() * x.element_size()) % _ALIGN == 0)
+
+
+def _rank_device(group) -> torch.device:
+    """This rank's GPU: the one the process group is bound to (init_process_group(device_id=...)),
+    else torchrun's LOCAL_RANK, else the current device."""
+    import torch.distributed as dist
+
+    bound = getattr(group if group is not None else dist.group.WORLD, "bound_device_id", None)
+    if bound is not None:
+        return torch.device("cuda", bound.index if bound.index is not None else torch.cuda.current_device())
+    if "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _ops():
@@ -86,7 +101,13 @@ class SymmMemAllReduce:
             return None, f"the process group's backend is {backend}, not nccl"
         if not torch.cuda.is_available():  # (an nccl group implies CUDA; kept for clarity)
             return None, "no CUDA device"
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = _rank_device(group)
+        with torch.cuda.device(device):  # the symmetric allocation and the kernels use the current device
+            return cls._create(group, kind, max_bytes, device)
+
+    @classmethod
+    def _create(cls, group, kind: str, max_bytes: int, device: torch.device):
+        import torch.distributed as dist
 
         def agree(ok: bool) -> bool:
             flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
@@ -142,6 +163,9 @@ class SymmMemAllReduce:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [...] (fits) -> the sum over the group, a new tensor of x's shape; x is left as it was."""
+        if x.device.index != torch.cuda.current_device():  # the ops launch on the current device
+            with torch.cuda.device(x.device):
+                return self(x)
         n = x.numel()
         flat = x.view(-1)
         buf = self.buffer.view(x.dtype)[:n]

@@ -48,7 +48,9 @@ import torch
 from model_wrapper.all_reduce import ALL_REDUCE_MODES, AUTO_KIND, DEFAULT_MAX_BYTES, SymmMemAllReduce
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 
-DEFAULT_ALL_REDUCE = "dist"  # TPGroup.from_default_group's all_reduce until measured otherwise
+# TPGroup.from_default_group's all_reduce. On 2 x H200 (benchmarks/RESULTS.md, bench_allreduce.py) the
+# one-shot kernel took 7-15 us per decode-sized all-reduce in a graph against NCCL's 12-20 us
+DEFAULT_ALL_REDUCE = "auto"
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,9 @@ class TPGroup:
 
         all_reduce: "dist" (torch.distributed.all_reduce for every message), "one_shot" / "two_shot"
         (messages of at most max_bytes through torch's symmetric-memory kernels, all_reduce.py;
-        larger ones through torch.distributed) or "auto" (the measured best of those on this
-        machine). A symmetric-memory mode sets up collectively (every rank must call this) and
-        falls back to "dist" where it cannot run (gloo, CPU, no ops): `fallback` says why.
+        larger ones through torch.distributed) or "auto", the default (one_shot: the measured best
+        at decode sizes). A symmetric-memory mode sets up collectively (every rank must call this)
+        and falls back to "dist" where it cannot run (gloo, CPU, no ops): `fallback` says why.
         """
         import torch.distributed as dist
 

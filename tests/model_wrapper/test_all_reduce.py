@@ -14,6 +14,7 @@ than twice TP=1's.
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -22,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import PagedHarness, end_gloo_worker, make_checkpoint, rel_err
-from model_wrapper import ModelErrorCode, ModelLoadError, TPGroup
+from model_wrapper import KernelConfig, ModelErrorCode, ModelLoadError, TPGroup
 from model_wrapper.all_reduce import ALL_REDUCE_MODES, symm_mem_fits
 from text_generator import TextGenerator
 
@@ -60,6 +61,8 @@ def _gloo_worker(rank, store, path, out_dir):
             logits = torch.cat([h.step({0: [5, 9, 2, 7], 1: [3, 1]}, is_prefill=True),
                                 h.step({0: [4], 1: [8]}, is_prefill=False)])
             res[mode] = dict(path=tp.all_reduce_path, fallback=tp.fallback, sum=got, logits=logits)
+        default = TPGroup.from_default_group()
+        res["default"] = dict(path=default.all_reduce_path, fallback=default.fallback)
         errors = {}
         for bad in (dict(all_reduce="nvls"), dict(all_reduce="one_shot", max_bytes=100)):
             try:
@@ -87,6 +90,11 @@ def test_symm_mem_modes_fall_back_under_gloo(gloo_runs):
         for mode in ("one_shot", "two_shot", "auto"):
             assert res[mode]["path"] == "dist", mode
             assert "gloo" in res[mode]["fallback"], res[mode]["fallback"]
+
+
+def test_default_is_auto_and_falls_back_under_gloo(gloo_runs):
+    for res in gloo_runs:
+        assert res["default"]["path"] == "dist" and "gloo" in res["default"]["fallback"]
 
 
 def test_every_mode_sums_and_runs_the_model_alike(gloo_runs):
@@ -119,8 +127,9 @@ def _spawn_cuda(worker, args, tmp_path, what: str, timeout: float = 300):
                 for p in ctx.processes:
                     p.kill()
                 pytest.fail(f"{what}: the ranks did not finish in {timeout:.0f} s")
-    except mp.ProcessExitedException:
-        pytest.fail(f"{what}: a rank failed:\n" + "\n".join(p.read_text() for p in tmp_path.glob("*.err")))
+    except mp.ProcessExitedException as e:
+        errs = "\n".join(p.read_text() for p in tmp_path.glob("*.err")) or "(no traceback written: a crash)"
+        pytest.fail(f"{what}: a rank failed ({e}):\n{errs}")
 
 
 def _nccl_init(rank, store):
@@ -145,9 +154,10 @@ def _kernel_worker(rank, store, out_dir):
     try:
         _nccl_init(rank, store)
         dev = torch.device("cuda", rank)
-        res = {}
+        res, groups = {}, []
         for kind in ("one_shot", "two_shot"):
             tp = TPGroup.from_default_group(all_reduce=kind)
+            groups.append(tp)  # symmetric buffers live to the end of the run
             rows = {}
             for dtype in (torch.bfloat16, torch.float32):
                 for n in (1, 8, 128, 129):  # 129 x 4096 bf16 is over 1 MiB: NCCL
@@ -172,9 +182,12 @@ def _kernel_worker(rank, store, out_dir):
             res[kind] = dict(path=tp.all_reduce_path, fallback=tp.fallback, rows=rows, replays=replays)
             del graph
         torch.save(res, os.path.join(out_dir, f"kernels.rank{rank}.pt"))
+        torch.cuda.synchronize(dev)
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001
         _fail(out_dir, rank)
+    os._exit(0)  # results saved: no interpreter teardown of the symmetric buffers
 
 
 @pytest.mark.cuda
@@ -210,25 +223,35 @@ GRAPH_MODELS = {  # name -> (family, overrides, FP8): TP=2 halves 1024 / 256 int
 GRAPH_MODELS["qwen3_moe_fp8"] = (*GRAPH_MODELS["qwen3_moe"][:2], True)
 
 
+# graphs with the eager steps' decode attention (FlashInfer): the default Triton one rounds differently,
+# and in a MoE a near-tie of two experts' router scores may then route a token apart (test_moe.py)
+SAME_ATTENTION = KernelConfig(triton_decode=False)
+
+
 def _tp_graph_worker(rank, store, paths, out_dir):
     from test_tensor_parallel import _graph_job
 
     try:
         _nccl_init(rank, store)
-        res = {}
+        res, groups = {}, []
         for mode in ("dist", "one_shot"):
             tp = TPGroup.from_default_group(all_reduce=mode)
+            groups.append(tp)
             res[mode] = dict(path=tp.all_reduce_path, fallback=tp.fallback)
             for name, path in paths.items():
                 for graphs in (True, False):
                     gen = TextGenerator.from_pretrained(path, device=f"cuda:{rank}", dtype=torch.bfloat16,
-                                                        cuda_graphs=graphs, tp_group=tp)
+                                                        cuda_graphs=graphs, tp_group=tp, kernel_config=SAME_ATTENTION)
                     res[mode][(name, graphs)] = _graph_job(gen, check_sync=graphs)
                     del gen
+                    gc.collect()  # the graphs (holding collectives) go with the generator
         torch.save(res, os.path.join(out_dir, f"tpgraphs.rank{rank}.pt"))
+        torch.cuda.synchronize()
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001
         _fail(out_dir, rank)
+    os._exit(0)  # results saved: no interpreter teardown of the symmetric buffers
 
 
 @pytest.mark.cuda
@@ -253,13 +276,15 @@ def test_tp2_fp8_and_moe_graphs_on_two_gpus(tmp_path):
     ranks = [torch.load(tmp_path / f"tpgraphs.rank{r}.pt") for r in range(WORLD)]
     assert ranks[0]["one_shot"]["path"] == "one_shot", ranks[0]["one_shot"]["fallback"]
     for name, path in paths.items():
-        one = _graph_job(TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16), check_sync=True)
+        one = _graph_job(TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16,
+                                                       kernel_config=SAME_ATTENTION), check_sync=True)
         ref = _graph_job(TextGenerator.from_pretrained(refs[name], device="cuda", dtype=torch.float32,
                                                        attention_backend="torch"), check_sync=False)
         for mode in ("dist", "one_shot"):
             for r, res in enumerate(ranks):
                 for i, (graph, eager) in enumerate(zip(res[mode][(name, True)], res[mode][(name, False)])):
-                    assert rel_err(graph, eager) < 2e-2, (name, mode, r, i)
+                    assert rel_err(graph, eager) < 2e-2, (name, mode, r, i, rel_err(graph, eager))
                     assert torch.equal(graph, ranks[0][mode][(name, True)][i]), f"{name} {mode} rank {r} step {i}"
             for i, (got, single, want) in enumerate(zip(ranks[0][mode][(name, True)], one, ref)):
-                assert rel_err(got, want) <= 2 * rel_err(single, want) + 2e-3, (name, mode, i)
+                assert rel_err(got, want) <= 2 * rel_err(single, want) + 2e-3, \
+                    (name, mode, i, rel_err(got, want), rel_err(single, want))
