@@ -20,8 +20,8 @@ Per model:
    prompt (1k / 4k / 8k tokens); the correctness run of the fp32 reference.
 2. TP=N on every rank: the correctness run (graphs and eager) per all-reduce mode, then the same
    decode timings once per mode of --all-reduce (default "dist,one_shot": NCCL, then torch's
-   symmetric-memory one-shot kernel for messages up to 1 MiB, model_wrapper/all_reduce.py) and
-   the prefills (last mode; prefill messages exceed 1 MiB and go through NCCL either way).
+   symmetric-memory one-shot kernel for messages up to 2 MiB, model_wrapper/all_reduce.py) and
+   the prefills (last mode; prefill messages of 1k+ tokens exceed 2 MiB and go through NCCL either way).
 
 Timing: every measured step sits between a device synchronize plus a barrier of all the ranks
 taking part and a device synchronize; the median of --iters steps after warm-up (a decode

@@ -1,7 +1,7 @@
 """The tensor-parallel all-reduce of small (decode-sized) messages over symmetric memory.
 
 A decode step under TP=N runs two all-reduces per layer of [batch, hidden] partial sums (a few KiB
-to 1 MiB). NCCL spends most of each on its protocol and launch, not on bytes. Torch's symmetric-memory
+to 2 MiB at batch 256). NCCL spends most of each on its protocol and launch, not on bytes. Torch's symmetric-memory
 ops (torch.distributed._symmetric_memory, CUDA backend) instead give every rank one buffer that its
 peers can address directly over NVLink (peer-to-peer loads and stores; no NVLink multicast, which
 must stay off):
@@ -32,7 +32,9 @@ import torch
 ALL_REDUCE_MODES = ("dist", "one_shot", "two_shot", "auto")
 # "auto": the kernel picked where symmetric memory runs (bench_allreduce.py, benchmarks/RESULTS.md)
 AUTO_KIND = "one_shot"
-DEFAULT_MAX_BYTES = 1 << 20  # batch 128 x hidden 4096 in bf16: the largest decode message of the 8B shape
+# up to 256 x 4096 bf16 (decode graphs go to batch 256): one-shot beat NCCL to 2 MiB on 2 x H200, in a
+# graph (21 vs 33 us) and eagerly (23 vs 27 us); at 4 MiB eager NCCL was faster (bench_allreduce.py)
+DEFAULT_MAX_BYTES = 2 << 20
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _ALIGN = 16  # bytes: the kernels' widest vector; offsets and sizes that are multiples keep one alignment
 
