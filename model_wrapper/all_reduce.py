@@ -1,10 +1,10 @@
 """The tensor-parallel all-reduce of small (decode-sized) messages over symmetric memory.
 
 A decode step under TP=N runs two all-reduces per layer of [batch, hidden] partial sums (a few KiB
-to 2 MiB at batch 256). NCCL spends most of each on its protocol and launch, not on bytes. Torch's symmetric-memory
-ops (torch.distributed._symmetric_memory, CUDA backend) instead give every rank one buffer that its
-peers can address directly over NVLink (peer-to-peer loads and stores; no NVLink multicast, which
-must stay off):
+to 2 MiB at batch 256). NCCL spends most of each on its protocol and launch, not on bytes. Torch's
+symmetric-memory ops (torch.distributed._symmetric_memory, CUDA backend) instead give every rank one
+buffer that its peers can address directly over NVLink (peer-to-peer loads and stores; no NVLink
+multicast, which must stay off):
 
     one_shot  one kernel: copy this rank's x into its own symmetric buffer, barrier on the signal
               pads, read all N buffers and sum -> out. Reads N x the message: best for small ones.
