@@ -11,7 +11,8 @@ shape), qwen3moe-fp8; random weights. Rank 0 writes each as a LAYER-REDUCED chec
 (--check-layers, default 2, every per-layer tensor of its real shape); every rank loads it
 through the real loader (its TP slices of the weights and of the FP8 scales), and for the
 timings its layers are copied in GPU memory up to the model's depth (--layers / --moe-layers;
-default the real 32 / 48). NCCL on CUDA (device cuda:LOCAL_RANK, NVLink multicast off), gloo on
+default the real 32 / 48; on 80 GB cards pass --moe-layers 24: the 48-layer bf16 MoE at TP=1 with
+its batch-128 KV cache needs ~87 GB). NCCL on CUDA (device cuda:LOCAL_RANK, NVLink multicast off), gloo on
 the CPU; a gloo group carries the host-side barriers.
 
 Per model:
