@@ -1,18 +1,28 @@
-"""Tensor parallelism (issue 8): forward_tensor at TP=1 and at TP=N on one host, in one run.
+"""Tensor parallelism (issues 8, 28): forward_tensor at TP=1 and at TP=N on one host, per model, in one run.
 
-    source .gpu/device-setup.sh && NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node 2 \\
-        benchmarks/bench_tp.py --out benchmarks/results/tp
-    torchrun --standalone --nproc-per-node 2 benchmarks/bench_tp.py --device cpu --tiny --out /tmp/tp  # smoke
+    source .gpu/device-setup.sh && NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
+        torchrun --standalone --nproc-per-node 2 benchmarks/bench_tp.py \\
+        --model llama8b,llama8b-fp8,qwen3moe,qwen3moe-fp8 --out benchmarks/results/tp
+    torchrun --standalone --nproc-per-node 2 benchmarks/bench_tp.py --device cpu --tiny \\
+        --model llama8b,qwen3moe-fp8 --out /tmp/tp  # smoke (gloo)
 
-One Llama-3-8B-shaped random bf16 checkpoint (benchmarks.common.make_random_checkpoint; rank 0
-writes it, every rank then loads what it needs). NCCL on CUDA (device cuda:LOCAL_RANK, NVLink
-multicast off), gloo on the CPU; a gloo group carries the host-side barriers.
+Models (benchmarks/tp_models.py): llama8b, llama8b-fp8 (block FP8), qwen3moe (Qwen3-30B-A3B
+shape), qwen3moe-fp8; random weights. Rank 0 writes each as a LAYER-REDUCED checkpoint
+(--check-layers, default 2, every per-layer tensor of its real shape); every rank loads it
+through the real loader (its TP slices of the weights and of the FP8 scales), and for the
+timings its layers are copied in GPU memory up to the model's depth (--layers / --moe-layers;
+default the real 32 / 48; on 80 GB cards pass --moe-layers 24: the 48-layer bf16 MoE at TP=1 with
+its batch-128 KV cache needs ~87 GB). NCCL on CUDA (device cuda:LOCAL_RANK, NVLink multicast off), gloo on
+the CPU; a gloo group carries the host-side barriers.
 
-1. TP=1: rank 0 alone loads the whole model while the other ranks wait. Decode steps (batch
-   1-128 at context 2048) with CUDA graphs, as the library runs them by default, and eagerly;
-   prefill of one prompt (1k / 4k / 8k tokens). Then the correctness run (below) in bf16 and in
-   an fp32 copy of the same weights (torch attention backend): the reference.
-2. TP=N: every rank loads its slices; the same shapes, graphs and eager; the correctness run.
+Per model:
+1. TP=1, rank 0 alone while the others wait: the correctness run (below) on the loaded model;
+   decode steps (batch 1 / 8 / 32 / 128 at context 2048) as CUDA-graph replays, prefill of one
+   prompt (1k / 4k / 8k tokens); the correctness run of the fp32 reference.
+2. TP=N on every rank: the correctness run (graphs and eager) per all-reduce mode, then the same
+   decode timings once per mode of --all-reduce (default "dist,one_shot": NCCL, then torch's
+   symmetric-memory one-shot kernel for messages up to 2 MiB, model_wrapper/all_reduce.py) and
+   the prefills (last mode; prefill messages of 1k+ tokens exceed 2 MiB and go through NCCL either way).
 
 Timing: every measured step sits between a device synchronize plus a barrier of all the ranks
 taking part and a device synchronize; the median of --iters steps after warm-up (a decode
@@ -20,17 +30,21 @@ step's warm-up includes its graph capture), and under TP the slower rank's media
 TP=1 ms / TP=N ms, efficiency = speedup / N.
 
 Correctness: one batched prefill of 4 prompts and a few teacher-forced decode steps (graph
-replays at TP > 1 too), on the benchmarked model; each bf16 run's max |error| / max |fp32
-logit| against the fp32 TP=1 reference. Pass: TP=N's error <= 2 x TP=1 bf16's own + 2e-3 (the
-tests' bound), plus top-1 agreement and whether every rank returned the same logits.
+replays), on the loaded (layer-reduced) model; each run's max |error| / max |fp32 logit| against
+the TP=1 fp32 reference of the same checkpoint (FP8 weights dequantized, w * scale). Pass: TP=N's
+error <= 2 x TP=1's own (bf16, or FP8 with its activation quantization) + 2e-3, plus top-1
+agreement, every rank returning the same logits, and graph replay = eager (within 2e-2; graphs
+with the eager steps' FlashInfer decode attention for this check: the default Triton one rounds
+differently, which in a MoE can route a near-tie token to another expert).
 
-Writes tp.json (rewritten after each phase, so a run cut short keeps what it measured) and
-tp.png to --out. The GPU run takes about 3-4 minutes (mostly writing and loading 16 GB).
+Writes tp.json (rewritten after each model, so a run cut short keeps what it measured) and
+tp.png (a row per model) to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -40,7 +54,7 @@ import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -48,9 +62,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import decode_step, prefill_step  # noqa: E402
-from benchmarks.common import LLAMA3_8B, make_random_checkpoint, pyplot, tiny  # noqa: E402
-
-BLOCK_SIZE = 16
+from benchmarks.common import pyplot  # noqa: E402
+from benchmarks.tp_check import BLOCK_SIZE, check_blocks, check_inputs, check_run, correctness  # noqa: E402
+from benchmarks.tp_models import LABELS, MODELS, deepen, fp32_reference, model_config, write_checkpoint  # noqa: E402
 
 
 class Ranks:
@@ -125,88 +139,46 @@ def eager(gen):
         mw.graphs = saved
 
 
-def time_shapes(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool, graphs: bool, prefill: bool) -> dict:
-    """-> {("decode", B) or ("prefill", T): ms} for the shapes, with or without decode graphs."""
+def time_decode(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool) -> dict:
+    """-> {batch: ms} of decode steps (CUDA-graph replays where the model has graphs)."""
     out = {}
-    with nullcontext() if graphs else eager(gen):
-        for B in shapes["batches"]:
-            torch.manual_seed(B)  # the same token ids on every rank
-            step = decode_step(gen, kv, BLOCK_SIZE, B, shapes["context"], perm)
-            out[("decode", B)] = median_ms(step, r, iters=shapes["iters"], warmup=3, all_ranks=all_ranks)
-        if prefill:
-            for T in shapes["prefills"]:
-                torch.manual_seed(T)
-                step = prefill_step(gen, kv, BLOCK_SIZE, T, perm)
-                out[("prefill", T)] = median_ms(step, r, iters=shapes["prefill_iters"], warmup=1,
-                                                all_ranks=all_ranks)
+    for B in shapes["batches"]:
+        torch.manual_seed(B)  # the same token ids on every rank
+        step = decode_step(gen, kv, BLOCK_SIZE, B, shapes["context"], perm)
+        out[B] = median_ms(step, r, iters=shapes["iters"], warmup=3, all_ranks=all_ranks)
     return out
 
 
-# -- correctness: one prefill + teacher-forced decode steps ---------------------------------
-
-def check_inputs(cfg: dict, tiny_model: bool):
-    """-> (prompts, decode_tokens [steps][batch]), the same on every rank (fixed seed)."""
-    g = torch.Generator().manual_seed(1234)
-    lens, steps = ((37, 5, 60, 13), 3) if tiny_model else ((517, 64, 1000, 13), 4)
-    prompts = [torch.randint(0, cfg["vocab_size"], (n,), generator=g) for n in lens]
-    tokens = torch.randint(0, cfg["vocab_size"], (steps, len(lens)), generator=g)
-    return prompts, tokens
-
-
-def check_blocks(prompts, tokens) -> int:
-    return len(prompts) * -(-(max(len(p) for p in prompts) + len(tokens)) // BLOCK_SIZE)
+def time_prefill(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool) -> dict:
+    """-> {tokens: ms} of one-prompt prefills."""
+    out = {}
+    for T in shapes["prefills"]:
+        torch.manual_seed(T)
+        step = prefill_step(gen, kv, BLOCK_SIZE, T, perm)
+        out[T] = median_ms(step, r, iters=shapes["prefill_iters"], warmup=1, all_ranks=all_ranks)
+    return out
 
 
-def check_run(gen, kv, prompts, tokens) -> torch.Tensor:
-    """Batched prefill (last-token logits), then one decode step per row of tokens; request b on
-    blocks [b * per, (b + 1) * per). -> float32 logits [batch * (1 + steps), vocab] on the CPU."""
-    B, steps = len(prompts), len(tokens)
-    max_len = max(len(p) for p in prompts) + steps
-    per = -(-max_len // BLOCK_SIZE)
-    tables = torch.arange(B * per, dtype=torch.int32).view(B, per)
-
-    def slots_of(b, pos):
-        return tables[b, pos // BLOCK_SIZE].to(torch.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-
-    lens = torch.tensor([len(p) for p in prompts], dtype=torch.int32)
-    pos = [torch.arange(n) for n in lens.tolist()]
-    out = [gen.forward_tensor(torch.cat(prompts), torch.cat(pos), True, kv, tables,
-                              torch.cat([slots_of(b, p) for b, p in enumerate(pos)]), lens, max_len,
-                              lm_head_indices=torch.cumsum(lens, 0) - 1)]
-    for t in range(steps):
-        p = lens.to(torch.int64)
-        lens = lens + 1
-        out.append(gen.forward_tensor(tokens[t], p, False, kv, tables,
-                                      torch.stack([slots_of(b, p[b]) for b in range(B)]), lens, max_len))
-    return torch.cat(out).float().cpu()
-
-
-def fp32_copy(gen):
-    """The same weights in fp32 on the same device, torch attention backend, no graphs."""
-    from model_wrapper import ModelWrapper
-    from model_wrapper.model_wrapper import make_backend
-    from model_wrapper.models.decoder import CausalLM
-    from text_generator import TextGenerator
-
-    mw = gen.model_wrapper
-    with torch.device("meta"):
-        model = CausalLM(mw.cfg)
-    model = model.to_empty(device=mw.device).float()
-    model.load_state_dict(mw.model.state_dict())
-    if mw.cfg.tie_word_embeddings:
-        model.tie_weights()
-    model.eval().requires_grad_(False)
-    backend = make_backend("torch", mw.cfg, mw.device, torch.float32)
-    return TextGenerator(ModelWrapper(model, mw.cfg, backend, mw.device, torch.float32, cuda_graphs=False))
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-
-def top1(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.argmax(-1) == b.argmax(-1)).float().mean())
+@contextmanager
+def all_reduce_mode(gen, mode: str):
+    """Run gen's TP all-reduces through `mode` ("dist", "one_shot", "two_shot"): flips the shared
+    SymmMemAllReduce and drops the captured graphs (they keep the path they captured)."""
+    fast = gen.tp_group.fast
+    if fast is None:
+        if mode != "dist":
+            raise ValueError(f"all-reduce mode {mode}: no symmetric-memory path ({gen.tp_group.fallback})")
+        yield
+        return
+    saved = fast.enabled, fast.kind
+    fast.enabled, fast.kind = mode != "dist", (mode if mode != "dist" else fast.kind)
+    if gen.model_wrapper.graphs is not None:
+        gen.model_wrapper.graphs.drop()
+    try:
+        yield
+    finally:
+        fast.enabled, fast.kind = saved
+        if gen.model_wrapper.graphs is not None:
+            gen.model_wrapper.graphs.drop()
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -218,56 +190,181 @@ def free(r: Ranks) -> None:
         torch.cuda.empty_cache()
 
 
+def e4m3_tensors(gen) -> int:
+    """How many of the loaded model's parameters are kept in e4m3 (FP8 storage)."""
+    return sum(p.dtype == torch.float8_e4m3fn for p in gen.model_wrapper.model.parameters())
+
+
+def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_start: float) -> dict:
+    """Both phases and the correctness runs of one model -> its JSON section (rank 0; {} elsewhere)."""
+    from text_generator import TextGenerator
+
+    W = r.world
+    cfg, fp8 = model_config(name, args.tiny, args.moe_layers if "moe" in name else args.layers)
+    L, L0 = cfg["num_hidden_layers"], min(args.check_layers, cfg["num_hidden_layers"])
+    shapes = dict(batches=[1, 8, 32, 128], context=2048, prefills=[1024, 4096, 8192], iters=args.iters or 20,
+                  prefill_iters=5)
+    if args.tiny:
+        shapes = dict(batches=[1, 4], context=128, prefills=[128, 256], iters=args.iters or 3, prefill_iters=2)
+    prompts, tokens = check_inputs(cfg, args.tiny)
+    nb_check = check_blocks(prompts, tokens)
+    num_blocks = max(max(shapes["batches"]) * -(-shapes["context"] // BLOCK_SIZE),
+                     -(-max(shapes["prefills"]) // BLOCK_SIZE))
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
+    out = dict(model=LABELS[name] + (" (tiny)" if args.tiny else ""), fp8=fp8, layers=L,
+               full_layers=MODELS[name][0]["num_hidden_layers"], check_layers=L0,
+               layer_reduced=(f"timed with {L} layers (in-memory copies of the {L0} loaded ones); the correctness "
+                              f"run uses the {L0}-layer checkpoint as loaded. Every per-layer shape is the model's"),
+               seconds={})
+    t = time.monotonic()
+    path = os.path.join(root, f"{name}-L{L0}")
+    if r.rank == 0:
+        write_checkpoint(path, cfg, fp8, L0, r.device)
+    r.barrier()
+    out["seconds"]["checkpoint"] = time.monotonic() - t
+
+    def load(tp_group):
+        return TextGenerator.from_pretrained(path, device=r.device, dtype=torch.bfloat16, tp_group=tp_group,
+                                             progress=False)
+
+    # -- phase 1: TP=1 on rank 0 alone --------------------------------------------------------
+    single = {}
+    if r.rank == 0:
+        t = time.monotonic()
+        gen = load(None)
+        out["cuda_graphs"] = gen.model_wrapper.graphs is not None
+        out["e4m3_tensors_tp1"] = e4m3_tensors(gen)
+        kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
+        logits1 = check_run(gen, kv, prompts, tokens)
+        del kv
+        gen = deepen(gen, path, L)
+        kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
+        single["decode"] = time_decode(gen, kv, perm, r, shapes, all_ranks=False)
+        single["prefill"] = time_prefill(gen, kv, perm, r, shapes, all_ranks=False)
+        del kv, gen
+        free(r)
+        ref = fp32_reference(path, r.device)
+        kv32 = ref.allocate_kv_cache(nb_check, BLOCK_SIZE)
+        logits32 = check_run(ref, kv32, prompts, tokens)
+        del ref, kv32
+        free(r)
+        out["seconds"]["tp1"] = time.monotonic() - t
+    r.barrier()
+    r.say(f"{name}: TP=1 done at {time.monotonic() - t_start:.0f} s")
+
+    # -- phase 2: TP=W on every rank ----------------------------------------------------------
+    t = time.monotonic()
+    gen = load(tp)
+    out[f"e4m3_tensors_tp{W}"] = e4m3_tensors(gen)  # fewer than TP=1's: a shard that cuts an FP8 block, dequantized
+    kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
+    checks = {}
+    default_kc = gen.model_wrapper.kernel_config
+    for mode in modes:
+        with all_reduce_mode(gen, mode):
+            graph = check_run(gen, kv, prompts, tokens)
+            with eager(gen):
+                plain = check_run(gen, kv, prompts, tokens)
+            # graph = eager with the eager steps' decode attention (FlashInfer) in the graphs too: the
+            # default graphs' Triton decode attention rounds differently, and in a MoE a near-tie of two
+            # experts' router scores then routes a token apart (tests/model_wrapper/test_moe.py)
+            gen.model_wrapper.set_kernel_config(dataclasses.replace(default_kc, triton_decode=False))
+            graph_fi = check_run(gen, kv, prompts, tokens)
+            gen.model_wrapper.set_kernel_config(default_kc)
+        gathered = [None] * W
+        dist.all_gather_object(gathered, graph, group=r.host)
+        checks[mode] = (graph, plain, graph_fi, gathered)
+    del kv
+    gen = deepen(gen, path, L)
+    kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
+    multi = {}
+    for mode in modes:
+        with all_reduce_mode(gen, mode):
+            multi[mode] = time_decode(gen, kv, perm, r, shapes, all_ranks=True)
+    with all_reduce_mode(gen, modes[-1]):
+        prefill_w = time_prefill(gen, kv, perm, r, shapes, all_ranks=True)
+    del kv, gen
+    free(r)
+    out["seconds"]["tp"] = time.monotonic() - t
+    if r.rank != 0:
+        return {}
+    out["decode"], out["prefill"] = table(single, multi, prefill_w, shapes, W, modes)
+    out["prefill_all_reduce"] = modes[-1]
+    out["correctness"] = {mode: correctness(logits1, g, p, gf, logits32, gathered, prompts, tokens, W, fp8)
+                          for mode, (g, p, gf, gathered) in checks.items()}
+    return out
+
+
+def table(single, multi, prefill_w, shapes, W, modes):
+    """Per shape: TP=1 and TP=W ms (per all-reduce mode for decode), speedup, efficiency."""
+    decode, prefill = [], []
+    for B in shapes["batches"]:
+        a = single["decode"][B]
+        row = dict(batch=B, context=shapes["context"], tp1_ms=a, tp1_tokens_per_s=B / a * 1e3)
+        for mode in modes:
+            b = multi[mode][B]
+            row[f"tp{W}_{mode}_ms"] = b
+            row[f"speedup_{mode}"] = a / b
+            row[f"efficiency_{mode}"] = a / b / W
+        decode.append(row)
+    for T in shapes["prefills"]:
+        a, b = single["prefill"][T], prefill_w[T]
+        prefill.append(dict(tokens=T, batch=1, tp1_ms=a, **{f"tp{W}_ms": b}, speedup=a / b, efficiency=a / b / W,
+                            tp1_tokens_per_s=T / a * 1e3, **{f"tp{W}_tokens_per_s": T / b * 1e3}))
+    return decode, prefill
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--tiny", action="store_true", help="shrunk model and shapes, for a CPU smoke run")
+    ap.add_argument("--tiny", action="store_true", help="shrunk models and shapes, for a CPU smoke run")
+    ap.add_argument("--model", default="llama8b", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--all-reduce", default="dist,one_shot",
+                    help="comma-separated TP all-reduce modes to time decode with (dist, one_shot, two_shot); "
+                         "prefill and the order of the A/B: the last one")
     ap.add_argument("--out", default="benchmarks/results/tp")
-    ap.add_argument("--model-dir", default=None, help="checkpoint folder (reused when it matches); default: a temp dir")
+    ap.add_argument("--model-dir", default=None, help="folder of the checkpoints (reused when they match); "
+                                                      "default: a temp dir, removed at the end")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers of the dense models (default: theirs)")
+    ap.add_argument("--moe-layers", type=int, default=None, help="decoder layers of the MoE models (default: 48)")
+    ap.add_argument("--check-layers", type=int, default=2, help="layers of the written checkpoints")
     ap.add_argument("--iters", type=int, default=None, help="timed decode steps per shape (default 20; tiny 3)")
-    ap.add_argument("--no-eager", action="store_true", help="skip the decode timings without CUDA graphs")
-    ap.add_argument("--budget-s", type=float, default=360.0,
-                    help="after this many seconds, skip the optional eager timings")
-    ap.add_argument("--timeout-s", type=float, default=420.0, help="process-group timeout")
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="process-group timeout")
     args = ap.parse_args()
     t_start = time.monotonic()
+    names = args.model.split(",")
+    for n in names:
+        if n not in MODELS:
+            raise SystemExit(f"bench_tp: --model: expected names of {', '.join(MODELS)}, got {n!r}")
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (set before NCCL starts)
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     r = Ranks(args.device, args.timeout_s)
     W = r.world
     if W < 2:
         raise SystemExit("bench_tp: run under torchrun --nproc-per-node N with N >= 2")
     if r.cuda and torch.cuda.device_count() < W:
         raise SystemExit(f"bench_tp: {W} ranks but {torch.cuda.device_count()} GPUs visible")
-    cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
-    shapes = dict(batches=[1, 8, 32, 64, 128], context=2048, prefills=[1024, 4096, 8192],
-                  iters=args.iters or 20, prefill_iters=5)
-    if args.tiny:
-        shapes = dict(batches=[1, 4], context=128, prefills=[128, 256], iters=args.iters or 3, prefill_iters=2)
-    prompts, tokens = check_inputs(cfg, args.tiny)
-    num_blocks = max(max(shapes["batches"]) * -(-shapes["context"] // BLOCK_SIZE),
-                     -(-max(shapes["prefills"]) // BLOCK_SIZE), check_blocks(prompts, tokens))
-    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
-    dtype = torch.bfloat16
+    from model_wrapper import TPGroup
+
+    modes = args.all_reduce.split(",")
+    fast = [m for m in modes if m != "dist"]
+    tp = TPGroup.from_default_group(all_reduce=fast[0] if fast else "dist")
+    if tp.fast is None and fast:
+        r.say(f"symmetric-memory all-reduce unavailable ({tp.fallback}): timing dist only")
+        modes = ["dist"]
 
     res = dict(command=f"torchrun --standalone --nproc-per-node {W} benchmarks/bench_tp.py " + " ".join(sys.argv[1:]),
                argv=sys.argv, world_size=W, torch=torch.__version__,
                device=torch.cuda.get_device_name(r.device) if r.cuda else "cpu",
                backend=dist.get_backend(), NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE"),
-               model=("tiny Llama-3 shape" if args.tiny else "Llama-3-8B-shaped") + ", random bf16 weights",
-               dtype="bfloat16", block_size=BLOCK_SIZE, context=shapes["context"],
-               timing=(f"median of {shapes['iters']} decode / {shapes['prefill_iters']} prefill steps after "
-                       "warm-up (incl. graph capture), each between synchronize + barrier of the ranks involved "
-                       "and synchronize; under TP the slower rank's median"),
-               seconds={})
+               TORCH_SYMM_MEM_DISABLE_MULTICAST=os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
+               all_reduce_modes=modes, symm_mem_fallback=tp.fallback, dtype="bfloat16", block_size=BLOCK_SIZE,
+               timing=("median of the decode / prefill steps after warm-up (incl. graph capture), each between "
+                       "synchronize + barrier of the ranks involved and synchronize; under TP the slower rank's"),
+               models={}, seconds={})
     if r.cuda:
         v = torch.cuda.nccl.version()
         res["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-        try:
-            import flashinfer
-            res["flashinfer"] = flashinfer.__version__
-        except ImportError:
-            pass
 
     def write():
         if r.rank == 0:
@@ -275,200 +372,89 @@ def main():
             with open(os.path.join(args.out, "tp.json"), "w") as f:
                 json.dump(res, f, indent=1)
 
-    # -- the checkpoint: rank 0 writes it once ------------------------------------------------
-    t = time.monotonic()
     made = None
     if args.model_dir is None:
         obj = [tempfile.mkdtemp(prefix="bench_tp_") if r.rank == 0 else None]
         dist.broadcast_object_list(obj, src=0, group=r.host)
-        made = model_dir = obj[0]
+        made = root = obj[0]
     else:
-        model_dir = args.model_dir
-    if r.rank == 0:
-        make_random_checkpoint(model_dir, cfg, dtype, device=r.device)
-    r.barrier()
-    res["seconds"]["checkpoint"] = time.monotonic() - t
-    r.say(f"checkpoint ready in {res['seconds']['checkpoint']:.0f} s: {model_dir}")
-
-    from model_wrapper import TPGroup
-    from text_generator import TextGenerator
-
-    def load(tp):
-        t = time.monotonic()
-        gen = TextGenerator.from_pretrained(model_dir, device=r.device, dtype=dtype, tp_group=tp)
-        kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
-        return gen, kv, time.monotonic() - t
-
-    def skip_optional(label):
-        over = time.monotonic() - t_start > args.budget_s
-        if over:
-            r.say(f"time budget ({args.budget_s:.0f} s) spent: skipping {label}")
-        return over
-
-    # -- phase 1: TP=1 on rank 0 alone --------------------------------------------------------
-    single = {}
-    if r.rank == 0:
-        t = time.monotonic()
-        gen, kv, res["seconds"]["load_tp1"] = load(None)
-        has_graphs = gen.model_wrapper.graphs is not None
-        res["cuda_graphs"] = has_graphs
-        logits1 = check_run(gen, kv, prompts, tokens)
-        single["graphs"] = time_shapes(gen, kv, perm, r, shapes, all_ranks=False, graphs=True, prefill=True)
-        if has_graphs and not args.no_eager and not skip_optional("TP=1 eager decode"):
-            single["eager"] = time_shapes(gen, kv, perm, r, shapes, all_ranks=False, graphs=False, prefill=False)
-        del kv
-        free(r)
-        ref = fp32_copy(gen)
-        del gen
-        free(r)
-        kv32 = ref.allocate_kv_cache(check_blocks(prompts, tokens), BLOCK_SIZE)
-        logits32 = check_run(ref, kv32, prompts, tokens)
-        del ref, kv32
-        free(r)
-        res["seconds"]["tp1_phase"] = time.monotonic() - t
-        res["tp1_partial"] = {f"{mode} {kind} {n}": ms for mode, d in single.items() for (kind, n), ms in d.items()}
+        root = args.model_dir
+    for name in names:
+        res["models"][name] = run_model(name, args, r, tp, modes, root, t_start)
+        res["seconds"][name] = time.monotonic() - t_start
         write()
-    r.barrier()
-    r.say(f"TP=1 done at {time.monotonic() - t_start:.0f} s")
-
-    # -- phase 2: TP=W on every rank ----------------------------------------------------------
-    t = time.monotonic()
-    gen, kv, load_s = load(TPGroup.from_default_group())
-    res["seconds"]["load_tp"] = r.worst(load_s)
-    has_graphs = gen.model_wrapper.graphs is not None
-    logitsW = check_run(gen, kv, prompts, tokens)
-    logitsW_eager = None
-    if has_graphs:
-        with eager(gen):
-            logitsW_eager = check_run(gen, kv, prompts, tokens)
-    gathered = [None] * W
-    dist.all_gather_object(gathered, logitsW, group=r.host)
-    multi = {"graphs": time_shapes(gen, kv, perm, r, shapes, all_ranks=True, graphs=True, prefill=True)}
-    if has_graphs and not args.no_eager and not r.agree(skip_optional(f"TP={W} eager decode")):
-        multi["eager"] = time_shapes(gen, kv, perm, r, shapes, all_ranks=True, graphs=False, prefill=False)
-    res["seconds"]["tp_phase"] = time.monotonic() - t
-    del kv, gen
-    free(r)
-
+        if r.rank == 0:
+            report(name, res["models"][name], W, modes, res["device"])
+    res["seconds"]["total"] = time.monotonic() - t_start
+    write()
     if r.rank == 0:
-        res["decode"], res["prefill"] = table(single, multi, shapes, W)
-        res["correctness"] = correctness(logits1, logitsW, logitsW_eager, logits32, gathered, prompts, tokens,
-                                         args.tiny, W)
-        res.pop("tp1_partial", None)
-        res["seconds"]["total"] = time.monotonic() - t_start
-        write()
-        report(res, W)
         plot(res, W, os.path.join(args.out, "tp.png"))
     r.barrier()
     if made and r.rank == 0:
         shutil.rmtree(made, ignore_errors=True)
+    del tp
+    gc.collect()
     dist.destroy_process_group()
 
 
-def table(single, multi, shapes, W):
-    """Per shape: TP=1 and TP=W ms, speedup, efficiency, tokens/s (graphs; eager beside)."""
-    decode, prefill = [], []
-    for B in shapes["batches"]:
-        k = ("decode", B)
-        a, b = single["graphs"][k], multi["graphs"][k]
-        row = dict(batch=B, context=shapes["context"], tp1_ms=a, **{f"tp{W}_ms": b}, speedup=a / b,
-                   efficiency=a / b / W, tp1_tokens_per_s=B / a * 1e3, **{f"tp{W}_tokens_per_s": B / b * 1e3})
-        if "eager" in single:
-            row["tp1_eager_ms"] = single["eager"][k]
-        if "eager" in multi:
-            row[f"tp{W}_eager_ms"] = multi["eager"][k]
-            row[f"tp{W}_graph_gain"] = multi["eager"][k] / b  # eager ms / graph ms
-        if "eager" in single and "eager" in multi:
-            row["eager_speedup"] = single["eager"][k] / multi["eager"][k]
-        decode.append(row)
-    for T in shapes["prefills"]:
-        k = ("prefill", T)
-        a, b = single["graphs"][k], multi["graphs"][k]
-        prefill.append(dict(tokens=T, batch=1, tp1_ms=a, **{f"tp{W}_ms": b}, speedup=a / b, efficiency=a / b / W,
-                            tp1_tokens_per_s=T / a * 1e3, **{f"tp{W}_tokens_per_s": T / b * 1e3}))
-    return decode, prefill
-
-
-def correctness(l1, lw, lw_eager, l32, gathered, prompts, tokens, tiny_model, W):
-    e1, ew = rel_err(l1, l32), rel_err(lw, l32)
-    out = {
-        "model": ("the benchmarked tiny model" if tiny_model else "the benchmarked Llama-3-8B-shaped model (32 layers)"),
-        "reference": "fp32 copy of the same bf16 weights at TP=1, torch attention backend, no graphs",
-        "inputs": (f"batched prefill of {len(prompts)} prompts ({', '.join(str(len(p)) for p in prompts)} tokens, "
-                   f"last-token logits) + {len(tokens)} teacher-forced decode steps (CUDA-graph replays where "
-                   "available)"),
-        "rows": int(l1.shape[0]),
-        "metric": "max |logits - fp32 logits| / max |fp32 logits| over all rows",
-        "tp1_bf16_err": e1, f"tp{W}_bf16_err": ew,
-        "bound": 2 * e1 + 2e-3, "pass": ew <= 2 * e1 + 2e-3,
-        f"tp{W}_vs_tp1": rel_err(lw, l1),
-        "top1_tp1_vs_fp32": top1(l1, l32), f"top1_tp{W}_vs_fp32": top1(lw, l32), f"top1_tp{W}_vs_tp1": top1(lw, l1),
-        "ranks_identical": all(torch.equal(g, gathered[0]) for g in gathered),
-    }
-    if lw_eager is not None:
-        out[f"tp{W}_eager_bf16_err"] = rel_err(lw_eager, l32)
-        out[f"tp{W}_graph_vs_eager"] = rel_err(lw, lw_eager)
-    return out
-
-
-def report(res, W):
-    print(f"\n{res['model']} on {W} x {res['device']}; decode at context {res['context']} ({res['timing']})")
-    tw = f"TP={W}"
-    print(f"{'decode B':>9} {'TP=1 ms':>9} {tw + ' ms':>9} {'speedup':>8} {'eff':>6} {'TP=1 tok/s':>11} "
-          f"{tw + ' tok/s':>11} | {'eager TP=1':>10} {'eager ' + tw:>10} {'speedup':>8}")
-    for d in res["decode"]:
-        eg = (f"{d['tp1_eager_ms']:10.2f} {d[f'tp{W}_eager_ms']:10.2f} {d['eager_speedup']:8.2f}"
-              if "eager_speedup" in d else f"{'-':>10} {'-':>10} {'-':>8}")
-        print(f"{d['batch']:9d} {d['tp1_ms']:9.2f} {d[f'tp{W}_ms']:9.2f} {d['speedup']:8.2f} {d['efficiency']:6.2f} "
-              f"{d['tp1_tokens_per_s']:11.0f} {d[f'tp{W}_tokens_per_s']:11.0f} | {eg}")
-    print(f"{'prefill T':>9} {'TP=1 ms':>9} {tw + ' ms':>9} {'speedup':>8} {'eff':>6} {'TP=1 tok/s':>11} {tw + ' tok/s':>11}")
-    for p in res["prefill"]:
-        print(f"{p['tokens']:9d} {p['tp1_ms']:9.2f} {p[f'tp{W}_ms']:9.2f} {p['speedup']:8.2f} {p['efficiency']:6.2f} "
-              f"{p['tp1_tokens_per_s']:11.0f} {p[f'tp{W}_tokens_per_s']:11.0f}")
-    c = res["correctness"]
-    print(f"correctness (bf16 vs fp32 reference, max rel err): TP=1 {c['tp1_bf16_err']:.4f}, "
-          f"TP={W} {c[f'tp{W}_bf16_err']:.4f} (bound {c['bound']:.4f}: {'PASS' if c['pass'] else 'FAIL'}); "
-          f"top-1 vs fp32 {c['top1_tp1_vs_fp32']:.2f} / {c[f'top1_tp{W}_vs_fp32']:.2f}, TP={W} vs TP=1 "
-          f"{c[f'top1_tp{W}_vs_tp1']:.2f}; ranks identical: {c['ranks_identical']}"
-          + (f"; graph vs eager {c[f'tp{W}_graph_vs_eager']:.4f}" if f"tp{W}_graph_vs_eager" in c else ""))
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items()), flush=True)
+def report(name, m, W, modes, device):
+    print(f"\n{name}: {m['model']}, {m['layers']} layers on {W} x {device} ({m['layer_reduced']})")
+    head = " ".join(f"{f'TP={W} {mode}':>16} {'speedup':>8} {'eff':>5}" for mode in modes)
+    print(f"{'decode B':>9} {'TP=1 ms':>9} {head}")
+    for d in m["decode"]:
+        cols = " ".join(f"{d[f'tp{W}_{mode}_ms']:16.2f} {d[f'speedup_{mode}']:8.2f} {d[f'efficiency_{mode}']:5.2f}"
+                        for mode in modes)
+        print(f"{d['batch']:9d} {d['tp1_ms']:9.2f} {cols}")
+    print(f"{'prefill T':>9} {'TP=1 ms':>9} {f'TP={W} ms':>16} {'speedup':>8} {'eff':>5}")
+    for p in m["prefill"]:
+        print(f"{p['tokens']:9d} {p['tp1_ms']:9.2f} {p[f'tp{W}_ms']:16.2f} {p['speedup']:8.2f} {p['efficiency']:5.2f}")
+    for mode, c in m["correctness"].items():
+        e1, ew = [v for k, v in c.items() if k.endswith("_err") and k.startswith(("tp1_", f"tp{W}_"))][:2]
+        print(f"correctness ({mode}): TP=1 err {e1:.4f}, TP={W} {ew:.4f} (bound {c['bound']:.4f}: "
+              f"{'PASS' if c['pass'] else 'FAIL'}); top-1 TP={W} vs TP=1 {c[f'top1_tp{W}_vs_tp1']:.2f}; ranks "
+              f"identical: {c['ranks_identical']}; graph vs eager {c[f'tp{W}_graph_vs_eager']:.4f} (FlashInfer "
+              f"decode in the graphs too: {c[f'tp{W}_flashinfer_graph_vs_eager']:.4f}, "
+              f"{'PASS' if c['graph_eq_eager'] else 'FAIL'})")
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in m["seconds"].items()), flush=True)
 
 
 def plot(res, W, path):
     plt = pyplot()
-    if plt is None:
+    if plt is None or not res["models"]:
         return
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    dec = res["decode"]
-    x = [d["batch"] for d in dec]
-    how = " (CUDA graphs)" if res.get("cuda_graphs") else ""
-    a.plot(x, [d["tp1_ms"] for d in dec], "o-", color="C0", label="TP=1" + how)
-    a.plot(x, [d[f"tp{W}_ms"] for d in dec], "s-", color="C1", label=f"TP={W}" + how)
-    if "eager_speedup" in dec[0]:
-        a.plot(x, [d["tp1_eager_ms"] for d in dec], "o--", color="C0", alpha=0.5, label="TP=1 eager")
-        a.plot(x, [d[f"tp{W}_eager_ms"] for d in dec], "s--", color="C1", alpha=0.5, label=f"TP={W} eager")
-    for d in dec:
-        a.annotate(f"x{d['speedup']:.2f}", (d["batch"], d[f"tp{W}_ms"]), textcoords="offset points", xytext=(0, -12),
-                   ha="center", fontsize=8)
-    a.set(xlabel="batch (requests)", ylabel="ms / decode step", xscale="log",
-          title=f"decode at context {res['context']} (labels: speedup)")
-    a.set_xticks(x, [str(v) for v in x], minor=False)
-    a.minorticks_off()
-    a.legend(fontsize=8)
-    pre = res["prefill"]
-    x = [p["tokens"] for p in pre]
-    b.plot(x, [p["tp1_ms"] for p in pre], "o-", label="TP=1")
-    b.plot(x, [p[f"tp{W}_ms"] for p in pre], "s-", label=f"TP={W}")
-    for p in pre:
-        b.annotate(f"x{p['speedup']:.2f}", (p["tokens"], p[f"tp{W}_ms"]), textcoords="offset points",
-                   xytext=(0, -12), ha="center", fontsize=8)
-    b.set(xlabel="prompt tokens (batch 1)", ylabel="ms / prefill", xscale="log", yscale="log", title="prefill")
-    b.set_xticks(x, [str(v) for v in x])
-    b.minorticks_off()
-    b.legend()
-    fig.suptitle(f"{res['model']}: TP=1 vs TP={W} on {res['device']}")
+    names = list(res["models"])
+    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4 * len(names)), squeeze=False)
+    for (a, b), name in zip(axes, names):
+        m = res["models"][name]
+        dec = m["decode"]
+        x = [d["batch"] for d in dec]
+        a.plot(x, [d["tp1_ms"] for d in dec], "o-", color="C0", label="TP=1")
+        for i, mode in enumerate(res["all_reduce_modes"]):
+            a.plot(x, [d[f"tp{W}_{mode}_ms"] for d in dec], "s-", color=f"C{i + 1}", label=f"TP={W} ({mode})")
+            for d in dec:
+                a.annotate(f"x{d[f'speedup_{mode}']:.2f}", (d["batch"], d[f"tp{W}_{mode}_ms"]),
+                           textcoords="offset points", xytext=(0, -12 - 9 * i), ha="center", fontsize=7,
+                           color=f"C{i + 1}")
+        a.set(xlabel="batch (requests)", ylabel="ms / decode step", xscale="log",
+              title=f"{name} ({m['layers']} layers): decode at context {dec[0]['context']}, graphs")
+        a.set_xticks(x, [str(v) for v in x])
+        a.minorticks_off()
+        a.legend(fontsize=8)
+        pre = m["prefill"]
+        x = [p["tokens"] for p in pre]
+        b.plot(x, [p["tp1_ms"] for p in pre], "o-", label="TP=1")
+        b.plot(x, [p[f"tp{W}_ms"] for p in pre], "s-", label=f"TP={W}")
+        for p in pre:
+            b.annotate(f"x{p['speedup']:.2f} (eff {p['efficiency']:.2f})", (p["tokens"], p[f"tp{W}_ms"]),
+                       textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
+        b.set(xlabel="prompt tokens (batch 1)", ylabel="ms / prefill", xscale="log", yscale="log",
+              title=f"{name}: prefill")
+        b.set_xticks(x, [str(v) for v in x])
+        b.minorticks_off()
+        b.legend(fontsize=8)
+    fig.suptitle(f"TP=1 vs TP={W} on {res['device']} (speedup labels)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
     #    loads with TextGenerator.from_pretrained and transformers' AutoModelForCausalLM alike
 
 make_random_checkpoint writes the weight names and shapes transformers uses for the Llama family
-(Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k norms) from a plain config dict; weights
+(Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k norms, Qwen3-MoE's router and per-expert
+projections) from a plain config dict; weights
 are drawn on `device` (seconds for 8B on a GPU, where transformers' own init takes minutes on
 the CPU) and saved shard by shard, so host memory holds one shard at a time. A folder that
 already holds a checkpoint of the same config and dtype is reused.
@@ -51,6 +52,13 @@ def weight_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
             out.append((p + "self_attn.o_proj.bias", (H,)))
         if qk_norm:
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+        if _sparse(cfg, i):  # Qwen3-MoE: a router and num_experts experts of moe_intermediate_size
+            E, Ie = cfg["num_experts"], cfg["moe_intermediate_size"]
+            out.append((p + "mlp.gate.weight", (E, H)))
+            for e in range(E):
+                for name, shape in (("gate_proj", (Ie, H)), ("up_proj", (Ie, H)), ("down_proj", (H, Ie))):
+                    out.append((p + f"mlp.experts.{e}.{name}.weight", shape))
+            continue
         for name, shape in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
             out.append((p + f"mlp.{name}.weight", shape))
             if mlp_bias:
@@ -59,6 +67,15 @@ def weight_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     if not cfg.get("tie_word_embeddings", False):
         out.append(("lm_head.weight", (V, H)))
     return out
+
+
+def _sparse(cfg: dict, layer: int) -> bool:
+    """Whether layer's MLP is a sparse one (a Qwen3-MoE config: num_experts, decoder_sparse_step,
+    mlp_only_layers)."""
+    if not cfg.get("num_experts"):
+        return False
+    step = cfg.get("decoder_sparse_step", 1)
+    return layer not in cfg.get("mlp_only_layers", []) and (layer + 1) % step == 0
 
 
 def make_random_checkpoint(
@@ -77,12 +94,16 @@ def make_random_checkpoint(
     biases N(0, 0.02). device: where weights are drawn (default: CUDA if available).
     fp8: None, "block" (transformers' fine-grained FP8: e4m3 weights + weight_scale_inv per 128 x 128
     block, quant_method "fp8") or "channel" (compressed-tensors FP8-dynamic: e4m3 weights +
-    weight_scale per output row): the decoder layers' projections are stored quantized, the
-    embedding, norms and lm_head in dtype.
+    weight_scale per output row): the decoder layers' projections (experts included) are stored
+    quantized, the embedding, norms, MoE routers and lm_head in dtype.
     """
     cfg = dict(config_dict)
     if fp8 is not None:
         cfg["quantization_config"] = fp8_quantization_config(fp8)
+        routers = [f"model.layers.{i}.mlp.gate" for i in range(cfg["num_hidden_layers"]) if _sparse(cfg, i)]
+        if routers:  # the routers stay in dtype, as in Qwen3-*-FP8 checkpoints
+            key = "modules_to_not_convert" if fp8 == "block" else "ignore"
+            cfg["quantization_config"][key] += routers
     cfg.setdefault("architectures", ["LlamaForCausalLM"])
     cfg.setdefault("model_type", cfg["architectures"][0].replace("ForCausalLM", "").lower())
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).replace("torch.", "")
@@ -147,7 +168,8 @@ def _quantized(name: str) -> bool:
 def fp8_quantization_config(kind: str) -> dict:
     """config.json's quantization_config of an FP8 checkpoint of kind "block" or "channel"."""
     if kind == "block":
-        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+                "modules_to_not_convert": ["lm_head"]}
     if kind == "channel":
         return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
                 "config_groups": {"group_0": {

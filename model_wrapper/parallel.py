@@ -32,16 +32,25 @@ Sharding over W ranks (rank r), Megatron-style:
 
 With W == 1 (TPGroup.single(), the default) every slice is the whole tensor and the decoder
 runs exactly the code it runs without this module.
+
+The all-reduce: torch.distributed.all_reduce (NCCL on CUDA, gloo on the CPU), or for decode-sized
+messages torch's symmetric-memory one-shot / two-shot kernels (all_reduce.py), chosen by
+TPGroup.from_default_group(all_reduce=...).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from model_wrapper.all_reduce import ALL_REDUCE_MODES, AUTO_KIND, DEFAULT_MAX_BYTES, SymmMemAllReduce
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
+
+# TPGroup.from_default_group's all_reduce. On 2 x H200 (benchmarks/RESULTS.md, bench_allreduce.py) the
+# one-shot kernel took 7-15 us per decode-sized all-reduce in a graph against NCCL's 12-20 us
+DEFAULT_ALL_REDUCE = "auto"
 
 
 @dataclass(frozen=True)
@@ -51,11 +60,16 @@ class TPGroup:
     rank:       this process's index in the group, 0 <= rank < world_size
     world_size: number of ranks sharing each layer
     group:      the torch.distributed ProcessGroup of the collectives (None: the default group)
+    fast:       a SymmMemAllReduce (all_reduce.py) that takes the messages it fits, or None:
+                every all_reduce goes through torch.distributed
+    fallback:   why `fast` is None although a symmetric-memory mode was asked for ("" otherwise)
     """
 
     rank: int = 0
     world_size: int = 1
     group: Any = None
+    fast: Any = field(default=None, compare=False, repr=False)
+    fallback: str = field(default="", compare=False)
 
     @classmethod
     def single(cls) -> "TPGroup":
@@ -63,8 +77,16 @@ class TPGroup:
         return cls(0, 1, None)
 
     @classmethod
-    def from_default_group(cls) -> "TPGroup":
-        """All ranks of the initialised default process group (torch.distributed.init_process_group)."""
+    def from_default_group(cls, all_reduce: str = DEFAULT_ALL_REDUCE,
+                           max_bytes: int = DEFAULT_MAX_BYTES) -> "TPGroup":
+        """All ranks of the initialised default process group (torch.distributed.init_process_group).
+
+        all_reduce: "dist" (torch.distributed.all_reduce for every message), "one_shot" / "two_shot"
+        (messages of at most max_bytes through torch's symmetric-memory kernels, all_reduce.py;
+        larger ones through torch.distributed) or "auto", the default (one_shot: the measured best
+        at decode sizes). A symmetric-memory mode sets up collectively (every rank must call this)
+        and falls back to "dist" where it cannot run (gloo, CPU, no ops): `fallback` says why.
+        """
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
@@ -73,14 +95,34 @@ class TPGroup:
                 "tensor_parallel=True: expected an initialised torch.distributed default process group "
                 "(call init_process_group first, e.g. under torchrun), got none",
             )
-        return cls(dist.get_rank(), dist.get_world_size(), None)
+        if all_reduce not in ALL_REDUCE_MODES:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"all_reduce: expected one of {', '.join(ALL_REDUCE_MODES)}, got {all_reduce!r}")
+        if not (isinstance(max_bytes, int) and max_bytes > 0 and max_bytes % 16 == 0):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
+                                 f"max_bytes: expected a positive multiple of 16, got {max_bytes!r}")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        fast, why = None, ""
+        if all_reduce != "dist" and world > 1:
+            kind = AUTO_KIND if all_reduce == "auto" else all_reduce
+            fast, why = SymmMemAllReduce.create(None, kind, max_bytes)
+        return cls(rank, world, None, fast, why)
+
+    @property
+    def all_reduce_path(self) -> str:
+        """What small messages go through: "dist", "one_shot" or "two_shot"."""
+        return self.fast.kind if self.fast is not None else "dist"
 
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum x over the group, in place; returns x. Graph-safe (NCCL captures it)."""
+        """Sum x over the group and return the sum: x itself, summed in place (torch.distributed), or a
+        new tensor (the symmetric-memory path, for the messages it fits; x then keeps its value).
+        Callers use the returned tensor. Graph-safe: a CUDA graph captures either path."""
+        if self.fast is not None and self.fast.fits(x):
+            return self.fast(x)
         import torch.distributed as dist
 
         dist.all_reduce(x, group=self.group)

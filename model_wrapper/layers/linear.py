@@ -128,7 +128,7 @@ class RowParallelLinear(Linear):
         return self.method.apply(self, x, None if self.reduces else self.bias, kernels)
 
     def reduce(self, y: torch.Tensor) -> torch.Tensor:
-        """Partial sums -> the sum over the ranks (in place) + bias; y itself without TP."""
+        """Partial sums -> the sum over the ranks (TPGroup.all_reduce) + bias; y itself without TP."""
         if not self.reduces:
             return y
         y = self.tp.all_reduce(y)
