@@ -13,9 +13,21 @@ read BLOCK_N keys a step with an online softmax in fp32. With one split it write
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
 merges the splits of each (request, head).
 
-FP8 (e4m3) caches: K and V are loaded as e4m3, converted to q's dtype (exact: every e4m3 value is
-a bf16 / fp16 value) and fed to the same products; the layer's K scale multiplies the scores and
-its V scale the output (both float32, read through pointers, so CUDA graphs see later changes).
+FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V scale into the
+output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
+no per-tile multiply). How K/V reach the tensor cores (fp8_math):
+    "q_dtype" e4m3 -> q's dtype through Triton's conversion. Exact, but on sm90 e4m3 -> bf16 is
+            three conversion instructions per two values (e4m3x2 -> f16x2, then f16 -> bf16 each),
+            and the conversion unit, not memory, bounds the kernel (0.31-0.44 of copy bandwidth)
+    "fp16"  e4m3 -> fp16 (one cvt.f16x2.e4m3x2 per two values), q and p in fp16
+    "bits"  the e4m3 byte moved into an fp16's bit fields with integer ops (no conversion unit):
+            sign to bit 15, exponent and mantissa to bits 13..7, which is the e4m3 value * 2^-8,
+            exactly, subnormals included (both formats' subnormals are mantissa * 2^(1 - bias));
+            the 2^8 goes into the two scales
+In the fp16 modes q enters as fp16(q * 2^-8) (exact for 2^-9 <= |q| < 2^24: nothing overflows;
+smaller entries round to fp16's subnormal step, 2^-17 of the unscaled q, far below bf16's own
+rounding of the larger entries) and the 2^8 goes into the softmax scale; p rounds to fp16 (finer
+than bf16). Every mode computes the same attention over the same e4m3 values.
 
 Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
 steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
@@ -44,10 +56,18 @@ def _attend(q, k, v, ok, m_i, l_i, acc, scale_log2):
 
 
 @triton.jit
+def _e4m3_bits_to_f16(x):
+    """uint8 e4m3 bytes -> fp16 holding the e4m3 value * 2^-8 (see the module docstring)."""
+    x = x.to(tl.uint16)
+    return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr):
+    # MATH (FP8 only): 0 K/V converted to q's dtype, 1 to fp16 by cvt, 2 to fp16 * 2^-8 by bit moves
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -70,8 +90,16 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    out_scale = 1.0
     if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
         scale_log2 = scale_log2 * tl.load(ks_ptr)
+        out_scale = tl.load(vs_ptr)
+        if MATH != 0:  # q as fp16(q * 2^-8): its 2^8 back into the scale
+            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
+            scale_log2 = scale_log2 * 256.0
+        if MATH == 2:  # K and V come as value * 2^-8
+            scale_log2 = scale_log2 * 256.0
+            out_scale = out_scale * 256.0
     kv_head = h * D  # column offset of this KV head within a token's row
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
@@ -80,11 +108,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if FP8:
+        if MATH == 2:
+            k, v = _e4m3_bits_to_f16(k), _e4m3_bits_to_f16(v)
+        elif FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
     if FP8:
-        acc = acc * tl.load(vs_ptr)
+        acc = acc * out_scale
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -116,6 +146,8 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
 
 
 BLOCK_N = 64  # keys a step of the loop (four pages of 16)
+FP8_MATHS = {"q_dtype": 0, "fp16": 1, "bits": 2}
+FP8_MATH = "q_dtype"
 MAX_SPLITS = 16
 
 
@@ -140,9 +172,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
                            block_n: int = BLOCK_N, num_warps: int = 4, num_stages: int = 3,
-                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                           fp8_math: str = FP8_MATH) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
-    or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors).
+    or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
+    the e4m3 values through fp8_math: "q_dtype", "fp16" or "bits", see the module docstring).
 
     window: a token sees its last `window` keys (itself included), or all when None."""
     B, H, D = q.shape
@@ -159,13 +193,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
+    if fp8_math not in FP8_MATHS:
+        raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
+    math_id = FP8_MATHS[fp8_math] if fp8 else 0
+    if math_id == 2:  # the kernel reads the bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id, num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)
