@@ -145,9 +145,13 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-BLOCK_N = 64  # keys a step of the loop (four pages of 16)
 FP8_MATHS = {"q_dtype": 0, "fp16": 1, "bits": 2}
-FP8_MATH = "q_dtype"
+# launch defaults per cache dtype: keys a step of the loop (64: four pages of 16), warps, pipeline
+# stages, and for e4m3 how K/V reach the tensor cores
+LAUNCH = {
+    "16-bit": dict(block_n=64, num_warps=4, num_stages=3),
+    "e4m3": dict(block_n=64, num_warps=4, num_stages=3, fp8_math="q_dtype"),
+}
 MAX_SPLITS = 16
 
 
@@ -171,14 +175,15 @@ def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
-                           block_n: int = BLOCK_N, num_warps: int = 4, num_stages: int = 3,
+                           block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str = FP8_MATH) -> torch.Tensor:
+                           fp8_math: str | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math: "q_dtype", "fp16" or "bits", see the module docstring).
 
-    window: a token sees its last `window` keys (itself included), or all when None."""
+    window: a token sees its last `window` keys (itself included), or all when None. block_n,
+    num_warps, num_stages, fp8_math: None takes the cache dtype's row of LAUNCH."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -191,6 +196,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         part = lse = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    dflt = LAUNCH["e4m3" if fp8 else "16-bit"]
+    block_n = dflt["block_n"] if block_n is None else block_n
+    num_warps = dflt["num_warps"] if num_warps is None else num_warps
+    num_stages = dflt["num_stages"] if num_stages is None else num_stages
+    fp8_math = dflt.get("fp8_math", "q_dtype") if fp8_math is None else fp8_math
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
     if fp8_math not in FP8_MATHS:
