@@ -143,8 +143,8 @@ def run(batches, contexts) -> dict:
 
 SWEEP_CASES = ((32, 2048), (64, 512), (64, 2048), (64, 8192), (128, 512), (128, 2048), (128, 8192))
 SWEEP_TARGET = ((64, 2048), (64, 8192), (128, 2048), (128, 8192))  # the bandwidth-bound sizes
-SWEEP_TILES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 4, 4), (128, 8, 3),
-               (256, 8, 2), (256, 8, 3))  # (block_n, num_warps, num_stages)
+SWEEP_TILES = ((64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 4, 4), (128, 8, 3),
+               (256, 8, 3))  # (block_n, num_warps, num_stages)
 
 
 def sweep(bw: float, sms: int, workspace) -> dict:

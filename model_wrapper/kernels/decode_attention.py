@@ -17,13 +17,14 @@ FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V sca
 output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
 no per-tile multiply). How K/V reach the tensor cores (fp8_math):
     "q_dtype" e4m3 -> q's dtype through Triton's conversion. Exact, but on sm90 e4m3 -> bf16 is
-            three conversion instructions per two values (e4m3x2 -> f16x2, then f16 -> bf16 each),
-            and the conversion unit, not memory, bounds the kernel (0.31-0.44 of copy bandwidth)
+            three conversion instructions per two values (e4m3x2 -> f16x2, then f16 -> bf16 each):
+            the likely bound of the kernel at 0.31-0.44 of copy bandwidth (bf16 caches: ~1.0)
     "fp16"  e4m3 -> fp16 (one cvt.f16x2.e4m3x2 per two values), q and p in fp16
     "bits"  the e4m3 byte moved into an fp16's bit fields with integer ops (no conversion unit):
             sign to bit 15, exponent and mantissa to bits 13..7, which is the e4m3 value * 2^-8,
             exactly, subnormals included (both formats' subnormals are mantissa * 2^(1 - bias));
             the 2^8 goes into the two scales
+    "asm"   the same bit moves in PTX on four bytes a register (CUDA only)
 In the fp16 modes q enters as fp16(q * 2^-8) (exact for 2^-9 <= |q| < 2^24: nothing overflows;
 smaller entries round to fp16's subnormal step, 2^-17 of the unscaled q, far below bf16's own
 rounding of the larger entries) and the 2^8 goes into the softmax scale; p rounds to fp16 (finer
@@ -63,11 +64,32 @@ def _e4m3_bits_to_f16(x):
 
 
 @triton.jit
+def _e4m3_asm_to_f16(x):
+    """_e4m3_bits_to_f16 in PTX, four bytes a register: two byte permutes place the bytes in the
+    high halves of two words, a shift and masks move the exponent and mantissa (GPU only: the
+    interpreter runs no assembly)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 a, b, t;\n"
+        "prmt.b32 a, $2, 0, 0x1404;\n"  # [b1, 0, b0, 0]
+        "prmt.b32 b, $2, 0, 0x3424;\n"  # [b3, 0, b2, 0]
+        "shr.b32 t, a, 1;\n"
+        "and.b32 t, t, 0x3f803f80;\n"
+        "and.b32 a, a, 0x80008000;\n"
+        "or.b32 $0, t, a;\n"
+        "shr.b32 t, b, 1;\n"
+        "and.b32 t, t, 0x3f803f80;\n"
+        "and.b32 b, b, 0x80008000;\n"
+        "or.b32 $1, t, b; }",
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr):
     # MATH (FP8 only): 0 K/V converted to q's dtype, 1 to fp16 by cvt, 2 to fp16 * 2^-8 by bit moves
+    # (3: the same in PTX)
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -97,7 +119,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         if MATH != 0:  # q as fp16(q * 2^-8): its 2^8 back into the scale
             q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
             scale_log2 = scale_log2 * 256.0
-        if MATH == 2:  # K and V come as value * 2^-8
+        if MATH >= 2:  # K and V come as value * 2^-8
             scale_log2 = scale_log2 * 256.0
             out_scale = out_scale * 256.0
     kv_head = h * D  # column offset of this KV head within a token's row
@@ -110,6 +132,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         if MATH == 2:
             k, v = _e4m3_bits_to_f16(k), _e4m3_bits_to_f16(v)
+        elif MATH == 3:
+            k, v = _e4m3_asm_to_f16(k), _e4m3_asm_to_f16(v)
         elif FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
@@ -145,7 +169,7 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-FP8_MATHS = {"q_dtype": 0, "fp16": 1, "bits": 2}
+FP8_MATHS = {"q_dtype": 0, "fp16": 1, "bits": 2, "asm": 3}
 # launch defaults per cache dtype: keys a step of the loop (64: four pages of 16), warps, pipeline
 # stages, and for e4m3 how K/V reach the tensor cores
 LAUNCH = {
@@ -180,7 +204,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            fp8_math: str | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
-    the e4m3 values through fp8_math: "q_dtype", "fp16" or "bits", see the module docstring).
+    the e4m3 values through fp8_math: "q_dtype", "fp16", "bits" or "asm", see the module docstring).
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, fp8_math: None takes the cache dtype's row of LAUNCH."""
@@ -206,7 +230,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fp8_math not in FP8_MATHS:
         raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
-    if math_id == 2:  # the kernel reads the bytes
+    if math_id >= 2:  # the kernel reads the bytes
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,

@@ -96,7 +96,8 @@ def test_strided_q_rows():
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if INTERPRET else 1.6e-2, rtol=0)
 
 
-@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "bits"])
+@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "bits",
+                                      pytest.param("asm", marks=pytest.mark.skipif(INTERPRET, reason="PTX: CUDA only"))])
 @pytest.mark.parametrize("splits,block_n", [(1, None), (4, None), (1, 2)])
 @pytest.mark.parametrize("window", [None, 5])
 def test_fp8_cache_is_the_direct_softmax_over_dequantized_kv(fp8_math, splits, block_n, window):
