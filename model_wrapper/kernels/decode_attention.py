@@ -15,20 +15,26 @@ merges the splits of each (request, head).
 
 FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V scale into the
 output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
-no per-tile multiply). How K/V reach the tensor cores (fp8_math):
-    "q_dtype" e4m3 -> q's dtype through Triton's conversion. Exact, but on sm90 e4m3 -> bf16 is
-            three conversion instructions per two values (e4m3x2 -> f16x2, then f16 -> bf16 each):
-            the likely bound of the kernel at 0.31-0.44 of copy bandwidth (bf16 caches: ~1.0)
-    "fp16"  e4m3 -> fp16 (one cvt.f16x2.e4m3x2 per two values), q and p in fp16
-    "bits"  the e4m3 byte moved into an fp16's bit fields with integer ops (no conversion unit):
-            sign to bit 15, exponent and mantissa to bits 13..7, which is the e4m3 value * 2^-8,
-            exactly, subnormals included (both formats' subnormals are mantissa * 2^(1 - bias));
-            the 2^8 goes into the two scales
-    "asm"   the same bit moves in PTX on four bytes a register (CUDA only)
-In the fp16 modes q enters as fp16(q * 2^-8) (exact for 2^-9 <= |q| < 2^24: nothing overflows;
-smaller entries round to fp16's subnormal step, 2^-17 of the unscaled q, far below bf16's own
-rounding of the larger entries) and the 2^8 goes into the softmax scale; p rounds to fp16 (finer
-than bf16). Every mode computes the same attention over the same e4m3 values.
+no per-tile multiply). How K/V reach the tensor cores (fp8_math; SASS of the loop per 64 keys,
+4 warps, sm90, from the ahead-of-time build of tests/kernels/test_fp8_kv_compile.py):
+    "q_dtype"   K, V -> q's dtype through Triton's conversion: e4m3 -> bf16 is a cvt to f16x2 and
+                then one F2F per value (a slow pipe), and V, which the product reads along keys
+                (its rows), comes from shared memory a byte at a time (LDS.U8): 974 instructions
+                (a bf16 cache: 524 for twice the bytes). Measured 0.31-0.44 of copy bandwidth
+    "fp16"      K, V -> fp16 (one cvt.f16x2.e4m3x2 per two values), q and p in fp16: 789
+    "fp16_vreg" K as "fp16"; V converted in the registers it was loaded into, before the layout
+                change, so that it reaches the product through shared memory as fp16 (16-byte
+                stores, ldmatrix.trans) instead of byte loads: 497 (382 a 64 keys at 128 a step)
+    "bits_vreg" as "fp16_vreg", V's conversion by bit moves instead of cvt (integer pipes): the
+                e4m3 byte's sign to bit 15, exponent and mantissa to bits 13..7 of an fp16, which
+                is the value * 2^-8 exactly, subnormals included (both formats' subnormals are
+                mantissa * 2^(1 - bias)); the 2^8 goes into the V scale
+The "_vreg" conversions are PTX marked impure (Triton would otherwise move them past the layout
+change); under the interpreter Triton ops compute the same values. In the fp16 modes q enters as
+fp16(q * 2^-8) (exact for 2^-9 <= |q| < 2^24: nothing overflows; smaller entries round to fp16's
+subnormal step, 2^-17 of the unscaled q, far below bf16's own rounding of the larger entries) and
+the 2^8 goes into the softmax scale; p rounds to fp16 (finer than bf16). Every mode computes the
+same attention over the same e4m3 values.
 
 Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
 steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
@@ -38,6 +44,7 @@ steps at every batch and context measured (benchmarks/ab_decode_attention.py). 6
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -64,31 +71,44 @@ def _e4m3_bits_to_f16(x):
 
 
 @triton.jit
-def _e4m3_asm_to_f16(x):
-    """_e4m3_bits_to_f16 in PTX, four bytes a register: two byte permutes place the bytes in the
-    high halves of two words, a shift and masks move the exponent and mantissa (GPU only: the
-    interpreter runs no assembly)."""
+def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
+    """V's e4m3 tile [BLOCK_N, D] -> fp16 in the layout it was loaded in (BITS: the value * 2^-8 by
+    bit moves, else the value by cvt). The assembly is marked impure so that Triton cannot move it
+    past the layout change the product needs (it would then read V bytewise from shared memory);
+    the interpreter, which runs no assembly, computes the same values with Triton ops."""
+    if INTERPRET:
+        if BITS:
+            return _e4m3_bits_to_f16(v.to(tl.uint8, bitcast=True))
+        return v.to(tl.float16)
+    if BITS:  # bytes [b3 b2 b1 b0] -> [b1 0 b0 0], [b3 0 b2 0]; sign stays, exponent + mantissa >> 1
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 a, b, t;\n"
+            "prmt.b32 a, $2, 0, 0x1404;\n"
+            "prmt.b32 b, $2, 0, 0x3424;\n"
+            "shr.b32 t, a, 1;\n"
+            "and.b32 t, t, 0x3f803f80;\n"
+            "and.b32 a, a, 0x80008000;\n"
+            "or.b32 $0, t, a;\n"
+            "shr.b32 t, b, 1;\n"
+            "and.b32 t, t, 0x3f803f80;\n"
+            "and.b32 b, b, 0x80008000;\n"
+            "or.b32 $1, t, b; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
     return tl.inline_asm_elementwise(
-        "{ .reg .b32 a, b, t;\n"
-        "prmt.b32 a, $2, 0, 0x1404;\n"  # [b1, 0, b0, 0]
-        "prmt.b32 b, $2, 0, 0x3424;\n"  # [b3, 0, b2, 0]
-        "shr.b32 t, a, 1;\n"
-        "and.b32 t, t, 0x3f803f80;\n"
-        "and.b32 a, a, 0x80008000;\n"
-        "or.b32 $0, t, a;\n"
-        "shr.b32 t, b, 1;\n"
-        "and.b32 t, t, 0x3f803f80;\n"
-        "and.b32 b, b, 0x80008000;\n"
-        "or.b32 $1, t, b; }",
-        "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+        "{ .reg .b16 lo, hi;\n"
+        "mov.b32 {lo, hi}, $2;\n"
+        "cvt.rn.f16x2.e4m3x2 $0, lo;\n"
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr):
-    # MATH (FP8 only): 0 K/V converted to q's dtype, 1 to fp16 by cvt, 2 to fp16 * 2^-8 by bit moves
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -119,8 +139,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         if MATH != 0:  # q as fp16(q * 2^-8): its 2^8 back into the scale
             q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
             scale_log2 = scale_log2 * 256.0
-        if MATH >= 2:  # K and V come as value * 2^-8
-            scale_log2 = scale_log2 * 256.0
+        if MATH == 3:  # V comes as value * 2^-8
             out_scale = out_scale * 256.0
     kv_head = h * D  # column offset of this KV head within a token's row
     for n0 in range(start, end, BLOCK_N):
@@ -130,10 +149,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if MATH == 2:
-            k, v = _e4m3_bits_to_f16(k), _e4m3_bits_to_f16(v)
-        elif MATH == 3:
-            k, v = _e4m3_asm_to_f16(k), _e4m3_asm_to_f16(v)
+        if MATH >= 2:
+            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
         elif FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
@@ -169,7 +186,7 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-FP8_MATHS = {"q_dtype": 0, "fp16": 1, "bits": 2, "asm": 3}
+FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
 # launch defaults per cache dtype: keys a step of the loop (64: four pages of 16), warps, pipeline
 # stages, and for e4m3 how K/V reach the tensor cores
 LAUNCH = {
@@ -204,7 +221,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            fp8_math: str | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
-    the e4m3 values through fp8_math: "q_dtype", "fp16", "bits" or "asm", see the module docstring).
+    the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring).
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, fp8_math: None takes the cache dtype's row of LAUNCH."""
@@ -230,15 +247,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fp8_math not in FP8_MATHS:
         raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
-    if math_id >= 2:  # the kernel reads the bytes
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)

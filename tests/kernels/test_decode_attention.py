@@ -96,14 +96,14 @@ def test_strided_q_rows():
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if INTERPRET else 1.6e-2, rtol=0)
 
 
-@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "bits",
-                                      pytest.param("asm", marks=pytest.mark.skipif(INTERPRET, reason="PTX: CUDA only"))])
+@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "fp16_vreg", "bits_vreg"])
 @pytest.mark.parametrize("splits,block_n", [(1, None), (4, None), (1, 2)])
 @pytest.mark.parametrize("window", [None, 5])
 def test_fp8_cache_is_the_direct_softmax_over_dequantized_kv(fp8_math, splits, block_n, window):
     """e4m3 caches with K scale 0.05 and V scale 0.2: the kernel equals the direct softmax over
     K = e4m3 * 0.05, V = e4m3 * 0.2 (float64), as closely as over a 16-bit cache, whichever way it
-    turns e4m3 into tensor-core operands; block_n 2x (16 on the GPU: 128 keys a step) as well. The
+    turns e4m3 into tensor-core operands (the "_vreg" ones' PTX on CUDA; under the interpreter their
+    Triton stand-ins); twice the default keys a step (16; 128 on the GPU) as well. The
     caches hold every e4m3 magnitude class: normals, subnormals (below 2^-6), zeros of both signs
     and the largest finite value (in K)."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
