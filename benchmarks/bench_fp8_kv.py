@@ -149,7 +149,8 @@ SWEEP_TILES = ((64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 4, 4), (1
 
 def sweep(bw: float, sms: int, workspace) -> dict:
     """The e4m3 path's launch space: every fp8_math x SWEEP_TILES at the decode rule's splits (and
-    each fp8_math's 64 / 4 / 3 tile at twice the splits) over SWEEP_CASES, FlashInfer alongside.
+    the "_vreg" modes at 64 and 128 keys, 4 warps, 3 stages with twice the splits) over SWEEP_CASES,
+    FlashInfer alongside.
     Per variant and case: us, fraction of copy bandwidth, max |out - the q_dtype default's out| (the
     modes compute the same attention: a GPU-only defect of one shows there). Then per variant the
     geometric mean fraction over SWEEP_TARGET, best first."""
@@ -158,7 +159,8 @@ def sweep(bw: float, sms: int, workspace) -> dict:
     from model_wrapper.kernels.decode_attention import FP8_MATHS, decode_splits
 
     variants = [dict(fp8_math=m, block_n=b, num_warps=w, num_stages=st) for m in FP8_MATHS for b, w, st in SWEEP_TILES]
-    variants += [dict(fp8_math=m, block_n=64, num_warps=4, num_stages=3, split_factor=2) for m in FP8_MATHS]
+    variants += [dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, split_factor=2)
+                 for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
     res = {"cases": [], "variants": []}
     for B, ctx in SWEEP_CASES:
         c = make_case(B, ctx, FP8, sms, workspace)
