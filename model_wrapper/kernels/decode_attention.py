@@ -247,6 +247,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fp8_math not in FP8_MATHS:
         raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
+    if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
