@@ -14,7 +14,7 @@ v_scale passed to run()) and the project's Triton decode kernel (kernels/decode_
 e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over the bf16 cache.
 
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
-    python3 benchmarks/bench_fp8_kv.py --sweep [--out DIR]   # the Triton e4m3 launch sweep
+    python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
 
 writes fp8_kv.json and fp8_kv.png (--sweep: fp8_kv_sweep.json / .png) to --out (default benchmarks/results, or $OUT when set).
 """
@@ -147,10 +147,20 @@ SWEEP_TILES = ((64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 4, 4), (1
                (256, 8, 3))  # (block_n, num_warps, num_stages)
 
 
-def sweep(bw: float, sms: int, workspace) -> dict:
+# the register cap (maxnreg) against occupancy: at 128 keys the e4m3 kernel takes 195 registers
+# (2 programs a SM; the bf16 kernel's 128 allow 4): 168 fits 3, 128 fits 3 (shared memory) or 4 at 64 keys
+OCCUPANCY_VARIANTS = [dict(fp8_math="q_dtype", block_n=64, num_warps=4, num_stages=3)] + [
+    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, maxnreg=r, **({"split_factor": 2} if f else {}))
+    for m, b, r, f in (("bits_vreg", 128, None, 0), ("bits_vreg", 128, 168, 0), ("bits_vreg", 128, 128, 0),
+                       ("fp16_vreg", 128, 168, 0), ("bits_vreg", 64, 128, 0), ("fp16_vreg", 64, 128, 0),
+                       ("bits_vreg", 64, 128, 1), ("bits_vreg", 128, 168, 1))]
+
+
+def sweep(bw: float, sms: int, workspace, variants: list | None = None) -> dict:
     """The e4m3 path's launch space: every fp8_math x SWEEP_TILES at the decode rule's splits (and
     the "_vreg" modes at 64 and 128 keys, 4 warps, 3 stages with twice the splits) over SWEEP_CASES,
-    FlashInfer alongside.
+    FlashInfer alongside; or the given variants (paged_decode_attention's launch arguments, and
+    split_factor: that many times the decode rule's splits).
     Per variant and case: us, fraction of copy bandwidth, max |out - the q_dtype default's out| (the
     modes compute the same attention: a GPU-only defect of one shows there). Then per variant the
     geometric mean fraction over SWEEP_TARGET, best first."""
@@ -158,9 +168,10 @@ def sweep(bw: float, sms: int, workspace) -> dict:
 
     from model_wrapper.kernels.decode_attention import FP8_MATHS, decode_splits
 
-    variants = [dict(fp8_math=m, block_n=b, num_warps=w, num_stages=st) for m in FP8_MATHS for b, w, st in SWEEP_TILES]
-    variants += [dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, split_factor=2)
-                 for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
+    if variants is None:
+        variants = [dict(fp8_math=m, block_n=b, num_warps=w, num_stages=st) for m in FP8_MATHS for b, w, st in SWEEP_TILES]
+        variants += [dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, split_factor=2)
+                     for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
     res = {"cases": [], "variants": []}
     for B, ctx in SWEEP_CASES:
         c = make_case(B, ctx, FP8, sms, workspace)
@@ -259,6 +270,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,32,64,128")
     p.add_argument("--contexts", default="512,2048,8192")
     p.add_argument("--sweep", action="store_true", help="the e4m3 Triton launch sweep instead (fp8_kv_sweep.json)")
+    p.add_argument("--occupancy", action="store_true",
+                   help="with --sweep: the register-cap variants only (fp8_kv_occupancy.json)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fp8_kv: needs a CUDA GPU (and flashinfer-python)", file=sys.stderr)
@@ -273,8 +286,8 @@ def main(argv=None) -> int:
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
         workspace = [torch.empty(128 << 20, dtype=torch.uint8, device="cuda") for _ in range(MAX_LAYERS)]
         res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
-               **sweep(bw, sms, workspace)}
-        save_results(res, args.out, "fp8_kv_sweep", plot_sweep)
+               **sweep(bw, sms, workspace, OCCUPANCY_VARIANTS if args.occupancy else None)}
+        save_results(res, args.out, "fp8_kv_occupancy" if args.occupancy else "fp8_kv_sweep", plot_sweep)
         return 0
     res = run([int(x) for x in args.batches.split(",")], [int(x) for x in args.contexts.split(",")])
     save_results(res, args.out, "fp8_kv", plot)

@@ -20,7 +20,7 @@ step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q);
 layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Their
 single-token decode rows (pure decode steps and the decode part of mixed ones) run the Triton
 decode kernel instead where KernelConfig.fp8_kv_decode is "triton" (the faster of the two:
-benchmarks/bench_fp8_kv.py sets the default) and it fits: TritonDecode, the scales read on the device.
+benchmarks/bench_fp8_kv.py: the default) and it fits: TritonDecode, the scales read on the device.
 
 All page metadata is built from host copies (block_tables_cpu, seq_lens_cpu, q_lens_cpu), so
 planning needs no device sync:

@@ -110,9 +110,9 @@ class KernelConfig:
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
-    # decode wrapper); the faster in benchmarks/bench_fp8_kv.py (H200: FlashInfer 0.52-0.63 of copy
-    # bandwidth at batch 64-128 x 2k-8k, Triton with e4m3 -> bf16 0.35-0.44)
-    fp8_kv_decode: str = "flashinfer"
+    # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy
+    # bandwidth: Triton 0.47-0.65 against FlashInfer 0.34-0.60, faster at every batch 32-128 x 512-8k)
+    fp8_kv_decode: str = "triton"
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
     # of (batch bucket, tokens-per-request bucket) with kernels/verify_attention.py; off: they run eagerly

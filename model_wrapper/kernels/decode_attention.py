@@ -189,9 +189,13 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
 FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
 # launch defaults per cache dtype: keys a step of the loop (64: four pages of 16), warps, pipeline
 # stages, and for e4m3 how K/V reach the tensor cores
+# (e4m3, H200 sweep of bench_fp8_kv.py --sweep, K/V bytes / time / copy bandwidth at batch 64-128 x
+# 2k-8k: bits_vreg at 128 keys 0.57-0.65, fp16_vreg 0.57-0.63, fp16 0.50-0.56, q_dtype at 64 keys
+# (the old default) 0.37-0.45; FlashInfer's e4m3 decode 0.51-0.60. 8 warps or 256 keys lose; 3 and 4
+# stages tie (the pipeline double-buffers either way). maxnreg: the register cap, None: the compiler's)
 LAUNCH = {
-    "16-bit": dict(block_n=64, num_warps=4, num_stages=3),
-    "e4m3": dict(block_n=64, num_warps=4, num_stages=3, fp8_math="q_dtype"),
+    "16-bit": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=None),
+    "e4m3": dict(block_n=128, num_warps=4, num_stages=3, maxnreg=None, fp8_math="bits_vreg"),
 }
 MAX_SPLITS = 16
 
@@ -217,6 +221,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                           maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            fp8_math: str | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
@@ -224,7 +229,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring).
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
-    num_warps, num_stages, fp8_math: None takes the cache dtype's row of LAUNCH."""
+    num_warps, num_stages, maxnreg, fp8_math: None takes the cache dtype's row of LAUNCH."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -242,6 +247,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     num_stages = dflt["num_stages"] if num_stages is None else num_stages
     fp8_math = dflt.get("fp8_math", "q_dtype") if fp8_math is None else fp8_math
+    maxnreg = dflt["maxnreg"] if maxnreg is None else maxnreg
+    # registers per thread capped (more programs a SM) where asked; the interpreter takes no such option
+    cap = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET") == "1" else {"maxnreg": maxnreg}
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
     if fp8_math not in FP8_MATHS:
@@ -256,7 +264,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages)
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages, **cap)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)
