@@ -14,8 +14,9 @@ v_scale passed to run()) and the project's Triton decode kernel (kernels/decode_
 e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over the bf16 cache.
 
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
+    python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
 
-writes fp8_kv.json and fp8_kv.png to --out (default benchmarks/results, or $OUT when set).
+writes fp8_kv.json and fp8_kv.png (--sweep: fp8_kv_sweep.json / .png) to --out (default benchmarks/results, or $OUT when set).
 """
 from __future__ import annotations
 
@@ -39,16 +40,16 @@ def kv_bytes(B: int, ctx: int, dtype: torch.dtype) -> int:
     return B * ctx * KV_HEADS * HEAD_DIM * 2 * torch.empty((), dtype=dtype).element_size()
 
 
-def attention_case(B: int, ctx: int, dtype: torch.dtype, bw: float, sms: int, workspace) -> dict:
-    """One (batch, context, cache dtype) case: FlashInfer and Triton timings and bandwidth fractions."""
+def make_case(B: int, ctx: int, dtype: torch.dtype, sms: int, workspace) -> dict:
+    """One (batch, context, cache dtype) case's tensors: enough layers' caches (pages shuffled) that
+    a graph of one call per layer reads >= MIN_BYTES, their device page metadata and FlashInfer
+    decode wrappers planned as the decode graphs plan them."""
     import flashinfer
 
-    from benchmarks.ab_gemv import graph_ms
     from model_wrapper.attention.flashinfer_backend import page_metadata
-    from model_wrapper.kernels.decode_attention import decode_splits, paged_decode_attention
 
     per_layer = kv_bytes(B, ctx, dtype)
-    layers = max(1, min(MAX_LAYERS, -(-MIN_BYTES // per_layer)))
+    layers = kv_layers(per_layer)
     per = -(-ctx // PAGE)
     shape = (layers * B * per, PAGE, KV_HEADS, HEAD_DIM)
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -59,30 +60,62 @@ def attention_case(B: int, ctx: int, dtype: torch.dtype, bw: float, sms: int, wo
     tables = torch.randperm(shape[0], dtype=torch.int32).view(layers, B, per)
     lens = torch.full((B,), ctx, dtype=torch.int32)
     meta = [page_metadata(tables[i], lens, PAGE) for i in range(layers)]
-    scale = HEAD_DIM**-0.5
-    fp8 = dtype == FP8
-    run_kw = {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {}
-    ks = torch.tensor([K_SCALE], device="cuda")
-    vs = torch.tensor([V_SCALE], device="cuda")
     wrappers = []
     for indptr, indices, last in meta:
         w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace[len(wrappers)], "NHD", use_tensor_cores=True)
         w.plan(indptr, indices.cuda(), last, HEADS, KV_HEADS, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
-               kv_data_type=dtype, sm_scale=scale, disable_split_kv=B * KV_HEADS >= sms)
+               kv_data_type=dtype, sm_scale=HEAD_DIM**-0.5, disable_split_kv=B * KV_HEADS >= sms)
         wrappers.append(w)
+    fp8 = dtype == FP8
+    return {"q": q, "k": k, "v": v, "layers": layers, "per_layer": per_layer, "wrappers": wrappers,
+            "dev": [tuple(x.cuda() for x in m) for m in meta],
+            "fi_kw": {"k_scale": K_SCALE, "v_scale": V_SCALE} if fp8 else {},
+            "tr_kw": {"k_scale": torch.tensor([K_SCALE], device="cuda"),
+                      "v_scale": torch.tensor([V_SCALE], device="cuda")} if fp8 else {}}
+
+
+def flashinfer_us(c: dict) -> float:
+    """Microseconds a call of FlashInfer's decode over case c (median graph replay / layers)."""
+    from benchmarks.ab_gemv import graph_ms
+
+    return graph_ms(lambda: [w.run(c["q"], (c["k"], c["v"]), **c["fi_kw"]) for w in c["wrappers"]]) * 1e3 / c["layers"]
+
+
+def triton_us(c: dict, **launch) -> float:
+    """Microseconds a call of the Triton kernel over case c with launch (paged_decode_attention's)."""
+    from benchmarks.ab_gemv import graph_ms
+    from model_wrapper.kernels.decode_attention import paged_decode_attention
+
+    return graph_ms(lambda: [paged_decode_attention(c["q"], c["k"], c["v"], *m, HEAD_DIM**-0.5, **c["tr_kw"], **launch)
+                             for m in c["dev"]]) * 1e3 / c["layers"]
+
+
+def triton_out(c: dict, **launch) -> torch.Tensor:
+    from model_wrapper.kernels.decode_attention import paged_decode_attention
+
+    return paged_decode_attention(c["q"], c["k"], c["v"], *c["dev"][0], HEAD_DIM**-0.5, **c["tr_kw"], **launch)
+
+
+def attention_case(B: int, ctx: int, dtype: torch.dtype, bw: float, sms: int, workspace) -> dict:
+    """One (batch, context, cache dtype) case: FlashInfer and Triton timings and bandwidth fractions."""
+    from model_wrapper.kernels.decode_attention import decode_splits
+
+    c = make_case(B, ctx, dtype, sms, workspace)
     splits = decode_splits(B, KV_HEADS, sms)
-    dev = [tuple(x.cuda() for x in m) for m in meta]
-    tr_kw = {"k_scale": ks, "v_scale": vs} if fp8 else {}
-    fi_us = graph_ms(lambda: [w.run(q, (k, v), **run_kw) for w in wrappers]) * 1e3 / layers
-    tr_us = graph_ms(lambda: [paged_decode_attention(q, k, v, *m, scale, splits=splits, **tr_kw) for m in dev]) \
-        * 1e3 / layers
-    diff = (paged_decode_attention(q, k, v, *dev[0], scale, splits=splits, **tr_kw).float()
-            - wrappers[0].run(q, (k, v), **run_kw).float()).abs().max().item()
-    del k, v
-    return {"batch": B, "context": ctx, "kv_dtype": str(dtype).replace("torch.", ""), "layers": layers,
+    fi_us = flashinfer_us(c)
+    tr_us = triton_us(c, splits=splits)
+    diff = (triton_out(c, splits=splits).float()
+            - c["wrappers"][0].run(c["q"], (c["k"], c["v"]), **c["fi_kw"]).float()).abs().max().item()
+    per_layer = c["per_layer"]
+    del c
+    return {"batch": B, "context": ctx, "kv_dtype": str(dtype).replace("torch.", ""), "layers": kv_layers(per_layer),
             "kv_MB": per_layer / 1e6, "splits": splits, "flashinfer_us": fi_us, "triton_us": tr_us,
             "flashinfer_of_copy_bw": per_layer / (fi_us * 1e-6) / bw, "triton_of_copy_bw": per_layer / (tr_us * 1e-6) / bw,
             "max_abs_diff_triton_vs_flashinfer": diff}
+
+
+def kv_layers(per_layer: int) -> int:
+    return max(1, min(MAX_LAYERS, -(-MIN_BYTES // per_layer)))
 
 
 def run(batches, contexts) -> dict:
@@ -106,6 +139,106 @@ def run(batches, contexts) -> dict:
                 gc.collect()
                 torch.cuda.empty_cache()
     return res
+
+
+SWEEP_CASES = ((32, 2048), (64, 512), (64, 2048), (64, 8192), (128, 512), (128, 2048), (128, 8192))
+SWEEP_TARGET = ((64, 2048), (64, 8192), (128, 2048), (128, 8192))  # the issue's bandwidth-bound sizes
+SWEEP_TILES = ((64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 4, 3), (128, 4, 4), (128, 8, 3),
+               (256, 8, 3))  # (block_n, num_warps, num_stages)
+
+
+# the register cap (maxnreg) against occupancy: at 128 keys the e4m3 kernel takes 195 registers
+# (2 programs a SM; the bf16 kernel's 128 allow 4): 168 fits 3, 128 fits 3 (shared memory) or 4 at 64 keys
+OCCUPANCY_VARIANTS = [dict(fp8_math="q_dtype", block_n=64, num_warps=4, num_stages=3)] + [
+    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, maxnreg=r, **({"split_factor": 2} if f else {}))
+    for m, b, r, f in (("bits_vreg", 128, None, 0), ("bits_vreg", 128, 168, 0), ("bits_vreg", 128, 128, 0),
+                       ("fp16_vreg", 128, 168, 0), ("bits_vreg", 64, 128, 0), ("fp16_vreg", 64, 128, 0),
+                       ("bits_vreg", 64, 128, 1), ("bits_vreg", 128, 168, 1))]
+
+
+def sweep(bw: float, sms: int, workspace, variants: list | None = None) -> dict:
+    """The e4m3 path's launch space: every fp8_math x SWEEP_TILES at the decode rule's splits (and
+    the "_vreg" modes at 64 and 128 keys, 4 warps, 3 stages with twice the splits) over SWEEP_CASES,
+    FlashInfer alongside; or the given variants (paged_decode_attention's launch arguments, and
+    split_factor: that many times the decode rule's splits).
+    Per variant and case: us, fraction of copy bandwidth, max |out - the q_dtype default's out| (the
+    modes compute the same attention: a GPU-only defect of one shows there). Then per variant the
+    geometric mean fraction over SWEEP_TARGET, best first."""
+    import math
+
+    from model_wrapper.kernels.decode_attention import FP8_MATHS, decode_splits
+
+    if variants is None:
+        variants = [dict(fp8_math=m, block_n=b, num_warps=w, num_stages=st) for m in FP8_MATHS for b, w, st in SWEEP_TILES]
+        variants += [dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, split_factor=2)
+                     for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
+    res = {"cases": [], "variants": []}
+    for B, ctx in SWEEP_CASES:
+        c = make_case(B, ctx, FP8, sms, workspace)
+        splits = decode_splits(B, KV_HEADS, sms)
+        fi = flashinfer_us(c)
+        ref = triton_out(c, splits=splits, fp8_math="q_dtype", block_n=64, num_warps=4, num_stages=3).float()
+        fi_out = c["wrappers"][0].run(c["q"], (c["k"], c["v"]), **c["fi_kw"]).float()
+        row = {"batch": B, "context": ctx, "splits": splits, "flashinfer_us": fi,
+               "flashinfer_of_copy_bw": c["per_layer"] / (fi * 1e-6) / bw, "triton": []}
+        print(f"B={B:3d} ctx={ctx:5d}: FlashInfer e4m3 {fi:8.1f} us ({row['flashinfer_of_copy_bw']:.2f}); "
+              f"Triton q_dtype vs FlashInfer max |diff| {(ref - fi_out).abs().max().item():.4f}", flush=True)
+        for var in variants:
+            launch = {k: x for k, x in var.items() if k != "split_factor"}
+            launch["splits"] = splits * var.get("split_factor", 1)
+            try:
+                us = triton_us(c, **launch)
+                diff = (triton_out(c, **launch).float() - ref).abs().max().item()
+            except Exception as e:  # a launch that does not build (shared memory): recorded, not fatal
+                print(f"   {launch}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                row["triton"].append({**launch, "us": float("inf"), "of_copy_bw": 1e-9, "error": str(e)[:500]})
+                continue
+            frac = c["per_layer"] / (us * 1e-6) / bw
+            row["triton"].append({**launch, "us": us, "of_copy_bw": frac, "max_abs_diff_vs_q_dtype": diff})
+            print(f"   {launch}: {us:8.1f} us ({frac:.2f}) diff {diff:.2e}", flush=True)
+        res["cases"].append(row)
+        del c, ref, fi_out
+        gc.collect()
+        torch.cuda.empty_cache()
+    for i, var in enumerate(variants):
+        fr = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
+        low = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) not in SWEEP_TARGET]
+        res["variants"].append({**var, "geomean_target": math.exp(sum(map(math.log, fr)) / len(fr)),
+                                "min_target": min(fr), "geomean_other": math.exp(sum(map(math.log, low)) / len(low))})
+    res["variants"].sort(key=lambda r: -r["geomean_target"])
+    fi = [r["flashinfer_of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
+    res["flashinfer_geomean_target"] = math.exp(sum(map(math.log, fi)) / len(fi))
+    print(f"FlashInfer e4m3: geomean {res['flashinfer_geomean_target']:.3f} of copy bw over {SWEEP_TARGET}")
+    for r in res["variants"][:12]:
+        print(f"  {r['geomean_target']:.3f} (min {r['min_target']:.3f}; other sizes {r['geomean_other']:.3f}): "
+              f"{ {k: x for k, x in r.items() if not k.endswith(('target', 'other'))} }")
+    return res
+
+
+def plot_sweep(res: dict, path: str) -> None:
+    """The best variant of each fp8_math and FlashInfer: fraction of copy bandwidth per case."""
+    from benchmarks.common import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [f"{r['batch']}x{r['context']}" for r in res["cases"]]
+    ax.plot(names, [r["flashinfer_of_copy_bw"] for r in res["cases"]], "o-", label="FlashInfer e4m3")
+    seen = set()
+    for v in res["variants"]:
+        if v["fp8_math"] in seen:
+            continue
+        seen.add(v["fp8_math"])
+        key = {k: x for k, x in v.items() if not k.endswith(("target", "other"))}
+        i = [j for j, t in enumerate(res["cases"][0]["triton"])
+             if all(t.get(k) == x for k, x in key.items() if k != "split_factor")][0]
+        ax.plot(names, [r["triton"][i]["of_copy_bw"] for r in res["cases"]], "o-", label=f"Triton {key}")
+    ax.axhline(0.85, color="gray", ls="--", lw=1, label="target")
+    ax.set(ylabel="K/V bytes / time / copy bandwidth", ylim=(0, 1.2), title=f"e4m3 decode attention ({res['device']})")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def plot(res: dict, path: str) -> None:
@@ -136,12 +269,26 @@ def main(argv=None) -> int:
                                                                         "results")))
     p.add_argument("--batches", default="1,8,32,64,128")
     p.add_argument("--contexts", default="512,2048,8192")
+    p.add_argument("--sweep", action="store_true", help="the e4m3 Triton launch sweep instead (fp8_kv_sweep.json)")
+    p.add_argument("--occupancy", action="store_true",
+                   help="with --sweep: the register-cap variants only (fp8_kv_occupancy.json)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fp8_kv: needs a CUDA GPU (and flashinfer-python)", file=sys.stderr)
         return 2
     from benchmarks.ab_gemv import save_results
 
+    if args.sweep:
+        from benchmarks.bench_forward import copy_bandwidth
+
+        bw = copy_bandwidth("cuda")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+        workspace = [torch.empty(128 << 20, dtype=torch.uint8, device="cuda") for _ in range(MAX_LAYERS)]
+        res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
+               **sweep(bw, sms, workspace, OCCUPANCY_VARIANTS if args.occupancy else None)}
+        save_results(res, args.out, "fp8_kv_occupancy" if args.occupancy else "fp8_kv_sweep", plot_sweep)
+        return 0
     res = run([int(x) for x in args.batches.split(",")], [int(x) for x in args.contexts.split(",")])
     save_results(res, args.out, "fp8_kv", plot)
     return 0

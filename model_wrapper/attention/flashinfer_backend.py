@@ -17,7 +17,10 @@ Dispatch per step (vLLM's split of decodes and prefills, pymllm's tensor-core he
 FP8 (e4m3) caches (kv_cache_dtype, set by the wrapper before plan): planned with q_data_type = the
 model's dtype and kv_data_type = e4m3; never the ragged path (it would attend over the unrounded
 step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q); run() gets the
-layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats.
+layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Their
+single-token decode rows (pure decode steps and the decode part of mixed ones) run the Triton
+decode kernel instead where KernelConfig.fp8_kv_decode is "triton" (the faster of the two:
+benchmarks/bench_fp8_kv.py: the default) and it fits: TritonDecode, the scales read on the device.
 
 All page metadata is built from host copies (block_tables_cpu, seq_lens_cpu, q_lens_cpu), so
 planning needs no device sync:
@@ -69,6 +72,25 @@ def only_own_kv(batch: ForwardBatch) -> bool:
     request's KV length is its q_len (no cached prefix, no earlier chunk; token i of a request
     then sits at kv index i) and every token's K/V is written (no -1 slot)."""
     return batch.write_token_index is None and torch.equal(batch.seq_lens_cpu.long(), batch.q_lens_cpu.long())
+
+
+@dataclass
+class TritonDecode:
+    """Single-token decode rows over an e4m3 cache on kernels/decode_attention.py (every window:
+    the kernel takes it per call). Device page metadata: kv_indptr [B+1], kv_indices, kv_last [B]
+    int32; splits: KV splits per (request, KV head) by decode_splits."""
+
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_last: torch.Tensor
+    splits: int
+
+    def run(self, q, k_cache, v_cache, window, scale, k_scale, v_scale):
+        from model_wrapper.kernels.decode_attention import paged_decode_attention
+
+        return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, self.kv_indptr,
+                                      self.kv_indices, self.kv_last, scale, window=window, splits=self.splits,
+                                      k_scale=k_scale, v_scale=v_scale)
 
 
 @dataclass
@@ -147,6 +169,24 @@ class FlashInferAttentionBackend(AttentionBackend):
         kv = torch.float8_e4m3fn if self._fp8 else dtype
         return dict(q_data_type=dtype, kv_data_type=kv, sm_scale=self.scale)
 
+    def _triton_fp8_decode(self) -> bool:
+        """Whether this step's single-token decode rows go to the Triton kernel (an e4m3 cache and
+        KernelConfig.fp8_kv_decode == "triton", read from the K/V store that holds the config)."""
+        if not self._fp8 or getattr(self.kv_store.config, "fp8_kv_decode", "flashinfer") != "triton":
+            return False
+        try:
+            from model_wrapper.kernels import decode_attention
+        except ImportError:  # no Triton
+            return False
+        return decode_attention.fits(self.kv_dtype, torch.float8_e4m3fn, self.head_dim)
+
+    def _plan_triton_decode(self, indptr, indices, last) -> TritonDecode:
+        from model_wrapper.kernels.decode_attention import decode_splits
+
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
+        return TritonDecode(dev[0], indices, dev[1], decode_splits(last.shape[0], self.num_kv_heads, sms))
+
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)
         w.plan(indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, page,
@@ -189,6 +229,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         if batch.max_q == 1:  # every request decodes one token
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
+            if self._triton_fp8_decode():
+                tr = self._plan_triton_decode(indptr, d_indices, last)
+                self._plan = PagedPlan({w: tr for w in windows})
+                return
             self._plan = PagedPlan({w: self._plan_decode(w, indptr, d_indices, last, page, dtype) for w in windows})
             return
         is_dec = (q == 1) & (batch.seq_lens_cpu > 1) if batch.mode == ForwardMode.MIXED else torch.zeros_like(q, dtype=torch.bool)
@@ -215,29 +259,41 @@ class FlashInferAttentionBackend(AttentionBackend):
         torch.cumsum(q[pre_req], 0, out=p_qo[1:])
         p_qo = p_qo.pin_memory()
         d_idx, p_idx = to_dev(d_idx), to_dev(p_idx)
-        dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
+        if self._triton_fp8_decode():
+            tr = self._plan_triton_decode(d_ind, d_idx, d_last)
+            dec = {w: tr for w in windows}
+        else:
+            dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
         pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
         self._plan = SplitPlan(dec, pre, to_dev(dec_tok), to_dev(pre_tok))
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         plan = self._plan
-        scales = fp8_scales(self.kv_store, layer, k_cache.dtype)
         if isinstance(plan, PagedPlan):
-            return plan.wrappers[window].run(q, (k_cache, v_cache), **scales)
+            return self._run_paged(plan.wrappers[window], layer, q, k_cache, v_cache, window)
         if isinstance(plan, RaggedPlan):
             if k is None or v is None:
                 raise RuntimeError("a step planned for ragged prefill needs its own k and v in run()")
             return plan.wrappers[window].run(q, k, v)
         dec_tok, pre_tok = plan.decode_tokens, plan.prefill_tokens
         out = torch.empty_like(q)
-        out.index_copy_(0, dec_tok, plan.decode[window].run(q.index_select(0, dec_tok), (k_cache, v_cache), **scales))
-        out.index_copy_(0, pre_tok, plan.prefill[window].run(q.index_select(0, pre_tok), (k_cache, v_cache), **scales))
+        out.index_copy_(0, dec_tok, self._run_paged(plan.decode[window], layer, q.index_select(0, dec_tok), k_cache,
+                                                    v_cache, window))
+        out.index_copy_(0, pre_tok, self._run_paged(plan.prefill[window], layer, q.index_select(0, pre_tok), k_cache,
+                                                    v_cache, window))
         return out
+
+    def _run_paged(self, wrapper, layer, q, k_cache, v_cache, window):
+        """One planned wrapper (FlashInfer's, or TritonDecode) over the paged caches."""
+        if isinstance(wrapper, TritonDecode):
+            return wrapper.run(q, k_cache, v_cache, window, self.scale, *self.kv_store.layer_scales(layer))
+        return wrapper.run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
     # -- CUDA graphs (attention/flashinfer_graph.py) ------------------------------------------------
     def init_cuda_graph_state(self, size, max_pages, kv_cache, config, q_per_req: int = 1) -> DecodeGraphState:
-        """The Triton decode kernel's metadata where config.triton_decode and the kernel fits (K/V of the
-        model's 16-bit dtype or e4m3, a power-of-two head_dim, contiguous caches); else FlashInfer's graph
+        """The Triton decode kernel's metadata where it fits (K/V of the model's 16-bit dtype or e4m3, a
+        power-of-two head_dim, contiguous caches) and is chosen (16-bit caches: config.triton_decode;
+        e4m3: config.fp8_kv_decode == "triton"); else FlashInfer's graph
         wrappers, one per window (planned unsplit where config.unsplit_kv and the pairs fill the SMs).
         A verify bucket (q_per_req > 1) always runs the Triton verify kernel (supports_verify_graphs)."""
         triton = self._triton_decode_fits(kv_cache, config, q_per_req > 1)
@@ -248,7 +304,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         return config.verify_graphs and self._triton_decode_fits(kv_cache, config, True)
 
     def _triton_decode_fits(self, kv_cache, config, verify: bool = False) -> bool:
-        if not (config.triton_decode or verify):
+        fp8 = kv_cache[0][0].dtype == torch.float8_e4m3fn  # e4m3 caches: config.fp8_kv_decode decides
+        if not (config.triton_decode or verify or fp8):
             return False
         try:
             from model_wrapper.kernels import decode_attention
@@ -256,6 +313,8 @@ class FlashInferAttentionBackend(AttentionBackend):
             return False
         k = kv_cache[0][0]
         if verify and k.dtype != self.kv_dtype:  # the verify kernel reads 16-bit caches only (not e4m3)
+            return False
+        if k.dtype == torch.float8_e4m3fn and config.fp8_kv_decode != "triton":
             return False
         return decode_attention.fits(self.kv_dtype, k.dtype, k.shape[-1]) and all(
             c.is_contiguous() for pair in kv_cache for c in pair)

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model_wrapper.errors import ModelErrorCode, ModelLoadError
+
+FP8_KV_DECODE = ("triton", "flashinfer")
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -129,7 +133,12 @@ class KernelConfig:
     fp8_gemm_stages: int = 3
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
-    triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits
+    triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
+    # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
+    # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
+    # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy
+    # bandwidth: Triton 0.47-0.65 against FlashInfer 0.34-0.60, faster at every batch 32-128 x 512-8k)
+    fp8_kv_decode: str = "triton"
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
     # of (batch bucket, tokens-per-request bucket) with kernels/verify_attention.py; off: they run eagerly
@@ -141,3 +150,8 @@ class KernelConfig:
     mixed_max_tokens: int = 2048  # 8B on H100: graphs even with eager past 1024 tokens, far ahead below
     mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention (128: no better)
     mixed_block_n: int = 64  # keys a step of its loop
+
+    def __post_init__(self):
+        if self.fp8_kv_decode not in FP8_KV_DECODE:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
+                                 f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")

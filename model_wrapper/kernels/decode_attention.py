@@ -13,9 +13,28 @@ read BLOCK_N keys a step with an online softmax in fp32. With one split it write
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
 merges the splits of each (request, head).
 
-FP8 (e4m3) caches: K and V are loaded as e4m3, converted to q's dtype (exact: every e4m3 value is
-a bf16 / fp16 value) and fed to the same products; the layer's K scale multiplies the scores and
-its V scale the output (both float32, read through pointers, so CUDA graphs see later changes).
+FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V scale into the
+output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
+no per-tile multiply). How K/V reach the tensor cores (fp8_math; SASS of the loop per 64 keys,
+4 warps, sm90, from the ahead-of-time build of tests/kernels/test_fp8_kv_compile.py):
+    "q_dtype"   K, V -> q's dtype through Triton's conversion: e4m3 -> bf16 is a cvt to f16x2 and
+                then one F2F per value (a slow pipe), and V, which the product reads along keys
+                (its rows), comes from shared memory a byte at a time (LDS.U8): 974 instructions
+                (a bf16 cache: 524 for twice the bytes). Measured 0.31-0.44 of copy bandwidth
+    "fp16"      K, V -> fp16 (one cvt.f16x2.e4m3x2 per two values), q and p in fp16: 789
+    "fp16_vreg" K as "fp16"; V converted in the registers it was loaded into, before the layout
+                change, so that it reaches the product through shared memory as fp16 (16-byte
+                stores, ldmatrix.trans) instead of byte loads: 497 (382 a 64 keys at 128 a step)
+    "bits_vreg" as "fp16_vreg", V's conversion by bit moves instead of cvt (integer pipes): the
+                e4m3 byte's sign to bit 15, exponent and mantissa to bits 13..7 of an fp16, which
+                is the value * 2^-8 exactly, subnormals included (both formats' subnormals are
+                mantissa * 2^(1 - bias)); the 2^8 goes into the V scale
+The "_vreg" conversions are PTX marked impure (Triton would otherwise move them past the layout
+change); under the interpreter Triton ops compute the same values. In the fp16 modes q enters as
+fp16(q * 2^-8) (exact for 2^-9 <= |q| < 2^24: nothing overflows; smaller entries round to fp16's
+subnormal step, 2^-17 of the unscaled q, far below bf16's own rounding of the larger entries) and
+the 2^8 goes into the softmax scale; p rounds to fp16 (finer than bf16). Every mode computes the
+same attention over the same e4m3 values.
 
 Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
 steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
@@ -25,6 +44,7 @@ steps at every batch and context measured (benchmarks/ab_decode_attention.py). 6
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -44,10 +64,52 @@ def _attend(q, k, v, ok, m_i, l_i, acc, scale_log2):
 
 
 @triton.jit
+def _e4m3_bits_to_f16(x):
+    """uint8 e4m3 bytes -> fp16 holding the e4m3 value * 2^-8 (see the module docstring)."""
+    x = x.to(tl.uint16)
+    return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
+    """V's e4m3 tile [BLOCK_N, D] -> fp16 in the layout it was loaded in (BITS: the value * 2^-8 by
+    bit moves, else the value by cvt). The assembly is marked impure so that Triton cannot move it
+    past the layout change the product needs (it would then read V bytewise from shared memory);
+    the interpreter, which runs no assembly, computes the same values with Triton ops."""
+    if INTERPRET:
+        if BITS:
+            return _e4m3_bits_to_f16(v.to(tl.uint8, bitcast=True))
+        return v.to(tl.float16)
+    if BITS:  # bytes [b3 b2 b1 b0] -> [b1 0 b0 0], [b3 0 b2 0]; sign stays, exponent + mantissa >> 1
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 a, b, t;\n"
+            "prmt.b32 a, $2, 0, 0x1404;\n"
+            "prmt.b32 b, $2, 0, 0x3424;\n"
+            "shr.b32 t, a, 1;\n"
+            "and.b32 t, t, 0x3f803f80;\n"
+            "and.b32 a, a, 0x80008000;\n"
+            "or.b32 $0, t, a;\n"
+            "shr.b32 t, b, 1;\n"
+            "and.b32 t, t, 0x3f803f80;\n"
+            "and.b32 b, b, 0x80008000;\n"
+            "or.b32 $1, t, b; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi;\n"
+        "mov.b32 {lo, hi}, $2;\n"
+        "cvt.rn.f16x2.e4m3x2 $0, lo;\n"
+        "cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    # MATH (FP8 only): FP8_MATHS' number of fp8_math
+    # (3: the same in PTX)
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -70,8 +132,15 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
+    out_scale = 1.0
     if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
         scale_log2 = scale_log2 * tl.load(ks_ptr)
+        out_scale = tl.load(vs_ptr)
+        if MATH != 0:  # q as fp16(q * 2^-8): its 2^8 back into the scale
+            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
+            scale_log2 = scale_log2 * 256.0
+        if MATH == 3:  # V comes as value * 2^-8
+            out_scale = out_scale * 256.0
     kv_head = h * D  # column offset of this KV head within a token's row
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
@@ -80,11 +149,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if FP8:
+        if MATH >= 2:
+            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
+        elif FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
     if FP8:
-        acc = acc * tl.load(vs_ptr)
+        acc = acc * out_scale
 
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -115,7 +186,17 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
-BLOCK_N = 64  # keys a step of the loop (four pages of 16)
+FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
+# launch defaults per cache dtype: keys a step of the loop (64: four pages of 16), warps, pipeline
+# stages, and for e4m3 how K/V reach the tensor cores
+# (e4m3, H200 sweep of bench_fp8_kv.py --sweep, K/V bytes / time / copy bandwidth at batch 64-128 x
+# 2k-8k: bits_vreg at 128 keys 0.57-0.65, fp16_vreg 0.57-0.63, fp16 0.50-0.56, q_dtype at 64 keys
+# (the old default) 0.37-0.45; FlashInfer's e4m3 decode 0.51-0.60. 8 warps or 256 keys lose; 3 and 4
+# stages tie (the pipeline double-buffers either way). maxnreg: the register cap, None: the compiler's)
+LAUNCH = {
+    "16-bit": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=None),
+    "e4m3": dict(block_n=128, num_warps=4, num_stages=3, maxnreg=None, fp8_math="bits_vreg"),
+}
 MAX_SPLITS = 16
 
 
@@ -139,12 +220,16 @@ def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
-                           block_n: int = BLOCK_N, num_warps: int = 4, num_stages: int = 3,
-                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                           maxnreg: int | None = None,
+                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                           fp8_math: str | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
-    or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors).
+    or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
+    the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring).
 
-    window: a token sees its last `window` keys (itself included), or all when None."""
+    window: a token sees its last `window` keys (itself included), or all when None. block_n,
+    num_warps, num_stages, maxnreg, fp8_math: None takes the cache dtype's row of LAUNCH."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -157,15 +242,29 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         part = lse = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    dflt = LAUNCH["e4m3" if fp8 else "16-bit"]
+    block_n = dflt["block_n"] if block_n is None else block_n
+    num_warps = dflt["num_warps"] if num_warps is None else num_warps
+    num_stages = dflt["num_stages"] if num_stages is None else num_stages
+    fp8_math = dflt.get("fp8_math", "q_dtype") if fp8_math is None else fp8_math
+    maxnreg = dflt["maxnreg"] if maxnreg is None else maxnreg
+    # registers per thread capped (more programs a SM) where asked; the interpreter takes no such option
+    cap = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET") == "1" else {"maxnreg": maxnreg}
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
+    if fp8_math not in FP8_MATHS:
+        raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
+    math_id = FP8_MATHS[fp8_math] if fp8 else 0
+    if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages, **cap)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)

@@ -96,23 +96,45 @@ def test_strided_q_rows():
     torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if INTERPRET else 1.6e-2, rtol=0)
 
 
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "fp16_vreg", "bits_vreg"])
+@pytest.mark.parametrize("splits,block_n", [(1, None), (4, None), (1, 2)])
 @pytest.mark.parametrize("window", [None, 5])
-def test_fp8_cache_is_the_direct_softmax_over_dequantized_kv(splits, window):
+def test_fp8_cache_is_the_direct_softmax_over_dequantized_kv(fp8_math, splits, block_n, window):
     """e4m3 caches with K scale 0.05 and V scale 0.2: the kernel equals the direct softmax over
-    K = e4m3 * 0.05, V = e4m3 * 0.2 (float64), as closely as over a 16-bit cache."""
+    K = e4m3 * 0.05, V = e4m3 * 0.2 (float64), as closely as over a 16-bit cache, whichever way it
+    turns e4m3 into tensor-core operands (the "_vreg" ones' PTX on CUDA; under the interpreter their
+    Triton stand-ins); twice the default keys a step (16; 128 on the GPU) as well. The
+    caches hold every e4m3 magnitude class: normals, subnormals (below 2^-6), zeros of both signs
+    and the largest finite value (in K)."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
     k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11 + splits)
     k8, v8 = (k.float() * 20).clamp(-448, 448).to(torch.float8_e4m3fn), (v.float() * 5).to(torch.float8_e4m3fn)
+    special = torch.tensor([448.0, -448.0, 2.0**-9, -(2.0**-9), 3 * 2.0**-9, 7 * 2.0**-9, 0.0, -0.0])
+    k8.view(-1)[:: 7][: special.numel()] = special.to(torch.float8_e4m3fn)  # (first page of the cache)
+    v8.view(-1)[3 :: 5][2: special.numel()] = special[2:].to(torch.float8_e4m3fn)  # (V = 89.6 would set the tolerance)
+    k8.view(-1)[1::11] = (k.view(-1)[1::11].float() * 2.0**-7).to(torch.float8_e4m3fn)  # subnormals spread over all pages
+    v8.view(-1)[2::13] = (v.view(-1)[2::13].float() * 2.0**-7).to(torch.float8_e4m3fn)
     ks, vs = torch.tensor([0.05]), torch.tensor([0.2])
     q = torch.randn(len(lens), 8, D, generator=torch.Generator().manual_seed(4)).to(DTYPE)
     scale = 1 / math.sqrt(D)
     on = [x.to(DEVICE) for x in (q, k8, v8, indptr, indices, last)]
-    got = paged_decode_attention(*on[:3], *on[3:], scale, window=window, splits=splits,
-                                 block_n=8 if INTERPRET else 64, k_scale=ks.to(DEVICE), v_scale=vs.to(DEVICE))
+    block_n = (8 if INTERPRET else 64) * (block_n or 1)
+    got = paged_decode_attention(*on[:3], *on[3:], scale, window=window, splits=splits, block_n=block_n,
+                                 k_scale=ks.to(DEVICE), v_scale=vs.to(DEVICE), fp8_math=fp8_math)
     want = _direct(q, k8.double() * 0.05, v8.double() * 0.2, tables, lens, scale, window)
     assert got.dtype == DTYPE
     tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
     torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
+
+
+def test_fp8_bad_arguments_are_refused():
+    lens = [3]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=5)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    q = torch.randn(1, 8, D).to(DTYPE)
+    on = [x.to(DEVICE) for x in (q, k8, v8, indptr, indices, last)]
     with pytest.raises(ValueError, match="k_scale and v_scale"):
-        paged_decode_attention(*on[:3], *on[3:], scale)
+        paged_decode_attention(*on[:3], *on[3:], 0.1)
+    one = torch.ones(1, device=DEVICE)
+    with pytest.raises(ValueError, match="fp8_math must be one of .* got 'e5m2'"):
+        paged_decode_attention(*on[:3], *on[3:], 0.1, k_scale=one, v_scale=one, fp8_math="e5m2")

@@ -1,7 +1,8 @@
 """The K/V store and decode-attention kernels compile for Hopper (sm_90) with e4m3 and bf16 caches, on a
 machine without a GPU.
 
-The interpreter (test_kv_store.py, test_decode_attention.py) runs the kernels' arithmetic but not the
+The decode kernel is built for each way it turns e4m3 into tensor-core operands (fp8_math, the PTX of
+the "_vreg" ones included). The interpreter (test_kv_store.py, test_decode_attention.py) runs the kernels' arithmetic but not the
 compiler: a construct it accepts and the compiler refuses showed only on a GPU (a @triton.jit helper whose
 constexpr branches returned different types). Each kernel is compiled ahead of time for the Llama-3-8B
 shapes, with the ptxas that ships with Triton, in a child process without TRITON_INTERPRET.
@@ -47,10 +48,12 @@ def _compile_all() -> list[str]:
                    rank_ptr="*i32", lslot_ptr="*i32", ss_ptr="*fp32"),
               dict(R=16, HQ=32, HK=8, D=128, LORA=False, BLOCK_R=16, RPAD=16, NUM_SPLITS=1, PDL=False,
                    SCALED=False, NB=1, FP8=fp8), scalars=("inv_n", "eps"))
-        build(f"decode {tag}", decode_attention._decode_kernel,
-              dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
-                   o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
-              dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8), scalars=("scale_log2",))
+        for math_name, math_id in (decode_attention.FP8_MATHS.items() if fp8 else [("", 0)]):
+            build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel,
+                  dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
+                       o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
+                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False),
+                  scalars=("scale_log2",))
     return built
 
 
@@ -62,7 +65,9 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert len(json.loads(run.stdout.strip().splitlines()[-1])) == 6
+    from model_wrapper.kernels.decode_attention import FP8_MATHS
+
+    assert len(json.loads(run.stdout.strip().splitlines()[-1])) == 5 + len(FP8_MATHS)
 
 
 if __name__ == "__main__":

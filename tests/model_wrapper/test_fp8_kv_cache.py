@@ -355,3 +355,13 @@ def test_tp2_fp8_cache_calibrates_global_scales_and_matches_transformers(checkpo
         assert torch.allclose(res["scales"], want, rtol=1e-5, atol=0)
         assert rel_err(res["logits"], _hf_rows(ref, full, res["where"])) < 1e-4
     assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])
+
+
+def test_fp8_kv_decode_refuses_unknown_kernels():
+    """KernelConfig.fp8_kv_decode names the kernel of e4m3 decode rows: anything else is refused."""
+    from model_wrapper.errors import ModelErrorCode, ModelLoadError
+    from model_wrapper.kernels import KernelConfig
+
+    with pytest.raises(ModelLoadError, match="fp8_kv_decode: expected one of .*'triton'.*got 'cutlass'") as e:
+        KernelConfig(fp8_kv_decode="cutlass")
+    assert e.value.code == ModelErrorCode.BAD_CONFIG
