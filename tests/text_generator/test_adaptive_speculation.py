@@ -8,12 +8,11 @@ by hand step by step."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conftest import hf_generate, hf_model, make_checkpoint
+from conftest import hf_generate
 from test_engine import SpyGenerator
 from test_speculative_engine import VOCAB, make_prompts, serve
-from text_generator import TextGenerator
+from test_speculative_engine import ckpt, gen, hf  # noqa: F401 - the fixtures (tiny llama, TextGenerator, transformers)
 from text_generator.engine import LLMEngine
 from text_generator.sampling import SamplingParams
 from text_generator.speculative import AdaptiveSpeculation, DraftTree
@@ -21,21 +20,6 @@ from text_generator.speculative.adaptive import DraftLengths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("adaptive"), "llama")
-
-
-@pytest.fixture(scope="module")
-def gen(ckpt):
-    return TextGenerator.from_pretrained(ckpt, device="cpu", dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def hf(ckpt):
-    return hf_model(ckpt)
 
 
 @pytest.fixture(scope="module")
