@@ -11,7 +11,7 @@ import pytest
 
 from conftest import hf_generate
 from test_engine import SpyGenerator
-from test_speculative_engine import VOCAB, make_prompts, serve
+from test_speculative_engine import VOCAB, ScriptedDrafter, make_prompts, serve
 from test_speculative_engine import ckpt, gen, hf  # noqa: F401 - the fixtures (tiny llama, TextGenerator, transformers)
 from text_generator.engine import LLMEngine
 from text_generator.sampling import SamplingParams
@@ -32,24 +32,15 @@ def truth(hf, prompts):
     return {tuple(p): hf_generate(hf, p, N_NEW) for p in prompts}
 
 
-class PhasedDrafter:
+class PhasedDrafter(ScriptedDrafter):
     """Drafts from the known greedy continuation (`truth`: prompt tuple -> tokens) as a chain of
     as many tokens as the budget allows, the first `right(i, n)` of them true and the rest wrong,
-    for the request of prompt i with n output tokens so far. Records every budget it was given."""
+    for the request of prompt i with n output tokens so far. Records every budget it was given
+    (one list for all requests). Keeps ScriptedDrafter's start, update and finish."""
 
     def __init__(self, truth: dict, right):
         self.truth, self.right = truth, right
         self.ctx, self.which, self.budgets = {}, {}, []
-
-    def start(self, s, context):
-        i = next(i for i, p in enumerate(self.truth) if tuple(context[:len(p)]) == p)
-        self.which[s], self.ctx[s] = i, list(context)
-
-    def update(self, s, emitted):
-        self.ctx[s] += emitted
-
-    def finish(self, s):
-        self.ctx.pop(s, None)
 
     def propose(self, seq_ids, budgets):
         out = []
