@@ -51,6 +51,16 @@ def make_adapter(base_path: str, out_dir, seed: int, **cfg):
     return peft_model.eval()
 
 
+def make_adapters(base_path: str, folder, names) -> dict[str, str]:
+    """make_adapter for each of names (its ADAPTERS settings; seeds 1, 2, ... in order) into
+    folder / name -> name -> that folder."""
+    dirs = {}
+    for seed, name in enumerate(names):
+        dirs[name] = str(folder / name)
+        make_adapter(base_path, dirs[name], seed + 1, **ADAPTERS[name])
+    return dirs
+
+
 _SETUPS: dict[str, SimpleNamespace] = {}
 
 

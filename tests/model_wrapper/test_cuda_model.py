@@ -329,14 +329,11 @@ def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
     """With LoRA on the Triton kernel, decode graphs carry the adapters: a mixed-adapter batch
     replayed from a graph gives the eager step's logits, and base rows stay base."""
     pytest.importorskip("triton")
-    from test_lora import ADAPTERS, MAX_RANK, make_adapter
+    from test_lora import ADAPTERS, MAX_RANK, make_adapters
 
     path = gpu_ckpt("llama")
     names = list(ADAPTERS)[:3]
-    dirs = {}
-    for seed, name in enumerate(names):
-        dirs[name] = str(tmp_path / name)
-        make_adapter(path, dirs[name], seed + 1, **ADAPTERS[name])
+    dirs = make_adapters(path, tmp_path, names)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in (5, 9, 3, 12, 7)]
     ids = [names[0], None, names[1], names[2], "base"]

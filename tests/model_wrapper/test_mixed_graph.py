@@ -33,6 +33,7 @@ from model_wrapper.kernels.config import KernelConfig
 from test_prefill_attention import DTYPE, TOL, D
 from test_prefill_attention import Step as KernelStep
 from test_verify_graph import gpu, gpu_ckpt  # noqa: F401 - the fixture, shared with the verify graphs' tests
+from test_verify_graph import lora_generator
 from text_generator import TextGenerator
 
 
@@ -264,20 +265,14 @@ def test_lora_mixed_steps_stay_eager(gpu_ckpt, tmp_path):  # noqa: F811
     (no mixed graph is captured for them: DecodeGraphRunner._route) and give the eager steps' logits
     (the eager LoRA path is held to peft in tests/adapters/test_lora.py)."""
     from conftest import rel_err
-    from test_lora import ADAPTERS, MAX_RANK, make_adapter
+    from test_lora import ADAPTERS, make_adapters
 
     path = gpu_ckpt("llama31")
     names = list(ADAPTERS)[:2]
-    dirs = {}
-    for seed, name in enumerate(names):
-        dirs[name] = str(tmp_path / name)
-        make_adapter(path, dirs[name], seed + 1, **ADAPTERS[name])
+    dirs = make_adapters(path, tmp_path, names)
     outs = []
     for graphs in (False, True):
-        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
-        gen.enable_lora(max_loras=4, max_rank=MAX_RANK)
-        for n in names:
-            gen.load_adapter(n, dirs[n])
+        gen = lora_generator(path, dirs, graphs)
         contexts, g = _contexts(7)
         # the harness passes adapter_ids to every step: three requests on the prefill, four later
         from conftest import PagedHarness

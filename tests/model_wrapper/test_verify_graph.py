@@ -269,6 +269,18 @@ def gpu(test):
     return pytest.mark.cuda(on_cuda_skip(needs_flashinfer(test)))
 
 
+def lora_generator(path: str, dirs: dict[str, str], cuda_graphs: bool) -> TextGenerator:
+    """A bf16 CUDA TextGenerator with LoRA on (4 slots, test_lora.MAX_RANK) and the adapters of
+    dirs (name -> folder) loaded."""
+    from test_lora import MAX_RANK
+
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=cuda_graphs)
+    gen.enable_lora(max_loras=4, max_rank=MAX_RANK)
+    for n in dirs:
+        gen.load_adapter(n, dirs[n])
+    return gen
+
+
 @pytest.fixture(scope="module")
 def gpu_ckpt(tmp_path_factory):
     from conftest import make_checkpoint
@@ -391,24 +403,18 @@ def test_lora_verify_under_graphs_equals_eager(gpu_ckpt, tmp_path):
     two adapters and the base model replays a graph and gives the eager step's logits (the eager
     LoRA path is held to peft in tests/adapters/test_lora.py)."""
     from conftest import rel_err
-    from test_lora import ADAPTERS, MAX_RANK, make_adapter
+    from test_lora import ADAPTERS, make_adapters
 
     path = gpu_ckpt("llama31")
     names = list(ADAPTERS)[:2]
-    dirs = {}
-    for seed, name in enumerate(names):
-        dirs[name] = str(tmp_path / name)
-        make_adapter(path, dirs[name], seed + 1, **ADAPTERS[name])
+    dirs = make_adapters(path, tmp_path, names)
     g = torch.Generator().manual_seed(7)
     contexts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in CONTEXTS]
     trees = TREES["chain"]
     toks = [torch.randint(0, 96, (len(p),), generator=g).tolist() for p in trees]
     outs = []
     for graphs in (False, True):
-        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
-        gen.enable_lora(max_loras=4, max_rank=MAX_RANK)
-        for n in names:
-            gen.load_adapter(n, dirs[n])
+        gen = lora_generator(path, dirs, graphs)
         out, _ = _run(gen, contexts, trees, toks, adapter_ids=[names[0], None, names[1]])
         outs.append(out)
         assert not graphs or _verify_buckets(gen), "the LoRA verify step did not replay a graph"
