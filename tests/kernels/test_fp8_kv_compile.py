@@ -11,29 +11,18 @@ shapes, with the ptxas that ships with Triton, in a child process without TRITON
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sm90_compile import ROOT, compile_sm90, run_child
 
 
 def _compile_all() -> list[str]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
-
     from model_wrapper.kernels import decode_attention, kv_store
 
     built = []
 
     def build(name, fn, pointers, constexprs, scalars=()):
-        sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in scalars else "i32")
-               for n in fn.arg_names}
-        triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4, num_stages=2))
+        compile_sm90(fn, pointers, constexprs, scalars, num_warps=4, num_stages=2)
         built.append(name)
 
     for fp8 in (False, True):
@@ -58,16 +47,10 @@ def _compile_all() -> list[str]:
 
 
 def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches():
-    triton = pytest.importorskip("triton")
-    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")):
-        pytest.skip("Triton's NVIDIA backend tools are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    built = run_child(__file__)
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(json.loads(run.stdout.strip().splitlines()[-1])) == 5 + len(FP8_MATHS)
+    assert len(built) == 5 + len(FP8_MATHS)
 
 
 if __name__ == "__main__":

@@ -10,20 +10,12 @@ child process without TRITON_INTERPRET (as tests/kernels/test_fp8_kv_compile.py 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sm90_compile import ROOT, compile_sm90, run_child
 
 
 def _compile_all() -> list[str]:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import ASTSource
-
     from model_wrapper.kernels import prefill_attention, verify_attention
 
     built = []
@@ -38,29 +30,17 @@ def _compile_all() -> list[str]:
                                 vs_ptr="*fp32")
                 constexprs = dict(PAGE=16, BLOCK_T=16, GROUP=4, ROWS=64, D=128, BLOCK_N=64, SPLITS=splits,
                                   HAS_WINDOW=window, FP8=fp8)
-                sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "scale_log2" else "i32")
-                       for n in fn.arg_names}
-                triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=4, num_stages=2))
+                compile_sm90(fn, pointers, constexprs, scalars=("scale_log2",), num_warps=4, num_stages=2)
                 built.append(f"prefill fp8={fp8} window={window} splits={splits}")
     merge = verify_attention._merge_kernel
-    sig = {n: "constexpr" if n in ("SPLITS", "SPLITS_PAD", "D") else
-           dict(part_ptr="*fp32", lse_ptr="*fp32", o_ptr="*bf16").get(n, "i32") for n in merge.arg_names}
-    triton.compile(ASTSource(merge, sig, constexprs=dict(SPLITS=4, SPLITS_PAD=4, D=128)),
-                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    compile_sm90(merge, dict(part_ptr="*fp32", lse_ptr="*fp32", o_ptr="*bf16"), dict(SPLITS=4, SPLITS_PAD=4, D=128),
+                 num_warps=4)
     built.append("merge")
     return built
 
 
 def test_prefill_attention_compiles_for_sm90():
-    triton = pytest.importorskip("triton")
-    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")):
-        pytest.skip("Triton's NVIDIA backend tools are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert len(json.loads(run.stdout.strip().splitlines()[-1])) == 9
+    assert len(run_child(__file__)) == 9
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""Triton kernels compiled ahead of time for Hopper (sm_90) on a machine without a GPU, with the ptxas
+that ships with Triton (the *_compile tests). The interpreter runs a kernel's arithmetic but not the
+compiler, which refuses some constructs the interpreter accepts; so a test runs its own file as a
+child process without TRITON_INTERPRET (run_child), which compiles (compile_sm90) and prints what it
+built as JSON on its last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), **options):
+    """triton.compile of fn for sm_90: arguments named in constexprs take those values, those in
+    pointers their pointer types, those in scalars fp32 and the rest i32; options (num_warps,
+    num_stages) as given."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in scalars else "i32")
+           for n in fn.arg_names}
+    return triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def run_child(script: str):
+    """Runs script (a test file) from the repository root in a process without TRITON_INTERPRET ->
+    the JSON on the last line it printed. Skips without Triton or its NVIDIA backend tools."""
+    triton = pytest.importorskip("triton")
+    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")):
+        pytest.skip("Triton's NVIDIA backend tools are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.abspath(script)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
