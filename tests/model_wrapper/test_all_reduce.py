@@ -150,6 +150,15 @@ def _fail(out_dir, rank):
     os._exit(1)  # the traceback keeps graphs holding collectives alive: exit now
 
 
+def _save_and_end(res, out_dir, name, rank):
+    """Saves a rank's results to out_dir/{name}.rank{rank}.pt, then (its GPU idle) waits for every
+    rank and ends NCCL."""
+    torch.save(res, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
+    torch.cuda.synchronize(torch.device("cuda", rank))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _kernel_worker(rank, store, out_dir):
     try:
         _nccl_init(rank, store)
@@ -181,10 +190,7 @@ def _kernel_worker(rank, store, out_dir):
                 replays.append(y.cpu())
             res[kind] = dict(path=tp.all_reduce_path, fallback=tp.fallback, rows=rows, replays=replays)
             del graph
-        torch.save(res, os.path.join(out_dir, f"kernels.rank{rank}.pt"))
-        torch.cuda.synchronize(dev)
-        dist.barrier()
-        dist.destroy_process_group()
+        _save_and_end(res, out_dir, "kernels", rank)
     except BaseException:  # noqa: BLE001
         _fail(out_dir, rank)
     os._exit(0)  # results saved: no interpreter teardown of the symmetric buffers
@@ -245,10 +251,7 @@ def _tp_graph_worker(rank, store, paths, out_dir):
                     res[mode][(name, graphs)] = _graph_job(gen, check_sync=graphs)
                     del gen
                     gc.collect()  # the graphs (holding collectives) go with the generator
-        torch.save(res, os.path.join(out_dir, f"tpgraphs.rank{rank}.pt"))
-        torch.cuda.synchronize()
-        dist.barrier()
-        dist.destroy_process_group()
+        _save_and_end(res, out_dir, "tpgraphs", rank)
     except BaseException:  # noqa: BLE001
         _fail(out_dir, rank)
     os._exit(0)  # results saved: no interpreter teardown of the symmetric buffers
