@@ -85,6 +85,20 @@ def token_rows(batch: ForwardBatch, q: int, out: torch.Tensor | None = None) -> 
     return out.sub_(batch.qo_indptr_cpu[:-1].to(torch.int64)[req])
 
 
+def warm_up(mw, batch: ForwardBatch, attn, kv_cache, slots: torch.Tensor) -> None:
+    """Before a capture (here and in mixed_graph.py): mw's model run twice over batch on a side
+    stream, into a one-page scratch copy of each layer's cache, with the batch's K/V slots (slots)
+    set to -1; the current stream then waits for it."""
+    scratch = [(torch.zeros_like(k[:1]), torch.zeros_like(v[:1])) for k, v in kv_cache]
+    slots.fill_(-1)  # warm-up writes nothing
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            mw.model(batch, scratch, attn, mw.kernels)
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 class _Bucket:
     """Static inputs, the attention backend's graph state and the captured graph of one batch size
     (and, for a verify bucket, q rows per request: tokens = size * q rows)."""
@@ -239,14 +253,7 @@ class DecodeGraphRunner:
         batch = self._static_batch(bucket, block_size)
         # the attention the graph runs; every padding request reads page 0 of the scratch cache during warm-up
         attn = mw.backend.init_forward_metadata_capture_cuda_graph(bucket.attn_state, block_size)
-        scratch = [(torch.zeros_like(k[:1]), torch.zeros_like(v[:1])) for k, v in kv_cache]
-        bucket.slots.fill_(-1)  # warm-up writes nothing
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                mw.model(batch, scratch, attn, mw.kernels)
-        torch.cuda.current_stream().wait_stream(stream)
+        warm_up(mw, batch, attn, kv_cache, bucket.slots)
         bucket.graph = torch.cuda.CUDAGraph()
         mode = "thread_local" if mw.tp.enabled else "global"
         with torch.cuda.graph(bucket.graph, pool=self._pool, capture_error_mode=mode):

@@ -160,14 +160,9 @@ class MixedGraphRunner:
             bucket.lora_groups_staging = torch.zeros(owner.lora.max_loras + 1, n, dtype=torch.int32).pin_memory()
         batch = self._static_batch(bucket, block_size)
         attn = MixedGraphAttention(backend, state)  # its state holds padding only until a replay fills it
-        scratch = [(torch.zeros_like(k[:1]), torch.zeros_like(v[:1])) for k, v in kv_cache]
-        bucket.slots.fill_(-1)  # warm-up writes nothing
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                mw.model(batch, scratch, attn, mw.kernels)
-        torch.cuda.current_stream().wait_stream(stream)
+        from model_wrapper.cuda_graph import warm_up  # (cuda_graph imports this module)
+
+        warm_up(mw, batch, attn, kv_cache, bucket.slots)
         if self._out is None:
             self._out = torch.empty(self.request_buckets[-1], mw.cfg.vocab_size, dtype=torch.float32,
                                     device=mw.device)
