@@ -30,11 +30,13 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), **options):
                           options=options)
 
 
-def run_child(script: str):
+def run_child(script: str, tool: str = ""):
     """Runs script (a test file) from the repository root in a process without TRITON_INTERPRET ->
-    the JSON on the last line it printed. Skips without Triton or its NVIDIA backend tools."""
+    the JSON on the last line it printed. Skips without Triton or its NVIDIA backend tools (the
+    folder of them; tool: that one of them)."""
     triton = pytest.importorskip("triton")
-    if not os.path.isdir(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")):
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    if not (os.path.exists(os.path.join(tools, tool)) if tool else os.path.isdir(tools)):
         pytest.skip("Triton's NVIDIA backend tools are not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, os.path.abspath(script)], cwd=ROOT, env=env, capture_output=True,

@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sm90_compile import ROOT, run_child
 
 
 def _compile_all() -> dict:
@@ -93,14 +93,7 @@ def _compile_all() -> dict:
 
 @pytest.fixture(scope="module")
 def stacks():
-    triton = pytest.importorskip("triton")
-    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
-        pytest.skip("Triton's NVIDIA backend tools are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, os.path.abspath(__file__)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_child(__file__, "cuobjdump")
 
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(stacks):
