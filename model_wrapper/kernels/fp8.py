@@ -60,10 +60,13 @@ def round_to_e4m3(q):
     2^-9 below (subnormals): ulp = 2^(max(e, 121) - 127 - 3). q / ulp (an exact power-of-2
     product) lies in (-16, 16); adding and subtracting 1.5 * 2^23 rounds it to an integer, ties
     to even, in IEEE fp32 adds."""
-    e = tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
+    bits = q.to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) & 0xFF, 121)
     ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
     inv = ((257 - e) << 23).to(tl.float32, bitcast=True)  # 1 / ulp
-    return ((q * inv + 12582912.0) - 12582912.0) * ulp
+    r = ((q * inv + 12582912.0) - 12582912.0) * ulp
+    # q's sign back on a result rounded to zero (the adds give +0): -0 stays -0, as torch's conversion
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8 import round_to_e4m3
 from model_wrapper.kernels.lora_epilogues import RowScale, lora_add, rank_args, row_scale, rope_lora_tiles, scale_args
 
 
@@ -31,8 +32,11 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 def _to_cache(x, scale_ptr, FP8: tl.constexpr, dtype):
     """x as the cache stores it: round(x / scale) in e4m3 (clamped to +-FP8_MAX) where FP8, else x."""
     y = x  # one return (Triton refuses a function whose returns differ in type, constexpr branch or not)
-    if FP8:  # IEEE division (div_rn, not the GPU's approximate `/`): the same e4m3 as torch's x / scale
-        y = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), -448.0), 448.0).to(dtype)
+    if FP8:  # IEEE division (div_rn, not the GPU's approximate `/`): the same e4m3 as torch's x / scale;
+        # rounded on the e4m3 grid in fp32 first: sm90's fp32 -> e4m3 conversion does not round to nearest
+        # even (it goes through fp16), so the conversion after round_to_e4m3 must be exact
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), -448.0), 448.0)
+        y = round_to_e4m3(q).to(dtype)
     return y
 
 

@@ -199,3 +199,24 @@ def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v():
     got = qkv.view(T, HQ + 2 * HK, D)
     assert (bits(kc) == bits(placed_fp8(got[:, HQ:HQ + HK], 0.02, slots))).all()
     assert (bits(vc) == bits(placed_fp8(got[:, HQ + HK:], 0.05, slots))).all()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_fp8_store_rounds_ties_and_near_ties_as_torch():
+    """e4m3 rounding at its hardest points: every midpoint between neighbouring e4m3 values (ties go
+    to even), the float32 values just below and above each, subnormals and +-448, stored by the Triton
+    kernel at scale 1 (layer 0), bit for bit as torch's float32 -> float8_e4m3fn (round to nearest even).
+    On sm90 the hardware conversion alone rounds some of these the other way (it goes through fp16)."""
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(FP8).float()  # the non-negative finite e4m3 values
+    mid = (grid[:-1] + grid[1:]) / 2
+    near = torch.cat([mid, torch.nextafter(mid, torch.tensor(0.0)), torch.nextafter(mid, torch.tensor(1e9)), grid])
+    for x in (near, -near):  # (one sign per write: the cache holds 24 rows of HK x D values)
+        rows = -(-x.numel() // (HK * D))
+        vals = torch.zeros(rows * HK * D)
+        vals[: x.numel()] = x
+        k = vals.view(rows, HK, D).to(DEVICE)
+        slots = list(range(rows))
+        kc, vc = fp8_caches(DEVICE)
+        scaled_store(DEVICE, True).write((kc, vc), k, k.clone(), make_batch(slots, DEVICE), layer=0)
+        want = placed_fp8(k.cpu(), 1.0, slots)
+        assert (bits(kc) == bits(want)).all() and (bits(vc) == bits(want)).all()
