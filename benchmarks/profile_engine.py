@@ -6,7 +6,8 @@ Runs the engine over 256 prompts of 512 tokens (64 new tokens each) and, for the
 steps, splits the wall time into: scheduling, forward_tensor on the host (validation, metadata,
 launches; returns before the GPU is done), the GPU forward itself (CUDA events), sampling up to
 the device -> host copy of the tokens (includes waiting for the GPU), and the rest (emit, stop
-checks, commit).
+checks, commit). The engine runs in the plain order (async_scheduling=False): running ahead
+moves sampling into runahead.launch / complete, where this split does not see it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
 from kv_manager import profile_num_blocks  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
+import text_generator.engine.engine as engine_module  # noqa: E402
 from text_generator.engine import LLMEngine  # noqa: E402
 from text_generator.sampling import SamplingParams  # noqa: E402
 
@@ -36,7 +38,7 @@ def main():
     gen = TextGenerator.from_pretrained(tmp.name, device="cuda", dtype=torch.bfloat16)
     nb = profile_num_blocks(gen.kv_cache_spec, 16, device=torch.device("cuda"), memory_fraction=0.8, max_seq_len=L + O)
     eng = LLMEngine(gen, num_blocks=nb, block_size=16, max_num_seqs=B, max_num_batched_tokens=8192,
-                    max_seq_len=L + O)
+                    max_seq_len=L + O, async_scheduling=False)
     cur: dict[str, float] = {}
 
     def wrap(obj, name, key):
@@ -50,8 +52,8 @@ def main():
         setattr(obj, name, w)
 
     wrap(eng.scheduler, "schedule", "schedule")
-    wrap(eng, "_forward", "forward_tensor (host)")
-    wrap(eng, "_sample", "sample + emit (waits for GPU)")
+    wrap(engine_module, "forward_chunks", "forward_tensor (host)")  # (engine.py calls it by this name)
+    wrap(eng, "sample", "sample + emit (waits for GPU)")
     wrap(eng.sampler, "__call__", "sampler call (host)")
     mw = gen.model_wrapper
     f = mw.forward

@@ -1,6 +1,9 @@
 """The reference engine: continuous batching over TextGenerator.forward_tensor.
 
-engine.py      LLMEngine: add_request / step / generate, the flat tensors of a step, sampling
+engine.py      LLMEngine: add_request / step / generate, sampling and emission of tokens
+forward.py     one step's forward: the chunks' flat tensors -> forward_tensor -> logits
+drafting.py    the engine's side of a drafter: when a step drafts, starting / updating / dropping
+kv_sizing.py   how many KV blocks the engine allocates when given none
 admission.py   a new request's checks (sampling parameters, prompt, adapter, grammar compiler)
 output.py      new tokens into a request: stop rules, detokenization, logprobs
 runahead.py    async scheduling: launch a step, read its tokens back one step later

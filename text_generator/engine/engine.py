@@ -5,7 +5,7 @@ through the outputs of `step()`. One step:
 
     Scheduler.schedule()          -> chunks: (request, token span, KV slots)   [scheduler.py]
     flat tensors (one forward)    input_ids, position_ids, slots, block_tables, input_lengths,
-                                  q_lens, lm_head_indices (last token of chunks that sample)
+                                  q_lens, lm_head_indices (last token of chunks that sample)  [forward.py]
     TextGenerator.forward_tensor  -> logits [num_sampling_requests, vocab]
     BlockManager.commit           computed tokens enter the prefix cache
     Sampler                       -> next tokens (+ logprobs)                  [sampling.py]
@@ -21,7 +21,9 @@ raising on its text) finish that request with finish_reason "error" and a messag
 blocks; the others go on. A drafter that fails on a request stops drafting for it (plain steps).
 
 Running ahead (async_scheduling) splits the Sampler from the stop checks across two steps
-(runahead.py).
+(runahead.py). The drafter's side of speculative decoding (when a step drafts, what the drafter
+is told) is drafting.py's, the speculative step speculative/engine_step.py's; the KV cache's size,
+when not given, kv_sizing.py's.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ from typing import Callable, Sequence
 import torch
 from loguru import logger
 
-from kv_manager import BlockManager, default_num_blocks
+from kv_manager import BlockManager
 from kv_manager.memory import CPU_KV_BUDGET_BYTES
 from text_generator.errors import ErrorCode, ForwardArgumentError, GeneratorStateError
 from text_generator.engine.admission import check_adapter, check_params, check_prompt, make_grammar_compiler
+from text_generator.engine.drafting import drafts_this_step, stop_drafting, update_drafter
+from text_generator.engine.forward import forward_chunks
+from text_generator.engine.kv_sizing import size_kv_cache
 from text_generator.engine.output import append_tokens, describe, record_logprobs
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.runahead import InFlight, complete, launch
-from text_generator.engine.scheduler import ScheduledChunk, Scheduler
+from text_generator.engine.scheduler import Scheduler
 from text_generator.sampling import Sampler, SamplerOutput, SamplingParams
 from text_generator.speculative.adaptive import AdaptiveSpeculation, DraftLengths
 from text_generator.speculative.engine_step import MAX_TREE_NODES, can_draft, speculative_step
@@ -76,7 +81,7 @@ class LLMEngine:
     freeze_gc:   gc.freeze() once constructed (see __init__); False leaves the collector alone
     async_scheduling: run ahead of the sampled tokens (see step()); None: on CUDA. A step
                  in which a request drafts runs in the plain order (the drafter proposes from its
-                 accepted tokens, see _drafts), as do steps while a live request uses penalties
+                 accepted tokens, see drafting.drafts_this_step), as do steps while a live request uses penalties
                  or structured output; steps in which no request drafts (sampled requests,
                  requests whose drafting stopped, steps with prefill chunks) run ahead with a
                  drafter set.
@@ -135,8 +140,8 @@ class LLMEngine:
         if kv_dtype is not None:  # refused here (TG_INVALID_KV_CACHE_DTYPE) before anything is allocated
             generator.kv_cache_dtype(kv_dtype)
         if num_blocks is None:
-            num_blocks = _size_kv_cache(generator, block_size, max_seq_len, max_num_seqs, kv_memory_fraction,
-                                        kv_cpu_budget_bytes, kv_dtype)
+            num_blocks = size_kv_cache(generator, block_size, max_seq_len, max_num_seqs, kv_memory_fraction,
+                                       kv_cpu_budget_bytes, kv_dtype)
         self.kv_cache = generator.allocate_kv_cache(num_blocks, block_size) if kv_dtype is None else \
             generator.allocate_kv_cache(num_blocks, block_size, dtype=kv_dtype)
         watermark_blocks = min(int(watermark * num_blocks), num_blocks - 1)
@@ -297,7 +302,7 @@ class LLMEngine:
             outputs.append(req.output([], None, self.tokenizer is not None))
         if sched.chunks:
             self.num_steps += 1
-            if prev is not None and self._drafts(sched.chunks):
+            if prev is not None and drafts_this_step(self, sched.chunks):
                 outputs += complete(self, prev)  # (may finish some of the scheduled requests)
                 prev = None
                 keep = [i for i, c in enumerate(sched.chunks) if not c.request.finished]
@@ -338,7 +343,7 @@ class LLMEngine:
             if spec is not None:
                 return spec
         try:
-            logits = self._forward(sched.chunks, sched.slots, prev)
+            logits = forward_chunks(self, sched.chunks, sched.slots, prev)
         except ForwardArgumentError as e:
             if e.code is not ErrorCode.ADAPTER_NOT_LOADED:
                 raise
@@ -367,79 +372,9 @@ class LLMEngine:
         which masks a token only once it has accepted the previous one). Drafting requests run
         ahead in the steps in which they do not draft (a hidden-state drafter's rows wait in
         hidden_feed, by position, for their tokens);
-        a step in which one drafts (_drafts) reads the launched step back before it runs. The
+        a step in which one drafts (drafting.drafts_this_step) reads the launched step back before it runs. The
         machinery is runahead.py's."""
         return self.async_scheduling and not self._history_reqs
-
-    def _drafts(self, chunks: list[ScheduledChunk]) -> bool:
-        """Whether this step (decodes only, numbered num_steps) is a speculative one: a request
-        that may draft wants drafts in it (draft_lengths: adaptive.py). It needs the
-        requests' accepted tokens on the host before it can be built at all: the drafter
-        proposes from them (n-gram lookup, a draft model's forward), and how many were accepted
-        sets every later token's position, slot and kv length, which the host plans attention
-        and allocates blocks with."""
-        if self.drafter is None or not self._draft_reqs or not all(c.is_decode for c in chunks):
-            return False
-        return any(c.request.request_id in self._draft_reqs
-                   and self.draft_lengths.wanted(c.request.request_id, self.num_steps) > 0 for c in chunks)
-
-    def _forward(self, chunks: list[ScheduledChunk], slots: torch.Tensor, prev: InFlight | None = None
-                 ) -> torch.Tensor:
-        """One forward_tensor call over every chunk: flat tensors built with list concatenation
-        and vectorised index arithmetic (no per-token Python).
-
-            chunk r:      tokens [start_r, start_r + q_r) of its request
-            input_ids:    [ chunk 0 tokens | chunk 1 tokens | ... ]        T = sum(q)
-            offset_r    = q_0 + ... + q_{r-1};   position of token t = start_r + t - offset_r
-            lm_head:      offset_r + q_r - 1 for chunks that sample
-        """
-        reqs = [c.request for c in chunks]
-        ids: list[int] = []
-        dev_rows: list[int] = []  # rows whose id is a placeholder for prev's token on the device
-        dev_index: list[int] = []
-        for c in chunks:
-            if c.is_decode:
-                req = c.request
-                if req.pending and prev is not None and id(req) in prev.rows:
-                    dev_rows.append(len(ids))
-                    dev_index.append(prev.rows[id(req)])
-                ids.append(req.output_ids[-1])
-            else:
-                ids += c.request.token_span(c.start, c.start + c.num_tokens)
-        q = torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64)
-        start = torch.tensor([c.start for c in chunks], dtype=torch.int64)
-        offset = torch.cumsum(q, 0) - q
-        T = len(ids)
-        positions = torch.arange(T) + torch.repeat_interleave(start - offset, q, output_size=T)
-        sample = torch.tensor([c.needs_sample for c in chunks])
-        adapters = [r.adapter for r in reqs]
-        kwargs = {"q_lens": q}
-        if any(a is not None for a in adapters):
-            kwargs["adapter_ids"] = adapters
-        if dev_rows:
-            kwargs["prev_token_ids"] = (prev.token_ids, torch.tensor(dev_rows), torch.tensor(dev_index))
-        lm_head = (offset + q - 1)[sample]
-        feed = self.hidden_feed is not None and any(r.request_id in self._draft_reqs for r in reqs)
-        if feed:  # every token's states for the drafter: all rows (logits too, by the contract)
-            kwargs.update(self.hidden_feed.forward_kwargs())
-        out = self.generator.forward_tensor(
-            torch.tensor(ids, dtype=torch.int64), positions,
-            not all(c.is_decode for c in chunks), self.kv_cache,
-            self.block_manager.block_tables([r.request_id for r in reqs]),
-            slots, (start + q).to(torch.int32), self.max_seq_len,
-            None if feed else lm_head, **kwargs)
-        if not feed:
-            return out
-        logits, hidden = out
-        for c, o in zip(chunks, offset.tolist()):
-            rid = c.request.request_id
-            if rid not in self._draft_reqs:
-                continue
-            if not c.is_decode and rid in self._drafting:  # computed again (preempted): start afresh
-                self._drafting.discard(rid)
-                self.drafter.finish(rid)
-            self.hidden_feed.add(rid, c.start, hidden[o:o + c.num_tokens])
-        return logits.index_select(0, lm_head.to(logits.device))
 
     # -- tokens out ------------------------------------------------------------------------
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[RequestOutput]:
@@ -480,43 +415,13 @@ class LLMEngine:
         if done.reason is not None:
             self._finish(req, done.reason, done.error)
         elif req.request_id in self._draft_reqs:  # (requests that never draft are not the drafter's)
-            self._draft_update(req, done.new)
+            update_drafter(self, req, done.new)
         return req.output(done.new, done.delta, self.tokenizer is not None)
 
     def stop_drafting(self, request_ids, error: Exception) -> None:
-        """The drafter failed on these requests: they decode without drafts from now on (a later
-        token starts them afresh in the drafter)."""
-        logger.warning("drafter failed on requests {}, which decode without drafts now: {}",
-                       list(request_ids), describe(error))
-        for rid in request_ids:
-            self._drafting.discard(rid)
-            try:
-                self.drafter.finish(rid)
-            except Exception:  # (a drafter that failed half-way may not know the request)
-                pass
-
-    def _draft_update(self, req: Request, new: list[int]) -> None:
-        """Tell the drafter the request's new tokens (starting it first). A drafter that fails
-        (e.g. its own KV pool is full) drops the request, which then decodes plainly; a later
-        token starts it afresh."""
-        rid, feed = req.request_id, self.hidden_feed
-        known = len(req.prompt_ids) + len(req.output_ids) - req.pending  # (run-ahead placeholders after them)
-        try:
-            if rid not in self._drafting:
-                self._drafting.add(rid)
-                context = req.prompt_ids + req.output_ids[:known - len(req.prompt_ids) - len(new)]
-                rows = None if feed is None else feed.take(rid, len(context))
-                if rows is None:
-                    self.drafter.start(rid, context)
-                else:  # the states of the context's last positions
-                    self.drafter.start(rid, context, hidden=rows)
-            rows = None if feed is None else feed.take(rid, known - 1)
-            if rows is None:
-                self.drafter.update(rid, new)
-            else:  # one row per new token: the positions before them
-                self.drafter.update(rid, new, hidden=rows)
-        except Exception as e:
-            self.stop_drafting([rid], e)
+        """The drafter failed on these requests: they decode without drafts from now on
+        (drafting.stop_drafting; called by the speculative step too)."""
+        stop_drafting(self, request_ids, error)
 
     def _notify(self, outputs: list[RequestOutput]) -> None:
         """Call each output's stream_callback. One that raises fails its own request (reported
@@ -570,22 +475,4 @@ class LLMEngine:
         if bar is not None:
             bar.close()
         return [final[i] for i in ids]
-
-
-def _size_kv_cache(generator, block_size: int, max_seq_len: int, max_num_seqs: int, fraction: float,
-                   cpu_budget: int, kv_dtype=None) -> int:
-    """KV blocks for an engine given none: kv_manager.default_num_blocks on this rank (for a cache of
-    kv_dtype; None: the model's); under tensor parallelism every rank runs the same scheduler in
-    lockstep, so all take the minimum."""
-    spec = generator.kv_cache_spec if kv_dtype is None else generator.kv_cache_spec_for(kv_dtype)
-    n = default_num_blocks(spec, block_size, device=generator.device, max_seq_len=max_seq_len,
-                           max_num_seqs=max_num_seqs, memory_fraction=fraction, cpu_budget_bytes=cpu_budget)
-    tp = getattr(generator, "tp_group", None)
-    if tp is not None and tp.enabled:
-        import torch.distributed as dist
-
-        t = torch.tensor([n], dtype=torch.int64, device=generator.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.group)
-        n = int(t.item())
-    return n
 
