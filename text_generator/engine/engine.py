@@ -215,8 +215,7 @@ class LLMEngine:
             req.generator = req.params.make_generator(self.generator.device)
         except Exception as e:  # anything wrong with this request (a TypeError from a bad params
             # dict, a tokenizer raising) fails it alone; the id must not stay taken
-            self._finish(req, "error", describe(e))
-            self._reports.append(req.output([], None, self.tokenizer is not None))
+            self._reports.append(self._end(req, "error", describe(e)))
             return rid
         if req.params.structured is not None:
             try:
@@ -246,8 +245,7 @@ class LLMEngine:
         req = self.requests.get(request_id) if isinstance(request_id, str) else None
         if req is None or req.finished:
             return False
-        self._finish(req, "abort")
-        self._reports.append(req.output([], None, self.tokenizer is not None))
+        self._reports.append(self._end(req, "abort"))
         return True
 
     def is_drafting(self, request_id: str) -> bool:
@@ -259,6 +257,11 @@ class LLMEngine:
         requests all finished meanwhile, e.g. on a stop token it ran ahead of, holds nothing to
         report; the next step() reads it back and drops it.)"""
         return self.scheduler.has_unfinished() or bool(self._reports)
+
+    def _end(self, req: Request, reason: str, error: str | None = None):
+        """Finish req with no new token and return its final output (errors, aborts)."""
+        self._finish(req, reason, error)
+        return req.output([], None, self.tokenizer is not None)
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.request_id in self._drafting:
@@ -298,8 +301,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.num_preemptions += len(sched.preempted)
         for req, why in sched.failed:
-            self._finish(req, "error", why)
-            outputs.append(req.output([], None, self.tokenizer is not None))
+            outputs.append(self._end(req, "error", why))
         if sched.chunks:
             self.num_steps += 1
             if prev is not None and drafts_this_step(self, sched.chunks):
@@ -330,8 +332,7 @@ class LLMEngine:
             why = (f"adapter {name!r} was reloaded since the request started (its K/V came from the "
                    f"unloaded weights)" if name in self.generator.loaded_adapters()
                    else f"adapter {name!r} is no longer loaded")
-            self._finish(req, "error", why)
-            self._reports.append(req.output([], None, self.tokenizer is not None))
+            self._reports.append(self._end(req, "error", why))
         for key in stale:
             self.block_manager.drop_cached(key)
         self._adapter_keys -= stale
@@ -353,8 +354,7 @@ class LLMEngine:
             outputs = []
             for c in sched.chunks:
                 if c.request.adapter is not None and c.request.adapter not in loaded and not c.request.finished:
-                    self._finish(c.request, "error", f"adapter {c.request.adapter!r} is no longer loaded")
-                    outputs.append(c.request.output([], None, self.tokenizer is not None))
+                    outputs.append(self._end(c.request, "error", f"adapter {c.request.adapter!r} is no longer loaded"))
             return outputs
         for c in sched.chunks:
             c.request.num_computed = c.start + c.num_tokens
@@ -440,8 +440,7 @@ class LLMEngine:
                 if req is None or req.finished:
                     logger.warning("request {}: {} on its final output", o.request_id, why)
                     continue
-                self._finish(req, "error", why)
-                self._reports.append(req.output([], None, self.tokenizer is not None))
+                self._reports.append(self._end(req, "error", why))
 
     # -- offline use -----------------------------------------------------------------------
     def generate(
