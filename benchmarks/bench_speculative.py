@@ -2,7 +2,8 @@
 
 Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written once by
 benchmarks.common.make_random_checkpoint to a temp folder, loaded with
-TextGenerator.from_pretrained).
+TextGenerator.from_pretrained), through SpeculativeDecoder at its defaults (adaptive draft
+lengths, as the engine: a request whose drafts keep failing stops drafting and probes now and then).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
 a small draft model (2 layers, same vocabulary) proposing a greedy chain, and an EAGLE-3 head
 (random weights in the public layout: fc over 3 target states, one decoder layer, a 32k draft
