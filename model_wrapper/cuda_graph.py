@@ -183,7 +183,7 @@ class DecodeGraphRunner:
         if batch.max_q == 1 and batch.mode == ForwardMode.DECODE:
             return "decode" if batch.spec_mask is None and batch.batch_size <= self.max_batch else None
         # the mixed graphs return logits only, for models without extra graph inputs (not hidden states);
-        # steps with adapters only behind KernelConfig.mixed_lora_graphs (else the eager path, held to peft)
+        # steps with adapters unless KernelConfig.mixed_lora_graphs is off (then the eager path)
         mixed = (batch.hidden_layers is None and not self.graph_inputs
                  and (not batch.uses_lora or self.config.mixed_lora_graphs) and self.mixed.can_run(batch, kv_cache))
         if mixed and batch.mode != ForwardMode.DECODE:

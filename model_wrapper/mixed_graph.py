@@ -19,8 +19,7 @@ Per replay, on the host only: fill the pinned staging (ids, positions, slots, th
 metadata), copy it into the graph's static inputs, copy lm_head_indices (already on the device)
 into lm_rows, replay. No host-device sync. The graphs carry the LoRA kernels as the decode graphs do (a
 static per-token adapter slot buffer, -1: base model and padding, and the tokens grouped by slot, filled
-per replay); DecodeGraphRunner._route sends steps that use adapters here only with
-KernelConfig.mixed_lora_graphs on (else eagerly).
+per replay); KernelConfig(mixed_lora_graphs=False) sends steps that use adapters to the eager path.
 
 The runner shares the decode runner's memory pool, cache identity and LoRA manager, and its rules
 under tensor parallelism: whether a step replays, which bucket and when a capture happens depend

@@ -151,9 +151,9 @@ class KernelConfig:
     mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention (128: no better)
     mixed_block_n: int = 64  # keys a step of its loop
     # steps that use LoRA adapters in the mixed graphs too (the Triton LoRA kernels over the bucket's
-    # static per-token slots and slot groups); off: such steps run eagerly. Off until its GPU test
-    # (tests/model_wrapper/test_mixed_graph.py, LoRA against eager and peft) passes on a GPU
-    mixed_lora_graphs: bool = False
+    # static per-token slots and slot groups); off: such steps run eagerly (H100, session 33: within the
+    # bf16 bound of peft's fp32 logits with folded / unfolded A stacks, fused epilogues or expand kernels)
+    mixed_lora_graphs: bool = True
 
     def __post_init__(self):
         if self.fp8_kv_decode not in FP8_KV_DECODE:

@@ -7,8 +7,8 @@ Triton's interpreter) against the torch backend, two different steps through the
 The kernel itself: tests/kernels/test_prefill_attention.py.
 
 CUDA part (`pytest -m cuda`): graphed mixed steps = eager steps = transformers' logits on a tiny
-model (Llama-3.1 GQA, Mistral's window, Qwen3's q/k norm), LoRA (behind KernelConfig.mixed_lora_graphs:
-against eager and peft's logits), run-ahead ids, no host sync in a replay, the switches off.
+model (Llama-3.1 GQA, Mistral's window, Qwen3's q/k norm), LoRA (against eager and peft's logits),
+run-ahead ids, no host sync in a replay, the switches off.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_which_graph_a_step_replays():
     logit row per request: mixed graphs, even where the verify graphs could take them. Multi-token
     decode steps (speculative verify) of <= 16 tokens a request: verify graphs; longer ones: mixed.
     No lm_head_indices, a spec_mask longer than 16, more tokens than the largest bucket: eager.
-    Steps that use adapters: mixed graphs only with KernelConfig.mixed_lora_graphs."""
+    Steps that use adapters: the same, but eager with KernelConfig(mixed_lora_graphs=False)."""
     runner, kv, keep = _runner()  # (the runner holds its wrapper weakly)
     route = runner._route
     assert route(_batch([1, 1, 1], [5, 9, 2], is_prefill=False), kv) == "decode"
@@ -93,10 +93,10 @@ def test_which_graph_a_step_replays():
     assert route(_batch([1] * 300, [3] * 300), kv) is None  # more requests than the largest bucket
     assert route(_batch([1, 1, 3], [5, 9, 0]), None) is None  # no cache named: nothing to check
     with_adapters = _batch([1] * 8 + [64], [512] * 9)
-    with_adapters.lora = object()  # a step naming adapters (uses_lora): eager unless mixed_lora_graphs
-    assert route(with_adapters, kv) is None
-    lora_on, kv, keep_lora = _runner(KernelConfig(mixed_lora_graphs=True))
-    assert lora_on._route(with_adapters, kv) == "mixed"
+    with_adapters.lora = object()  # a step naming adapters (uses_lora): mixed, eager with mixed_lora_graphs off
+    assert route(with_adapters, kv) == "mixed"
+    lora_off, kv, keep_lora = _runner(KernelConfig(mixed_lora_graphs=False))
+    assert lora_off._route(with_adapters, kv) is None
     # the switch, and a smaller bound on the tokens
     off, kv, keep_off = _runner(KernelConfig(mixed_graphs=False))
     assert off._route(_batch([1] * 8 + [64], [512] * 9), kv) is None
@@ -287,21 +287,23 @@ def _peft_refs(path: str, dirs: dict[str, str], dtype):
 @pytest.mark.parametrize("lora", [{}, {"fold": False}, {"fuse_expand": False}],
                          ids=["folded_fused", "unfolded", "expand_kernels"])
 def test_lora_mixed_steps_under_graphs_equal_eager_and_peft(gpu_ckpt, tmp_path, lora):  # noqa: F811
-    """KernelConfig(mixed_lora_graphs=True): mixed steps of requests on two adapters and the base model
-    replay mixed graphs carrying the LoRA kernels (folded A stacks or the shrink kernel; the deltas in
-    the fused epilogues or in expand kernels of their own); every logit row is within the bf16 bound of
-    its peft model's fp32 logits (twice the bf16 peft model's error, plus a floor, as the base model's
-    test) and within bf16 noise of the eager steps. The table of every row's errors is printed (-rA)."""
+    """Mixed steps of requests on two adapters and the base model replay mixed graphs carrying the LoRA
+    kernels (folded A stacks or the shrink kernel; the deltas in the fused epilogues or in expand
+    kernels of their own): every logit row is within the bf16 bound of its peft model's fp32 logits
+    (twice the bf16 peft model's error, plus a floor, as the base model's test; the base model's logits
+    are far outside it on the adapters' rows) and the eager step's row is within the same bound of the
+    graph's. The table of every row's errors is printed (-rA). (Session 32's failure: graph against
+    eager at a fixed 2e-2, bf16 noise of the norms' deferred division; 0.007-0.015 on an H100.)"""
     from conftest import rel_err
     from test_lora import make_adapters
 
     path = gpu_ckpt("llama31")
     names = sorted({a for a in LORA_REQUESTS.values() if a is not None})
+    torch.manual_seed(0)  # peft draws the A matrices from the global generator
     dirs = make_adapters(path, tmp_path, names)
     outs = {}
     for graphs in (False, True):
-        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs,
-                                            kernel_config=KernelConfig(mixed_lora_graphs=True))
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=graphs)
         gen.enable_lora(max_loras=4, max_rank=8, **lora)
         for n in names:
             gen.load_adapter(n, dirs[n])
@@ -320,9 +322,11 @@ def test_lora_mixed_steps_under_graphs_equal_eager_and_peft(gpu_ckpt, tmp_path, 
                 w32, w16 = ref32[a](ids).logits[0, -1].float(), ref16[a](ids).logits[0, -1].float()
                 got, eager = outs[True][step][r], outs[False][step][r]
                 errs = (rel_err(got, eager), rel_err(got, w32), rel_err(eager, w32), rel_err(w16, w32))
+                base = rel_err(ref32[None](ids).logits[0, -1].float(), w32)
+                bound = 2 * errs[3] + 2e-3
                 table.append(f"step {step} row {r} ({a}): graph-eager {errs[0]:.4f} graph-fp32 {errs[1]:.4f} "
-                             f"eager-fp32 {errs[2]:.4f} peft bf16-fp32 {errs[3]:.4f}")
-                if errs[0] >= 2e-2 or errs[1] > 2 * errs[3] + 2e-3:
+                             f"eager-fp32 {errs[2]:.4f} peft bf16-fp32 {errs[3]:.4f} base-fp32 {base:.4f}")
+                if errs[0] > bound or errs[1] > bound or (a is not None and base <= 2 * bound):
                     bad.append(table[-1])
     print("\n".join(table))
     assert not bad, "\n".join(bad)
