@@ -11,7 +11,8 @@ every request holding --ctx cached tokens:
             --gemv-max-tokens adds graphed rounds with other GEMV bounds (a 2-token step: the GEMV
             or the skinny GEMM).
   mixed     8 decode requests plus one prefill chunk of 64 / 256 / 1024 tokens (after --ctx
-            tokens of its own), one logit row per request (as the engine asks), replaying the
+            tokens of its own), one logit row per request (as the engine asks; --lora N: the
+            requests on N random LoRA adapters), replaying the
             mixed-step graphs (model_wrapper/mixed_graph.py) and eagerly (FlashInfer's kernels):
             the wall time of a step against its GPU time alone (the sum of its kernels' device
             times from torch.profiler), and the graphed wall time against the eager GPU time.
@@ -197,6 +198,8 @@ def main(argv=None):
     ap.add_argument("--mixed-only", action="store_true", help="only the mixed rows")
     ap.add_argument("--mixed-block-rows", default="", help="extra mixed_block_rows values for graphed mixed rows")
     ap.add_argument("--profile-host", type=int, default=0, help="cProfile the graphed mixed step of this chunk")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="mixed rows: the requests on this many random rank-16 LoRA adapters (round robin)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify.json"))
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -207,6 +210,12 @@ def main(argv=None):
     if args.tiny:  # ctx + the largest chunk within the tiny model's 2048 positions
         args.ctx = min(args.ctx, 128)
     gen = random_text_generator(cfg, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
+    if args.lora:
+        from benchmarks.bench_lora import random_adapter
+
+        manager = gen.enable_lora(max_loras=max(4, args.lora), max_rank=16)
+        for i in range(args.lora):
+            manager.add_adapter(random_adapter(f"a{i}", manager, 16, gen.model_wrapper.device))
     batches = [int(x) for x in args.batches.split(",")]
     qs = [int(x) for x in args.qs.split(",")]
     chunks = [int(x) for x in args.chunks.split(",") if x]
@@ -217,7 +226,7 @@ def main(argv=None):
     verify = [] if args.mixed_only else verify_rows(gen, args, batches, qs, modes, sync)
     mixed = mixed_rows(gen, args, chunks, modes, sync)
     result = dict(device=torch.cuda.get_device_name() if cuda else "cpu",
-                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx,
+                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx, lora_adapters=args.lora,
                   block_size=args.block_size, iters=args.iters,
                   kernel_config=dataclasses.asdict(gen.model_wrapper.kernel_config), verify=verify, mixed=mixed)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -286,6 +295,8 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
         q = [1] * decodes + [c]
         a, kw = st.args(q, [args.ctx] * (decodes + 1), is_prefill=True)
         kw["lm_head_indices"] = torch.cumsum(torch.tensor(q), 0) - 1  # one logit row per request
+        if args.lora:
+            kw["adapter_ids"] = [f"a{r % args.lora}" for r in range(decodes + 1)]
         done = []
         for on, block_rows in variants:
             if block_rows is not None:
