@@ -2,7 +2,8 @@
 
 Batch 1, greedy, a Llama-3-8B-shaped model with random bf16 weights (written once by
 benchmarks.common.make_random_checkpoint to a temp folder, loaded with
-TextGenerator.from_pretrained).
+TextGenerator.from_pretrained), through SpeculativeDecoder at its defaults (adaptive draft
+lengths, as the engine: a request whose drafts keep failing stops drafting and probes now and then).
 Methods: plain decoding (one token per forward), n-gram prompt lookup as a chain and as a tree,
 a small draft model (2 layers, same vocabulary) proposing a greedy chain, and an EAGLE-3 head
 (random weights in the public layout: fc over 3 target states, one decoder layer, a 32k draft
@@ -39,7 +40,8 @@ accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate re
 --repeats runs after a short warm-up. Each reports
 output tokens/s, TPOT (per request, (last - first token time) / (tokens - 1), median) and ITL
 p50 / p99 over the gaps between a request's token deliveries (a speculative step delivers its
-accepted run at once, so a gap is one engine step of that request).
+accepted run at once, so a gap is one engine step of that request), and the CUDA graphs the timed
+run captured (0 expected: a capture stalls its step).
 
     python benchmarks/bench_speculative.py                       # CUDA, the full-size model
     python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
@@ -242,6 +244,7 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     times = arrival_times or [0.0] * B
     outs, nxt = [], 0
+    graphs_before = num_graphs(gen)
     sync()
     t0 = time.perf_counter()
     while len(outs) < B:
@@ -264,7 +267,14 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     return dict(tokens_per_s=n_tok / elapsed, seconds=elapsed, tpot_ms=1e3 * statistics.median(tpot),
                 itl_p50_ms=1e3 * percentile(gaps, 50), itl_p99_ms=1e3 * percentile(gaps, 99),
                 accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps,
-                drafted=engine.num_draft_tokens)
+                drafted=engine.num_draft_tokens, captures=num_graphs(gen) - graphs_before)
+
+
+def num_graphs(gen) -> int:
+    """CUDA graphs the target holds (decode, verify and mixed): more after a run = captured in it (each
+    capture stalls its step: a timed run should capture none)."""
+    runner = gen.model_wrapper.graphs
+    return 0 if runner is None else len(runner._graphs) + len(runner.mixed._graphs)
 
 
 ENGINE_METHODS = (("engine plain", lambda: None, True),
@@ -302,9 +312,10 @@ def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, 
 
 def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict]:
     """Continuous arrivals (Poisson at --arrival-rate) with and without the drafter. Each method
-    runs the schedule once untimed first: the batch sizes it passes through capture their decode
-    and verify CUDA graphs there (lazily, a capture stalls a step by tens to hundreds of ms), not
-    in the timed run, whichever method came first."""
+    runs the schedule untimed first (twice if the first run captured graphs): the batch sizes and
+    token counts it passes through capture their decode, verify and mixed CUDA graphs there
+    (lazily, a capture stalls a step by tens to hundreds of ms), not in the timed run, whichever
+    method came first; the row's `captures` counts those the timed run still made."""
     g = torch.Generator().manual_seed(1)
     gaps = torch.empty(len(prompts)).exponential_(generator=g) / args.arrival_rate
     times = torch.cumsum(gaps, 0).tolist()
@@ -312,7 +323,9 @@ def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict
     for method, drafter_fn, adaptive in ENGINE_METHODS:
         kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, arrival_times=times,
                   adaptive=adaptive)
-        engine_run(gen, prompts, new_tokens, drafter_fn(), **kw)  # warm-up
+        for _ in range(2):  # warm-up, again if it still captured graphs (the timed run reports its own)
+            if engine_run(gen, prompts, new_tokens, drafter_fn(), **kw)["captures"] == 0:
+                break
         r = engine_run(gen, prompts, new_tokens, drafter_fn(), **kw)
         base = base or r["tokens_per_s"]
         rows.append(dict(scenario="copy / echo-model", load=f"{len(prompts)} arrivals at {args.arrival_rate:g}/s",
@@ -323,7 +336,8 @@ def arrival_rows(gen, prompts, new_tokens, args, max_seq_len, sync) -> list[dict
 
 def print_engine_row(r: dict) -> None:
     print(f"{r['scenario']:22s} {r['load']:24s} {r['method']:26s} {r['tokens_per_s']:9.1f} {r['speedup']:7.2f}x "
-          f"{r['tpot_ms']:8.2f} {r['itl_p50_ms']:8.2f} {r['itl_p99_ms']:8.2f} {r['accepted_per_step']:8.2f}")
+          f"{r['tpot_ms']:8.2f} {r['itl_p50_ms']:8.2f} {r['itl_p99_ms']:8.2f} {r['accepted_per_step']:8.2f} "
+          f"{r['captures']:8d}")
 
 
 def main(argv=None):
@@ -433,7 +447,7 @@ def main(argv=None):
     args.arrival_rate = rate
     n_prompts = max(max(args.engine_batches), n_arr)
     print(f"{'engine: scenario':22s} {'load':24s} {'method':26s} {'tok/s':>9s} {'speedup':>8s} {'TPOT ms':>8s} "
-          f"{'ITL p50':>8s} {'ITL p99':>8s} {'acc/step':>8s}")
+          f"{'ITL p50':>8s} {'ITL p99':>8s} {'acc/step':>8s} {'captures':>8s}")
     random_prompts = [torch.randint(V, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
     # EAGLE-3 in the engine (random head: nothing accepted; its cost, hidden states in every step)
     eagle_engine = [(f"engine eagle3 k{k} {'adaptive' if a else 'fixed'}",

@@ -7,9 +7,12 @@ every request holding --ctx cached tokens:
             spec_mask tree) at batch 1, 8, 32, against a decode step (q = 1) at the same batch,
             each with CUDA graphs (decode graphs; verify graphs of model_wrapper/cuda_graph.py)
             and eagerly (graphs off). Target: a graphed verify step of q <= 8 at batch 1 within
-            1.15x of a graphed decode step.
+            1.15x of a graphed decode step. --repeats rounds over the rows (medians reported);
+            --gemv-max-tokens adds graphed rounds with other GEMV bounds (a 2-token step: the GEMV
+            or the skinny GEMM).
   mixed     8 decode requests plus one prefill chunk of 64 / 256 / 1024 tokens (after --ctx
-            tokens of its own), one logit row per request (as the engine asks), replaying the
+            tokens of its own), one logit row per request (as the engine asks; --lora N: the
+            requests on N random LoRA adapters), replaying the
             mixed-step graphs (model_wrapper/mixed_graph.py) and eagerly (FlashInfer's kernels):
             the wall time of a step against its GPU time alone (the sum of its kernels' device
             times from torch.profiler), and the graphed wall time against the eager GPU time.
@@ -23,6 +26,7 @@ synchronize at the end. The verify graphs and decode graphs are captured during 
     python benchmarks/bench_verify.py                        # CUDA, Llama-3-8B shape
     python benchmarks/bench_verify.py --device cpu --tiny    # smoke test of the script itself
     python benchmarks/bench_verify.py --mixed-only --chunks 16,64,256,1024,2000
+    python benchmarks/bench_verify.py --chunks "" --repeats 3 --no-eager --gemv-max-tokens 1
 
 Prints a table; writes --out (JSON) and the same name .png (if matplotlib is installed).
 """
@@ -34,6 +38,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -181,12 +186,20 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--qs", default="2,4,8")
-    ap.add_argument("--chunks", default="64,256,1024")
+    ap.add_argument("--chunks", default="64,256,1024", help="mixed rows' chunks ('' for none)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="verify rows: rounds over every row (each row's median is reported)")
+    ap.add_argument("--no-eager", action="store_true", help="verify rows: graphed only")
+    ap.add_argument("--gemv-max-tokens", default="",
+                    help="verify rows: extra graphed rounds with these KernelConfig.gemv_max_tokens values "
+                         "(e.g. 1: a 2-token step on the skinny GEMM instead of the GEMV)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--mixed-only", action="store_true", help="only the mixed rows")
     ap.add_argument("--mixed-block-rows", default="", help="extra mixed_block_rows values for graphed mixed rows")
     ap.add_argument("--profile-host", type=int, default=0, help="cProfile the graphed mixed step of this chunk")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="mixed rows: the requests on this many random rank-16 LoRA adapters (round robin)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "verify.json"))
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -197,34 +210,23 @@ def main(argv=None):
     if args.tiny:  # ctx + the largest chunk within the tiny model's 2048 positions
         args.ctx = min(args.ctx, 128)
     gen = random_text_generator(cfg, device=args.device, dtype=torch.bfloat16 if cuda else torch.float32)
+    if args.lora:
+        from benchmarks.bench_lora import random_adapter
+
+        manager = gen.enable_lora(max_loras=max(4, args.lora), max_rank=16)
+        for i in range(args.lora):
+            manager.add_adapter(random_adapter(f"a{i}", manager, 16, gen.model_wrapper.device))
     batches = [int(x) for x in args.batches.split(",")]
     qs = [int(x) for x in args.qs.split(",")]
-    chunks = [int(x) for x in args.chunks.split(",")]
+    chunks = [int(x) for x in args.chunks.split(",") if x]
     torch.manual_seed(0)
     modes = (True, False) if gen.model_wrapper.graphs is not None else (False,)
-    verify = []
     print(f"device={torch.cuda.get_device_name() if cuda else 'cpu'} model={'tiny' if args.tiny else 'Llama-3-8B-shaped'} "
           f"ctx={args.ctx} block_size={args.block_size}")
-    print(f"{'batch':>5s} {'q':>3s} {'kind':>5s} {'graphs':>6s} {'ms':>8s} {'/decode':>8s} {'replayed':>9s}")
-    for B in [] if args.mixed_only else batches:
-        st = Steps(gen, B, args.ctx, max(qs) + 1, args.block_size)
-        for on in modes:
-            with graphs(gen, on):
-                base = None
-                for q, tree in [(1, False)] + [(q, False) for q in qs] + [(max(qs), True)]:
-                    a, kw = st.args([q] * B, [args.ctx] * B, tree=tree)
-                    ms = wall_ms(gen, a, kw, args.iters, sync)
-                    base = ms if q == 1 else base
-                    runner = gen.model_wrapper.graphs
-                    replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
-                    row = dict(batch=B, q=q, kind="tree" if tree else "chain", graphs=on, ms=ms, vs_decode=ms / base,
-                               replayed=replayed)
-                    verify.append(row)
-                    print(f"{B:5d} {q:3d} {row['kind']:>5s} {str(on):>6s} {ms:8.3f} {ms / base:7.2f}x {str(replayed):>9s}")
-        del st
+    verify = [] if args.mixed_only else verify_rows(gen, args, batches, qs, modes, sync)
     mixed = mixed_rows(gen, args, chunks, modes, sync)
     result = dict(device=torch.cuda.get_device_name() if cuda else "cpu",
-                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx,
+                  model="tiny" if args.tiny else "Llama-3-8B-shaped (random)", ctx=args.ctx, lora_adapters=args.lora,
                   block_size=args.block_size, iters=args.iters,
                   kernel_config=dataclasses.asdict(gen.model_wrapper.kernel_config), verify=verify, mixed=mixed)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -232,6 +234,50 @@ def main(argv=None):
         json.dump(result, f, indent=2)
     print(f"wrote {args.out}")
     plot(result, args.out[: -len(".json")] + ".png")
+
+
+def verify_rows(gen, args, batches, qs, modes, sync) -> list[dict]:
+    """Per batch: a decode step, chains of each q and a tree of the largest, graphed and eager (not
+    with --no-eager), then graphed with each --gemv-max-tokens value; per variant --repeats rounds
+    over its rows (a slow stretch of the machine hits every row alike), each row's median ms (and
+    every round's) reported, over the same variant's decode step."""
+    mw = gen.model_wrapper
+    base_cfg = mw.kernel_config
+    variants = [(on, None) for on in modes if on or not args.no_eager]
+    variants += [(True, int(x)) for x in args.gemv_max_tokens.split(",") if x and True in modes]
+    steps = [(1, False)] + [(q, False) for q in qs] + [(max(qs), True)]
+    rows = []
+    print(f"{'batch':>5s} {'q':>3s} {'kind':>5s} {'graphs':>6s} {'gemv<=':>6s} {'ms':>8s} {'/decode':>8s} "
+          f"{'replayed':>9s}  rounds ms")
+    for B in batches:
+        st = Steps(gen, B, args.ctx, max(qs) + 1, args.block_size)
+        samples = {}
+        for on, gemv in variants:  # (a new KernelConfig drops the graphs: one variant at a time)
+            if gemv is not None:
+                mw.set_kernel_config(dataclasses.replace(base_cfg, gemv_max_tokens=gemv))
+            with graphs(gen, on):
+                for _ in range(args.repeats):
+                    for q, tree in steps:
+                        a, kw = st.args([q] * B, [args.ctx] * B, tree=tree)
+                        ms = wall_ms(gen, a, kw, args.iters, sync)
+                        runner = mw.graphs
+                        replayed = runner is not None and runner.can_run(_batch_of(gen, a, kw), a[3])
+                        samples.setdefault((on, gemv, q, tree), ([], replayed))[0].append(ms)
+            if gemv is not None:
+                mw.set_kernel_config(base_cfg)
+        for on, gemv in variants:
+            base = statistics.median(samples[(on, gemv, 1, False)][0])
+            for q, tree in steps:
+                runs, replayed = samples[(on, gemv, q, tree)]
+                ms = statistics.median(runs)
+                row = dict(batch=B, q=q, kind="tree" if tree else "chain", graphs=on,
+                           gemv_max_tokens=base_cfg.gemv_max_tokens if gemv is None else gemv, ms=ms,
+                           vs_decode=ms / base, replayed=replayed, rounds_ms=runs)
+                rows.append(row)
+                print(f"{B:5d} {q:3d} {row['kind']:>5s} {str(on):>6s} {row['gemv_max_tokens']:6d} {ms:8.3f} "
+                      f"{ms / base:7.2f}x {str(replayed):>9s}  {' '.join(f'{x:.3f}' for x in runs)}")
+        del st
+    return rows
 
 
 def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
@@ -249,6 +295,8 @@ def mixed_rows(gen, args, chunks, modes, sync, decodes: int = 8) -> list[dict]:
         q = [1] * decodes + [c]
         a, kw = st.args(q, [args.ctx] * (decodes + 1), is_prefill=True)
         kw["lm_head_indices"] = torch.cumsum(torch.tensor(q), 0) - 1  # one logit row per request
+        if args.lora:
+            kw["adapter_ids"] = [f"a{r % args.lora}" for r in range(decodes + 1)]
         done = []
         for on, block_rows in variants:
             if block_rows is not None:
@@ -311,6 +359,7 @@ def plot(result, path):
         for kind in ("chain", "tree"):
             for B in sorted({r["batch"] for r in result["verify"]}):
                 rows = [r for r in result["verify"] if r["graphs"] == on and r["batch"] == B
+                        and r.get("gemv_max_tokens") == result["kernel_config"]["gemv_max_tokens"]
                         and (r["kind"] == kind or r["q"] == 1)]
                 if kind == "tree" and len(rows) < 2:
                     continue

@@ -183,10 +183,9 @@ class DecodeGraphRunner:
         if batch.max_q == 1 and batch.mode == ForwardMode.DECODE:
             return "decode" if batch.spec_mask is None and batch.batch_size <= self.max_batch else None
         # the mixed graphs return logits only, for models without extra graph inputs (not hidden states);
-        # steps with adapters stay eager: the LoRA mixed-graph test failed its bound on an H100 (session 32)
-        # and could not be rerun, so those steps keep the eager path that is held to peft
-        mixed = (batch.hidden_layers is None and not self.graph_inputs and not batch.uses_lora
-                 and self.mixed.can_run(batch, kv_cache))
+        # steps with adapters unless KernelConfig.mixed_lora_graphs is off (then the eager path)
+        mixed = (batch.hidden_layers is None and not self.graph_inputs
+                 and (not batch.uses_lora or self.config.mixed_lora_graphs) and self.mixed.can_run(batch, kv_cache))
         if mixed and batch.mode != ForwardMode.DECODE:
             return "mixed"
         if (batch.max_q > 1 and kv_cache is not None and bool(self.q_buckets) and batch.max_q <= self.q_buckets[-1]

@@ -17,10 +17,9 @@ bucket's static metadata (attention/prefill_graph.py: per-request ranges and pag
 
 Per replay, on the host only: fill the pinned staging (ids, positions, slots, the attention's
 metadata), copy it into the graph's static inputs, copy lm_head_indices (already on the device)
-into lm_rows, replay. No host-device sync. The graphs carry the LoRA kernels as the decode graphs do (a static per-token
-adapter slot buffer, -1: base model and padding, and the tokens grouped by slot, filled per replay),
-but DecodeGraphRunner._route sends steps that use adapters to the eager path for now: the GPU test of
-LoRA mixed graphs against eager failed in its one run (session 32) and was not rerun.
+into lm_rows, replay. No host-device sync. The graphs carry the LoRA kernels as the decode graphs do (a
+static per-token adapter slot buffer, -1: base model and padding, and the tokens grouped by slot, filled
+per replay); KernelConfig(mixed_lora_graphs=False) sends steps that use adapters to the eager path.
 
 The runner shares the decode runner's memory pool, cache identity and LoRA manager, and its rules
 under tensor parallelism: whether a step replays, which bucket and when a capture happens depend

@@ -150,6 +150,10 @@ class KernelConfig:
     mixed_max_tokens: int = 2048  # 8B on H100: graphs even with eager past 1024 tokens, far ahead below
     mixed_block_rows: int = 64  # query rows (tokens x GQA group) a program of the prefill attention (128: no better)
     mixed_block_n: int = 64  # keys a step of its loop
+    # steps that use LoRA adapters in the mixed graphs too (the Triton LoRA kernels over the bucket's
+    # static per-token slots and slot groups); off: such steps run eagerly (H100, session 33: within the
+    # bf16 bound of peft's fp32 logits with folded / unfolded A stacks, fused epilogues or expand kernels)
+    mixed_lora_graphs: bool = True
 
     def __post_init__(self):
         if self.fp8_kv_decode not in FP8_KV_DECODE:

@@ -217,7 +217,7 @@ def test_greedy_speculation_with_eagle3_equals_plain_greedy(target8, tmp_path):
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 14))] for _ in range(4)]
     n = 12
     kv, bm = gen.allocate_kv_cache(96, 4), BlockManager(96, 4, enable_prefix_caching=False)
-    dec = SpeculativeDecoder(gen, kv, bm, drafter)
+    dec = SpeculativeDecoder(gen, kv, bm, drafter, adaptive_speculation=False)  # a random head: draft every step
     assert dec.generate(prompts, n) == [hf_generate(hf, p, n) for p in prompts]
     assert dec.stats.drafted > 20 and drafter.bm.num_used_blocks == 0 and bm.num_used_blocks == 0
     # every proposal is the head's chain from the target's true states of the verified context
@@ -229,7 +229,7 @@ def test_greedy_speculation_with_eagle3_equals_plain_greedy(target8, tmp_path):
         assert tokens == [context[-1]] + oracle_chain(t, embed, states, context, len(tokens) - 1)
     # trees (three branches) through the same driver: still plain greedy
     tree_drafter = Eagle3Drafter(gen, str(tmp_path / "head"), k=2, branches=3, num_blocks=64, block_size=4)
-    dec = SpeculativeDecoder(gen, kv, bm, tree_drafter)
+    dec = SpeculativeDecoder(gen, kv, bm, tree_drafter, adaptive_speculation=False)
     assert dec.generate(prompts, n) == [hf_generate(hf, p, n) for p in prompts]
     assert dec.stats.drafted > 40 and tree_drafter.bm.num_used_blocks == 0
 

@@ -426,7 +426,7 @@ def test_greedy_speculation_equals_plain_greedy_decoding(models, family):
     ref = [hf_greedy(hf, p, n) for p in prompts]
     for drafter in (NgramDrafter(depth=4, branches=3), NgramDrafter(max_ngram=4, depth=6, branches=1)):
         kv, bm = gen.allocate_kv_cache(128, 8), BlockManager(128, 8)
-        dec = SpeculativeDecoder(gen, kv, bm, drafter)
+        dec = SpeculativeDecoder(gen, kv, bm, drafter, adaptive_speculation=False)  # every step drafts
         out = [dec.generate([p], n)[0] for p in prompts]  # batch 1
         assert out == ref
         assert dec.stats.accepted > 0 and dec.stats.tokens_per_forward > 1.3  # the drafts did hit
@@ -440,10 +440,84 @@ def test_oracle_trees_non_contiguous_accepts_batched(models, family):
     gen, hf = models(family)
     rng = random.Random(5)
     prompts = [random_prompt(rng, rng.randint(1, 25)) for _ in range(6)]
-    out, ref, stats = _oracle_decode(gen, hf, prompts, 40, lambda truth: OracleDrafter(truth, seed=6))
+    out, ref, stats = _oracle_decode(gen, hf, prompts, 40, lambda truth: OracleDrafter(truth, seed=6),
+                                     adaptive_speculation=False)
     assert out == ref
     assert stats.accepted > 30  # deep accepts happened, most through non-contiguous paths
     assert len(set(stats.steps)) > 3  # requests emitted different counts per step
+
+
+class ChainDrafter:
+    """Test drafter of chains of `depth` tokens: the true greedy continuation once a request's context
+    holds right_from tokens (then every draft is accepted), before that the true tokens plus one
+    (every draft rejected)."""
+
+    def __init__(self, truth: dict, right_from: dict, depth: int = 4):
+        self.truth, self.right_from, self.depth = truth, right_from, depth
+        self.ctx: dict = {}
+
+    def start(self, s, prompt):
+        self.ctx[s] = list(prompt)
+
+    def update(self, s, emitted):
+        self.ctx[s] += emitted
+
+    def finish(self, s):
+        self.ctx.pop(s, None)
+
+    def propose(self, seq_ids, budgets):
+        out = []
+        for s, b in zip(seq_ids, budgets):
+            ctx = self.ctx[s]
+            true = self.truth[s][len(ctx):len(ctx) + self.depth]
+            draft = true if len(ctx) >= self.right_from[s] else [(t + 1) % VOCAB for t in true]
+            out.append(DraftTree.chain([ctx[-1]] + draft[: b - 1]))
+        return out
+
+
+def test_decoder_adapts_its_draft_lengths_and_stays_plain_greedy(models):
+    """adaptive_speculation (the default): the output is plain greedy's whatever the drafts; a request
+    whose drafts fail drafts accepted + 1 = 1 token in its next step, stops after 2 such steps
+    (patience) and probes one token at the steps that are multiples of its backoff (4, doubling
+    after each failed probe); a probe that hits brings its drafting back. Drafted tokens are counted
+    from that schedule by hand; adaptive_speculation=False drafts a full chain in every step."""
+    gen, hf = models("llama")
+    rng = random.Random(11)
+    prompts = [random_prompt(rng, rng.randint(5, 20)) for _ in range(3)]
+    n = 40  # the prefill's token, then 39 verify steps (0 .. 38)
+    ref = [hf_greedy(hf, p, n) for p in prompts]
+    truth = {("spec", i): list(p) + r for i, (p, r) in enumerate(zip(prompts, ref))}
+    never = {s: 10 ** 9 for s in truth}
+
+    def run(right_from, **kw):
+        kv, bm = gen.allocate_kv_cache(128, 4), BlockManager(128, 4)
+        dec = SpeculativeDecoder(gen, kv, bm, ChainDrafter(truth, right_from), **kw)
+        assert dec.generate(prompts, n) == ref
+        assert bm.num_used_blocks == 0
+        return dec.stats
+
+    # every draft wrong: step 0 drafts 4 tokens, step 1 one, then probes of 1 at steps 4, 8, 16, 32
+    stats = run(never)
+    assert stats.accepted == 0 and stats.drafted == 3 * (4 + 1 + 1 + 1 + 1 + 1)
+    assert stats.forwards == 1 + 39  # each step emitted its one target token
+    fixed = run(never, adaptive_speculation=False)
+    # (step k has 39 - k tokens left to emit: its chain is cut to 38 - k drafts)
+    assert fixed.accepted == 0 and fixed.drafted == 3 * sum(min(4, 38 - k) for k in range(39))
+    # right once the context holds prompt + 12 tokens: the probes at steps 4 and 8 (contexts of
+    # prompt + 5 and + 9) fail, the one at step 16 hits and every draft from then on is accepted
+    stats = run({s: len(p) + 12 for s, p in zip(truth, prompts)})
+    assert stats.drafted - stats.accepted == 3 * (4 + 1 + 1 + 1)
+    assert stats.accepted > 3 * 12 and stats.forwards < 1 + 39
+    # drafts always right: the adaptive and fixed drivers run the same steps
+    always = {s: 0 for s in truth}
+    assert run(always).forwards == run(always, adaptive_speculation=False).forwards < 1 + 39 // 2
+
+
+def test_decoder_refuses_a_bad_adaptive_speculation_setting(models):
+    gen, _ = models("llama")
+    kv, bm = gen.allocate_kv_cache(16, 4), BlockManager(16, 4)
+    with pytest.raises(ValueError, match="adaptive_speculation: expected a bool or an AdaptiveSpeculation, got str"):
+        SpeculativeDecoder(gen, kv, bm, None, adaptive_speculation="yes")
 
 
 def test_plain_decoding_through_the_driver_and_prefix_cache(models):
@@ -528,7 +602,7 @@ def test_lora_applies_to_every_tree_token(checkpoint_dir, tmp_path):
     ref = [hf_greedy(peft_model, prompts[0], 16), hf_greedy(hf_model(path), prompts[1], 16)]
     assert ref[0] != hf_greedy(hf_model(path), prompts[0], 16)  # the adapter matters
     kv, bm = gen.allocate_kv_cache(64, 4), BlockManager(64, 4)
-    dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3))
+    dec = SpeculativeDecoder(gen, kv, bm, NgramDrafter(branches=3), adaptive_speculation=False)  # trees each step
     assert dec.generate(prompts, 16, adapter_ids=["ad", None]) == ref
     assert dec.stats.accepted > 0
     # reloaded under the same name with other weights: the prompt's K/V cached under the first

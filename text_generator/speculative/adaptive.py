@@ -1,5 +1,5 @@
-"""Adaptive speculation: per request, how many tokens to draft in the engine's next step, from how
-its earlier drafts fared.
+"""Adaptive speculation: per request, how many tokens to draft in the next step of the engine (or of
+SpeculativeDecoder, the batch loop), from how its earlier drafts fared.
 
 Verification keeps the output exact whatever the draft length; this only decides what drafting
 costs. A rejected draft costs a verify step wider than a decode step and, in the engine, a step
@@ -78,17 +78,26 @@ class _State:
 
 
 class DraftLengths:
-    """Owns the per-request draft-length state of one engine.
+    """Owns the per-request draft-length state of one driver (an LLMEngine, a SpeculativeDecoder).
 
     policy None: every request drafts up to max_length nodes in every step (no adaptation).
-    Engine steps are numbered by the caller (LLMEngine.num_steps); wanted() is a function of the
-    state and the step number only: the engine asks it once a step is scheduled (whether to read
-    the launched step back first) and again while it builds the drafts.
+    Steps are numbered by the caller (LLMEngine.num_steps, SpeculativeDecoder's step count);
+    wanted() is a function of the state and the step number only: the engine asks it once a step
+    is scheduled (whether to read the launched step back first) and again while it builds the drafts.
     """
 
     def __init__(self, policy: AdaptiveSpeculation | None, max_length: int):
         self.policy, self.max_length = policy, max_length
         self._states: dict[Hashable, _State] = {}
+
+    @classmethod
+    def of(cls, setting, max_length: int, where: str) -> "DraftLengths":
+        """From a driver's `adaptive_speculation` argument: True (the default thresholds), False (no
+        adaptation) or an AdaptiveSpeculation; anything else is a ValueError naming `where`."""
+        if not isinstance(setting, (bool, AdaptiveSpeculation)):
+            raise ValueError(f"{where}: adaptive_speculation: expected a bool or an AdaptiveSpeculation, "
+                             f"got {type(setting).__name__}")
+        return cls(AdaptiveSpeculation() if setting is True else setting or None, max_length)
 
     def add(self, rid: Hashable) -> None:
         backoff = 1 if self.policy is None else self.policy.min_backoff

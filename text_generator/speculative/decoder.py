@@ -27,6 +27,7 @@ import torch
 
 from kv_manager import BlockManager
 from kv_manager.errors import KVCacheError, KVErrorCode
+from text_generator.speculative.adaptive import AdaptiveSpeculation, DraftLengths
 from text_generator.speculative.drafters import Drafter
 from text_generator.speculative.tree import DraftTree, build_tree_batch
 from text_generator.speculative.verify import (TreeSampling, Verdict, accept_greedy, target_probs,
@@ -122,19 +123,27 @@ class SpeculativeDecoder:
     Owns nothing but references: the target generator, its kv_cache and BlockManager (which it
     fills with sequences for the duration of `generate`, freeing them at the end), the drafter
     (None: plain decoding, one token per forward), the sampling parameters and a CPU
-    torch.Generator seeded with `seed`. Invariant between steps, per request: the block manager
-    holds the accepted tokens, all committed but the last (the next tree's root).
+    torch.Generator seeded with `seed`; and the per-request draft lengths (adaptive_speculation:
+    True, the default thresholds, as LLMEngine; an AdaptiveSpeculation, its thresholds; False:
+    every request drafts up to max_tree_nodes - 1 nodes in every step): a request whose drafts
+    keep failing stops drafting (its trees are the lone root: a decode step) and probes again
+    now and then. Invariant between steps, per request: the block manager holds the accepted
+    tokens, all committed but the last (the next tree's root).
     """
 
     def __init__(self, generator, kv_cache, block_manager: BlockManager, drafter: Drafter | None,
                  *, sampling: TreeSampling = TreeSampling(), seed: int = 0,
-                 max_seq_len: int | None = None, max_tree_nodes: int = 64):
+                 max_seq_len: int | None = None, max_tree_nodes: int = 64,
+                 adaptive_speculation: "bool | AdaptiveSpeculation" = True):
         self.gen, self.kv_cache, self.bm = generator, kv_cache, block_manager
         self.drafter = drafter if drafter is not None else _NoDraft()
         self.sampling = sampling
         self.rng = torch.Generator().manual_seed(seed)
         self.max_seq_len = max_seq_len or generator.max_position_embeddings
         self.max_tree_nodes = max_tree_nodes
+        # per request: draft nodes wanted per step, as in LLMEngine (adaptive.py; False: every step drafts)
+        self.draft_lengths = DraftLengths.of(adaptive_speculation, max_tree_nodes - 1, "SpeculativeDecoder")
+        self.num_steps = 0  # verify steps run: the step numbers of the draft lengths' probes
         self.stats = SpecStats()
         self._next_id = 0
 
@@ -160,6 +169,8 @@ class SpeculativeDecoder:
         self._next_id += B
         out: list[list[int]] = [[] for _ in range(B)]
         try:
+            for s in ids:
+                self.draft_lengths.add(s)
             self._prefill(ids, prompts, adapters, out)
             live = [b for b in range(B) if not self._done(out[b], budget[b], eos_token_id)]
             while live:
@@ -171,6 +182,7 @@ class SpeculativeDecoder:
                 if s in self.bm:
                     self.bm.free(s)
                 self.drafter.finish(s)
+                self.draft_lengths.remove(s)
         if eos_token_id is not None:
             out = [o[: o.index(eos_token_id) + 1] if eos_token_id in o else o for o in out]
         return [o[:n] for o, n in zip(out, budget)]
@@ -215,12 +227,26 @@ class SpeculativeDecoder:
     def _adapters_arg(adapters):
         return None if all(a is None for a in adapters) else list(adapters)
 
+    def _propose(self, ids, cached, remaining, outs) -> list[DraftTree]:
+        """Each request's tree of this step: the drafter's, for the requests whose draft length
+        (draft_lengths) and room want one, else the lone root (its last token: a decode step)."""
+        step, lengths = self.num_steps, self.draft_lengths
+        # a tree writes size tokens of K/V and emits at most depth + 1 <= size tokens
+        budgets = [max(1, min(self.max_tree_nodes, lengths.wanted(s, step) + 1, self.max_seq_len - c, r))
+                   for s, c, r in zip(ids, cached, remaining)]
+        drafting = [b for b, n in enumerate(budgets) if n > 1]
+        proposed = self.drafter.propose([ids[b] for b in drafting], [budgets[b] for b in drafting]) \
+            if drafting else []
+        trees = [DraftTree([o[-1]], [-1]) for o in outs]
+        for b, t in zip(drafting, proposed):
+            trees[b] = t.pruned(budgets[b], remaining[b] - 1)
+            if trees[b].size == 1:
+                lengths.record(ids[b], step, 0, 0)  # the drafter had nothing: nothing accepted
+        return trees
+
     def _step(self, ids, adapters, remaining, outs) -> None:
         cached = [self.bm.num_computed_tokens(s) for s in ids]
-        # a tree writes size tokens of K/V and emits at most depth + 1 <= size tokens
-        budgets = [max(1, min(self.max_tree_nodes, self.max_seq_len - c, r)) for c, r in zip(cached, remaining)]
-        trees = self.drafter.propose(ids, budgets)
-        trees = [t.pruned(b, r - 1) for t, b, r in zip(trees, budgets, remaining)]
+        trees = self._propose(ids, cached, remaining, outs)
         for s, t in zip(ids, trees):
             self.bm.append(s, t.tokens[1:])
         batch = build_tree_batch(trees, cached, [self.bm.slots(s, c, c + t.size) for s, c, t in zip(ids, cached, trees)],
@@ -247,9 +273,12 @@ class SpeculativeDecoder:
             else:  # the target's states at the accepted path: the drafter's next entries
                 rows = torch.tensor([batch.offsets[b] + i for i in v.path], device=hidden.device)
                 self.drafter.update(s, v.tokens, hidden=hidden.index_select(0, rows))
+            if t.size > 1:
+                self.draft_lengths.record(s, self.num_steps, max(t.depths()), len(v.path) - 1)
             outs[b].extend(v.tokens)
             self.stats.emitted += len(v.tokens)
             self.stats.accepted += len(v.path) - 1
             self.stats.drafted += t.size - 1
             self.stats.steps.append(len(v.tokens))
+        self.num_steps += 1
 
