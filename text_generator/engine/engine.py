@@ -115,9 +115,7 @@ class LLMEngine:
         if speculative is not None and not all(hasattr(speculative, m) for m in ("start", "propose", "update", "finish")):
             raise ValueError(f"LLMEngine: speculative: expected a drafter with start / propose / update / finish, "
                              f"got {type(speculative).__name__}")
-        if not (isinstance(adaptive_speculation, (bool, AdaptiveSpeculation))):
-            raise ValueError(f"LLMEngine: adaptive_speculation: expected a bool or an AdaptiveSpeculation, "
-                             f"got {type(adaptive_speculation).__name__}")
+        draft_lengths = DraftLengths.of(adaptive_speculation, MAX_TREE_NODES - 1, "LLMEngine")  # checked first
         if not (isinstance(block_size, int) and block_size >= 1):
             raise ValueError(f"LLMEngine: block_size: expected an int >= 1, got {block_size!r}")
         if num_blocks is not None and not (isinstance(num_blocks, int) and num_blocks >= 1):
@@ -156,8 +154,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.drafter = speculative
         self._drafting: set[str] = set()  # requests the drafter has started
-        policy = AdaptiveSpeculation() if adaptive_speculation is True else adaptive_speculation or None
-        self.draft_lengths = DraftLengths(policy, MAX_TREE_NODES - 1)  # per request: drafts wanted per step
+        self.draft_lengths = draft_lengths  # per request: drafts wanted per step
         layers = getattr(speculative, "hidden_layers", None)
         self.hidden_feed = HiddenFeed(layers) if layers else None  # target states for the drafter
         self.num_steps = 0
