@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 
 FP8_KV_DECODE = ("triton", "flashinfer")
+FP8_GEMV_CONVERT = ("cvt", "bits")
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,9 @@ class KernelConfig:
     fp8_gemv_max_tokens: int = 2  # the bf16 GEMV's bound; e4m3 halves the bytes a FMA may take
     fp8_gemv_tile: int = 32768  # weights a program holds (H200 sweep: 4% faster than 16k)
     fp8_gemv_warps: int = 4
-    fp8_gemv_max_k: int = 32768  # padded row (groups x group width) a program holds
+    fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
+    fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load)
+    fp8_gemv_convert: str = "cvt"  # e4m3 -> fp32: "cvt" (the compiler's) or "bits" (bit moves; kernels/fp8_gemv.py)
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
     fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:
@@ -155,3 +158,9 @@ class KernelConfig:
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")
+        if self.fp8_gemv_convert not in FP8_GEMV_CONVERT:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_convert: expected one of "
+                                 f"{list(FP8_GEMV_CONVERT)}, got {self.fp8_gemv_convert!r}")
+        if self.fp8_gemv_chunk < 1 or self.fp8_gemv_chunk & (self.fp8_gemv_chunk - 1):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_chunk: expected a power of 2, "
+                                 f"got {self.fp8_gemv_chunk!r}")
