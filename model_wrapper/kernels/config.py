@@ -108,7 +108,7 @@ class KernelConfig:
     # torch._scaled_mm (one scale per row, or 128 x 128 blocks where torch takes them) or the
     # block-scaled Triton GEMM (benchmarks/bench_fp8_gemm.py times each path at each M)
     fp8_gemv_max_tokens: int = 2  # the bf16 GEMV's bound; e4m3 halves the bytes a FMA may take
-    fp8_gemv_tile: int = 32768  # weights a program holds (H200 sweep: 4% faster than 16k)
+    fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n)
     fp8_gemv_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load)

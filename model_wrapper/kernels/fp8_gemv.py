@@ -131,6 +131,14 @@ def gemv_padded_k(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
     return triton.next_power_of_2(K // ch) * ch
 
 
+def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT) -> int:
+    """Rows a program holds: cfg.fp8_gemv_tile weight-tokens (rows x padded row x tokens; gate_up's
+    rows count twice, gate and up), a power of 2, at least 1. Per token: each token's x and sums
+    take registers beside the weights' (at 2 tokens a full tile spilled on sm90)."""
+    per_row = gemv_padded_k(K, group, cfg) * (2 if silu else 1) * max(M, 1)
+    return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // per_row) + 1) // 2
+
+
 def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
     """x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2]) in x's dtype."""
     M, K = x.shape
@@ -140,7 +148,7 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
         return out
     ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)
     nch = triton.next_power_of_2(K // ch)
-    block_n = triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // (nch * ch) // (2 if silu else 1)) + 1) // 2
+    block_n = gemv_block_n(M, K, group, silu, cfg)
     convert = FP8_GEMV_CONVERT[cfg.fp8_gemv_convert]
     w = weight.view(torch.uint8) if convert == 1 else weight
     pdl = uses_pdl(x.device, cfg)
