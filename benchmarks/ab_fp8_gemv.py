@@ -8,8 +8,8 @@ the dequantized weight, and the floor of the bytes each must read.
 
 Shapes as a decode step runs them: qkv 6144x4096, o 4096x4096, gate_up 28672x4096 with its SiLU
 epilogue, down 4096x14336. "new" rows sweep KernelConfig's fp8_gemv_tile x fp8_gemv_warps with the
-compiler's e4m3 conversion, plus the "bits" conversion and 32-column chunks at a few tiles
-(a narrower grid at 2 and 4 tokens). Each
+compiler's e4m3 conversion, plus 32-column chunks at one tile (a narrower grid at 2 and 4 tokens;
+session 33 also timed a "bits" conversion since removed, RESULTS.md). Each
 time is bench_fp8_gemm's: the median CUDA-graph replay of calls rotating over weight copies of
 > 256 MB together (no L2 reuse), per call; consecutive calls in the graph overlap through PDL as
 a decode step's projections do. floor = (e4m3 weight + scales + x + y bytes) / the copy bandwidth
@@ -49,13 +49,10 @@ def new_variants(M: int, smoke: bool) -> dict:
     narrows with M). fp8_gemv_tile counts weights x tokens: "t32k" holds 16k weights at 2 tokens."""
     if smoke:
         return {"new t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
-                "new t1k w2 bits": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_convert="bits")}
+                "new t1k w2 ch8": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_chunk=8)}
     grid = {1: [(t, w) for t in (8192, 16384, 32768) for w in (4, 8)] + [(65536, 8)],
             2: [(16384, 8), (32768, 4), (32768, 8), (65536, 8)], 4: [(32768, 4), (32768, 8), (65536, 8)]}
     out = {f"new t{t // 1024}k w{w}": dict(fp8_gemv_tile=t, fp8_gemv_warps=w) for t, w in grid.get(M, grid[4])}
-    extra = {1: [(16384, 8), (32768, 4)], 2: [(32768, 8)]}.get(M, [])
-    for t, w in extra:
-        out[f"new t{t // 1024}k w{w} bits"] = dict(fp8_gemv_tile=t, fp8_gemv_warps=w, fp8_gemv_convert="bits")
     if M == 1:
         out["new t32k w4 ch32"] = dict(fp8_gemv_tile=32768, fp8_gemv_warps=4, fp8_gemv_chunk=32)
     return out

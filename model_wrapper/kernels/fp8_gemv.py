@@ -11,14 +11,12 @@ load a thread) inside one scale group: the products of a chunk are summed inside
 FMAs, no shuffles), the chunk's sum is multiplied by its group's scale, and only the sum over the
 chunks crosses threads, once per row. (The session-32 kernel held [rows, groups, 128] with a
 runtime K: masked byte loads, a cross-thread sum per group, 255 registers and spills; its sm90
-SASS had ~24 instructions a weight, this one ~4: benchmarks/ab_fp8_gemv.py times both.)
+SASS had ~24 instructions a weight, this one ~4. benchmarks/ab_fp8_gemv.py on an H100: a layer's
+four projections at 1 token 85.0 us against 87.5 (floor 75.0), at 2 tokens 124.6 against 142.3.)
 
-e4m3 -> fp32, two ways (cfg.fp8_gemv_convert):
-  "cvt"     the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f32)
-  "bits"    bit moves: byte s.eeee.mmm -> fp16 bits s.0eeee.mmm0000000, which is the e4m3 value
-            times 2^-8 exactly (normals and subnormals: fp16's exponent bias is 8 above e4m3's, and
-            both have the same subnormal step relative to it); then f16 -> f32, and the 2^8 goes
-            into the chunk's sum (an exact power-of-2 product)
+e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f32). Moving the
+bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
+f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -30,35 +28,19 @@ import triton.language as tl
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 
-FP8_GEMV_CONVERT = {"cvt": 0, "bits": 1}  # KernelConfig.fp8_gemv_convert -> the kernel's CONVERT
-
 
 @triton.jit
-def e4m3_bits_to_f32(b):
-    """uint8 e4m3 bit patterns -> their values times 2^-8 in fp32, exactly (no conversion of e4m3:
-    the bits are moved into an fp16, whose conversion to fp32 is exact). NaN (0x7F / 0xFF) is not
-    mapped: weights are finite."""
-    u = b.to(tl.int32)
-    h = ((u & 0x80) << 8) | ((u & 0x7F) << 7)
-    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _chunk_sums(w, x, CONVERT: tl.constexpr):
-    """[chunks, rows, CH] e4m3 (or its uint8 bits) times x [chunks, 1, CH] fp32 -> [chunks, rows] fp32."""
-    if CONVERT == 1:
-        return tl.sum(e4m3_bits_to_f32(w) * x, axis=2) * 256.0
+def _chunk_sums(w, x):
+    """[chunks, rows, CH] e4m3 times x [chunks, 1, CH] fp32 -> [chunks, rows] fp32."""
     return tl.sum(w.to(tl.float32) * x, axis=2)
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, stride_s, stride_o,
                      K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
-                     CONVERT: tl.constexpr):
-    # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and
-    # the group, so a chunk is all in or all out (the mask is constant along it: 16-byte loads) and
-    # has one scale. Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate
+                     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+    # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
+    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale. Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate
     # rows [0, N), up rows [N, 2N) of the weight, scales and bias.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = rows < N
@@ -97,7 +79,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, s
     dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
         x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
-        part = _chunk_sums(w, x, CONVERT)
+        part = _chunk_sums(w, x)
         if PER_GROUP:
             acc = tl.sum(part * s, axis=0)
         else:
@@ -105,7 +87,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, s
         if HAS_BIAS:
             acc += b
         if SILU:
-            part = _chunk_sums(wu, x, CONVERT)
+            part = _chunk_sums(wu, x)
             if PER_GROUP:
                 up = tl.sum(part * su, axis=0)
             else:
@@ -149,12 +131,10 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
     ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)
     nch = triton.next_power_of_2(K // ch)
     block_n = gemv_block_n(M, K, group, silu, cfg)
-    convert = FP8_GEMV_CONVERT[cfg.fp8_gemv_convert]
-    w = weight.view(torch.uint8) if convert == 1 else weight
     pdl = uses_pdl(x.device, cfg)
     _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, w, weight_scale, x if bias is None else bias, out, N, x.stride(0), weight.stride(0),
+        x, weight, weight_scale, x if bias is None else bias, out, N, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), K=K, GROUP=min(group, K), CH=ch, NCH=nch, M=M, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, CONVERT=convert, num_warps=cfg.fp8_gemv_warps,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps,
         **launch_args(pdl))
     return out
