@@ -40,8 +40,9 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, s
                      K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
                      BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
     # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
-    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale. Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate
-    # rows [0, N), up rows [N, 2N) of the weight, scales and bias.
+    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
+    # Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate rows [0, N), up
+    # rows [N, 2N) of the weight, scales and bias.
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = rows < N
     safe = tl.where(live, rows, 0).to(tl.int64)

@@ -5,9 +5,9 @@ The interpreter (test_fp8_kernels.py) runs the kernel's arithmetic but not the c
 large for the registers, or a layout that splits a thread's 16 e4m3 bytes into narrower loads, shows
 only as time on a GPU. Here the kernel is compiled ahead of time as fp8_gemv launches it for the
 Llama-3-8B projections (qkv, o, gate_up with its SiLU epilogue, down; block scales of 128 and one
-scale a row) at 1 and 2 tokens under the default KernelConfig (pointers and strides divisible by 16, as Triton specializes them at launch), with the ptxas that
-ships with Triton; cuobjdump reads back its stack (spilled registers) and its SASS the widths of its
-global loads. In a child process: in this one the kernel may already be an interpreted function.
+scale a row) at 1 and 2 tokens under the default KernelConfig (pointers and strides divisible by
+16, as Triton specializes them at launch), with the ptxas that ships with Triton; cuobjdump reads
+back its stack (spilled registers) and its SASS the widths of its global loads. In a child process: in this one the kernel may already be an interpreted function.
 """
 
 from __future__ import annotations
