@@ -21,7 +21,11 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
-Writes fp8.json and fp8.png to --out.
+Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
+its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's):
+
+    python3 benchmarks/bench_fp8.py --decode-only --batches 1,2,4 --configs bf16,fp8 \
+        --fp8-variants '{"tile16k": {"fp8_gemv_tile": 16384}}' --out $OUT
 """
 
 from __future__ import annotations
@@ -186,11 +190,20 @@ def main():
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--kernel-config", default=None,
                     help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
+    ap.add_argument("--decode-only", action="store_true", help="the decode rows alone (no accuracy, prefill, engine)")
+    ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 1,8,32,128)")
+    ap.add_argument("--configs", default="bf16,fp8,fp8+fp8kv", help="comma-separated decode rows: bf16, fp8, fp8+fp8kv")
+    ap.add_argument("--fp8-variants", default=None,
+                    help='JSON {name: {KernelConfig field: value}}: more FP8-weight decode rows ("fp8[name]")')
     args = ap.parse_args()
+    if args.decode_only:
+        args.skip_accuracy = args.skip_engine = True
     dev = args.device
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     batches = [1, 8, 32, 128] if not args.tiny else [1, 4]
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
     ctx = 512 if not args.tiny else 64
     T_pre = 4096 if not args.tiny else 128
     iters = 30 if dev == "cuda" else 2
@@ -204,16 +217,21 @@ def main():
 
     gen8 = random_text_generator(cfg, device=dev, dtype=dtype)
     genr = random_text_generator(cfg, device=dev, dtype=dtype)
+    import dataclasses
+
+    from model_wrapper.kernels import KernelConfig
+
+    base_cfg = KernelConfig()
     if args.kernel_config:
-        import dataclasses
-
-        from model_wrapper.kernels import KernelConfig
-
         with open(args.kernel_config) as f:
             overrides = json.load(f)
         res["kernel_config_overrides"] = overrides
+        base_cfg = dataclasses.replace(base_cfg, **overrides)
         for gen in (gen8, genr):
-            gen.model_wrapper.set_kernel_config(dataclasses.replace(KernelConfig(), **overrides))
+            gen.model_wrapper.set_kernel_config(base_cfg)
+    variants = json.loads(args.fp8_variants) if args.fp8_variants else {}
+    if variants:
+        res["fp8_variants"] = variants
     fp8_bytes = to_fp8(gen8, genr, args.kind)
     rest = other_bytes(genr)
     proj_bf16 = sum(p.numel() * p.element_size() for lin in genr.model_wrapper.lora_linears().values()
@@ -238,8 +256,14 @@ def main():
     perm = torch.randperm(num_blocks)
     caches = {"bf16": (genr, None, proj_bf16 + rest, kv_tok), "fp8": (gen8, None, fp8_bytes + rest, kv_tok),
               "fp8+fp8kv": (gen8, E4M3, fp8_bytes + rest, kv_tok // 2)}
+    caches = {k: v for k, v in caches.items() if k in args.configs.split(",")}
+    for vname in variants:
+        caches[f"fp8[{vname}]"] = (gen8, None, fp8_bytes + rest, kv_tok)
     decode = []
     for name, (gen, kvd, wbytes, kvb) in caches.items():
+        if gen is gen8:  # its variant's config, or the run's own
+            vname = name[4:-1] if name.startswith("fp8[") else None
+            gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **variants[vname]) if vname else base_cfg)
         kv = gen.allocate_kv_cache(num_blocks, bs) if kvd is None else gen.allocate_kv_cache(num_blocks, bs, dtype=kvd)
         for B in batches:
             t = timed(decode_step(gen, kv, bs, B, ctx, perm), iters=iters, warmup=3, device=dev, repeats=3)
@@ -248,9 +272,13 @@ def main():
             print(f"decode {name:10s} B={B:4d}: {t * 1e3:7.3f} ms  floor {floor * 1e3:6.3f}  x{t / floor:.3f}", flush=True)
         del kv
     for d in decode:
-        base = next(x for x in decode if x["config"] == "bf16" and x["batch"] == d["batch"])
-        d["speedup_vs_bf16"] = base["step_ms"] / d["step_ms"]
+        base = next((x for x in decode if x["config"] == "bf16" and x["batch"] == d["batch"]), None)
+        if base is not None:
+            d["speedup_vs_bf16"] = base["step_ms"] / d["step_ms"]
     res["decode"] = decode
+    gen8.model_wrapper.set_kernel_config(base_cfg)
+    if args.decode_only:
+        return save(res, args)
 
     per = -(-T_pre // bs)
     kv8, kvr = gen8.allocate_kv_cache(per + 1, bs), genr.allocate_kv_cache(per + 1, bs)
@@ -282,10 +310,15 @@ def main():
                              speedup=e8["tokens_per_s"] / er["tokens_per_s"])
         print("engine", res["engine"], flush=True)
 
+    save(res, args)
+
+
+def save(res, args):
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fp8.json" if not args.tiny else "fp8_tiny.json"), "w") as f:
+    stem = ("fp8" if not args.tiny else "fp8_tiny") + ("_decode" if args.decode_only else "")
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(res, f, indent=1)
-    plot(res, os.path.join(args.out, "fp8.png" if not args.tiny else "fp8_tiny.png"))
+    plot(res, os.path.join(args.out, stem + ".png"))
 
 
 def plot(res, path):
@@ -293,12 +326,18 @@ def plot(res, path):
     if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name in ("bf16", "fp8", "fp8+fp8kv"):
+    for name in dict.fromkeys(d["config"] for d in res["decode"]):
         rows = [d for d in res["decode"] if d["config"] == name]
         line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=name)
         a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
     a.set(xlabel="batch", ylabel="ms / decode step", xscale="log", title=f"decode, ctx {res['context']} (dashed: floor)")
     a.legend()
+    if "prefill" not in res:
+        b.set_visible(False)
+        fig.suptitle(f"{res['model']} on {res['device']}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        return
     p = res["prefill"]
     names = ["fp8", "bf16", "fp8 GEMM chain", "fp8 block GEMM chain", "bf16 GEMM chain"]
     vals = [p["fp8_ms"], p["bf16_ms"], p["fp8_gemm_chain_ms"], p.get("fp8_block_gemm_chain_ms", float("nan")),

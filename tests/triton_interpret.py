@@ -11,10 +11,11 @@ Triton 3.9's interpreter loads and stores in C++, which takes bool masks only, w
 compiler reads as i1 can be an int array here (an `&` with an int operand): it is cast to bool.
 The interpreter computes tl.dot of bf16 operands wrongly (it reads their bits as integers), so
 kernels are checked in fp32 / fp16 there and in bf16 only on CUDA.
-Its float -> float8e4nv conversion rounds half up and drops the carry of a mantissa that rounds
+Its float32 -> bfloat16 conversion truncates (the GPU's rounds to nearest even), and its
+float -> float8e4nv conversion rounds half up and drops the carry of a mantissa that rounds
 over (x/s = 126.9 becomes 64, not 128): conversions to and from e4m3 go through torch's, which
 round to nearest even and saturate as the GPU's cvt.rn.satfinite does for the clamped inputs
-the kernels convert.
+the kernels convert; float32 -> bfloat16 goes through torch's too.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ if INTERPRET:
         return _fp_to_fp(self, src, dst_type, rounding_mode)
 
     _builder.create_fp_to_fp = _fp_to_fp_e4m3
+    _fp_trunc = _builder.create_fp_trunc
+
+    def _fp_trunc_bf16(self, src, dst_type):
+        if src.dtype.scalar == _tl.float32 and dst_type.scalar == _tl.bfloat16:
+            x = torch.from_numpy(_np.ascontiguousarray(src.data).astype(_np.float32)).to(torch.bfloat16)
+            return _interpreter.TensorHandle(x.view(torch.int16).numpy().view(_np.uint16), dst_type.scalar)
+        return _fp_trunc(self, src, dst_type)
+
+    _builder.create_fp_trunc = _fp_trunc_bf16
 
     _masked_load, _masked_store = _builder.create_masked_load, _builder.create_masked_store
     _builder.create_masked_load = \

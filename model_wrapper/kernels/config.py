@@ -106,10 +106,14 @@ class KernelConfig:
     # skinny tensor-core GEMM (e4m3 upcast in registers); beyond: activations quantized, then
     # torch._scaled_mm (one scale per row, or 128 x 128 blocks where torch takes them) or the
     # block-scaled Triton GEMM (benchmarks/bench_fp8_gemm.py times each path at each M)
-    fp8_gemv_max_tokens: int = 2  # the bf16 GEMV's bound; e4m3 halves the bytes a FMA may take
-    fp8_gemv_tile: int = 32768  # weights a program holds (H200 sweep: 4% faster than 16k)
-    fp8_gemv_warps: int = 4
-    fp8_gemv_max_k: int = 32768  # padded row (groups x group width) a program holds
+    # (H100, benchmarks/ab_fp8_gemv.py, a layer's four projections: 2 tokens 124.6 us against the skinny
+    # kernel's 140.5, 4 tokens 229 against 141)
+    fp8_gemv_max_tokens: int = 2
+    fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n; H100, 1
+    # token: 8k-32k within 0.5%, 64k 7% slower)
+    fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)
+    fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
+    fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
     fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:
@@ -137,7 +141,8 @@ class KernelConfig:
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy
-    # bandwidth: Triton 0.47-0.65 against FlashInfer 0.34-0.60, faster at every batch 32-128 x 512-8k)
+    # bandwidth: Triton 0.47-0.65 against FlashInfer 0.34-0.60, faster at every batch 32-128 x 512-8k;
+    # H100, --sweep --occupancy, its launch since: 0.57-0.86 against FlashInfer's 0.42-0.77)
     fp8_kv_decode: str = "triton"
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
@@ -159,3 +164,6 @@ class KernelConfig:
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")
+        if self.fp8_gemv_chunk < 1 or self.fp8_gemv_chunk & (self.fp8_gemv_chunk - 1):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_chunk: expected a power of 2, "
+                                 f"got {self.fp8_gemv_chunk!r}")

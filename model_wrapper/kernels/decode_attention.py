@@ -192,10 +192,14 @@ FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
 # (e4m3, H200 sweep of bench_fp8_kv.py --sweep, K/V bytes / time / copy bandwidth at batch 64-128 x
 # 2k-8k: bits_vreg at 128 keys 0.57-0.65, fp16_vreg 0.57-0.63, fp16 0.50-0.56, q_dtype at 64 keys
 # (the old default) 0.37-0.45; FlashInfer's e4m3 decode 0.51-0.60. 8 warps or 256 keys lose; 3 and 4
-# stages tie (the pipeline double-buffers either way). maxnreg: the register cap, None: the compiler's)
+# stages tie (the pipeline double-buffers either way). maxnreg: the register cap, None: the compiler's.
+# H100 sweep of --sweep --occupancy (benchmarks/results/session33/fp8_kv_occupancy_h100.log): capped at
+# 128 registers, 64 keys a step (4 programs a SM instead of 2 at 195 registers) take 0.79-0.86 of copy
+# bandwidth at 64-128 x 2k-8k (geomean 0.83) against 128 keys uncapped 0.75-0.83 (0.79); a loss only at
+# 32 x 2048 (0.59 against 0.70), a gain at 512 tokens (0.68-0.73 against 0.61-0.68)
 LAUNCH = {
     "16-bit": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=None),
-    "e4m3": dict(block_n=128, num_warps=4, num_stages=3, maxnreg=None, fp8_math="bits_vreg"),
+    "e4m3": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128, fp8_math="bits_vreg"),
 }
 MAX_SPLITS = 16
 

@@ -10,9 +10,9 @@ x [M, K] bf16 / fp16 (rows may be strided), weight e4m3 [N, K] row-major, weight
 input_scale None (activations quantized per token) or a float32 scalar tensor (static).
 fp8_path picks the kernel by the step's token count M (thresholds in KernelConfig):
 
-  M <= fp8_gemv_max_tokens     "gemv"       weight-only: a program holds whole e4m3 rows as
-                                            [rows, groups, group] in registers, one fp32 sum per
-                                            group, times its scale; x stays in its dtype
+  M <= fp8_gemv_max_tokens     "gemv"       weight-only (kernels/fp8_gemv.py): a program holds whole
+                                            e4m3 rows in registers, fp32 sums per 16-column chunk,
+                                            times its group's scale; x stays in its dtype
   M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
                                             tensor-core products per K step, scaled per group in fp32
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
@@ -45,6 +45,7 @@ from loguru import logger
 from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
 from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_silu_reference,
                                                  fp8_linear_reference)
 
@@ -131,73 +132,6 @@ def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Ten
 
 def _unit_cols(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
-
-
-# -- weight-only GEMV (1..fp8_gemv_max_tokens tokens) ----------------------------------------------
-
-@triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, K, stride_x, stride_w, stride_s, stride_o,
-                 GROUP: tl.constexpr, GP: tl.constexpr, KGP: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
-    # W rows held as [BLOCK_N, KGP groups, GP columns]: a sum per group, times its scale, then
-    # the sum over groups (KG = 1: one group of the whole row). SILU as in kernels/gemv.py:
-    # gate rows [0, N), up rows [N, 2N) of the weight, bias and scales.
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    live = rows < N
-    g = tl.arange(0, KGP)
-    j = tl.arange(0, GP)
-    cols = g[:, None] * GROUP + j[None, :]  # [KGP, GP]
-    col_ok = (j[None, :] < GROUP) & (cols < K)
-    w_at = w_ptr + rows[:, None, None].to(tl.int64) * stride_w + cols[None, :, :]
-    w_ok = live[:, None, None] & col_ok[None, :, :]
-    s_at = s_ptr + rows[:, None].to(tl.int64) * stride_s + g[None, :]
-    s_ok = live[:, None] & (g * GROUP < K)[None, :]
-    w = tl.load(w_at, mask=w_ok, other=0.0)
-    s = tl.load(s_at, mask=s_ok, other=0.0)
-    if SILU:
-        wu = tl.load(w_at + N * stride_w, mask=w_ok, other=0.0)
-        su = tl.load(s_at + N * stride_s, mask=s_ok, other=0.0)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)
-        if SILU:
-            bu = tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
-    dtype = o_ptr.dtype.element_ty
-    for m in tl.static_range(M):
-        x = tl.load(x_ptr + m * stride_x + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :, :]
-        acc = tl.sum(tl.sum(w.to(tl.float32) * x, axis=2) * s, axis=1)
-        if HAS_BIAS:
-            acc += b
-        if SILU:
-            up = tl.sum(tl.sum(wu.to(tl.float32) * x, axis=2) * su, axis=1)
-            if HAS_BIAS:
-                up += bu
-            acc = silu_mul(acc.to(dtype), up.to(dtype))
-        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
-
-
-def _gemv_shape(K: int, group: int) -> tuple[int, int]:
-    """(GP, KGP): a row as KGP groups of GP columns (powers of 2)."""
-    return triton.next_power_of_2(group), triton.next_power_of_2(triton.cdiv(K, group))
-
-
-def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """The "gemv" path: x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2])."""
-    M, K = x.shape
-    N = weight.shape[0] // 2 if silu else weight.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if not M:
-        return out
-    gp, kgp = _gemv_shape(K, group)
-    block_n = max(1, cfg.fp8_gemv_tile // (gp * kgp) // (2 if silu else 1))
-    pdl = uses_pdl(x.device, cfg)
-    _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, weight_scale, x if bias is None else bias, out, N, K, x.stride(0), weight.stride(0),
-        weight_scale.stride(0), out.stride(0), GROUP=group, GP=gp, KGP=kgp, M=M, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
-    return out
 
 
 # -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
@@ -494,10 +428,9 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
     or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
     M, K = x.shape
-    gp, kgp = _gemv_shape(K, group)
     if x.dtype not in (torch.bfloat16, torch.float16):
         return "reference"
-    if M <= cfg.fp8_gemv_max_tokens and gp * kgp * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
+    if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
         return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"

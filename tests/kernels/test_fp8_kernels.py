@@ -139,23 +139,31 @@ def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
     assert (q[5:].float() == 0).all() and torch.equal(s[5:], torch.full((11, 3), 1e-10 / 448, device=DEVICE))
 
 
+GEMV_CONFIGS = {"default": KernelConfig(),
+                "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
+                "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8)}
+
+
+@pytest.mark.parametrize("cfg", GEMV_CONFIGS.values(), ids=GEMV_CONFIGS.keys())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_fp8_gemv_is_the_weight_only_product(dtype):
-    """The "gemv" path (one or two tokens): x unquantized, W dequantized per row and group; groups
-    of 128 with K not a multiple of 128, one group a row, N odd (a part-filled last program),
-    bias, strided rows, and the SiLU epilogue over [gate | up] rows and scales."""
+def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
+    """The "gemv" path (one to four tokens): x unquantized, W dequantized per row and group; groups
+    of 128 with K not a multiple of 128 (nor of 16), one group a row, groups of 32 and 48 (chunks
+    of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
+    over [gate | up] rows and scales; under several chunks and tiles of the kernel."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
-                                          (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False)):
+                                          (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),
+                                          (4, 5, 392, 392, True, False), (3, 24, 480, 48, False, True)):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
-        got = fp8.fp8_gemv(x, w, s, group, b)
+        got = fp8.fp8_gemv(x, w, s, group, b, cfg=cfg)
         assert got.dtype == dtype and got.shape == (M, N)
         assert rel_err(got, product(x, w, s, group, b)) < TOL[dtype], (M, N, K, group)
         w2, s2 = make_weight(2 * N, K, group, g)
         b2 = torch.randn(2 * N, generator=g).to(DEVICE, dtype) if bias else None
-        got = fp8.fp8_gemv(x, w2, s2, group, b2, silu=True)
+        got = fp8.fp8_gemv(x, w2, s2, group, b2, silu=True, cfg=cfg)
         assert got.shape == (M, N)
         assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
 

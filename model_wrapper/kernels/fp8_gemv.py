@@ -1,0 +1,141 @@
+"""The weight-only FP8 (e4m3) GEMV of decode steps of 1..cfg.fp8_gemv_max_tokens tokens:
+y = x @ W^T (+ b) with W = float(weight) * weight_scale per output row and group of `group`
+K-columns (kernels/fp8_reference.py states the arithmetic), x unquantized.
+
+    fp8_gemv(x [M, K], weight e4m3 [N, K], weight_scale float32 [N, KG], group, bias, silu, cfg) -> [M, N]
+
+A program holds BLOCK_N whole e4m3 rows in registers (cfg.fp8_gemv_tile weights), loaded before
+the PDL wait as kernels/gemv.py's bf16 GEMV does, so the next projection's weights stream in while
+the one before drains. A row is held as [chunks, CH] with CH contiguous columns (16: one 16-byte
+load a thread) inside one scale group: the products of a chunk are summed inside the thread (fp32
+FMAs, no shuffles), the chunk's sum is multiplied by its group's scale, and only the sum over the
+chunks crosses threads, once per row. (The session-32 kernel held [rows, groups, 128] with a
+runtime K: masked byte loads, a cross-thread sum per group, 255 registers and spills; its sm90
+SASS had ~24 instructions a weight, this one ~4. benchmarks/ab_fp8_gemv.py on an H100: a layer's
+four projections at 1 token 85.0 us against 87.5 (floor 75.0), at 2 tokens 124.6 against 142.3.)
+
+e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f32). Moving the
+bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
+f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.config import KernelConfig
+
+
+@triton.jit
+def _chunk_sums(w, x):
+    """[chunks, rows, CH] e4m3 times x [chunks, 1, CH] fp32 -> [chunks, rows] fp32."""
+    return tl.sum(w.to(tl.float32) * x, axis=2)
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, stride_s, stride_o,
+                     K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+    # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
+    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
+    # Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate rows [0, N), up
+    # rows [N, 2N) of the weight, scales and bias.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = rows < N
+    safe = tl.where(live, rows, 0).to(tl.int64)
+    ch = tl.arange(0, NCH)
+    cols = ch[:, None] * CH + tl.arange(0, CH)[None, :]  # [NCH, CH]
+    ch_ok = ch * CH < K
+    # [NCH, BLOCK_N, CH], chunks first: the compiler then spreads a warp's threads over chunks and
+    # gives a thread several rows of the same chunks, which share its x values (converted once)
+    w_at = w_ptr + safe[None, :, None] * stride_w + cols[:, None, :]
+    if NCH * CH == K:
+        w = tl.load(w_at)
+        if SILU:
+            wu = tl.load(w_at + N * stride_w)
+    else:
+        w = tl.load(w_at, mask=ch_ok[:, None, None], other=0.0)
+        if SILU:
+            wu = tl.load(w_at + N * stride_w, mask=ch_ok[:, None, None], other=0.0)
+    PER_GROUP: tl.constexpr = GROUP < K
+    if PER_GROUP:  # the scale of each chunk's group: [NCH, BLOCK_N]
+        s_at = s_ptr + safe[None, :] * stride_s + (ch * CH // GROUP)[:, None]
+        s = tl.load(s_at, mask=ch_ok[:, None], other=0.0)
+        if SILU:
+            su = tl.load(s_at + N * stride_s, mask=ch_ok[:, None], other=0.0)
+    else:  # one scale a row
+        s = tl.load(s_ptr + safe * stride_s)
+        if SILU:
+            su = tl.load(s_ptr + (safe + N) * stride_s)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + safe).to(tl.float32)
+        if SILU:
+            bu = tl.load(b_ptr + N + safe).to(tl.float32)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    dtype = o_ptr.dtype.element_ty
+    for m in tl.static_range(M):
+        x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
+        part = _chunk_sums(w, x)
+        if PER_GROUP:
+            acc = tl.sum(part * s, axis=0)
+        else:
+            acc = tl.sum(part, axis=0) * s
+        if HAS_BIAS:
+            acc += b
+        if SILU:
+            part = _chunk_sums(wu, x)
+            if PER_GROUP:
+                up = tl.sum(part * su, axis=0)
+            else:
+                up = tl.sum(part, axis=0) * su
+            if HAS_BIAS:
+                up += bu
+            acc = silu_mul(acc.to(dtype), up.to(dtype))
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
+
+
+def gemv_chunk(K: int, group: int, most: int = 16) -> int:
+    """Columns a thread sums alone: the largest power of 2 up to `most` dividing K and (with
+    several groups a row) the group, so that a chunk is whole and has one scale."""
+    step = min(most, K & -K)
+    if group < K:
+        step = min(step, group & -group)
+    return step
+
+
+def gemv_padded_k(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
+    """A row as a program holds it: K / chunk chunks padded to a power of 2, times the chunk."""
+    ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)
+    return triton.next_power_of_2(K // ch) * ch
+
+
+def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT) -> int:
+    """Rows a program holds: cfg.fp8_gemv_tile weight-tokens (rows x padded row x tokens; gate_up's
+    rows count twice, gate and up), a power of 2, at least 1. Per token: each token's x and sums
+    take registers beside the weights' (at 2 tokens a full tile spilled on sm90)."""
+    per_row = gemv_padded_k(K, group, cfg) * (2 if silu else 1) * max(M, 1)
+    return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // per_row) + 1) // 2
+
+
+def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2]) in x's dtype."""
+    M, K = x.shape
+    N = weight.shape[0] // 2 if silu else weight.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if not M:
+        return out
+    ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)
+    nch = triton.next_power_of_2(K // ch)
+    block_n = gemv_block_n(M, K, group, silu, cfg)
+    pdl = uses_pdl(x.device, cfg)
+    _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, weight, weight_scale, x if bias is None else bias, out, N, x.stride(0), weight.stride(0),
+        weight_scale.stride(0), out.stride(0), K=K, GROUP=min(group, K), CH=ch, NCH=nch, M=M, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps,
+        **launch_args(pdl))
+    return out
