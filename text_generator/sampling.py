@@ -278,7 +278,7 @@ def apply_penalties(
     prompt_counts = token_counts([prompt_ids[i] for i in rows], V, dev)
     out_counts = token_counts([output_ids[i] for i in rows], V, dev)
     logits = logits.clone()
-    idx = row_tensor(rows, dev)  # (a list index would be copied to the device with a synchronize)
+    idx = row_tensor(rows, dev, torch.int64)  # (a list index would be copied to the device with a synchronize)
     logits[idx] = penalize(logits[idx], prompt_counts, out_counts, [params[i] for i in rows])
     return logits
 
