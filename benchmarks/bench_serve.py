@@ -102,10 +102,23 @@ def checkpoint(a) -> str:
     return path
 
 
-def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> dict:
+def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float, times: list[float]) -> dict:
+    """times: when each output token was emitted (engine) or reached its client (server)."""
     return dict(output_tokens_per_s=tokens / seconds, seconds=seconds, output_tokens=tokens,
+                steady_tokens_per_s=steady_rate(times),
                 ttft_ms_p50=percentile(ttft, 50) * 1e3, ttft_ms_p99=percentile(ttft, 99) * 1e3,
                 itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
+
+
+def steady_rate(times: list[float]) -> float:
+    """Tokens/s over the middle half of the span from the first output token to the last: the rate
+    once the pass is under way, without the burst's admission (the server parses its requests one
+    by one while the engine row has them all at t = 0) and the last requests' tail."""
+    if len(times) < 2:
+        return float("nan")
+    t0, t1 = min(times), max(times)
+    lo, hi = t0 + (t1 - t0) / 4, t1 - (t1 - t0) / 4
+    return sum(1 for t in times if lo <= t < hi) / max(hi - lo, 1e-9)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -142,7 +155,8 @@ class EngineRow:
         seconds = time.perf_counter() - t0
         ttft = [o.metrics.first_token_time - t0 for o in outs]
         itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
-        return stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds)
+        return stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
+                     [t for o in outs for t in o.metrics.token_times])
 
 
 async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
@@ -151,7 +165,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    ttft, itl, tokens, chunks, starts = [], [], [0], [0], []
+    ttft, itl, tokens, chunks, starts, times = [], [], [0], [0], [], []
 
     async def one(prompt, delay):
         await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
@@ -169,6 +183,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
             n = len(chunk.choices[0].logprobs.tokens or [])
             chunks[0] += 1
             now = time.perf_counter()
+            times.extend([now] * n)
             if last is None:
                 ttft.append(now - start)
             elif n:
@@ -180,7 +195,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     end = time.perf_counter()
     await client.close()
     return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
-                cpu=time.process_time() - cpu0)
+                cpu=time.process_time() - cpu0, times=times)
 
 
 def _client_process(port, jobs, output_len, t_start) -> dict:
@@ -230,7 +245,7 @@ class ClientPool:
                                        [t_start] * self.procs))
         seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
-                    sum(p["tokens"] for p in parts), seconds)
+                    sum(p["tokens"] for p in parts), seconds, [t for p in parts for t in p["times"]])
         res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
@@ -338,7 +353,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         srv.append(server.measure(clients, prompts, a.output_len, None))
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
-              f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}", flush=True)
+              f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
+              f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}", flush=True)
     return median_run(eng), median_run(srv), http_cost(eng, srv)
 
 
@@ -349,7 +365,9 @@ def http_cost(eng: list[dict], srv: list[dict]) -> dict:
         sum(sorted(ratios)[len(ratios) // 2 - 1:len(ratios) // 2 + 1]) / 2
     e_tps = sorted(r["output_tokens_per_s"] for r in eng)
     s_tps = sorted(r["output_tokens_per_s"] for r in srv)
-    return dict(pair_ratios=ratios, median_pair_cost=1 - med, min_pair_cost=1 - max(ratios),
+    steady = [s["steady_tokens_per_s"] / e["steady_tokens_per_s"] for e, s in zip(eng, srv)]
+    return dict(pair_ratios=ratios, median_pair_cost=1 - med, steady_pair_costs=[1 - r for r in steady],
+                median_steady_cost=1 - sorted(steady)[len(steady) // 2], min_pair_cost=1 - max(ratios),
                 max_pair_cost=1 - min(ratios), cost_of_medians=1 - s_tps[len(s_tps) // 2] / e_tps[len(e_tps) // 2],
                 engine_spread=(e_tps[-1] - e_tps[0]) / e_tps[len(e_tps) // 2],
                 server_spread=(s_tps[-1] - s_tps[0]) / s_tps[len(s_tps) // 2])
@@ -405,7 +423,8 @@ def main() -> None:
     print(f"HTTP layer costs {100 * c['median_pair_cost']:.1f}% of throughput at saturation (median of "
           f"{a.repeats} interleaved pairs; pairs {', '.join(f'{100 * (1 - r):.1f}%' for r in c['pair_ratios'])}; "
           f"medians' cost {100 * c['cost_of_medians']:.1f}%; passes spread: engine "
-          f"{100 * c['engine_spread']:.1f}%, server {100 * c['server_spread']:.1f}%)", flush=True)
+          f"{100 * c['engine_spread']:.1f}%, server {100 * c['server_spread']:.1f}%); over the passes' middle "
+          f"halves {100 * c['median_steady_cost']:.1f}%", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
