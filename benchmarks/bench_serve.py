@@ -150,13 +150,16 @@ class EngineRow:
 
     def run(self, prompts) -> dict:
         self.engine.block_manager.reset_prefix_cache()
+        steps = self.engine.num_steps
         t0 = time.perf_counter()
         outs = self.engine.generate(prompts, self.params, use_tqdm=False)
         seconds = time.perf_counter() - t0
         ttft = [o.metrics.first_token_time - t0 for o in outs]
         itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
-        return stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
-                     [t for o in outs for t in o.metrics.token_times])
+        res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
+                    [t for o in outs for t in o.metrics.token_times])
+        res["engine_steps"] = self.engine.num_steps - steps
+        return res
 
 
 async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
@@ -328,10 +331,23 @@ class Server:
         """clients.load(...) plus the CPU % (of wall time) of the HTTP and the engine process meanwhile."""
         pids = {"http": self.http_pid, "engine_proc": self.engine_pid}
         before = {k: cpu_seconds(p) for k, p in pids.items() if p}
+        steps = self.engine_steps()
         res = clients.load(self.port, prompts, output_len, rate, seed)
         for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
+        if steps is not None:
+            res["engine_steps"] = self.engine_steps() - steps
         return res
+
+    def engine_steps(self) -> int | None:
+        """The server's engine steps so far (its /metrics tg_engine_steps; None for a server without it)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("tg_engine_steps "):
+                    return int(float(line.split()[-1]))
+        return None
 
     def close(self) -> None:
         # SIGINT: uvicorn shuts down, stops the engine process, then re-raises it as KeyboardInterrupt
@@ -354,8 +370,15 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
-              f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}", flush=True)
+              f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}; engine steps "
+              f"{step_line(eng[-1])} against {step_line(srv[-1])}", flush=True)
     return median_run(eng), median_run(srv), http_cost(eng, srv)
+
+
+def step_line(row: dict) -> str:
+    """A pass's engine steps and the mean wall time per step (more steps, or longer ones?)."""
+    n = row.get("engine_steps")
+    return "?" if not n else f"{n} ({1e3 * row['seconds'] / n:.2f} ms each)"
 
 
 def http_cost(eng: list[dict], srv: list[dict]) -> dict:

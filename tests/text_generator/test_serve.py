@@ -301,6 +301,8 @@ def test_health_and_metrics(client, server):
     count = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith("tg_time_to_first_token_seconds_count"))
     assert count >= 1
+    steps = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tg_engine_steps "))
+    assert steps >= 3  # (no speculation here: a step gives a request one token at most)
 
 
 def test_a_stream_behind_the_engine_sends_the_queued_tokens_as_one_chunk(slow_server, oracle):

@@ -66,12 +66,14 @@ class Stats(NamedTuple):
     num_blocks: int
     draft_tokens: int
     accepted_tokens: int
+    steps: int  # engine steps run since start (a benchmark's steps per pass: more steps or longer ones)
 
 
 def engine_stats(engine, waiting_followers: int = 0) -> Stats:
     bm, sched = engine.block_manager, engine.scheduler
     return Stats(len(sched.waiting) + waiting_followers, len(sched.running), bm.num_used_blocks,
-                 bm.num_free_blocks, bm.num_cached_blocks, bm.num_blocks, engine.num_draft_tokens, engine.num_accepted_tokens)
+                 bm.num_free_blocks, bm.num_cached_blocks, bm.num_blocks, engine.num_draft_tokens, engine.num_accepted_tokens,
+                 engine.num_steps)
 
 
 def pack(outputs: list, finals: list[Lean]) -> tuple:
