@@ -27,8 +27,10 @@ two processes, from /proc), and tokens_per_chunk (above 1 where the server sent 
 as one chunk because it, or its client, was behind). (engine_proc_cpu_pct near 100 does not by itself mean
 the engine is host-bound: CUDA's default synchronize spins on the CPU while it waits for the GPU.)
 
-Reports output tokens/s, TTFT and inter-token latency p50 / p99. Writes benchmarks/results/serve.json and
-serve.png (serve_tiny.* with --tiny).
+Reports output tokens/s, TTFT and inter-token latency p50 / p99, steady_tokens_per_s (over the middle half
+of a pass: without the burst's admission and the tail) and engine_steps (the pass's engine steps: from
+LLMEngine.num_steps, and from the server's /metrics tg_engine_steps), so that a cost shows as more steps or as
+longer ones. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
