@@ -1,17 +1,22 @@
 """What the HTTP layer costs: the OpenAI-compatible server under an `openai`-client load, beside the engine
-driven directly with the same requests, in one run.
+driven directly with the same requests, in one run, their timed passes interleaved.
 
     python3 benchmarks/bench_serve.py                 # GPU: Llama-3-8B shape, bf16, random weights
     python3 benchmarks/bench_serve.py --tiny --device cpu
 
 Load: --num-prompts random prompts of --input-len token ids, each generating exactly --output-len tokens
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
-demo byte tokenizer the random checkpoint carries decodes most ids to no text). First the engine alone
-(LLMEngine.generate, all requests at t = 0); then `python -m text_generator serve` in a subprocess with
-the same engine settings (the server's engine runs in its own process, as `serve` always does), and the
-openai AsyncOpenAI client streaming the same requests: all at once (saturation), then Poisson arrivals at
-each --rates. Each side first runs the whole load once untimed on other prompts: a cold engine compiles
-kernels and captures decode graphs mid-run, at up to a second a step.
+demo byte tokenizer the random checkpoint carries decodes most ids to no text).
+
+Both sides are resident at once: `python -m text_generator serve` starts in a subprocess (its engine in its
+own process, as `serve` always runs) while this process builds the same LLMEngine (same max-num-seqs,
+batched tokens, max-model-len, the same --num-blocks on both sides instead of a memory fraction, one torch
+thread on CUDA, the server's start-up pass). Each side first runs the load once untimed on other prompts;
+then --repeats pairs of timed passes, engine pass then server pass, each pair on its own fresh prompts (so
+that no pass finds the previous one's prompts in a prefix cache). Each pair gives a ratio server / engine
+tokens/s; the HTTP cost is 1 - the median ratio, reported with every pass and the ratios' spread. The engine
+pass adds all requests at t = 0 (LLMEngine.generate); the served pass sends them all at once.
+Then Poisson arrivals at each --rates (server only).
 
 The load generator must not be what it measures: the openai client spends about 100-200 us of Python per
 SSE chunk, so one process tops out near 5,000-10,000 chunks/s. --client-procs processes (default 8 on
@@ -19,10 +24,13 @@ CUDA: the GPU host has 16 cores, one each for the engine and the HTTP process) s
 round-robin, each with its own event loop. Every served row reports client_cpu_pct (the busiest client
 process: near 100 means the client set the pace), http_cpu_pct and engine_proc_cpu_pct (the server's
 two processes, from /proc), and tokens_per_chunk (above 1 where the server sent a stream's queued tokens
-as one chunk because it, or its client, was behind).
+as one chunk because it, or its client, was behind). (engine_proc_cpu_pct near 100 does not by itself mean
+the engine is host-bound: CUDA's default synchronize spins on the CPU while it waits for the GPU.)
 
-Reports output tokens/s, TTFT and inter-token latency p50 / p99; the HTTP cost is 1 - server tokens/s /
-engine tokens/s at saturation. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+Reports output tokens/s, TTFT and inter-token latency p50 / p99, steady_tokens_per_s (over the middle half
+of a pass: without the burst's admission and the tail) and engine_steps (the pass's engine steps: from
+LLMEngine.num_steps, and from the server's /metrics tg_engine_steps), so that a cost shows as more steps or as
+longer ones. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
@@ -46,22 +54,25 @@ sys.path.insert(0, ROOT)
 from benchmarks.bench_engine import TINY  # noqa: E402
 from benchmarks.common import LLAMA3_8B, make_random_checkpoint, percentile, pyplot  # noqa: E402
 
+BLOCK_SIZE = 16  # the engine's and serve's default
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--num-prompts", type=int, default=None, help="default 256 (tiny: 8)")
+    p.add_argument("--num-prompts", type=int, default=None, help="requests per pass (default 512; tiny: 8)")
     p.add_argument("--input-len", type=int, default=None, help="default 256 (tiny: 16)")
     p.add_argument("--output-len", type=int, default=None, help="default 128 (tiny: 8)")
     p.add_argument("--rates", type=float, nargs="*", default=None, help="requests/s (default 8 16 32; tiny: 4)")
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=4096)
-    p.add_argument("--memory-fraction", type=float, default=0.8)
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks of each side (default: 1.25 x max-num-seqs full-length sequences)")
     p.add_argument("--client-procs", type=int, default=None,
                    help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed passes of the engine row and of the saturation row (the median is reported)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="interleaved timed pairs (engine pass, server pass), each on fresh prompts")
     p.add_argument("--server-threads", type=int, default=None,
                    help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
                    "default: inherited)")
@@ -69,13 +80,16 @@ def parse_args():
     p.add_argument("--out", default=None)
     a = p.parse_args()
     dflt = dict(num_prompts=8, input_len=16, output_len=8, rates=[4.0]) if a.tiny else \
-        dict(num_prompts=256, input_len=256, output_len=128, rates=[8.0, 16.0, 32.0])
+        dict(num_prompts=512, input_len=256, output_len=128, rates=[8.0, 16.0, 32.0])
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.client_procs is None:
         a.client_procs = 8 if a.device != "cpu" else 1
     a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
+    a.max_model_len = a.input_len + a.output_len + 16
+    if a.num_blocks is None:  # every running sequence at full length, and a quarter more for the prefix cache
+        a.num_blocks = -(-5 * a.max_num_seqs * -(-a.max_model_len // BLOCK_SIZE) // 4) + 1
     return a
 
 
@@ -90,10 +104,23 @@ def checkpoint(a) -> str:
     return path
 
 
-def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float) -> dict:
+def stats(ttft: list[float], itl: list[float], tokens: int, seconds: float, times: list[float]) -> dict:
+    """times: when each output token was emitted (engine) or reached its client (server)."""
     return dict(output_tokens_per_s=tokens / seconds, seconds=seconds, output_tokens=tokens,
+                steady_tokens_per_s=steady_rate(times),
                 ttft_ms_p50=percentile(ttft, 50) * 1e3, ttft_ms_p99=percentile(ttft, 99) * 1e3,
                 itl_ms_p50=percentile(itl, 50) * 1e3, itl_ms_p99=percentile(itl, 99) * 1e3)
+
+
+def steady_rate(times: list[float]) -> float:
+    """Tokens/s over the middle half of the span from the first output token to the last: the rate
+    once the pass is under way, without the burst's admission (the server parses its requests one
+    by one while the engine row has them all at t = 0) and the last requests' tail."""
+    if len(times) < 2:
+        return float("nan")
+    t0, t1 = min(times), max(times)
+    lo, hi = t0 + (t1 - t0) / 4, t1 - (t1 - t0) / 4
+    return sum(1 for t in times if lo <= t < hi) / max(hi - lo, 1e-9)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -103,31 +130,38 @@ def median_run(runs: list[dict]) -> dict:
     return res
 
 
-def run_engine(a, path, prompts, warm) -> dict:
-    from text_generator import LLMEngine, SamplingParams, TextGenerator
-    from text_generator.tokenizer import load_tokenizer
+class EngineRow:
+    """LLMEngine in this process with the server's settings (see the module docstring); run() times one
+    pass of LLMEngine.generate over prompts."""
 
-    if a.device != "cpu":
-        torch.set_num_threads(1)  # as serve's engine process on CUDA: the same engine on both sides
-    gen = TextGenerator.from_pretrained(path, device=a.device)
-    engine = LLMEngine(gen, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                       max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
-                       tokenizer=load_tokenizer(path))
-    params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
-    engine.generate(warm, params, use_tqdm=False)  # untimed: every graph bucket captured, every kernel compiled
-    runs = []
-    for _ in range(a.repeats):
-        engine.block_manager.reset_prefix_cache()
+    def __init__(self, a, path):
+        from text_generator import LLMEngine, SamplingParams, TextGenerator
+        from text_generator.tokenizer import load_tokenizer
+
+        if a.device != "cpu":
+            torch.set_num_threads(1)  # as serve's engine process on CUDA: the same engine on both sides
+        self.gen = TextGenerator.from_pretrained(path, device=a.device)
+        self.engine = LLMEngine(self.gen, num_blocks=a.num_blocks, block_size=BLOCK_SIZE, max_num_seqs=a.max_num_seqs,
+                                max_num_batched_tokens=a.max_num_batched_tokens, max_seq_len=a.max_model_len,
+                                tokenizer=load_tokenizer(path))
+        if a.device != "cpu":
+            from text_generator.serve.warmup import warm_up
+
+            warm_up(self.engine)  # serve's start-up pass: every decode-graph bucket, every kernel
+        self.params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
+
+    def run(self, prompts) -> dict:
+        self.engine.block_manager.reset_prefix_cache()
+        steps = self.engine.num_steps
         t0 = time.perf_counter()
-        outs = engine.generate(prompts, params, use_tqdm=False)
+        outs = self.engine.generate(prompts, self.params, use_tqdm=False)
         seconds = time.perf_counter() - t0
         ttft = [o.metrics.first_token_time - t0 for o in outs]
         itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
-        runs.append(stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds))
-    res = median_run(runs)
-    del engine, gen
-    torch.cuda.empty_cache() if a.device != "cpu" else None
-    return res
+        res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
+                    [t for o in outs for t in o.metrics.token_times])
+        res["engine_steps"] = self.engine.num_steps - steps
+        return res
 
 
 async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
@@ -136,7 +170,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    ttft, itl, tokens, chunks, starts = [], [], [0], [0], []
+    ttft, itl, tokens, chunks, starts, times = [], [], [0], [0], [], []
 
     async def one(prompt, delay):
         await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
@@ -154,6 +188,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
             n = len(chunk.choices[0].logprobs.tokens or [])
             chunks[0] += 1
             now = time.perf_counter()
+            times.extend([now] * n)
             if last is None:
                 ttft.append(now - start)
             elif n:
@@ -165,7 +200,7 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
     end = time.perf_counter()
     await client.close()
     return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
-                cpu=time.process_time() - cpu0)
+                cpu=time.process_time() - cpu0, times=times)
 
 
 def _client_process(port, jobs, output_len, t_start) -> dict:
@@ -215,7 +250,7 @@ class ClientPool:
                                        [t_start] * self.procs))
         seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
-                    sum(p["tokens"] for p in parts), seconds)
+                    sum(p["tokens"] for p in parts), seconds, [t for p in parts for t in p["times"]])
         res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
@@ -256,21 +291,30 @@ class Server:
     """`python -m text_generator serve` in a subprocess with the engine settings of run_engine; `env`
     adds environment variables (e.g. TG_SERVE_PROFILE). http_pid / engine_pid: its two processes."""
 
-    def __init__(self, a, path, num_prompts: int, env: dict | None = None):
-        import urllib.request
-
+    def __init__(self, a, path, num_prompts: int, env: dict | None = None, wait: bool = True):
         self.port = free_port()
         cmd = [sys.executable, "-m", "text_generator", "serve", path, "--port", str(self.port),
                "--served-model-name", "m", "--device", a.device, "--max-num-seqs", str(a.max_num_seqs),
                "--max-num-batched-tokens", str(a.max_num_batched_tokens), "--max-model-len",
-               str(a.input_len + a.output_len + 16), "--gpu-memory-utilization", str(a.memory_fraction),
-               "--max-queue", str(4 * num_prompts)]
-        t0 = time.perf_counter()
+               str(a.input_len + a.output_len + 16), "--max-queue", str(4 * num_prompts)]
+        if getattr(a, "num_blocks", None):
+            cmd += ["--num-blocks", str(a.num_blocks)]
+        else:
+            cmd += ["--gpu-memory-utilization", str(a.memory_fraction)]
+        self.t0 = time.perf_counter()
         env = dict(env or {})
         if getattr(a, "server_threads", None):
             env["OMP_NUM_THREADS"] = str(a.server_threads)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, **env})
+        self.startup_s = self.http_pid = self.engine_pid = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until /health answers (the model loaded and, on CUDA, the start-up pass run)."""
+        import urllib.request
+
         for _ in range(600):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
@@ -279,7 +323,7 @@ class Server:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"server exited:\n{self.proc.stdout.read()[-3000:]}")
                 time.sleep(1)
-        self.startup_s = time.perf_counter() - t0  # model load + (CUDA) the engine's start-up pass
+        self.startup_s = time.perf_counter() - self.t0  # model load + (CUDA) the engine's start-up pass
         self.http_pid = self.proc.pid
         # the engine process: multiprocessing's spawned child (not its resource tracker)
         kids = [k for k in child_pids(self.http_pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
@@ -289,10 +333,23 @@ class Server:
         """clients.load(...) plus the CPU % (of wall time) of the HTTP and the engine process meanwhile."""
         pids = {"http": self.http_pid, "engine_proc": self.engine_pid}
         before = {k: cpu_seconds(p) for k, p in pids.items() if p}
+        steps = self.engine_steps()
         res = clients.load(self.port, prompts, output_len, rate, seed)
         for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
+        if steps is not None:
+            res["engine_steps"] = self.engine_steps() - steps
         return res
+
+    def engine_steps(self) -> int | None:
+        """The server's engine steps so far (its /metrics tg_engine_steps; None for a server without it)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("tg_engine_steps "):
+                    return int(float(line.split()[-1]))
+        return None
 
     def close(self) -> None:
         # SIGINT: uvicorn shuts down, stops the engine process, then re-raises it as KeyboardInterrupt
@@ -305,22 +362,40 @@ class Server:
             self.proc.wait()
 
 
-def run_server(a, path, prompts, warm) -> dict:
-    clients = ClientPool(a.client_procs)
-    server = Server(a, path, len(prompts))
-    try:
-        server.measure(clients, warm, a.output_len, None)  # untimed, as the engine row's first pass
-        print(f"server ready in {server.startup_s:.1f} s", flush=True)
-        res = {"saturation": median_run([server.measure(clients, prompts, a.output_len, None)
-                                         for _ in range(a.repeats)])}
-        print("server saturation:", json.dumps(res["saturation"]), flush=True)  # each row as it comes
-        for rate in a.rates:
-            res[k := f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate, seed=int(rate))
-            print(f"server {k}:", json.dumps(res[k]), flush=True)
-        return res, server.startup_s
-    finally:
-        server.close()
-        clients.close()
+def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passes) -> tuple[dict, dict, dict]:
+    """The timed pairs: for each prompt set, an engine pass then a server pass at saturation ->
+    (engine row, server row, the HTTP cost with its spread)."""
+    eng, srv = [], []
+    for i, prompts in enumerate(passes):
+        eng.append(engine.run(prompts))
+        srv.append(server.measure(clients, prompts, a.output_len, None))
+        e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
+        print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
+              f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
+              f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}; engine steps "
+              f"{step_line(eng[-1])} against {step_line(srv[-1])}", flush=True)
+    return median_run(eng), median_run(srv), http_cost(eng, srv)
+
+
+def step_line(row: dict) -> str:
+    """A pass's engine steps and the mean wall time per step (more steps, or longer ones?)."""
+    n = row.get("engine_steps")
+    return "?" if not n else f"{n} ({1e3 * row['seconds'] / n:.2f} ms each)"
+
+
+def http_cost(eng: list[dict], srv: list[dict]) -> dict:
+    """1 - server / engine tokens/s, per interleaved pair and over the passes' medians."""
+    ratios = [s["output_tokens_per_s"] / e["output_tokens_per_s"] for e, s in zip(eng, srv)]
+    med = sorted(ratios)[len(ratios) // 2] if len(ratios) % 2 else \
+        sum(sorted(ratios)[len(ratios) // 2 - 1:len(ratios) // 2 + 1]) / 2
+    e_tps = sorted(r["output_tokens_per_s"] for r in eng)
+    s_tps = sorted(r["output_tokens_per_s"] for r in srv)
+    steady = [s["steady_tokens_per_s"] / e["steady_tokens_per_s"] for e, s in zip(eng, srv)]
+    return dict(pair_ratios=ratios, median_pair_cost=1 - med, steady_pair_costs=[1 - r for r in steady],
+                median_steady_cost=1 - sorted(steady)[len(steady) // 2], min_pair_cost=1 - max(ratios),
+                max_pair_cost=1 - min(ratios), cost_of_medians=1 - s_tps[len(s_tps) // 2] / e_tps[len(e_tps) // 2],
+                engine_spread=(e_tps[-1] - e_tps[0]) / e_tps[len(e_tps) // 2],
+                server_spread=(s_tps[-1] - s_tps[0]) / s_tps[len(s_tps) // 2])
 
 
 def main() -> None:
@@ -330,23 +405,51 @@ def main() -> None:
     path = checkpoint(a)
     g = torch.Generator().manual_seed(0)
     vocab = (TINY if a.tiny else LLAMA3_8B)["vocab_size"]
-    prompts = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
-    # each side first runs the same load untimed on other prompts (the prefix cache cannot help the timed
-    # pass): a cold run compiles kernels and captures decode graphs mid-way, at up to a second a step
-    warm = [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+
+    def prompt_set():
+        return [torch.randint(3, vocab, (a.input_len,), generator=g).tolist() for _ in range(a.num_prompts)]
+
+    # fresh prompts for every pass (the prefix cache cannot help a timed pass); the untimed first pass of
+    # each side runs the same load on other prompts: graphs and kernels warm on both sides alike
+    warm, passes = prompt_set(), [prompt_set() for _ in range(a.repeats)]
+    rate_sets = {rate: prompt_set() for rate in a.rates}
     res = dict(device=torch.cuda.get_device_name(0) if a.device != "cpu" else "cpu",
                model="tiny" if a.tiny else "Llama-3-8B-shaped, random bf16", num_prompts=a.num_prompts,
                input_len=a.input_len, output_len=a.output_len, max_num_seqs=a.max_num_seqs,
-               cpu_count=os.cpu_count(), client_procs=a.client_procs, server_threads=a.server_threads,
-               repeats=a.repeats)
+               max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+               num_blocks=a.num_blocks, cpu_count=os.cpu_count(), client_procs=a.client_procs,
+               server_threads=a.server_threads, repeats=a.repeats,
+               request="greedy, ignore_eos, logprobs=1, streamed (server) / LLMEngine.generate (engine)")
     print(f"{os.cpu_count()} cores, {a.client_procs} client processes, server threads "
-          f"{a.server_threads or 'inherited'}, {a.repeats} timed pass(es) per row", flush=True)
-    res["engine"] = run_engine(a, path, prompts, warm)
-    print("engine:", json.dumps(res["engine"]), flush=True)
-    res["server"], res["server_startup_s"] = run_server(a, path, prompts, warm)
-    res["http_cost_at_saturation"] = 1 - res["server"]["saturation"]["output_tokens_per_s"] / \
-        res["engine"]["output_tokens_per_s"]
-    print(f"HTTP layer costs {100 * res['http_cost_at_saturation']:.1f}% of throughput at saturation", flush=True)
+          f"{a.server_threads or 'inherited'}, {a.repeats} interleaved pairs of {a.num_prompts} requests, "
+          f"{a.num_blocks} KV blocks per side", flush=True)
+    clients = ClientPool(a.client_procs)
+    server = Server(a, path, a.num_prompts, wait=False)  # loads in its own processes while this one does
+    try:
+        engine = EngineRow(a, path)
+        engine.run(warm)  # untimed
+        server.wait_ready()
+        print(f"server ready in {server.startup_s:.1f} s", flush=True)
+        server.measure(clients, warm, a.output_len, None)  # untimed
+        res["engine"], sat, res["http_cost"] = interleaved(a, engine, server, clients, passes)
+        res["server"] = {"saturation": sat}
+        print("engine:", json.dumps(res["engine"]), flush=True)
+        print("server saturation:", json.dumps(sat), flush=True)
+        for rate, prompts in rate_sets.items():
+            res["server"][k := f"rate {rate:g}/s"] = server.measure(clients, prompts, a.output_len, rate,
+                                                                  seed=int(rate))
+            print(f"server {k}:", json.dumps(res["server"][k]), flush=True)
+        res["server_startup_s"] = server.startup_s
+    finally:
+        server.close()
+        clients.close()
+    c = res["http_cost"]
+    res["http_cost_at_saturation"] = c["median_pair_cost"]
+    print(f"HTTP layer costs {100 * c['median_pair_cost']:.1f}% of throughput at saturation (median of "
+          f"{a.repeats} interleaved pairs; pairs {', '.join(f'{100 * (1 - r):.1f}%' for r in c['pair_ratios'])}; "
+          f"medians' cost {100 * c['cost_of_medians']:.1f}%; passes spread: engine "
+          f"{100 * c['engine_spread']:.1f}%, server {100 * c['server_spread']:.1f}%); over the passes' middle "
+          f"halves {100 * c['median_steady_cost']:.1f}%", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)

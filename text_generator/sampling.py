@@ -38,6 +38,19 @@ from text_generator.structured import StructuredOutput
 _TOP_K_OFF = (-1, 0)
 
 
+def row_tensor(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A per-row parameter list -> [B] tensor on `device`, without waiting for the device.
+
+    torch.tensor(values, device=cuda) copies from pageable memory with a stream synchronize: the
+    host would wait there for the step's forward to finish, which defeats the engine's run-ahead
+    (the host's next-step work would no longer overlap the device's). Built in pinned memory and
+    copied with non_blocking=True, the copy is queued on the stream like the kernels around it
+    (torch's host allocator keeps the pinned block until the copy is done)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 @dataclass
 class SamplingParams:
     """How one request picks its tokens and when it stops.
@@ -206,7 +219,7 @@ class Sampler:
         if all(greedy) and not want_logprobs:
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
 
-        temp = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=dev)
+        temp = row_tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], dev)
         logits = logits / temp[:, None]
         seeded = generators is not None and any(g is not None for g in generators)
         fi = self._flashinfer(dev)
@@ -214,7 +227,7 @@ class Sampler:
             return SamplerOutput(token_ids=self._flashinfer_sample(fi, logits, params, greedy))
 
         processed = apply_filters(logits, params)
-        greedy_t = torch.tensor(greedy, device=dev)
+        greedy_t = row_tensor(greedy, dev)
         tokens = processed.argmax(dim=-1)
         if not all(greedy):
             sampled = _exponential_race(torch.softmax(processed, dim=-1), generators, self.generator)
@@ -234,13 +247,13 @@ class Sampler:
     def _flashinfer_sample(self, fi, logits, params, greedy) -> torch.Tensor:
         """Temperature-scaled logits -> tokens with FlashInfer's fused kernels (no seeds, no logprobs)."""
         dev, V = logits.device, logits.shape[-1]
-        greedy_t = torch.tensor(greedy, device=dev)
+        greedy_t = row_tensor(greedy, dev)
         argmax = logits.argmax(dim=-1)
         if any(p.min_p > 0 for p in params):
-            logits = _min_p_mask(logits, torch.tensor([p.min_p for p in params], device=dev))
-        top_k = torch.tensor([V if p.top_k in _TOP_K_OFF else min(p.top_k, V) for p in params],
-                             dtype=torch.int32, device=dev)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+            logits = _min_p_mask(logits, row_tensor([p.min_p for p in params], dev))
+        top_k = row_tensor([V if p.top_k in _TOP_K_OFF else min(p.top_k, V) for p in params], dev,
+                           torch.int32)
+        top_p = row_tensor([p.top_p for p in params], dev, torch.float32)
         sampled = fi.top_k_top_p_sampling_from_logits(
             logits, top_k, top_p, filter_apply_order="top_k_first", deterministic=True,
             generator=self.generator)
@@ -265,7 +278,8 @@ def apply_penalties(
     prompt_counts = token_counts([prompt_ids[i] for i in rows], V, dev)
     out_counts = token_counts([output_ids[i] for i in rows], V, dev)
     logits = logits.clone()
-    logits[rows] = penalize(logits[rows], prompt_counts, out_counts, [params[i] for i in rows])
+    idx = row_tensor(rows, dev, torch.int64)  # (a list index would be copied to the device with a synchronize)
+    logits[idx] = penalize(logits[idx], prompt_counts, out_counts, [params[i] for i in rows])
     return logits
 
 
@@ -277,7 +291,7 @@ def token_counts(histories: Sequence[Sequence[int]], vocab_size: int, device) ->
     if int(lens.sum()):
         flat = torch.tensor(list(itertools.chain.from_iterable(histories)), dtype=torch.int64)
         owner = torch.repeat_interleave(torch.arange(len(histories)), lens)
-        c.view(-1).scatter_add_(0, (owner * vocab_size + flat).to(device), torch.ones(flat.numel(), device=device))
+        c.view(-1).scatter_add_(0, (owner * vocab_size + flat).to(device, non_blocking=True), torch.ones(flat.numel(), device=device))
     return c
 
 
@@ -287,9 +301,9 @@ def penalize(logits: torch.Tensor, prompt_counts: torch.Tensor, out_counts: torc
     output (token_counts) and each row's params -> penalised logits [R, V]."""
     dev = logits.device
     seen = (prompt_counts > 0) | (out_counts > 0)
-    rep = torch.tensor([p.repetition_penalty for p in params], device=dev)[:, None]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=dev)[:, None]
-    pres = torch.tensor([p.presence_penalty for p in params], device=dev)[:, None]
+    rep = row_tensor([p.repetition_penalty for p in params], dev)[:, None]
+    freq = row_tensor([p.frequency_penalty for p in params], dev)[:, None]
+    pres = row_tensor([p.presence_penalty for p in params], dev)[:, None]
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
     return logits - freq * out_counts - pres * (out_counts > 0).float()
@@ -306,13 +320,13 @@ def apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     """
     dev, V = logits.device, logits.shape[-1]
     if any(p.min_p > 0 for p in params):
-        logits = _min_p_mask(logits, torch.tensor([p.min_p for p in params], device=dev))
+        logits = _min_p_mask(logits, row_tensor([p.min_p for p in params], dev))
     use_k = any(p.top_k not in _TOP_K_OFF and p.top_k < V for p in params)
     use_p = any(p.top_p < 1.0 for p in params)
     if not (use_k or use_p):
         return logits
-    k = torch.tensor([V if p.top_k in _TOP_K_OFF else min(p.top_k, V) for p in params], device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    k = row_tensor([V if p.top_k in _TOP_K_OFF else min(p.top_k, V) for p in params], dev)
+    top_p = row_tensor([p.top_p for p in params], dev)
     values, order = torch.sort(logits, dim=-1, descending=True)
     keep = torch.arange(V, device=dev)[None, :] < k[:, None]  # [B, V] in sorted order
     if use_p:

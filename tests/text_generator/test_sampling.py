@@ -272,3 +272,37 @@ def test_seeded_rows_on_cuda_take_the_torch_path_and_reproduce():
     assert [t[0].item() for t in a] == [t[0].item() for t in b]
     assert all(t[1].item() == logits[1].argmax().item() for t in a)
     assert all(t[0].item() in allowed_set(logits[0].cpu().tolist(), params[0]) for t in a)
+
+
+@pytest.mark.cuda
+def test_sampler_on_cuda_never_waits_for_the_device_and_matches_the_cpu():
+    """The engine's run-ahead needs the Sampler to queue its work without a stream synchronize
+    (per-row parameter tensors are copied from pinned memory): under sync_debug_mode "error" any
+    synchronizing call raises. Greedy rows with logprobs (the server's usual request) must still be
+    the argmax and the log_softmax of the logits; filtered and penalised rows stay in their sets."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 300) * 2
+    params = [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0.8, top_k=20, top_p=0.9,
+                                                                        logprobs=1),
+              SamplingParams(temperature=1.1, min_p=0.1), SamplingParams(temperature=0, repetition_penalty=1.3,
+                                                                         frequency_penalty=0.5)]
+    prompts, outputs = [[1, 2]] * 4, [[5, 5, 7]] * 4
+    dev_logits = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = Sampler(use_flashinfer=False)(dev_logits, params, prompt_ids=prompts, output_ids=outputs)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    toks = out.token_ids.cpu()
+    assert toks[0].item() == logits[0].argmax().item()
+    expected = torch.log_softmax(logits[0].double(), -1)[toks[0]].item()
+    assert out.logprobs[0].item() == pytest.approx(expected, abs=1e-4)
+    assert toks[1].item() in allowed_set(logits[1].tolist(), params[1])
+    assert toks[2].item() in allowed_set(logits[2].tolist(), params[2])
+    pen = logits[3].clone()
+    for t in (1, 2, 5, 7):  # repetition penalty on every seen token, then frequency on the output's
+        pen[t] = pen[t] / 1.3 if pen[t] > 0 else pen[t] * 1.3
+    pen[5] -= 0.5 * 2
+    pen[7] -= 0.5
+    assert toks[3].item() == pen.argmax().item()

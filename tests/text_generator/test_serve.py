@@ -301,6 +301,8 @@ def test_health_and_metrics(client, server):
     count = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith("tg_time_to_first_token_seconds_count"))
     assert count >= 1
+    steps = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tg_engine_steps "))
+    assert steps >= 3  # (no speculation here: a step gives a request one token at most)
 
 
 def test_a_stream_behind_the_engine_sends_the_queued_tokens_as_one_chunk(slow_server, oracle):
@@ -645,6 +647,59 @@ def test_tensor_parallel_serving_under_torchrun_gives_transformers_greedy(ckpt, 
         s.close()
 
 
+def test_the_engine_worker_packs_logprob_rows_only_for_requests_that_asked(ckpt, oracle, one_thread):
+    """One step's message carries, per request, the new tokens' logprobs and top dicts when it asked
+    (log_softmax of transformers' logits, concatenated over the steps) and None when it did not; a
+    step in which nobody asks sends no rows at all."""
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker
+    from text_generator.tokenizer import load_tokenizer
+
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
+                       tokenizer=load_tokenizer(ckpt[0]), freeze_gc=False)
+    sent = []
+    worker = EngineWorker(engine, sent.append)
+    ids = oracle["tok"](PROMPTS[2]).input_ids
+    worker.apply([("add", [("lp", ids, SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True, logprobs=2)),
+                           ("plain", ids + [5], SamplingParams(temperature=0, max_new_tokens=7, ignore_eos=True))],
+                   None)])
+    while worker.busy:
+        worker.step()
+    lps, tops, toks = [], [], []
+    for kind, (rids, new_ids, _, rows, _), _ in sent:
+        assert kind == "out"
+        asked = [i for i, rid in enumerate(rids) if rid == "lp"]
+        if not asked:
+            assert rows is None  # only "plain" left: no column at all
+            continue
+        for i, rid in enumerate(rids):
+            if rid == "plain":
+                assert rows[i] is None
+            else:
+                lps += rows[i][0]
+                tops += rows[i][1]
+                toks += new_ids[i]
+    want, full = logprobs_of(oracle["tiny"], ids, toks)
+    assert toks == hf_generate(oracle["tiny"], ids, 4)
+    assert lps == pytest.approx(want, abs=1e-4)
+    for top, row in zip(tops, full):
+        assert sorted(top.values(), reverse=True) == pytest.approx(row.topk(2).values.tolist(), abs=1e-4)
+
+
+def _records(batch) -> list:
+    """An "out" message's columns (engine_worker.pack) -> one Lean per reported request."""
+    from text_generator.serve.engine_worker import Lean
+
+    rids, new_ids, deltas, rows, ends = batch
+    ended = {e[0]: e[1:] for e in ends}
+    out = []
+    for i, rid in enumerate(rids):
+        reason, error, num_cached, prompt_len = ended.get(i, (None, None, 0, 0))
+        out.append(Lean(rid, new_ids[i], deltas[i], reason, error, num_cached, prompt_len))
+    return out
+
+
 def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracle, one_thread):
     """The engine process's loop body, in this process: a group of three choices of one prompt
     (the first computes it, the others wait for its blocks), the third aborted while it waits,
@@ -652,7 +707,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
     choices are transformers' greedy."""
     from text_generator import SamplingParams, TextGenerator
     from text_generator.engine import LLMEngine
-    from text_generator.serve.engine_worker import EngineWorker, Lean
+    from text_generator.serve.engine_worker import EngineWorker
     from text_generator.tokenizer import load_tokenizer
 
     engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=64, block_size=4,
@@ -669,7 +724,7 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
         steps += 1
         if steps == 3:
             worker.apply([("abort", "long")])
-    outs = [Lean._make(o) for kind, batch, _ in sent if kind == "out" for o in batch]  # sent as plain tuples
+    outs = [o for kind, batch, _ in sent if kind == "out" for o in _records(batch)]
     finals = {}
     for o in outs:
         if o.finish_reason is not None:

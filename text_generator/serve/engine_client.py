@@ -245,40 +245,46 @@ class EngineClient:
         except RuntimeError:  # the event loop is closed (server shutting down)
             pass
 
-    def _dispatch(self, outs: list[tuple], stats: tuple) -> None:
-        """One step's outputs (Lean fields as tuples) -> each request's RequestOutput into its
+    def _dispatch(self, batch: tuple, stats: tuple) -> None:
+        """One step's news (engine_worker.pack's columns) -> each request's RequestOutput into its
         group's queue; metrics (stats: Stats' fields)."""
         now = time.perf_counter()
         m = self.metrics
-        for rid, new_ids, delta, reason, error, rows, num_cached, prompt_len in outs:
+        rids, new_ids, deltas, rows, ends = batch
+        ended = {e[0]: e[1:] for e in ends}
+        for i, rid in enumerate(rids):
             live = self._live.get(rid)
             if live is None:
                 continue  # a second report of a request already ended
-            live.tokens += new_ids
+            new, delta = new_ids[i], deltas[i]
+            live.tokens += new
             if delta:
                 live.pieces.append(delta)
-            if rows is not None:
+            row = rows[i] if rows is not None else None
+            if row is not None:
                 if live.logprobs is None:
                     live.logprobs, live.top = [], []
-                live.logprobs += [lp for _, lp, _ in rows]
-                live.top += [top for _, _, top in rows]
+                live.logprobs += row[0]
+                live.top += row[1]
             group = live.group
-            if m is not None and new_ids:
-                m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(new_ids),
+            if m is not None and new:
+                m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(new),
                             first=live.last is None)
                 live.last = now
-            finished = reason is not None
+            end = ended.get(i)
+            finished = end is not None
+            reason, error, num_cached = (end[0], end[1], end[2]) if finished else (None, None, 0)
             if finished:
                 del self._live[rid]
                 if m is not None:
-                    m.on_finished(reason, prompt_len, num_cached, len(live.tokens),
+                    m.on_finished(reason, end[3], num_cached, len(live.tokens),
                                   None if live.last is None else live.last - group.arrival)
             if rid not in group.unfinished:
                 continue  # aborted by its client: nobody is listening
             # snapshots: a stream that lags behind reads this step's rows, not a later step's
             lps = live.logprobs
             group.queue.put_nowait(RequestOutput(
-                request_id=rid, prompt_token_ids=[], new_token_ids=new_ids,
+                request_id=rid, prompt_token_ids=[], new_token_ids=new,
                 token_ids=live.tokens if finished else live.tokens[:], finished=finished,
                 finish_reason=reason, error=error, text="".join(live.pieces) if finished else None,
                 delta_text=delta, logprobs=lps if finished or lps is None else lps[:],

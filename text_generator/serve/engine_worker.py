@@ -4,15 +4,15 @@ through one pipe and sending it one batch of lean outputs per step through anoth
     HTTP process (engine_client.py)                      engine process (this module: main)
     ("add", [(rid, ids, params)], adapter)   ---cmd--->   drain the pipe between steps
     ("abort", rid) / ("call", id, name, args)             add_request / abort / load_adapter ...
-    ("stop",)                                             step(): RequestOutputs -> Lean tuples
-                                             <--out---    ("out", [Lean, ...], Stats) per step
-                                                                  (plain tuples in their fields' order)
+    ("stop",)                                             step(): RequestOutputs -> pack()
+                                             <--out---    ("out", columns, Stats) per step
+                                                                  (pack's lists; Stats as a tuple)
                                              <--out---    ("reply", id, ok, result or (kind, message))
 
 Only token ids and the engine's own incremental text (delta_text: the engine detokenizes, since
 stop strings end requests there) cross the pipe, one message per step for all requests, never
 the whole output so far: the HTTP process rebuilds each request's output from the deltas.
-Every request that was submitted gets exactly one final Lean (finish_reason set), also when it
+Every request that was submitted gets exactly one final report (an `ends` entry), also when it
 is aborted before it reached the engine or when add_request refuses it.
 
 Tensor parallelism (--tensor-parallel under torchrun): this process is rank 0 of the process
@@ -43,15 +43,14 @@ IDLE_POLL_S = 1.0  # an idle engine wakes this often (under TP: the heartbeat to
 
 
 class Lean(NamedTuple):
-    """One request's news of one step. rows: (token, logprob, {top id: logprob}) per new token
-    when the request asked for logprobs, else None. num_cached / prompt_len: set on the final one."""
+    """A final report the engine will not make (a refused add, an abort before the engine had the
+    request); pack() sends it as any other. num_cached / prompt_len: as on a final output."""
 
     request_id: str
     new_token_ids: list[int]
     delta_text: str | None
     finish_reason: str | None  # None while running
     error: str | None = None
-    rows: list | None = None
     num_cached: int = 0
     prompt_len: int = 0
 
@@ -67,35 +66,53 @@ class Stats(NamedTuple):
     num_blocks: int
     draft_tokens: int
     accepted_tokens: int
+    steps: int  # engine steps run since start (a benchmark's steps per pass: more steps or longer ones)
 
 
 def engine_stats(engine, waiting_followers: int = 0) -> Stats:
     bm, sched = engine.block_manager, engine.scheduler
     return Stats(len(sched.waiting) + waiting_followers, len(sched.running), bm.num_used_blocks,
-                 bm.num_free_blocks, bm.num_cached_blocks, bm.num_blocks, engine.num_draft_tokens, engine.num_accepted_tokens)
+                 bm.num_free_blocks, bm.num_cached_blocks, bm.num_blocks, engine.num_draft_tokens, engine.num_accepted_tokens,
+                 engine.num_steps)
 
 
-def lean(out) -> tuple:
-    """A RequestOutput -> its Lean's fields as a plain tuple (the new logprob rows only). Per
-    request per step, in the engine process's loop: a plain tuple pickles several times faster
-    than the NamedTuple, and the rows are sliced, not rebuilt one by one."""
-    final = out.finished
-    new = out.new_token_ids
+def pack(outputs: list, finals: list[Lean]) -> tuple:
+    """One step's news -> the columns the HTTP process reads (engine_client._dispatch):
+
+        rids     [request id]                       one entry per reported request: finals first
+        new_ids  [[token id, ...]]                  its new tokens
+        deltas   [str | None]                       its new text
+        rows     None (nobody asked for logprobs)   or per request None / (new tokens' logprobs,
+                                                    their {top id: logprob} dicts)
+        ends     [(index, finish_reason, error, num_cached, prompt_len)]  the requests that finished
+
+    Per step, in the engine process's loop (its thread is the engine's): column lists built by
+    comprehensions, logprob rows sliced, one tuple per finished request only. Against one tuple of
+    eight fields per request this halves the packing and shrinks the pickle (benchmarks/profile_worker.py)."""
+    rids = [f.request_id for f in finals] + [o.request_id for o in outputs]
+    new_ids = [f.new_token_ids for f in finals] + [o.new_token_ids for o in outputs]
+    deltas = [f.delta_text for f in finals] + [o.delta_text for o in outputs]
     rows = None
-    if out.logprobs is not None:
-        lps, tops, ids = out.logprobs, out.top_logprobs or [], out.token_ids
-        end = len(ids)
-        start = end - len(new)
-        if start >= 0 and len(lps) >= end and len(tops) >= end:
-            rows = list(zip(ids[start:end], lps[start:end], tops[start:end]))
-        else:  # a row without its top entries (or fewer rows than tokens): the general rule
-            from text_generator.serve.responses import new_logprobs
+    if any(o.logprobs is not None for o in outputs):
+        rows = [None] * len(finals) + [None if o.logprobs is None else _new_rows(o) for o in outputs]
+    k = len(finals)
+    ends = [(i, f.finish_reason, f.error, f.num_cached, f.prompt_len) for i, f in enumerate(finals)]
+    ends += [(k + i, o.finish_reason, o.error, o.num_cached_tokens, len(o.prompt_token_ids))
+             for i, o in enumerate(outputs) if o.finished]
+    return rids, new_ids, deltas, rows, ends
 
-            rows = new_logprobs(out)
-    if not final:
-        return (out.request_id, list(new), out.delta_text, None, out.error, rows, 0, 0)
-    return (out.request_id, list(new), out.delta_text, out.finish_reason, out.error, rows, out.num_cached_tokens,
-            len(out.prompt_token_ids))
+
+def _new_rows(out) -> tuple[list[float], list[dict]]:
+    """The logprobs and top dicts of the tokens an output adds (slices of its lists)."""
+    lps, tops = out.logprobs, out.top_logprobs or []
+    end = len(out.token_ids)
+    start = end - len(out.new_token_ids)
+    if start >= 0 and len(lps) >= end and len(tops) >= end:
+        return lps[start:end], tops[start:end]
+    from text_generator.serve.responses import new_logprobs  # a row without its top entries: the general rule
+
+    rows = new_logprobs(out)
+    return [lp for _, lp, _ in rows], [top for _, _, top in rows]
 
 
 class EngineWorker:
@@ -139,7 +156,7 @@ class EngineWorker:
         finals, self._finals = self._finals, []
         if self.send is not None:
             waiting = sum(map(len, self._followers.values()))
-            self.send(("out", finals + [lean(o) for o in outputs], tuple(engine_stats(self.engine, waiting))))
+            self.send(("out", pack(outputs, finals), tuple(engine_stats(self.engine, waiting))))
 
     # -- commands --------------------------------------------------------------------------
     def _add_group(self, items: list[tuple], adapter: str | None) -> None:

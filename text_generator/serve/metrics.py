@@ -31,6 +31,7 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.waiting = Gauge("tg_num_requests_waiting", "Requests queued (server queue + scheduler)", registry=r)
         self.running = Gauge("tg_num_requests_running", "Requests in the running batch", registry=r)
+        self.steps = Gauge("tg_engine_steps", "Engine steps run since the server started", registry=r)
         self.kv_usage = Gauge("tg_kv_cache_usage_ratio", "KV blocks held by live requests / all blocks", registry=r)
         self.prefix_hit_rate = Gauge("tg_prefix_cache_hit_rate", "Prompt tokens served by the prefix cache / "
                                      "prompt tokens, over finished requests", registry=r)
@@ -66,6 +67,7 @@ class ServerMetrics:
         """stats: engine_worker.Stats, sent by the engine process with each step's outputs."""
         self.waiting.set(stats.waiting)
         self.running.set(stats.running)
+        self.steps.set(stats.steps)
         self.kv_usage.set(stats.used_blocks / stats.num_blocks)
         if stats.draft_tokens:
             self.spec_acceptance.set(stats.accepted_tokens / stats.draft_tokens)
