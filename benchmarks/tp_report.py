@@ -55,32 +55,42 @@ def plot(res, W, path):
     fig, axes = plt.subplots(len(names), 2, figsize=(12, 4 * len(names)), squeeze=False)
     for (a, b), name in zip(axes, names):
         m = res["models"][name]
-        dec = m["decode"]
-        x = [d["batch"] for d in dec]
-        a.plot(x, [d["tp1_ms"] for d in dec], "o-", color="C0", label="TP=1")
-        for i, mode in enumerate(res["all_reduce_modes"]):
-            a.plot(x, [d[f"tp{W}_{mode}_ms"] for d in dec], "s-", color=f"C{i + 1}", label=f"TP={W} ({mode})")
-            for d in dec:
-                a.annotate(f"x{d[f'speedup_{mode}']:.2f}", (d["batch"], d[f"tp{W}_{mode}_ms"]),
-                           textcoords="offset points", xytext=(0, -12 - 9 * i), ha="center", fontsize=7,
-                           color=f"C{i + 1}")
-        a.set(xlabel="batch (requests)", ylabel="ms / decode step", xscale="log",
-              title=f"{name} ({m['layers']} layers): decode at context {dec[0]['context']}, graphs")
-        a.set_xticks(x, [str(v) for v in x])
-        a.minorticks_off()
-        a.legend(fontsize=8)
-        pre = m["prefill"]
-        x = [p["tokens"] for p in pre]
-        b.plot(x, [p["tp1_ms"] for p in pre], "o-", label="TP=1")
-        b.plot(x, [p[f"tp{W}_ms"] for p in pre], "s-", label=f"TP={W}")
-        for p in pre:
-            b.annotate(f"x{p['speedup']:.2f} (eff {p['efficiency']:.2f})", (p["tokens"], p[f"tp{W}_ms"]),
-                       textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
-        b.set(xlabel="prompt tokens (batch 1)", ylabel="ms / prefill", xscale="log", yscale="log",
-              title=f"{name}: prefill")
-        b.set_xticks(x, [str(v) for v in x])
-        b.minorticks_off()
-        b.legend(fontsize=8)
+        if m["decode"]:
+            _decode_panel(a, name, m, W, res["all_reduce_modes"])
+        if m["prefill"]:
+            _prefill_panel(b, name, m, W)
     fig.suptitle(f"TP=1 vs TP={W} on {res['device']} (speedup labels)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _decode_panel(a, name, m, W, modes):
+    dec = m["decode"]
+    x = [d["batch"] for d in dec]
+    a.plot(x, [d["tp1_ms"] for d in dec], "o-", color="C0", label="TP=1")
+    for i, mode in enumerate(modes):
+        a.plot(x, [d[f"tp{W}_{mode}_ms"] for d in dec], "s-", color=f"C{i + 1}", label=f"TP={W} ({mode})")
+        for d in dec:
+            a.annotate(f"x{d[f'speedup_{mode}']:.2f}", (d["batch"], d[f"tp{W}_{mode}_ms"]),
+                       textcoords="offset points", xytext=(0, -12 - 9 * i), ha="center", fontsize=7,
+                       color=f"C{i + 1}")
+    a.set(xlabel="batch (requests)", ylabel="ms / decode step", xscale="log",
+          title=f"{name} ({m['layers']} layers): decode at context {dec[0]['context']}, graphs")
+    a.set_xticks(x, [str(v) for v in x])
+    a.minorticks_off()
+    a.legend(fontsize=8)
+
+
+def _prefill_panel(b, name, m, W):
+    pre = m["prefill"]
+    x = [p["tokens"] for p in pre]
+    b.plot(x, [p["tp1_ms"] for p in pre], "o-", label="TP=1")
+    b.plot(x, [p[f"tp{W}_ms"] for p in pre], "s-", label=f"TP={W}")
+    for p in pre:
+        b.annotate(f"x{p['speedup']:.2f} (eff {p['efficiency']:.2f})", (p["tokens"], p[f"tp{W}_ms"]),
+                   textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
+    b.set(xlabel="prompt tokens (batch 1)", ylabel="ms / prefill", xscale="log", yscale="log",
+          title=f"{name}: prefill")
+    b.set_xticks(x, [str(v) for v in x])
+    b.minorticks_off()
+    b.legend(fontsize=8)
