@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 TOP = 12
