@@ -4,8 +4,8 @@ tokens than halfway to 8k, benchmarks/RESULTS.md, issue 28)?
 
     source .gpu/device-setup.sh && python3 benchmarks/diag_tp_shapes.py [--tokens 2048,4096,6144,8192]
 
-Rows: the Llama-3-8B block-FP8 projections (fp8_linear: the path it takes, e.g. cuBLASLt's
-block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the Qwen3-30B-A3B experts
+Rows: the Llama-3-8B and Qwen3-30B-A3B attention block-FP8 projections (fp8_linear: the path it
+takes, e.g. cuBLASLt's block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the Qwen3-30B-A3B experts
 (fused_moe, 128 experts, top 8, random routing) in bf16 and block FP8, each at its TP=W rank's
 shape (column-parallel N / W, row-parallel K / W; experts of width 768 / W). Per row: us at each
 token count and us per 1k tokens; "slow" marks a count whose cost per token is > 1.25 x the
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 E4M3 = torch.float8_e4m3fn
 LLAMA = dict(H=4096, q=4096, kv=1024, I=14336)
-QWEN = dict(H=2048, E=128, I=768, k=8)
+QWEN = dict(H=2048, E=128, I=768, k=8, q=4096, kv=512)
 
 
 def cuda_us(fn, iters: int = 10, warmup: int = 3) -> float:
@@ -55,10 +55,11 @@ def fp8_weight(N: int, K: int, dev):
 
 
 def linear_rows(W: int, dev):
-    """(name, N, K) of the Llama-3-8B projections at one TP=W rank."""
-    c = LLAMA
+    """(name, N, K) of the Llama-3-8B projections and Qwen3-30B-A3B's attention ones at one TP=W rank."""
+    c, m = LLAMA, QWEN
     return [("qkv", (c["q"] + 2 * c["kv"]) // W, c["H"]), ("o", c["H"], c["q"] // W),
-            ("gate_up", 2 * c["I"] // W, c["H"]), ("down", c["H"], c["I"] // W)]
+            ("gate_up", 2 * c["I"] // W, c["H"]), ("down", c["H"], c["I"] // W),
+            ("moe qkv", (m["q"] + 2 * m["kv"]) // W, m["H"]), ("moe o", m["H"], m["q"] // W)]
 
 
 def moe_case(W: int, fp8: bool, dev):
