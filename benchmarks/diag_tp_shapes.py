@@ -5,10 +5,10 @@ tokens than halfway to 8k, benchmarks/RESULTS.md, issue 28)?
     source .gpu/device-setup.sh && python3 benchmarks/diag_tp_shapes.py [--tokens 2048,4096,6144,8192]
 
 Rows: the Llama-3-8B and Qwen3-30B-A3B attention block-FP8 projections (fp8_linear: the path it
-takes, e.g. cuBLASLt's block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the Qwen3-30B-A3B experts
-(fused_moe, 128 experts, top 8, random routing) in bf16 and block FP8, each at its TP=W rank's
-shape (column-parallel N / W, row-parallel K / W; experts of width 768 / W). Per row: us at each
-token count and us per 1k tokens; "slow" marks a count whose cost per token is > 1.25 x the
+takes, e.g. cuBLASLt's block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the
+Qwen3-30B-A3B experts (fused_moe, 128 experts, top 8, random routing) in bf16 and block FP8, each
+at its TP=W rank's shape (column-parallel N / W, row-parallel K / W; experts of width 768 / W).
+Per row: us at each token count and us per 1k tokens; "slow" marks a count whose cost per token is > 1.25 x the
 largest count's (where the GEMMs are long enough to be compute-bound, the cost per token should
 fall or stay as M grows).
 """
