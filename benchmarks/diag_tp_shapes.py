@@ -8,9 +8,9 @@ Rows: the Llama-3-8B and Qwen3-30B-A3B attention block-FP8 projections (fp8_line
 takes, e.g. cuBLASLt's block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the
 Qwen3-30B-A3B experts (fused_moe, 128 experts, top 8, random routing) in bf16 and block FP8, each
 at its TP=W rank's shape (column-parallel N / W, row-parallel K / W; experts of width 768 / W).
-Per row: us at each token count and us per 1k tokens; "slow" marks a count whose cost per token is > 1.25 x the
-largest count's (where the GEMMs are long enough to be compute-bound, the cost per token should
-fall or stay as M grows).
+Per row: us at each token count and us per 1k tokens; "slow" marks a count whose cost per token
+is > 1.25 x the largest count's (where the GEMMs are long enough to be compute-bound, the cost
+per token should fall or stay as M grows).
 """
 
 from __future__ import annotations

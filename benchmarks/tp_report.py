@@ -35,7 +35,8 @@ def report(name, m, W, modes, device):
         what = "fp8" if m["fp8"] else "bf16"
         gp, gd = c[f"tp{W}_graph_vs_eager_prefill_decode"]
         sp, sd = c[f"tp{W}_same_kernels_prefill_decode"]
-        print(f"correctness ({mode}): TP=1 err {c[f'tp1_{what}_err']:.4f}, TP={W} graphs {c[f'tp{W}_{what}_err']:.4f} / "
+        print(f"correctness ({mode}): TP=1 err {c[f'tp1_{what}_err']:.4f}, "
+              f"TP={W} graphs {c[f'tp{W}_{what}_err']:.4f} / "
               f"eager {c[f'tp{W}_eager_{what}_err']:.4f} (bound {c['bound']:.4f}: {'PASS' if c['pass'] else 'FAIL'}); "
               f"top-1 TP={W} vs TP=1 {c[f'top1_tp{W}_vs_tp1']:.2f}; ranks identical: {c['ranks_identical']}; "
               f"eager run to run identical: {c['eager_deterministic']}")
