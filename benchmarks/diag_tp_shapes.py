@@ -3,6 +3,7 @@ does a shape take a slow kernel at some M (the TP=4 prefill of the FP8 models to
 tokens than halfway to 8k, benchmarks/RESULTS.md, issue 28)?
 
     source .gpu/device-setup.sh && python3 benchmarks/diag_tp_shapes.py [--tokens 2048,4096,6144,8192]
+    ... benchmarks/diag_tp_shapes.py --host --tokens 4096   # host vs wall us per call of the FP8 path's parts
 
 Rows: the Llama-3-8B and Qwen3-30B-A3B attention block-FP8 projections (fp8_linear: the path it
 takes, e.g. cuBLASLt's block-scaled _scaled_mm) and their bf16 counterparts (F.linear), and the
@@ -81,7 +82,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="2048,4096,6144,8192")
     ap.add_argument("--worlds", default="1,4")
+    ap.add_argument("--host", action="store_true", help="instead: the host time per call of the FP8 path's parts "
+                                                        "at the TP=4 shapes (issue time of 50 calls, no sync)")
     args = ap.parse_args()
+    if args.host:
+        return host_costs(int(args.tokens.split(",")[0]))
     tokens = [int(v) for v in args.tokens.split(",")]
     worlds = [int(v) for v in args.worlds.split(",")]
     dev = torch.device("cuda")
@@ -126,6 +131,56 @@ def run_world(W: int, tokens: list[int], cfg, dev) -> None:
             res.append(cuda_us(lambda: fused_moe(x, wts, ids, gu, dn, cfg, gus, dns)))
         report(f"TP={W} experts [{QWEN['E']} x {2 * QWEN['I'] // W} x {QWEN['H']}] {'fp8' if fp8 else 'bf16'}",
                tokens, res)
+
+
+def host_us(fn, calls: int = 50) -> tuple[float, float]:
+    """(host us per call: the time to issue `calls` calls, no sync between; wall us per call to the sync after)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def host_costs(T: int) -> None:
+    """Per TP=4 shape at T tokens: host / wall us per call of the quantization, the block-scaled and the
+    row-wise torch._scaled_mm alone, the whole fp8_linear, and bf16 F.linear. Host > wall / calls' GPU
+    time means a step of such calls is bound by the host."""
+    from model_wrapper.kernels import KernelConfig
+    from model_wrapper.kernels.fp8 import _quantize, fp8_linear
+
+    cfg, dev = KernelConfig(), torch.device("cuda")
+    print(f"host / wall us per call at {T} tokens (50 calls issued back to back)", flush=True)
+    for name, N, K in linear_rows(4, dev):
+        w, ws, blocks = fp8_weight(N, K, dev)
+        wb = (w.float() * ws.repeat_interleave(128, 1)[:, :K]).to(torch.bfloat16)
+        x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+        q, qs = _quantize(x, 128, None, rows=-(-T // 16) * 16, outer=True)
+        qr, qrs = _quantize(x, K, None)
+        row_scale = ws[:, :1].reshape(1, N).contiguous()
+        parts = {
+            "quantize": lambda: _quantize(x, 128, None, rows=-(-T // 16) * 16, outer=True),
+            "_scaled_mm block": lambda: torch._scaled_mm(q, w.t(), scale_a=qs, scale_b=blocks,
+                                                         out_dtype=torch.bfloat16),
+            "_scaled_mm rowwise": lambda: torch._scaled_mm(qr, w.t(), scale_a=qrs.contiguous(), scale_b=row_scale,
+                                                           out_dtype=torch.bfloat16),
+            "fp8_linear": lambda: fp8_linear(x, w, ws, 128, None, None, cfg, blocks),
+            "bf16 F.linear": lambda: F.linear(x, wb),
+        }
+        cols = []
+        for part, fn in parts.items():
+            try:
+                h, wall = host_us(fn)
+                cols.append(f"{part} {h:.0f} / {wall:.0f}")
+            except Exception as e:  # noqa: BLE001
+                cols.append(f"{part} failed ({e!r:.80})")
+        print(f"TP=4 {name} [{N}, {K}]: " + "; ".join(cols), flush=True)
 
 
 def report(label: str, tokens: list[int], us: list[float]) -> None:
