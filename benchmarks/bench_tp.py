@@ -243,7 +243,7 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
     num_blocks = max(max(shapes["batches"], default=1) * -(-shapes["context"] // BLOCK_SIZE),
                      -(-max(shapes["prefills"], default=1) // BLOCK_SIZE))
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
-    out = dict(model=LABELS[name] + (" (tiny)" if args.tiny else ""), fp8=fp8, layers=L,
+    out = dict(model=LABELS[name] + (" (tiny)" if args.tiny else ""), fp8=fp8, layers=L0 if args.check_only else L,
                full_layers=MODELS[name][0]["num_hidden_layers"], check_layers=L0,
                layer_reduced=(f"timed with {L} layers (in-memory copies of the {L0} loaded ones); the correctness "
                               f"run uses the {L0}-layer checkpoint as loaded. Every per-layer shape is the model's"
