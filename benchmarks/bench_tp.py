@@ -5,6 +5,7 @@
         --model llama8b,llama8b-fp8,qwen3moe,qwen3moe-fp8 --out benchmarks/results/tp
     torchrun --standalone --nproc-per-node 2 benchmarks/bench_tp.py --device cpu --tiny \\
         --model llama8b,qwen3moe-fp8 --out /tmp/tp  # smoke (gloo)
+    ... benchmarks/bench_tp.py --check-only --model llama8b-fp8,qwen3moe  # correctness only
 
 Models (benchmarks/tp_models.py): llama8b, llama8b-fp8 (block FP8), qwen3moe (Qwen3-30B-A3B
 shape), qwen3moe-fp8; random weights. Rank 0 writes each as a LAYER-REDUCED checkpoint
@@ -29,13 +30,22 @@ taking part and a device synchronize; the median of --iters steps after warm-up 
 step's warm-up includes its graph capture), and under TP the slower rank's median. Speedup =
 TP=1 ms / TP=N ms, efficiency = speedup / N.
 
-Correctness: one batched prefill of 4 prompts and a few teacher-forced decode steps (graph
-replays), on the loaded (layer-reduced) model; each run's max |error| / max |fp32 logit| against
-the TP=1 fp32 reference of the same checkpoint (FP8 weights dequantized, w * scale). Pass: TP=N's
-error <= 2 x TP=1's own (bf16, or FP8 with its activation quantization) + 2e-3, plus top-1
-agreement, every rank returning the same logits, and graph replay = eager (within 2e-2; graphs
-with the eager steps' FlashInfer decode attention for this check: the default Triton one rounds
-differently, which in a MoE can route a near-tie token to another expert).
+Correctness: one batched prefill of 4 prompts and a few teacher-forced decode steps, on the loaded
+(layer-reduced) model; each run's max |error| / max |fp32 logit| against the TP=1 fp32 reference
+of the same checkpoint (FP8 weights dequantized, w * scale). Per all-reduce mode, four TP=N runs
+(benchmarks/tp_check.py): the real path (default graphs: the batched prefill in a mixed-step
+graph, decode graphs on the Triton decode attention), eager twice, and graphs running the eager
+kernels on the eager inputs (prefill eager, FlashInfer decode attention in the decode graphs; the
+check's batch of 4 is a graph bucket, so no padding rows). Pass: the graph run's and the eager
+run's errors each <= 2 x TP=1's own (bf16, or FP8 with its activation quantization) + 2e-3, top-1
+agreement, every rank returning the same logits, and the same-kernels graphs bit-identical to
+eager. The default graphs against eager is reported with the pair bound those errors imply: the
+mixed graph's Triton varlen prefill rounds unlike FlashInfer's ragged prefill, and a random 2-layer
+model amplifies a bf16 ulp (FP8 activation scales, MoE router near-ties) to 0.05-0.1.
+
+--check-only runs the correctness part alone; --batches / --prefills pick the timed shapes (a
+prompt length may repeat, to see order effects), and each rank's prefill medians are kept;
+--profile-prefill adds each rank's top CUDA kernels of one prefill per length (tp_profile.py).
 
 Writes tp.json (rewritten after each model, so a run cut short keeps what it measured) and
 tp.png (a row per model) to --out.
@@ -62,8 +72,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import decode_step, prefill_step  # noqa: E402
-from benchmarks.common import pyplot  # noqa: E402
 from benchmarks.tp_check import BLOCK_SIZE, check_blocks, check_inputs, check_run, correctness  # noqa: E402
+from benchmarks.tp_profile import kernel_table  # noqa: E402
+from benchmarks.tp_report import plot, report  # noqa: E402
 from benchmarks.tp_models import LABELS, MODELS, deepen, fp32_reference, model_config, write_checkpoint  # noqa: E402
 
 
@@ -105,14 +116,21 @@ class Ranks:
         dist.broadcast_object_list(obj, src=0, group=self.host)
         return bool(obj[0])
 
+    def gather(self, value: float) -> list[float]:
+        """Every rank's value, in rank order (each rank passes its own)."""
+        out = [None] * self.world
+        dist.all_gather_object(out, value, group=self.host)
+        return out
+
     def say(self, *args) -> None:
         if self.rank == 0:
             print(*args, flush=True)
 
 
-def median_ms(step, r: Ranks, *, iters: int, warmup: int, all_ranks: bool) -> float:
+def median_ms(step, r: Ranks, *, iters: int, warmup: int, all_ranks: bool, per_rank: list | None = None) -> float:
     """Median ms of step() over iters calls after warmup calls; each call timed from a
-    synchronize (+ barrier of all ranks when all_ranks) to the synchronize after it."""
+    synchronize (+ barrier of all ranks when all_ranks) to the synchronize after it; under
+    all_ranks the slower rank's median (per_rank, given: extended by every rank's median)."""
     for _ in range(warmup):
         step()
     times = []
@@ -125,7 +143,11 @@ def median_ms(step, r: Ranks, *, iters: int, warmup: int, all_ranks: bool) -> fl
         r.sync()
         times.append(time.perf_counter() - t0)
     ms = statistics.median(times) * 1e3
-    return r.worst(ms) if all_ranks else ms
+    if not all_ranks:
+        return ms
+    if per_rank is not None:
+        per_rank.extend(r.gather(ms))
+    return r.worst(ms)
 
 
 @contextmanager
@@ -149,13 +171,18 @@ def time_decode(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool) -> dict:
     return out
 
 
-def time_prefill(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool) -> dict:
-    """-> {tokens: ms} of one-prompt prefills."""
+def time_prefill(gen, kv, perm, r: Ranks, shapes, *, all_ranks: bool, per_rank: dict | None = None) -> dict:
+    """-> {tokens: ms} of one-prompt prefills (a T listed twice: the later one's; per_rank, given:
+    {tokens: [each rank's median, ...]}, a list per time T comes)."""
     out = {}
     for T in shapes["prefills"]:
         torch.manual_seed(T)
         step = prefill_step(gen, kv, BLOCK_SIZE, T, perm)
-        out[T] = median_ms(step, r, iters=shapes["prefill_iters"], warmup=1, all_ranks=all_ranks)
+        row = None
+        if per_rank is not None:
+            row = []
+            per_rank.setdefault(T, []).append(row)
+        out[T] = median_ms(step, r, iters=shapes["prefill_iters"], warmup=1, all_ranks=all_ranks, per_rank=row)
     return out
 
 
@@ -203,18 +230,25 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
     cfg, fp8 = model_config(name, args.tiny, args.moe_layers if "moe" in name else args.layers)
     L, L0 = cfg["num_hidden_layers"], min(args.check_layers, cfg["num_hidden_layers"])
     shapes = dict(batches=[1, 8, 32, 128], context=2048, prefills=[1024, 4096, 8192], iters=args.iters or 20,
-                  prefill_iters=5)
+                  prefill_iters=args.prefill_iters or 5)
     if args.tiny:
-        shapes = dict(batches=[1, 4], context=128, prefills=[128, 256], iters=args.iters or 3, prefill_iters=2)
+        shapes = dict(batches=[1, 4], context=128, prefills=[128, 256], iters=args.iters or 3,
+                      prefill_iters=args.prefill_iters or 2)
+    for key in ("batches", "prefills"):  # the command line's lists, where given
+        if getattr(args, key) is not None:
+            shapes[key] = getattr(args, key)
+    timed = not args.check_only
     prompts, tokens = check_inputs(cfg, args.tiny)
     nb_check = check_blocks(prompts, tokens)
-    num_blocks = max(max(shapes["batches"]) * -(-shapes["context"] // BLOCK_SIZE),
-                     -(-max(shapes["prefills"]) // BLOCK_SIZE))
+    num_blocks = max(max(shapes["batches"], default=1) * -(-shapes["context"] // BLOCK_SIZE),
+                     -(-max(shapes["prefills"], default=1) // BLOCK_SIZE))
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
-    out = dict(model=LABELS[name] + (" (tiny)" if args.tiny else ""), fp8=fp8, layers=L,
+    out = dict(model=LABELS[name] + (" (tiny)" if args.tiny else ""), fp8=fp8, layers=L0 if args.check_only else L,
                full_layers=MODELS[name][0]["num_hidden_layers"], check_layers=L0,
                layer_reduced=(f"timed with {L} layers (in-memory copies of the {L0} loaded ones); the correctness "
-                              f"run uses the {L0}-layer checkpoint as loaded. Every per-layer shape is the model's"),
+                              f"run uses the {L0}-layer checkpoint as loaded. Every per-layer shape is the model's"
+                              if not args.check_only else
+                              f"--check-only: the correctness runs of the {L0}-layer checkpoint, no timings"),
                seconds={})
     t = time.monotonic()
     path = os.path.join(root, f"{name}-L{L0}")
@@ -237,11 +271,13 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
         kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
         logits1 = check_run(gen, kv, prompts, tokens)
         del kv
-        gen = deepen(gen, path, L)
-        kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
-        single["decode"] = time_decode(gen, kv, perm, r, shapes, all_ranks=False)
-        single["prefill"] = time_prefill(gen, kv, perm, r, shapes, all_ranks=False)
-        del kv, gen
+        if timed:
+            gen = deepen(gen, path, L)
+            kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
+            single["decode"] = time_decode(gen, kv, perm, r, shapes, all_ranks=False)
+            single["prefill"] = time_prefill(gen, kv, perm, r, shapes, all_ranks=False)
+            del kv
+        del gen
         free(r)
         ref = fp32_reference(path, r.device)
         kv32 = ref.allocate_kv_cache(nb_check, BLOCK_SIZE)
@@ -255,42 +291,58 @@ def run_model(name: str, args, r: Ranks, tp, modes: list[str], root: str, t_star
     # -- phase 2: TP=W on every rank ----------------------------------------------------------
     t = time.monotonic()
     gen = load(tp)
-    out[f"e4m3_tensors_tp{W}"] = e4m3_tensors(gen)  # fewer than TP=1's: a shard that cuts an FP8 block, dequantized
+    # per rank: fewer than TP=1's where a rank's shard cuts an FP8 block (its first K-column inside a
+    # 128-column block: that layer is dequantized on that rank only, e.g. Qwen3-30B-A3B's experts of
+    # width 768 / 4 = 192 on ranks 1 and 3)
+    out[f"e4m3_tensors_tp{W}_per_rank"] = r.gather(e4m3_tensors(gen))
     kv = gen.allocate_kv_cache(nb_check, BLOCK_SIZE)
     checks = {}
     default_kc = gen.model_wrapper.kernel_config
+    # graphs that run the eager steps' kernels on the eager steps' inputs: the batched prefill eager
+    # (no mixed-step graph, whose Triton varlen prefill rounds unlike FlashInfer's ragged one) and
+    # FlashInfer's decode attention in the decode graphs (the default Triton one rounds differently)
+    same_kc = dataclasses.replace(default_kc, triton_decode=False, mixed_graphs=False)
     for mode in modes:
         with all_reduce_mode(gen, mode):
-            graph = check_run(gen, kv, prompts, tokens)
+            runs = {"graph": check_run(gen, kv, prompts, tokens)}
             with eager(gen):
-                plain = check_run(gen, kv, prompts, tokens)
-            # graph = eager with the eager steps' decode attention (FlashInfer) in the graphs too: the
-            # default graphs' Triton decode attention rounds differently, and in a MoE a near-tie of two
-            # experts' router scores then routes a token apart (tests/model_wrapper/test_moe.py)
-            gen.model_wrapper.set_kernel_config(dataclasses.replace(default_kc, triton_decode=False))
-            graph_fi = check_run(gen, kv, prompts, tokens)
+                runs["eager"] = check_run(gen, kv, prompts, tokens)
+                runs["eager_again"] = check_run(gen, kv, prompts, tokens)
+            gen.model_wrapper.set_kernel_config(same_kc)
+            runs["graph_same"] = check_run(gen, kv, prompts, tokens)
             gen.model_wrapper.set_kernel_config(default_kc)
         gathered = [None] * W
-        dist.all_gather_object(gathered, graph, group=r.host)
-        checks[mode] = (graph, plain, graph_fi, gathered)
+        dist.all_gather_object(gathered, runs["graph"], group=r.host)
+        checks[mode] = (runs, gathered)
     del kv
-    gen = deepen(gen, path, L)
-    kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
-    multi = {}
-    for mode in modes:
-        with all_reduce_mode(gen, mode):
-            multi[mode] = time_decode(gen, kv, perm, r, shapes, all_ranks=True)
-    with all_reduce_mode(gen, modes[-1]):
-        prefill_w = time_prefill(gen, kv, perm, r, shapes, all_ranks=True)
-    del kv, gen
+    multi, prefill_w, prefill_ranks, profiles = {}, {}, {}, {}
+    if timed:
+        gen = deepen(gen, path, L)
+        kv = gen.allocate_kv_cache(num_blocks, BLOCK_SIZE)
+        for mode in modes:
+            with all_reduce_mode(gen, mode):
+                multi[mode] = time_decode(gen, kv, perm, r, shapes, all_ranks=True)
+        with all_reduce_mode(gen, modes[-1]):
+            prefill_w = time_prefill(gen, kv, perm, r, shapes, all_ranks=True, per_rank=prefill_ranks)
+            if args.profile_prefill:
+                for T in dict.fromkeys(shapes["prefills"]):
+                    torch.manual_seed(T)
+                    step = prefill_step(gen, kv, BLOCK_SIZE, T, perm)
+                    profiles[T] = r.gather(kernel_table(step, r, os.path.join(args.out, f"{name}_prefill{T}")))
+        del kv
+    del gen
     free(r)
     out["seconds"]["tp"] = time.monotonic() - t
     if r.rank != 0:
         return {}
-    out["decode"], out["prefill"] = table(single, multi, prefill_w, shapes, W, modes)
-    out["prefill_all_reduce"] = modes[-1]
-    out["correctness"] = {mode: correctness(logits1, g, p, gf, logits32, gathered, prompts, tokens, W, fp8)
-                          for mode, (g, p, gf, gathered) in checks.items()}
+    if timed:
+        out["decode"], out["prefill"] = table(single, multi, prefill_w, shapes, W, modes)
+        out["prefill_all_reduce"] = modes[-1]
+        out[f"prefill_tp{W}_ms_per_rank"] = {T: rows for T, rows in prefill_ranks.items()}
+        if profiles:
+            out[f"prefill_tp{W}_kernels"] = profiles
+    out["correctness"] = {mode: correctness(logits1, logits32, runs, gathered, prompts, tokens, W, fp8)
+                          for mode, (runs, gathered) in checks.items()}
     return out
 
 
@@ -306,11 +358,15 @@ def table(single, multi, prefill_w, shapes, W, modes):
             row[f"speedup_{mode}"] = a / b
             row[f"efficiency_{mode}"] = a / b / W
         decode.append(row)
-    for T in shapes["prefills"]:
+    for T in dict.fromkeys(shapes["prefills"]):
         a, b = single["prefill"][T], prefill_w[T]
         prefill.append(dict(tokens=T, batch=1, tp1_ms=a, **{f"tp{W}_ms": b}, speedup=a / b, efficiency=a / b / W,
                             tp1_tokens_per_s=T / a * 1e3, **{f"tp{W}_tokens_per_s": T / b * 1e3}))
     return decode, prefill
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def main():
@@ -329,6 +385,16 @@ def main():
     ap.add_argument("--check-layers", type=int, default=2, help="layers of the written checkpoints")
     ap.add_argument("--iters", type=int, default=None, help="timed decode steps per shape (default 20; tiny 3)")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="process-group timeout")
+    ap.add_argument("--check-only", action="store_true",
+                    help="the correctness runs only (TP=1, TP=N per all-reduce mode, fp32 reference): no timings")
+    ap.add_argument("--batches", type=_ints, default=None, help="decode batches to time, comma-separated "
+                                                                "(default 1,8,32,128; empty: none)")
+    ap.add_argument("--prefills", type=_ints, default=None, help="prompt lengths to time, comma-separated, a "
+                                                                 "length may repeat (default 1024,4096,8192)")
+    ap.add_argument("--prefill-iters", type=int, default=None, help="timed prefills per length (default 5)")
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="after the TP=N prefill timings, each rank's CUDA kernels of one prefill per length "
+                         "(tables in --out; the top ones in tp.json and printed)")
     args = ap.parse_args()
     t_start = time.monotonic()
     names = args.model.split(",")
@@ -387,7 +453,7 @@ def main():
             report(name, res["models"][name], W, modes, res["device"])
     res["seconds"]["total"] = time.monotonic() - t_start
     write()
-    if r.rank == 0:
+    if r.rank == 0 and not args.check_only:
         plot(res, W, os.path.join(args.out, "tp.png"))
     r.barrier()
     if made and r.rank == 0:
@@ -395,66 +461,6 @@ def main():
     del tp
     gc.collect()
     dist.destroy_process_group()
-
-
-def report(name, m, W, modes, device):
-    print(f"\n{name}: {m['model']}, {m['layers']} layers on {W} x {device} ({m['layer_reduced']})")
-    head = " ".join(f"{f'TP={W} {mode}':>16} {'speedup':>8} {'eff':>5}" for mode in modes)
-    print(f"{'decode B':>9} {'TP=1 ms':>9} {head}")
-    for d in m["decode"]:
-        cols = " ".join(f"{d[f'tp{W}_{mode}_ms']:16.2f} {d[f'speedup_{mode}']:8.2f} {d[f'efficiency_{mode}']:5.2f}"
-                        for mode in modes)
-        print(f"{d['batch']:9d} {d['tp1_ms']:9.2f} {cols}")
-    print(f"{'prefill T':>9} {'TP=1 ms':>9} {f'TP={W} ms':>16} {'speedup':>8} {'eff':>5}")
-    for p in m["prefill"]:
-        print(f"{p['tokens']:9d} {p['tp1_ms']:9.2f} {p[f'tp{W}_ms']:16.2f} {p['speedup']:8.2f} {p['efficiency']:5.2f}")
-    for mode, c in m["correctness"].items():
-        e1, ew = [v for k, v in c.items() if k.endswith("_err") and k.startswith(("tp1_", f"tp{W}_"))][:2]
-        print(f"correctness ({mode}): TP=1 err {e1:.4f}, TP={W} {ew:.4f} (bound {c['bound']:.4f}: "
-              f"{'PASS' if c['pass'] else 'FAIL'}); top-1 TP={W} vs TP=1 {c[f'top1_tp{W}_vs_tp1']:.2f}; ranks "
-              f"identical: {c['ranks_identical']}; graph vs eager {c[f'tp{W}_graph_vs_eager']:.4f} (FlashInfer "
-              f"decode in the graphs too: {c[f'tp{W}_flashinfer_graph_vs_eager']:.4f}, "
-              f"{'PASS' if c['graph_eq_eager'] else 'FAIL'})")
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in m["seconds"].items()), flush=True)
-
-
-def plot(res, W, path):
-    plt = pyplot()
-    if plt is None or not res["models"]:
-        return
-    names = list(res["models"])
-    fig, axes = plt.subplots(len(names), 2, figsize=(12, 4 * len(names)), squeeze=False)
-    for (a, b), name in zip(axes, names):
-        m = res["models"][name]
-        dec = m["decode"]
-        x = [d["batch"] for d in dec]
-        a.plot(x, [d["tp1_ms"] for d in dec], "o-", color="C0", label="TP=1")
-        for i, mode in enumerate(res["all_reduce_modes"]):
-            a.plot(x, [d[f"tp{W}_{mode}_ms"] for d in dec], "s-", color=f"C{i + 1}", label=f"TP={W} ({mode})")
-            for d in dec:
-                a.annotate(f"x{d[f'speedup_{mode}']:.2f}", (d["batch"], d[f"tp{W}_{mode}_ms"]),
-                           textcoords="offset points", xytext=(0, -12 - 9 * i), ha="center", fontsize=7,
-                           color=f"C{i + 1}")
-        a.set(xlabel="batch (requests)", ylabel="ms / decode step", xscale="log",
-              title=f"{name} ({m['layers']} layers): decode at context {dec[0]['context']}, graphs")
-        a.set_xticks(x, [str(v) for v in x])
-        a.minorticks_off()
-        a.legend(fontsize=8)
-        pre = m["prefill"]
-        x = [p["tokens"] for p in pre]
-        b.plot(x, [p["tp1_ms"] for p in pre], "o-", label="TP=1")
-        b.plot(x, [p[f"tp{W}_ms"] for p in pre], "s-", label=f"TP={W}")
-        for p in pre:
-            b.annotate(f"x{p['speedup']:.2f} (eff {p['efficiency']:.2f})", (p["tokens"], p[f"tp{W}_ms"]),
-                       textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7)
-        b.set(xlabel="prompt tokens (batch 1)", ylabel="ms / prefill", xscale="log", yscale="log",
-              title=f"{name}: prefill")
-        b.set_xticks(x, [str(v) for v in x])
-        b.minorticks_off()
-        b.legend(fontsize=8)
-    fig.suptitle(f"TP=1 vs TP={W} on {res['device']} (speedup labels)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
