@@ -19,12 +19,20 @@ decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. F
 prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes (bf16): per layer qkv, o
          and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
+profile  (--profile) per variant, one decode step at batch 1 and 32 (context 512) under torch.profiler, graph
+         replay: its kernels put in parts of the model (benchmarks/moe_breakdown.py) beside each part's bytes
+         floor -> moe_profile.json and a table in the log.
+
+Memory: the model is built in bf16 on the GPU (about 61 GB for 48 layers) and the KV cache is sized to the
+largest decode case unless --kv-gib is given, so the decode cases fit an 80 GB card; the FP8 variants
+quantize the experts in place, one layer at a time (the model shrinks to about 32 GB).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -32,8 +40,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_forward import copy_bandwidth, decode_case, hf_decode_step, prefill_case, timed  # noqa: E402
+from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
+                                      timed)
 from benchmarks.common import pyplot, random_text_generator  # noqa: E402
+from benchmarks.moe_breakdown import profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
 # the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
@@ -72,6 +82,22 @@ def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: 
     kv = 2 * s["kv"] * ctx * B
     per_layer = (attn + kv) * elem + touched * expert
     return s["L"] * per_layer + (s["V"] * s["H"] + s["H"]) * elem
+
+
+def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = False) -> dict:
+    """Microseconds each part of a decode step must take to read its bytes at bw (bytes / s): the
+    moe_breakdown parts that read weights or KV (decode_floor_bytes, split)."""
+    s = shapes(cfg)
+    L, elem = s["L"], 2
+    if fp8_experts:
+        expert = 3 * s["H"] * s["I"] + 4 * (2 * s["I"] * -(-s["H"] // 128) + s["H"] * -(-s["I"] // 128))
+    else:
+        expert = 3 * s["H"] * s["I"] * elem
+    touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
+    parts = {"experts": L * touched * expert, "attn proj": L * (s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"]) * elem,
+             "router GEMV": L * s["E"] * s["H"] * elem, "attention": L * 2 * s["kv"] * ctx * B * elem,
+             "lm_head": s["V"] * s["H"] * elem}
+    return {k: v / bw * 1e6 for k, v in parts.items()}
 
 
 def quantize_fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,13 +163,15 @@ def random_hf_moe(cfg: dict):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--kv-gib", type=float, default=30.0)
+    ap.add_argument("--kv-gib", type=float, default=None,
+                    help="KV cache size (default: what the largest decode case needs, +10%%)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick run); floors scale with it")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
     ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
     ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
     ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
+    ap.add_argument("--profile", action="store_true", help="a kernel breakdown of one step at batch 1 and 32 a variant")
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
@@ -155,19 +183,27 @@ def main():
                layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.empty_cache()  # the fp32 weights it was built in before the cast to bf16
+    print(f"model built: {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated", flush=True)
     kv_tok = gen.kv_cache_spec.bytes_per_token
-    num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
+    if args.kv_gib is not None:
+        num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
+    else:  # the largest decode case (and a 4k prefill) with a tenth to spare
+        tokens = max(max(batches) * max(contexts), 0 if args.decode_only else 4096)
+        num_blocks = int(1.1 * -(-tokens // 16)) + 16
     kv = gen.allocate_kv_cache(num_blocks, 16)
+    print(f"KV cache: {num_blocks} blocks of 16 ({num_blocks * 16 * kv_tok / 2**30:.2f} GiB)", flush=True)
     perm = torch.randperm(num_blocks)
-    decode, prefill = [], []
+    decode, prefill, profiles = [], [], []
+    quantized = False
     for variant in variants:
         kc = VARIANTS[variant]
         fp8 = variant.endswith("fp8")
-        if fp8:
+        if fp8 and not quantized:
             quantize_experts(gen.model_wrapper.model)
-            torch.cuda.empty_cache()
-        gen.model_wrapper.set_kernel_config(kc)
+            quantized = True
+        gen.model_wrapper.set_kernel_config(kc)  # drops the graphs the variant before captured
+        gc.collect()
+        torch.cuda.empty_cache()
         for B in batches:
             for ctx in contexts:
                 if B * -(-ctx // 16) > num_blocks:
@@ -178,6 +214,16 @@ def main():
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
                       f"  x{t / floor:.2f}", flush=True)
+        for B in (1, 32) if args.profile else ():
+            ctx = 512
+            if B * -(-ctx // 16) > num_blocks:
+                continue
+            steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+            s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8))
+            profiles.append(dict(variant=variant, batch=B, context=ctx, **s))
+            print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels (graph replay, median of 5)\n"
+                  f"{table(s)}", flush=True)
+        print(f"{variant}: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak allocated", flush=True)
         for T in () if args.decode_only else (1024, 4096):
             n = max(2, 16384 // T)
             t = prefill_case(gen, kv, 16, T, perm, n)
@@ -186,6 +232,11 @@ def main():
             print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
                   f"x{t / tg:.2f}", flush=True)
     res.update(decode=decode, prefill=prefill)
+    if profiles:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "moe_profile.json"), "w") as f:
+            json.dump(dict(device=res["device"], copy_bandwidth_TBps=bw / 1e12, layers=cfg["num_hidden_layers"],
+                           profiles=profiles), f, indent=1)
     del kv, gen
     torch.cuda.empty_cache()
     if not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
