@@ -9,6 +9,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
                    align and grouped GEMMs above)
          new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
+         qk-sep    new with Qwen3's q / k norms as kernels of their own (KernelConfig.rope_store_qk_norm off)
+         t32k, t8k new with the MoE GEMVs' tiles (moe_gemv_tile, moe_gemv_down_tile) at 32k / 8k weights
+         w4, w16   new with the MoE GEMVs at 4 / 16 warps (moe_gemv_warps)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
@@ -53,6 +56,12 @@ PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode
 # the bf16 variants first: the fp8 ones quantize the model in place
 VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
             "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            # A/B rows of single KernelConfig fields (bf16)
+            "qk-sep": dataclasses.replace(KernelConfig(), rope_store_qk_norm=False),
+            "t32k": dataclasses.replace(KernelConfig(), moe_gemv_tile=32768, moe_gemv_down_tile=32768),
+            "t8k": dataclasses.replace(KernelConfig(), moe_gemv_tile=8192, moe_gemv_down_tile=8192),
+            "w4": dataclasses.replace(KernelConfig(), moe_gemv_warps=4),
+            "w16": dataclasses.replace(KernelConfig(), moe_gemv_warps=16),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(

@@ -43,6 +43,9 @@ class KernelConfig:
     # decode, even at a 2k prefill, a loss at 4k against FlashInfer's RoPE + the store kernel
     rope_store_max_tokens: int = 1024
     rope_warps: int = 4  # (1 / 2 within noise, base and LoRA)
+    # Qwen3's per-head q / k RMSNorms inside that kernel (before RoPE) instead of their own kernels (two
+    # norms, the copies of the strided q and k, FlashInfer's RoPE and the store: about six launches a layer)
+    rope_store_qk_norm: bool = True
 
     # the LoRA-fused epilogues (kernels/lora_epilogues.py)
     silu_lora_block: int = 128  # columns per program
