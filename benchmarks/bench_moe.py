@@ -22,9 +22,10 @@ decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. F
 prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes (bf16): per layer qkv, o
          and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
-profile  (--profile) per variant, one decode step at batch 1 and 32 (context 512) under torch.profiler, graph
-         replay: its kernels put in parts of the model (benchmarks/moe_breakdown.py) beside each part's bytes
-         floor -> moe_profile.json and a table in the log.
+profile  (--profile VARIANTS) per variant named, one decode step at batch 1 and 32 (context 512) under
+         torch.profiler, graph replay: its kernels put in parts of the model (benchmarks/moe_breakdown.py)
+         beside each part's bytes floor -> moe_profile.json and a table in the log.
+--device cpu --tiny: a smoke run of the script on a shrunk model (no profile, no peer).
 
 Memory: the model is built in bf16 on the GPU (about 61 GB for 48 layers) and the KV cache is sized to the
 largest decode case unless --kv-gib is given, so the decode cases fit an 80 GB card; the FP8 variants
@@ -71,6 +72,13 @@ QWEN3_30B_A3B = dict(
     decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6,
     rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu", initializer_range=0.02,
 )
+
+
+def tiny_moe(cfg: dict) -> dict:
+    """The same architecture shrunk for a CPU smoke run."""
+    return dict(cfg, vocab_size=512, hidden_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                max_position_embeddings=4096)
 
 
 def shapes(cfg: dict) -> dict:
@@ -134,10 +142,10 @@ def quantize_experts(model) -> None:
                 setattr(ex, scale_name, scale)
 
 
-def grouped_chain(cfg: dict, T: int, iters: int) -> float:
+def grouped_chain(cfg: dict, T: int, iters: int, dev: str = "cuda") -> float:
     """Seconds of the prefill's GEMMs alone: per layer qkv, o, the experts (balanced) and lm_head."""
     s = shapes(cfg)
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
     x = torch.randn(T, s["H"], device=dev, dtype=dt)
     wqkv = torch.randn(s["q"] + 2 * s["kv"], s["H"], device=dev, dtype=dt)
     xo = torch.randn(T, s["q"], device=dev, dtype=dt)
@@ -172,6 +180,8 @@ def random_hf_moe(cfg: dict):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a shrunk model (a CPU smoke run)")
     ap.add_argument("--kv-gib", type=float, default=None,
                     help="KV cache size (default: what the largest decode case needs, +10%%)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick run); floors scale with it")
@@ -180,19 +190,24 @@ def main():
     ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
     ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
-    ap.add_argument("--profile", action="store_true", help="a kernel breakdown of one step at batch 1 and 32 a variant")
+    ap.add_argument("--profile", default="", help="variants (comma-separated) whose decode step at batch 1 and 32 "
+                    "gets a kernel breakdown")
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
-    cfg = dict(QWEN3_30B_A3B)
+    dev = args.device
+    cuda = dev == "cuda"
+    cfg = tiny_moe(QWEN3_30B_A3B) if args.tiny else dict(QWEN3_30B_A3B)
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
-    bw = copy_bandwidth("cuda")
-    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, model="Qwen3-30B-A3B-shaped, random weights",
+    bw = copy_bandwidth(dev)
+    res = dict(device=torch.cuda.get_device_name(0) if cuda else dev, torch=torch.__version__,
+               model="Qwen3-30B-A3B-shaped, random weights" if not args.tiny else "tiny",
                layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
-    print(f"model built: {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated", flush=True)
+    gen = random_text_generator(cfg, device=dev, dtype=torch.bfloat16 if cuda else torch.float32)
+    mem = (lambda: torch.cuda.memory_allocated() / 2**30) if cuda else (lambda: 0.0)
+    print(f"model built: {mem():.1f} GiB allocated", flush=True)
     kv_tok = gen.kv_cache_spec.bytes_per_token
     if args.kv_gib is not None:
         num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
@@ -212,31 +227,37 @@ def main():
             quantized = True
         gen.model_wrapper.set_kernel_config(kc)  # drops the graphs the variant before captured
         gc.collect()
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
         for B in batches:
             for ctx in contexts:
                 if B * -(-ctx // 16) > num_blocks:
                     continue
-                t = decode_case(gen, kv, 16, B, ctx, perm, 30)
+                t = decode_case(gen, kv, 16, B, ctx, perm, 30 if cuda else 2)
                 floor = decode_floor_bytes(cfg, B, ctx, fp8_experts=fp8) / bw
                 decode.append(dict(variant=variant, batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3,
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
                       f"  x{t / floor:.2f}", flush=True)
-        for B in (1, 32) if args.profile else ():
+        for B in (1, 32) if cuda and variant in args.profile.split(",") else ():
             ctx = 512
             if B * -(-ctx // 16) > num_blocks:
                 continue
-            steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+            try:  # a profiler failure costs the breakdown, not the timings
+                steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+            except Exception as e:  # noqa: BLE001
+                print(f"--- {variant} B={B}: profile failed: {e!r}", flush=True)
+                continue
             s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8))
             profiles.append(dict(variant=variant, batch=B, context=ctx, **s))
             print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels (graph replay, median of 5)\n"
                   f"{table(s)}", flush=True)
-        print(f"{variant}: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak allocated", flush=True)
+        if cuda:
+            print(f"{variant}: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak allocated", flush=True)
         for T in () if args.decode_only else (1024, 4096):
             n = max(2, 16384 // T)
             t = prefill_case(gen, kv, 16, T, perm, n)
-            tg = grouped_chain(cfg, T, n)
+            tg = grouped_chain(cfg, T, n, dev)
             prefill.append(dict(variant=variant, tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
             print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
                   f"x{t / tg:.2f}", flush=True)
@@ -247,8 +268,9 @@ def main():
             json.dump(dict(device=res["device"], copy_bandwidth_TBps=bw / 1e12, layers=cfg["num_hidden_layers"],
                            profiles=profiles), f, indent=1)
     del kv, gen
-    torch.cuda.empty_cache()
-    if not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
+    if cuda:
+        torch.cuda.empty_cache()
+    if cuda and not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
         hf = random_hf_moe(cfg)
         step = hf_decode_step(hf, 32, 512, 16, "cuda")
         ours = next(d for d in decode if d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512)
