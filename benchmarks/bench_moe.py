@@ -10,6 +10,7 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    align and grouped GEMMs above)
          new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
          qk-sep    new with Qwen3's q / k norms as kernels of their own (KernelConfig.rope_store_qk_norm off)
+         router-sep new with the router's GEMV and the routing kernel apart (KernelConfig.moe_fused_router off)
          t32k, t8k new with the MoE GEMVs' tiles (moe_gemv_tile, moe_gemv_down_tile) at 32k / 8k weights
          w4, w16   new with the MoE GEMVs at 4 / 16 warps (moe_gemv_warps)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
@@ -59,6 +60,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
             "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # A/B rows of single KernelConfig fields (bf16)
             "qk-sep": dataclasses.replace(KernelConfig(), rope_store_qk_norm=False),
+            "router-sep": dataclasses.replace(KernelConfig(), moe_fused_router=False),
             "t32k": dataclasses.replace(KernelConfig(), moe_gemv_tile=32768, moe_gemv_down_tile=32768),
             "t8k": dataclasses.replace(KernelConfig(), moe_gemv_tile=8192, moe_gemv_down_tile=8192),
             "w4": dataclasses.replace(KernelConfig(), moe_gemv_warps=4),

@@ -12,7 +12,7 @@ Parts (in step order):
     attn proj       qkv and o (the GEMVs / GEMMs of a layer before its router's)
     rope + store    RoPE and the K/V store
     attention       decode attention (and its split-KV merge)
-    router GEMV     the last GEMV / GEMM of a layer before its experts
+    router GEMV     the last GEMV / GEMM of a layer before its experts (or the fused router + routing kernel)
     routing         kernels between the router's GEMV and the experts (softmax / top-k)
     experts         the MoE expert kernels (GEMVs, or align + grouped GEMMs + k-sum)
     lm_head         GEMVs / GEMMs after the last layer; `tail` the rest there (final norm, the fp32 cast)
@@ -34,6 +34,7 @@ import torch
 EXPERT_KERNELS = ("_gate_up_gemv_kernel", "_down_gemv_kernel", "_gate_up_kernel", "_down_kernel", "_moe_gemm_kernel",
                   "_sum_k_kernel", "_count_kernel", "_scatter_kernel")
 ROUTE_KERNELS = ("_route_kernel",)
+ROUTER_KERNELS = ("_router_route_kernel",)  # the router's GEMV and the routing in one
 GEMM_WORDS = ("gemv", "gemm", "nvjet", "xmma", "cutlass", "skinny", "_wide_kernel")
 ATTENTION_WORDS = ("_decode_kernel", "_merge_kernel", "_verify_kernel", "_prefill_kernel", "BatchDecode",
                    "BatchPrefill", "SingleDecode", "Persistent", "MergeStates")
@@ -105,8 +106,9 @@ def label(rows: list[dict]) -> list[str]:
 def _label_layer(rows, labels, start, first_expert, end, first: bool):
     for k in range(first_expert, end + 1):
         labels[k] = "experts"
+    fused = [k for k in range(start, first_expert) if _is(rows[k]["name"], ROUTER_KERNELS)]
     gemms = [k for k in range(start, first_expert) if _is(rows[k]["name"], GEMM_WORDS)]
-    router = gemms[-1] if gemms else None
+    router = fused[-1] if fused else gemms[-1] if gemms else None
     if first:  # the first layer's segment starts after the step's setup: at its first norm
         norms = [k for k in range(start, first_expert) if _is(rows[k]["name"], NORM_WORDS)]
         layer_start = norms[0] if norms else start

@@ -81,6 +81,9 @@ class KernelConfig:
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
     moe_route_warps: int = 4  # (2 / 8 within noise)
+    # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
+    # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
+    moe_fused_router: bool = True
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks
