@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
                                       timed)
 from benchmarks.common import pyplot, random_text_generator  # noqa: E402
-from benchmarks.moe_breakdown import profile_steps, summary, table  # noqa: E402
+from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
 # the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
@@ -245,14 +245,22 @@ def main():
             ctx = 512
             if B * -(-ctx // 16) > num_blocks:
                 continue
+            mode = "graph replay"
             try:  # a profiler failure costs the breakdown, not the timings
                 steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+                if not any(is_any(r["name"], EXPERT_KERNELS) for r in steps[0]):  # no per-kernel records of the graph
+                    mw, mode = gen.model_wrapper, "eager (the replay gave no kernel records)"
+                    graphs, mw.graphs = mw.graphs, None
+                    try:
+                        steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+                    finally:
+                        mw.graphs = graphs
             except Exception as e:  # noqa: BLE001
                 print(f"--- {variant} B={B}: profile failed: {e!r}", flush=True)
                 continue
             s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8))
-            profiles.append(dict(variant=variant, batch=B, context=ctx, **s))
-            print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels (graph replay, median of 5)\n"
+            profiles.append(dict(variant=variant, batch=B, context=ctx, mode=mode, **s))
+            print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels ({mode}, median of 5)\n"
                   f"{table(s)}", flush=True)
         if cuda:
             print(f"{variant}: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak allocated", flush=True)

@@ -45,7 +45,7 @@ PARTS = ("setup", "norms", "attn proj", "q/k norm", "rope + store", "attention",
          "lm_head", "tail", "idle")
 
 
-def _is(name: str, words) -> bool:
+def is_any(name: str, words) -> bool:
     return any(w in name for w in words)
 
 
@@ -78,7 +78,7 @@ def label(rows: list[dict]) -> list[str]:
     """The part of each kernel of one step (rows in start order)."""
     n = len(rows)
     labels = ["other"] * n
-    expert = [_is(r["name"], EXPERT_KERNELS) for r in rows]
+    expert = [is_any(r["name"], EXPERT_KERNELS) for r in rows]
     if not any(expert):
         return labels
     first_layer = None
@@ -99,18 +99,18 @@ def label(rows: list[dict]) -> list[str]:
         else:
             i += 1
     for k in range(last_expert + 1, n):
-        labels[k] = "lm_head" if _is(rows[k]["name"], GEMM_WORDS) else "tail"
+        labels[k] = "lm_head" if is_any(rows[k]["name"], GEMM_WORDS) else "tail"
     return labels
 
 
 def _label_layer(rows, labels, start, first_expert, end, first: bool):
     for k in range(first_expert, end + 1):
         labels[k] = "experts"
-    fused = [k for k in range(start, first_expert) if _is(rows[k]["name"], ROUTER_KERNELS)]
-    gemms = [k for k in range(start, first_expert) if _is(rows[k]["name"], GEMM_WORDS)]
+    fused = [k for k in range(start, first_expert) if is_any(rows[k]["name"], ROUTER_KERNELS)]
+    gemms = [k for k in range(start, first_expert) if is_any(rows[k]["name"], GEMM_WORDS)]
     router = fused[-1] if fused else gemms[-1] if gemms else None
     if first:  # the first layer's segment starts after the step's setup: at its first norm
-        norms = [k for k in range(start, first_expert) if _is(rows[k]["name"], NORM_WORDS)]
+        norms = [k for k in range(start, first_expert) if is_any(rows[k]["name"], NORM_WORDS)]
         layer_start = norms[0] if norms else start
         for k in range(start, layer_start):
             labels[k] = "setup"
@@ -118,19 +118,19 @@ def _label_layer(rows, labels, start, first_expert, end, first: bool):
     seen_qkv = seen_attention = False
     for k in range(start, first_expert):
         name = rows[k]["name"]
-        seen_attention = seen_attention or _is(name, ATTENTION_WORDS)
+        seen_attention = seen_attention or is_any(name, ATTENTION_WORDS)
         if router is not None and k == router:
             labels[k] = "router GEMV"
-        elif router is not None and k > router or _is(name, ROUTE_KERNELS):
+        elif router is not None and k > router or is_any(name, ROUTE_KERNELS):
             labels[k] = "routing"
-        elif _is(name, GEMM_WORDS):
+        elif is_any(name, GEMM_WORDS):
             labels[k] = "attn proj"
             seen_qkv = True
-        elif _is(name, ATTENTION_WORDS):
+        elif is_any(name, ATTENTION_WORDS):
             labels[k] = "attention"
-        elif _is(name, ROPE_WORDS):
+        elif is_any(name, ROPE_WORDS):
             labels[k] = "rope + store"
-        elif _is(name, NORM_WORDS):  # between qkv and attention: Qwen3's q / k norms
+        elif is_any(name, NORM_WORDS):  # between qkv and attention: Qwen3's q / k norms
             labels[k] = "q/k norm" if seen_qkv and not seen_attention else "norms"
 
 
