@@ -102,8 +102,8 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E,
     tl.debug_barrier()
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
-        for m in tl.static_range(M):
-            _route_row(logits_ptr, w_ptr, ids_ptr, m, E, stride_l, TOP_K, KP, EP, RENORM, True)
+        for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
+            _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True)
         tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
 
 
