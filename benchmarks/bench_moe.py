@@ -14,6 +14,7 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          t32k, t8k new with the MoE GEMVs' tiles (moe_gemv_tile, moe_gemv_down_tile) at 32k / 8k weights
          w4, w16   new with the MoE GEMVs at 4 / 16 warps (moe_gemv_warps)
          nopdl     new with no programmatic dependent launch (KernelConfig.pdl off): what PDL hides
+         attn-pdl  new with the graphs' decode attention launched with PDL (KernelConfig.decode_attention_pdl)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
@@ -67,6 +68,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
             "w4": dataclasses.replace(KernelConfig(), moe_gemv_warps=4),
             "w16": dataclasses.replace(KernelConfig(), moe_gemv_warps=16),
             "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
+            "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl=True),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(

@@ -140,6 +140,9 @@ class KernelConfig:
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
+    # the graphs' decode attention (and its split merge) launched with PDL: it launches while RoPE + store
+    # drains, and o's GEMV reads its weights while attention runs
+    decode_attention_pdl: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy
