@@ -223,7 +223,7 @@ def main():
     kv = gen.allocate_kv_cache(num_blocks, 16)
     print(f"KV cache: {num_blocks} blocks of 16 ({num_blocks * 16 * kv_tok / 2**30:.2f} GiB)", flush=True)
     perm = torch.randperm(num_blocks)
-    decode, prefill, profiles = [], [], []
+    decode, prefill, profiles, checks, ref_logits = [], [], [], [], {}
     quantized = False
     for variant in variants:
         kc = VARIANTS[variant]
@@ -245,6 +245,21 @@ def main():
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
                       f"  x{t / floor:.2f}", flush=True)
+        # the same step's logits beside the first variant's of the same expert dtype: bit-equal where only the
+        # launch changes (PDL, tiles of the same sums), within rounding where kernels fuse differently
+        for B in (1, max(batches)):
+            torch.manual_seed(B)
+            logits = decode_step(gen, kv, 16, B, contexts[0], perm)().float()
+            key = (fp8, B)
+            if key not in ref_logits:
+                ref_logits[key] = (variant, logits)
+            else:
+                name, ref = ref_logits[key]
+                diff = (logits - ref).abs().max().item() / ref.abs().max().item()
+                same = torch.equal(logits.argmax(-1), ref.argmax(-1))
+                checks.append(dict(variant=variant, against=name, batch=B, max_rel_diff=diff, argmax_equal=same))
+                print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {name}"
+                      f"{'' if same else ', argmax differs'}", flush=True)
         for B in (1, 32) if cuda and variant in args.profile.split(",") else ():
             ctx = 512
             if B * -(-ctx // 16) > num_blocks:
@@ -275,7 +290,7 @@ def main():
             prefill.append(dict(variant=variant, tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
             print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
                   f"x{t / tg:.2f}", flush=True)
-    res.update(decode=decode, prefill=prefill)
+    res.update(decode=decode, prefill=prefill, logit_checks=checks)
     if profiles:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "moe_profile.json"), "w") as f:
