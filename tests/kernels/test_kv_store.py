@@ -215,7 +215,8 @@ def test_fp8_store_kernel_sees_a_later_change_of_scale_in_place():
     store.set_scales([1.0, 0.5], [1.0, 1.0])
     assert store.scales.data_ptr() == ptr
     store.write((kc, vc), k, k, make_batch(slots), layer=1)
-    assert torch.equal(kc.float()[0, 0], torch.full((HK, D), 3.0)) and torch.equal(vc.float()[0, 0], k[0].float().cpu())
+    assert torch.equal(kc.float()[0, 0].cpu(), torch.full((HK, D), 3.0))
+    assert torch.equal(vc.float()[0, 0].cpu(), k[0].float().cpu())
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
