@@ -19,8 +19,11 @@ Parts (in step order):
     other           anything else inside a layer (named in the JSON)
     idle            the step's GPU span minus the union of its kernels: launch gaps and host waits
 
-Durations of kernels that overlap under PDL are each counted whole, so the parts can sum to a little more
-than the span; `idle` is exact. Kernels inside a CUDA graph replay are recorded one by one by CUPTI.
+A kernel's time is its exclusive time on the step's timeline: from when it starts or the kernel before it
+ends, whichever is later, to its end (kernels taken in order of their ends). Under PDL a kernel launches
+early and waits for the one before; its recorded duration includes that wait, its exclusive time only what
+it adds to the step. The parts and idle sum to the span. Kernels inside a CUDA graph replay are recorded
+one by one by CUPTI; the profiler's own cost per kernel makes the span longer than an unprofiled step.
 """
 
 from __future__ import annotations
@@ -134,26 +137,29 @@ def _label_layer(rows, labels, start, first_expert, end, first: bool):
             labels[k] = "q/k norm" if seen_qkv and not seen_attention else "norms"
 
 
+def exclusive(rows: list[dict]) -> list[float]:
+    """Each record's exclusive time (us): taken in order of their ends, end - max(start, the latest end
+    before it), 0 for one that ends inside another."""
+    out = [0.0] * len(rows)
+    frontier = None
+    for i in sorted(range(len(rows)), key=lambda i: rows[i]["ts"] + rows[i]["dur"]):
+        s, e = rows[i]["ts"], rows[i]["ts"] + rows[i]["dur"]
+        out[i] = max(0.0, e - (s if frontier is None else max(s, frontier)))
+        frontier = e if frontier is None else max(frontier, e)
+    return out
+
+
 def attribute(rows: list[dict]) -> dict:
-    """One step's records -> {part: us, ..., "span": us, "others": {kernel name: us}}."""
+    """One step's records -> {part: exclusive us, ..., "span": us, "others": {kernel name: us}}."""
     parts = {p: 0.0 for p in PARTS}
     others: dict[str, float] = {}
-    for r, lab in zip(rows, label(rows)):
-        parts[lab] += r["dur"]
+    for r, lab, x in zip(rows, label(rows), exclusive(rows)):
+        parts[lab] += x
         if lab in ("other", "tail", "setup"):
-            others[f"{lab}: {r['name'][:80]}"] = others.get(f"{lab}: {r['name'][:80]}", 0.0) + r["dur"]
+            others[f"{lab}: {r['name'][:80]}"] = others.get(f"{lab}: {r['name'][:80]}", 0.0) + x
     if rows:
         span = max(r["ts"] + r["dur"] for r in rows) - rows[0]["ts"]
-        busy, cur_s, cur_e = 0.0, None, None
-        for r in rows:  # union of the intervals (rows sorted by start)
-            s, e = r["ts"], r["ts"] + r["dur"]
-            if cur_e is None or s > cur_e:
-                busy += 0.0 if cur_e is None else cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += cur_e - cur_s
-        parts["idle"] = span - busy
+        parts["idle"] = span - sum(exclusive(rows))
         parts["span"] = span
     parts["kernels"] = len(rows)
     parts["others"] = others
@@ -161,11 +167,15 @@ def attribute(rows: list[dict]) -> dict:
 
 
 def summary(steps: list[list[dict]], floors_us: dict | None = None) -> dict:
-    """Median over steps of each part (us) and, where floors_us names it, the part's bytes floor and ratio."""
+    """Median over steps of each part (us) and, where floors_us names it, the part's bytes floor and ratio;
+    median_step_kernels: every kernel of the median step (name, part, recorded and exclusive us)."""
     per = [attribute(r) for r in steps]
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     out = {p: med([a[p] for a in per]) for p in PARTS + ("span", "kernels") if all(p in a for a in per)}
-    res = dict(parts=out, others=per[len(per) // 2]["others"])
+    mid = per.index(sorted(per, key=lambda a: a.get("span", 0.0))[len(per) // 2])  # the median step by span
+    layer = [dict(name=r["name"][:60], part=lab, dur=r["dur"], excl=x)
+             for r, lab, x in zip(steps[mid], label(steps[mid]), exclusive(steps[mid]))]
+    res = dict(parts=out, others=per[mid]["others"], median_step_kernels=layer)
     if floors_us:
         res["floors_us"] = floors_us
     return res

@@ -140,9 +140,10 @@ class KernelConfig:
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
-    # the graphs' decode attention (and its split merge) launched with PDL: it launches while RoPE + store
-    # drains, and o's GEMV reads its weights while attention runs
-    decode_attention_pdl: bool = False
+    # the graphs' decode attention (and its split merge) launched with PDL at batches up to this (0: never):
+    # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
+    # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
+    decode_attention_pdl_max_batch: int = 2
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -235,7 +235,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
-    kernels as programmatic dependents (sm90+; KernelConfig.decode_attention_pdl): each waits for the one
+    kernels as programmatic dependents (sm90+; KernelConfig.decode_attention_pdl_max_batch): each waits for the one
     before it and lets the next launch at once.
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,

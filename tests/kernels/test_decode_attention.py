@@ -87,7 +87,7 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("splits", [1, 4])
 def test_pdl_launch_is_the_direct_softmax(splits):
-    """Launched with PDL (the graphs' KernelConfig.decode_attention_pdl) after a kernel that writes q: the
+    """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
     direct softmax of the q it wrote, as without PDL."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 300]
     k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11)
