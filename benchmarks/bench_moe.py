@@ -6,6 +6,7 @@ transformers' own generate, all in the same run.
 
 variants old       the first MoE path (KernelConfig with no decode path, the torch-ops sort and routing)
          prev      session 31's defaults (torch's routing ops, the K-looped decode kernels of moe_decode.py)
+         s32       session 32's defaults (new without session 33's q / k norm fusion, fused router, attention PDL)
          new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
                    align and grouped GEMMs above)
          new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
@@ -54,12 +55,15 @@ from benchmarks.common import pyplot, random_text_generator  # noqa: E402
 from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
+# session 33's switches off: session 32's defaults
+S32 = dataclasses.replace(KernelConfig(), rope_store_qk_norm=False, moe_fused_router=False,
+                          decode_attention_pdl_max_batch=0)
 # the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
-OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
+OLD_MOE = dataclasses.replace(S32, moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
 # session 31's defaults: the sort-free decode path's K-looped kernels (moe_decode.py) after torch's routing ops
-PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
+PREV_MOE = dataclasses.replace(S32, moe_fused_route=False, moe_decode_gemv=False)
 # the bf16 variants first: the fp8 ones quantize the model in place
-VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
+VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # A/B rows of single KernelConfig fields (bf16)
             "qk-sep": dataclasses.replace(KernelConfig(), rope_store_qk_norm=False),
