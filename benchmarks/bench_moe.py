@@ -6,9 +6,17 @@ transformers' own generate, all in the same run.
 
 variants old       the first MoE path (KernelConfig with no decode path, the torch-ops sort and routing)
          prev      session 31's defaults (torch's routing ops, the K-looped decode kernels of moe_decode.py)
+         s32       session 32's defaults (new without session 33's q / k norm fusion, fused router, attention PDL)
          new       KernelConfig() as it stands (one routing kernel; kernels/moe_gemv.py at few pairs, the fused
                    align and grouped GEMMs above)
          new-p64   new with the register-tile decode path up to 64 token-expert pairs (8 tokens)
+         qk-sep    new with Qwen3's q / k norms as kernels of their own (KernelConfig.rope_store_qk_norm off)
+         router-sep new with the router's GEMV and the routing kernel apart (KernelConfig.moe_fused_router off)
+         t32k, t8k new with the MoE GEMVs' tiles (moe_gemv_tile, moe_gemv_down_tile) at 32k / 8k weights
+         w4, w16   new with the MoE GEMVs at 4 / 16 warps (moe_gemv_warps)
+         nopdl     new with no programmatic dependent launch (KernelConfig.pdl off): what PDL hides
+         attn-pdl, attn-nopdl  new with the graphs' decode attention launched with PDL at every batch / at none
+                   (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
@@ -19,12 +27,21 @@ decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. F
 prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes (bf16): per layer qkv, o
          and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
+profile  (--profile VARIANTS) per variant named, one decode step at batch 1 and 32 (context 512) under
+         torch.profiler, graph replay: its kernels put in parts of the model (benchmarks/moe_breakdown.py)
+         beside each part's bytes floor -> moe_profile.json and a table in the log.
+--device cpu --tiny: a smoke run of the script on a shrunk model (no profile, no peer).
+
+Memory: the model is built in bf16 on the GPU (about 61 GB for 48 layers) and the KV cache is sized to the
+largest decode case unless --kv-gib is given, so the decode cases fit an 80 GB card; the FP8 variants
+quantize the experts in place, one layer at a time (the model shrinks to about 32 GB).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -32,17 +49,32 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_forward import copy_bandwidth, decode_case, hf_decode_step, prefill_case, timed  # noqa: E402
+from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
+                                      timed)
 from benchmarks.common import pyplot, random_text_generator  # noqa: E402
+from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
+# session 33's switches off: session 32's defaults
+S32 = dataclasses.replace(KernelConfig(), rope_store_qk_norm=False, moe_fused_router=False,
+                          decode_attention_pdl_max_batch=0)
 # the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
-OLD_MOE = dataclasses.replace(KernelConfig(), moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
+OLD_MOE = dataclasses.replace(S32, moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
 # session 31's defaults: the sort-free decode path's K-looped kernels (moe_decode.py) after torch's routing ops
-PREV_MOE = dataclasses.replace(KernelConfig(), moe_fused_route=False, moe_decode_gemv=False)
+PREV_MOE = dataclasses.replace(S32, moe_fused_route=False, moe_decode_gemv=False)
 # the bf16 variants first: the fp8 ones quantize the model in place
-VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "new": KernelConfig(),
+VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "new-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            # A/B rows of single KernelConfig fields (bf16)
+            "qk-sep": dataclasses.replace(KernelConfig(), rope_store_qk_norm=False),
+            "router-sep": dataclasses.replace(KernelConfig(), moe_fused_router=False),
+            "t32k": dataclasses.replace(KernelConfig(), moe_gemv_tile=32768, moe_gemv_down_tile=32768),
+            "t8k": dataclasses.replace(KernelConfig(), moe_gemv_tile=8192, moe_gemv_down_tile=8192),
+            "w4": dataclasses.replace(KernelConfig(), moe_gemv_warps=4),
+            "w16": dataclasses.replace(KernelConfig(), moe_gemv_warps=16),
+            "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
+            "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=1 << 20),
+            "attn-nopdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=0),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(
@@ -52,6 +84,13 @@ QWEN3_30B_A3B = dict(
     decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6,
     rope_theta=1000000.0, tie_word_embeddings=False, hidden_act="silu", initializer_range=0.02,
 )
+
+
+def tiny_moe(cfg: dict) -> dict:
+    """The same architecture shrunk for a CPU smoke run."""
+    return dict(cfg, vocab_size=512, hidden_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                max_position_embeddings=4096)
 
 
 def shapes(cfg: dict) -> dict:
@@ -72,6 +111,42 @@ def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: 
     kv = 2 * s["kv"] * ctx * B
     per_layer = (attn + kv) * elem + touched * expert
     return s["L"] * per_layer + (s["V"] * s["H"] + s["H"]) * elem
+
+
+def logit_checks(step_logits: dict, variants: list[str]) -> list[dict]:
+    """Each variant's logits of the same step {(variant, B): [B, V]} against new's (FP8 variants: the first FP8
+    one's): bit-equal where only launches change (PDL), apart where a kernel rounds differently and a near-tie of
+    two experts' router scores routes a token apart (random weights)."""
+    out = []
+    for (variant, B), logits in step_logits.items():
+        fp8 = variant.endswith("fp8")
+        same_kind = [v for v in variants if v.endswith("fp8") == fp8]
+        ref = "new" if not fp8 and "new" in same_kind else same_kind[0]
+        if variant == ref:
+            continue
+        want = step_logits[ref, B]
+        diff = (logits - want).abs().max().item() / want.abs().max().item()
+        same = torch.equal(logits.argmax(-1), want.argmax(-1))
+        out.append(dict(variant=variant, against=ref, batch=B, max_rel_diff=diff, argmax_equal=same))
+        print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {ref}"
+              f"{'' if same else ', argmax differs'}", flush=True)
+    return out
+
+
+def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = False) -> dict:
+    """Microseconds each part of a decode step must take to read its bytes at bw (bytes / s): the
+    moe_breakdown parts that read weights or KV (decode_floor_bytes, split)."""
+    s = shapes(cfg)
+    L, elem = s["L"], 2
+    if fp8_experts:
+        expert = 3 * s["H"] * s["I"] + 4 * (2 * s["I"] * -(-s["H"] // 128) + s["H"] * -(-s["I"] // 128))
+    else:
+        expert = 3 * s["H"] * s["I"] * elem
+    touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
+    parts = {"experts": L * touched * expert, "attn proj": L * (s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"]) * elem,
+             "router GEMV": L * s["E"] * s["H"] * elem, "attention": L * 2 * s["kv"] * ctx * B * elem,
+             "lm_head": s["V"] * s["H"] * elem}
+    return {k: v / bw * 1e6 for k, v in parts.items()}
 
 
 def quantize_fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,10 +174,10 @@ def quantize_experts(model) -> None:
                 setattr(ex, scale_name, scale)
 
 
-def grouped_chain(cfg: dict, T: int, iters: int) -> float:
+def grouped_chain(cfg: dict, T: int, iters: int, dev: str = "cuda") -> float:
     """Seconds of the prefill's GEMMs alone: per layer qkv, o, the experts (balanced) and lm_head."""
     s = shapes(cfg)
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
     x = torch.randn(T, s["H"], device=dev, dtype=dt)
     wqkv = torch.randn(s["q"] + 2 * s["kv"], s["H"], device=dev, dtype=dt)
     xo = torch.randn(T, s["q"], device=dev, dtype=dt)
@@ -137,58 +212,110 @@ def random_hf_moe(cfg: dict):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--kv-gib", type=float, default=30.0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a shrunk model (a CPU smoke run)")
+    ap.add_argument("--kv-gib", type=float, default=None,
+                    help="KV cache size (default: what the largest decode case needs, +10%%)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick run); floors scale with it")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
     ap.add_argument("--decode-only", action="store_true", help="skip the prefill cases")
     ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
     ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
+    ap.add_argument("--profile", default="", help="variants (comma-separated) whose decode step at batch 1 and 32 "
+                    "gets a kernel breakdown")
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
-    cfg = dict(QWEN3_30B_A3B)
+    dev = args.device
+    cuda = dev == "cuda"
+    cfg = tiny_moe(QWEN3_30B_A3B) if args.tiny else dict(QWEN3_30B_A3B)
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
-    bw = copy_bandwidth("cuda")
-    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, model="Qwen3-30B-A3B-shaped, random weights",
+    bw = copy_bandwidth(dev)
+    res = dict(device=torch.cuda.get_device_name(0) if cuda else dev, torch=torch.__version__,
+               model="Qwen3-30B-A3B-shaped, random weights" if not args.tiny else "tiny",
                layers=cfg["num_hidden_layers"], copy_bandwidth_TBps=bw / 1e12, block_size=16)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    gen = random_text_generator(cfg, device="cuda", dtype=torch.bfloat16)
-    torch.cuda.empty_cache()  # the fp32 weights it was built in before the cast to bf16
+    gen = random_text_generator(cfg, device=dev, dtype=torch.bfloat16 if cuda else torch.float32)
+    mem = (lambda: torch.cuda.memory_allocated() / 2**30) if cuda else (lambda: 0.0)
+    print(f"model built: {mem():.1f} GiB allocated", flush=True)
     kv_tok = gen.kv_cache_spec.bytes_per_token
-    num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
+    if args.kv_gib is not None:
+        num_blocks = int(args.kv_gib * 2**30 // (kv_tok * 16))
+    else:  # the largest decode case (and a 4k prefill) with a tenth to spare
+        tokens = max(max(batches) * max(contexts), 0 if args.decode_only else 4096)
+        num_blocks = int(1.1 * -(-tokens // 16)) + 16
     kv = gen.allocate_kv_cache(num_blocks, 16)
+    print(f"KV cache: {num_blocks} blocks of 16 ({num_blocks * 16 * kv_tok / 2**30:.2f} GiB)", flush=True)
     perm = torch.randperm(num_blocks)
-    decode, prefill = [], []
+    decode, prefill, profiles, step_logits = [], [], [], {}
+    quantized = False
     for variant in variants:
         kc = VARIANTS[variant]
         fp8 = variant.endswith("fp8")
-        if fp8:
+        if fp8 and not quantized:
             quantize_experts(gen.model_wrapper.model)
+            quantized = True
+        gen.model_wrapper.set_kernel_config(kc)  # drops the graphs the variant before captured
+        gc.collect()
+        if cuda:
             torch.cuda.empty_cache()
-        gen.model_wrapper.set_kernel_config(kc)
         for B in batches:
             for ctx in contexts:
                 if B * -(-ctx // 16) > num_blocks:
                     continue
-                t = decode_case(gen, kv, 16, B, ctx, perm, 30)
+                t = decode_case(gen, kv, 16, B, ctx, perm, 30 if cuda else 2)
                 floor = decode_floor_bytes(cfg, B, ctx, fp8_experts=fp8) / bw
                 decode.append(dict(variant=variant, batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3,
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
                       f"  x{t / floor:.2f}", flush=True)
+        # the same step's logits beside new's (or the first variant's) of the same expert dtype: bit-equal where
+        # only the launch changes (PDL), apart where a kernel rounds differently and a near-tie routes apart
+        for B in sorted({1, max(batches)}):
+            torch.manual_seed(B)
+            step_logits[variant, B] = decode_step(gen, kv, 16, B, contexts[0], perm)().float().cpu()
+        for B in (1, 32) if cuda and variant in args.profile.split(",") else ():
+            ctx = 512
+            if B * -(-ctx // 16) > num_blocks:
+                continue
+            mode = "graph replay"
+            try:  # a profiler failure costs the breakdown, not the timings
+                steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+                if not any(is_any(r["name"], EXPERT_KERNELS) for r in steps[0]):  # no per-kernel records of the graph
+                    mw, mode = gen.model_wrapper, "eager (the replay gave no kernel records)"
+                    graphs, mw.graphs = mw.graphs, None
+                    try:
+                        steps = profile_steps(decode_step(gen, kv, 16, B, ctx, perm), steps=5)
+                    finally:
+                        mw.graphs = graphs
+            except Exception as e:  # noqa: BLE001
+                print(f"--- {variant} B={B}: profile failed: {e!r}", flush=True)
+                continue
+            s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8))
+            profiles.append(dict(variant=variant, batch=B, context=ctx, mode=mode, **s))
+            print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels ({mode}, median of 5)\n"
+                  f"{table(s)}", flush=True)
+        if cuda:
+            print(f"{variant}: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB peak allocated", flush=True)
         for T in () if args.decode_only else (1024, 4096):
             n = max(2, 16384 // T)
             t = prefill_case(gen, kv, 16, T, perm, n)
-            tg = grouped_chain(cfg, T, n)
+            tg = grouped_chain(cfg, T, n, dev)
             prefill.append(dict(variant=variant, tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
             print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
                   f"x{t / tg:.2f}", flush=True)
-    res.update(decode=decode, prefill=prefill)
+    res.update(decode=decode, prefill=prefill, logit_checks=logit_checks(step_logits, variants))
+    if profiles:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "moe_profile.json"), "w") as f:
+            json.dump(dict(device=res["device"], copy_bandwidth_TBps=bw / 1e12, layers=cfg["num_hidden_layers"],
+                           profiles=profiles), f, indent=1)
     del kv, gen
-    torch.cuda.empty_cache()
-    if not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
+    if cuda:
+        torch.cuda.empty_cache()
+    if cuda and not args.no_peer and any(d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512 for d in decode):
         hf = random_hf_moe(cfg)
         step = hf_decode_step(hf, 32, 512, 16, "cuda")
         ours = next(d for d in decode if d["variant"] == "new" and d["batch"] == 32 and d["context"] == 512)

@@ -239,8 +239,10 @@ def random_text_generator(raw_cfg: dict, *, device="cuda", dtype=torch.bfloat16,
     device = torch.device(device)
     cfg = ModelConfig.from_dict(raw_cfg)
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
+        model = CausalLM(cfg).to(dtype)
+    # allocated in dtype at once (as the loader does): a 30B model built in fp32 first and then cast
+    # does not fit an 80 GB card
+    model = model.to_empty(device=device)
     _fill(model)
     model.eval().requires_grad_(False)
     backend = make_backend(attention_backend, cfg, device, dtype)

@@ -90,11 +90,12 @@ class KVStore:
         filtering: what a CUDA graph's static batch needs."""
         return self._kernels is not None
 
-    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype, qk_norm: bool = False) -> bool:
         """Whether rope_write takes a step of num_tokens tokens: the Triton kernel with a RoPE table
         of a power-of-two head_dim, up to config.rope_store_max_tokens tokens (beyond, FlashInfer's
-        RoPE and the store kernel are faster), and a cache of the projection's dtype."""
-        if self.rope_table is None:
+        RoPE and the store kernel are faster), and a cache of the projection's dtype. qk_norm: the
+        layer has q / k norms (taken in the kernel unless config.rope_store_qk_norm is off)."""
+        if self.rope_table is None or (qk_norm and not self.config.rope_store_qk_norm):
             return False
         head_dim = self.rope_table.shape[1]
         return (head_dim & (head_dim - 1) == 0 and num_tokens <= self.config.rope_store_max_tokens
@@ -119,12 +120,13 @@ class KVStore:
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
     def rope_write(self, layer_kv, qkv: torch.Tensor, positions: torch.Tensor, num_heads: int, num_kv_heads: int,
-                   head_dim: int, slots: torch.Tensor, lora=None, scale=None, layer: int = 0) -> None:
+                   head_dim: int, slots: torch.Tensor, lora=None, scale=None, layer: int = 0, qk_norm=None) -> None:
         """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): (its rows normalised by scale, a
         RowScale; the qkv LoRA delta lora, a LoraDelta, added,) RoPE on q and k at positions [T], and
         k, v written at slots [T] of layer_kv (-1: nothing): one kernel (kernels/kv_store.rope_store_kv).
-        Only where fuses_rope holds. layer: whose scales an FP8 cache takes."""
+        Only where fuses_rope holds. layer: whose scales an FP8 cache takes. qk_norm: (q_norm weight,
+        k_norm weight, eps) [D] each: q and k heads RMS-normalised before RoPE."""
         k_cache, v_cache = layer_kv
         ks, vs = self.layer_scales(layer)
         self._kernels.rope_store_kv(qkv, positions, self.rope_table, num_heads, num_kv_heads, head_dim,
-                                    k_cache, v_cache, slots, lora, scale, self.config, ks, vs)
+                                    k_cache, v_cache, slots, lora, scale, self.config, ks, vs, qk_norm)

@@ -43,6 +43,9 @@ class KernelConfig:
     # decode, even at a 2k prefill, a loss at 4k against FlashInfer's RoPE + the store kernel
     rope_store_max_tokens: int = 1024
     rope_warps: int = 4  # (1 / 2 within noise, base and LoRA)
+    # Qwen3's per-head q / k RMSNorms inside that kernel (before RoPE) instead of their own kernels (two
+    # norms, the copies of the strided q and k, FlashInfer's RoPE and the store: about six launches a layer)
+    rope_store_qk_norm: bool = True
 
     # the LoRA-fused epilogues (kernels/lora_epilogues.py)
     silu_lora_block: int = 128  # columns per program
@@ -78,6 +81,9 @@ class KernelConfig:
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
     moe_route_warps: int = 4  # (2 / 8 within noise)
+    # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
+    # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
+    moe_fused_router: bool = True
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks
@@ -138,6 +144,10 @@ class KernelConfig:
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
+    # the graphs' decode attention (and its split merge) launched with PDL at batches up to this (0: never):
+    # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
+    # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
+    decode_attention_pdl_max_batch: int = 2
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -50,6 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args
+
 
 @triton.jit
 def _attend(q, k, v, ok, m_i, l_i, acc, scale_log2):
@@ -107,9 +109,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
+    if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -173,7 +178,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
 
 @triton.jit
 def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.constexpr,
-                  SPLITS_PAD: tl.constexpr, D: tl.constexpr):
+                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # o's GEMV may launch (and read its weights) while the splits finish; they are complete after
+        gdc_launch_dependents()
+        gdc_wait()
     r = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
@@ -227,10 +235,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
-    the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring).
+    the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
+    kernels as programmatic dependents (sm90+; KernelConfig.decode_attention_pdl_max_batch): each waits for the one
+    before it and lets the next launch at once.
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes the cache dtype's row of LAUNCH."""
@@ -268,8 +278,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages, **cap)
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
-                              SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)
+                              SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
+                              **launch_args(pdl))
     return out

@@ -6,7 +6,8 @@ store_kv       this step's K and V rows at their slots, one launch (attention/kv
                plain path on CUDA).
 rope_store_kv  RoPE on q and k in place and k, v written at their slots in one launch, with the
                qkv LoRA delta and a deferred RMSNorm factor (lora_epilogues.RowScale) applied
-               first where given (KVStore.rope_write, the fused path).
+               first where given, and Qwen3's per-head q / k RMSNorms before RoPE where given
+               (KVStore.rope_write, the fused path).
 
 An FP8 (e4m3) cache stores round(x / scale) clamped to +-448 (FP8_MAX), x in float32, with the
 layer's K and V scales read from device pointers (so a CUDA graph sees a later change of scale);
@@ -74,15 +75,17 @@ def _rotate_half_pair(x1, x2, cos, sin, dtype):
 
 @triton.jit
 def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
-                       lslot_ptr, ss_ptr, R, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ, HK, nb, inv_n,
-                       eps, D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr, RPAD: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, SCALED: tl.constexpr, NB: tl.constexpr,
-                       FP8: tl.constexpr):
+                       lslot_ptr, ss_ptr, qn_ptr, kn_ptr, R, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ,
+                       HK, nb, inv_n, eps, qk_eps, D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr,
+                       RPAD: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr, SCALED: tl.constexpr,
+                       NB: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
     """Program (token, head): head < HQ rotates q head `head` in place; otherwise, for kv head
     j = head - HQ, rotates k head j in place and writes it and v head j at the token's cache slot.
     SCALED: qkv (and s) project add_lora_rms_norm's unnormalised rows: each is first multiplied by
     the token's RMSNorm factor and rounded (written back too: qkv ends as the true projection).
     FP8: the caches are e4m3 and take k / scale, v / scale (scales at ks_ptr, vs_ptr).
+    QK_NORM: the q (k) head is RMS-normalised with the weight at qn_ptr (kn_ptr) [D] before RoPE, the
+    reference's rounding (layers/norm.rms_norm: fp32 statistics, x / rms rounded, times the weight rounded).
     Everything is read before anything is written (a store would hold later loads back)."""
     t = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -122,6 +125,17 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_pt
         x1 = lora_add(x1, b1, s_ptr, rank, lslot, t, sub, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
         x2 = lora_add(x2, b2, s_ptr, rank, lslot, t, sub, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
         v = lora_add(v, bvt, s_ptr, rank_v, lslot, t, 2, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
+    if QK_NORM:  # on the projection's final rows (after the row scale and the LoRA delta)
+        if head < HQ:
+            w1 = tl.load(qn_ptr + half).to(tl.float32)
+            w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
+        else:
+            w1 = tl.load(kn_ptr + half).to(tl.float32)
+            w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        r = tl.math.rsqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / D + qk_eps)
+        x1 = (w1 * (a1 * r).to(dtype).to(tl.float32)).to(dtype)
+        x2 = (w2 * (a2 * r).to(dtype).to(tl.float32)).to(dtype)
     o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
     tl.store(base + half, o1)
     tl.store(base + D // 2 + half, o2)
@@ -140,14 +154,16 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
                   num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slots: torch.Tensor, d=None, scale: RowScale | None = None,
                   cfg: KernelConfig = DEFAULT, k_scale: torch.Tensor | None = None,
-                  v_scale: torch.Tensor | None = None) -> None:
+                  v_scale: torch.Tensor | None = None, qk_norm=None) -> None:
     """In place on qkv [T, (Hq + 2 Hk) * D] (rows contiguous): the qkv LoRA delta d (a LoraDelta, sub-
     modules q, k, v; None = no LoRA) added, q and k rotated (neox form, cos / sin from the float32
     [P, D] table: cos half then sin half), and k and v written at flat `slots` of the caches
     [blocks, block_size, Hk, D] (contiguous; slot -1 writes nothing): RoPE, the K/V store and the
     LoRA expand in one launch. scale: qkv and d.s project add_lora_rms_norm's unnormalised rows;
     its RowScale normalises them first. An e4m3 cache stores k / k_scale and v / v_scale (float32
-    one-element tensors on the device, the layer's scales)."""
+    one-element tensors on the device, the layer's scales). qk_norm: (q_norm weight [D], k_norm weight [D],
+    eps) of a Qwen3 layer: each q and k head RMS-normalised before RoPE (the rotated q, k in qkv are the
+    normalised ones)."""
     T = qkv.shape[0]
     if not T:
         return
@@ -157,10 +173,12 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     bq, bk, bv = d.b if lora else (qkv, qkv, qkv)
     ss, nb, inv_n, eps = scale_args(scale, qkv)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    qn, kn, qk_eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
     _rope_store_kernel[(T, num_heads + num_kv_heads)](
         qkv, positions, cos_sin_cache, k_cache, v_cache, slots, k_scale if fp8 else slots,
         v_scale if fp8 else slots, s, bq, bk, bv, d.ranks if lora else slots,
-        d.token_slot if lora else slots, ss, d.rank if lora else 1, qkv.stride(0), s.stride(0) if lora else 0,
+        d.token_slot if lora else slots, ss, qn, kn, d.rank if lora else 1, qkv.stride(0), s.stride(0) if lora else 0,
         s.stride(1) if lora else 0, d.slot_stride if lora else 0, cos_sin_cache.stride(0), num_heads, num_kv_heads, nb,
-        inv_n, eps, D=head_dim, LORA=lora, **rank_args(d.rank if lora else 16), NUM_SPLITS=s.shape[0] if lora else 1,
-        PDL=pdl, SCALED=scale is not None, NB=triton.next_power_of_2(nb), FP8=fp8, num_warps=cfg.rope_warps, **launch_args(pdl))
+        inv_n, eps, float(qk_eps), D=head_dim, LORA=lora, **rank_args(d.rank if lora else 16), NUM_SPLITS=s.shape[0] if lora else 1,
+        PDL=pdl, SCALED=scale is not None, NB=triton.next_power_of_2(nb), FP8=fp8, QK_NORM=qk_norm is not None,
+        num_warps=cfg.rope_warps, **launch_args(pdl))

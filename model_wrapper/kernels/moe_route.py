@@ -17,6 +17,16 @@ fp32 probabilities can choose differently, and both choices are a valid top-k.
 
 PDL: the kernel waits for the router GEMV before reading the logits, then lets the expert kernels
 launch; they read weights and ids only after their own wait (kernels/moe_gemv.py relies on that order).
+
+moe_router_route: the router's projection and the routing in one launch, for decode steps of a few
+tokens (KernelConfig.moe_fused_router, up to gemv_max_tokens):
+
+    program b of cdiv(E, BLOCK_E): logits[t, rows of b] = x[t] . gate[rows]  (fp32 sums, rounded to the
+                                   model dtype, as kernels/gemv.py: the GEMV it replaces)
+    the last program to finish (an atomic count, reset by that program for the next step) routes
+    every token from the logits the others wrote, as the routing kernel does.
+
+Its weight rows are loaded before its PDL wait (they stream in while the norm before drains).
 """
 
 from __future__ import annotations
@@ -30,15 +40,16 @@ from model_wrapper.kernels.config import KernelConfig
 
 
 @triton.jit
-def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-                  RENORM: tl.constexpr, PDL: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    if PDL:
-        gdc_wait()  # the router GEMV is complete
-        gdc_launch_dependents()
+def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
+               RENORM: tl.constexpr, L2: tl.constexpr):
+    """Route token t: its E logits (L2: read past the L1 cache: other programs of the kernel wrote them)."""
     e = tl.arange(0, EP)
     ok = e < E
-    logit = tl.load(logits_ptr + t * stride_l + e, mask=ok, other=float("-inf")).to(tl.float32)
+    if L2:
+        logit = tl.load(logits_ptr + t * stride_l + e, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    else:
+        logit = tl.load(logits_ptr + t * stride_l + e, mask=ok, other=float("-inf"))
+    logit = logit.to(tl.float32)
     ex = tl.exp(logit - tl.max(logit, axis=0))
     ex = tl.where(ok, ex, 0.0)
     p = ex / tl.sum(ex, axis=0)
@@ -57,6 +68,84 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, 
         w = w / tl.sum(tl.where(slot_ok, w, 0.0), axis=0)
     tl.store(ids_ptr + t * TOP_K + j, ids.to(tl.int64), mask=slot_ok)
     tl.store(w_ptr + t * TOP_K + j, w.to(w_ptr.dtype.element_ty), mask=slot_ok)
+
+
+@triton.jit
+def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
+                  RENORM: tl.constexpr, PDL: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    if PDL:
+        gdc_wait()  # the router GEMV is complete
+        gdc_launch_dependents()
+    _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, False)
+
+
+@triton.jit
+def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E, H, stride_x, stride_g, stride_l,
+                         M: tl.constexpr, HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+                         KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    cols = tl.arange(0, HP)
+    live = rows < E
+    g = tl.load(g_ptr + rows[:, None].to(tl.int64) * stride_g + cols[None, :], mask=live[:, None] & (cols < H)[None, :],
+                other=0.0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the norm that wrote x is complete
+    dtype = logits_ptr.dtype.element_ty
+    for m in tl.static_range(M):
+        x = tl.load(x_ptr + m * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
+        acc = tl.sum(g.to(tl.float32) * x[None, :], axis=1)
+        tl.store(logits_ptr + m * stride_l + rows, acc.to(dtype), mask=live)
+    # every thread's logits stored (barrier), then the count with release (cumulative over the barrier):
+    # the last program, acquiring it, reads all programs' logits (through L2)
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
+            _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True)
+        tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
+
+
+_COUNTS: dict = {}
+
+
+def _count(device: torch.device) -> torch.Tensor:
+    """The device's int32 counter of finished router programs (zero between launches: the last program
+    resets it). Made once, on the first (eager, warm-up) call; a capture then records its address."""
+    c = _COUNTS.get(device)
+    if c is None:
+        c = _COUNTS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return c
+
+
+def router_route_fits(x: torch.Tensor, gate: torch.Tensor, cfg: KernelConfig) -> bool:
+    """Whether moe_router_route takes the step: 1..cfg.gemv_max_tokens tokens (where the router's projection
+    would be kernels/gemv.py's), cfg.moe_fused_router, a row of at most cfg.gemv_tile weights."""
+    return (cfg.moe_fused_router and x.dim() == 2 and 0 < x.shape[0] <= cfg.gemv_max_tokens and x.dtype == gate.dtype
+            and x.stride(-1) == 1 and gate.stride(-1) == 1 and triton.next_power_of_2(x.shape[1]) <= cfg.gemv_tile)
+
+
+def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,
+                     cfg: KernelConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, H], the router's weight gate [E, H] -> (weights [T, top_k], ids [T, top_k] int64, logits [T, E] in
+    x's dtype): moe_route(x @ gate^T) in one launch, for the steps router_route_fits accepts."""
+    T, H = x.shape
+    E = gate.shape[0]
+    if not 0 < top_k <= E:
+        raise ValueError(f"moe_router_route: top_k must be in 1..{E} (the experts), got {top_k}")
+    logits = torch.empty(T, E, dtype=x.dtype, device=x.device)
+    weights = torch.empty(T, top_k, dtype=torch.float32 if fp32_weights else x.dtype, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=x.device)
+    hp = triton.next_power_of_2(H)
+    block_e = min(triton.next_power_of_2(E), max(1, cfg.gemv_tile // hp))
+    pdl = uses_pdl(x.device, cfg)
+    _router_route_kernel[(triton.cdiv(E, block_e),)](
+        x, gate, logits, weights, ids, _count(x.device), E, H, x.stride(0), gate.stride(0), logits.stride(0), M=T,
+        HP=hp, BLOCK_E=block_e, TOP_K=top_k, KP=max(2, triton.next_power_of_2(top_k)),
+        EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl, num_warps=cfg.gemv_warps,
+        **launch_args(pdl))
+    return weights, ids, logits
 
 
 def moe_route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,

@@ -135,13 +135,13 @@ class SparseMoE(nn.Module):
         the ranks' partial sums (their intermediate slices) are all-reduced once."""
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
-        # the router's projection is a model projection (the GEMV at 1-2 tokens on CUDA); kernels.moe routes
-        # (on CUDA one kernel: kernels/moe_route.py) and runs the experts
-        logits = kernels.linear(x, self.gate.weight)
+        # kernels.moe_router: the router's projection (a model projection: the GEMV at 1-2 tokens on CUDA) and
+        # the routing (on CUDA one kernel, kernels/moe_route.py; at 1-2 tokens both in one), then the experts
+        weights, ids = kernels.moe_router(x, self.gate.weight, self.spec)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)
-        y = kernels.moe(x, logits, self.spec, ex.gate_up_proj, ex.down_proj, **scales)
+        y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
         if self.shared_expert is not None:
             s = self.shared_expert
             shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)

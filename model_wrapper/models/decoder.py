@@ -42,10 +42,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
     def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
-        """RoPE, the K/V store (and the qkv projection's tail) in one kernel where the K/V store has that
-        path for this step (KVStore.fuses_rope) and no q/k norm sits between the projection and RoPE."""
+        """RoPE, the K/V store (and the qkv projection's tail, and Qwen3's q / k norms) in one kernel where
+        the K/V store has that path for this step (KVStore.fuses_rope)."""
         # kernels.dtype: the projection's output dtype, the model's, whatever its weight format (FP8: e4m3)
-        return self.q_norm is None and backend.kv_store.fuses_rope(T, kv[0].dtype, kernels.dtype)
+        return backend.kv_store.fuses_rope(T, kv[0].dtype, kernels.dtype, qk_norm=self.q_norm is not None)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, fuse_tail: bool = False):
         """x [T, hidden] -> ([T, hidden], o's tail for the next norm or None); writes this step's
@@ -60,8 +60,9 @@ class Attention(nn.Module):
         if scale is not None and (not fused or tail is None):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
         if fused:
+            qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
-                                        lora=tail, scale=scale, layer=self.layer)
+                                        lora=tail, scale=scale, layer=self.layer, qk_norm=qk_norm)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
             v = v.view(T, self.num_kv_heads, self.head_dim)
         else:

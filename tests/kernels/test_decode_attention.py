@@ -83,6 +83,24 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
     torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
 
 
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch: sm90+ GPUs")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_pdl_launch_is_the_direct_softmax(splits):
+    """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
+    direct softmax of the q it wrote, as without PDL."""
+    lens = [1, PAGE + 1, 9 * PAGE + 3, 300]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11)
+    q = torch.randn(len(lens), 8, D, generator=torch.Generator().manual_seed(4)).to(DTYPE)
+    on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
+    qd = torch.zeros_like(q, device=DEVICE)
+    qd.copy_(q.to(DEVICE))  # written just before the launch
+    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True)
+    want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
+    torch.testing.assert_close(got.double().cpu(), want, atol=1.6e-2, rtol=0)
+    assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits))
+
+
 def test_strided_q_rows():
     """q as the model hands it over: a view of the fused qkv rows (row stride > heads * D)."""
     lens = [5, 2 * PAGE]

@@ -31,17 +31,19 @@ def _compile_all() -> list[str]:
         build(f"store {tag}", kv_store._store_kv_kernel,
               dict(k_ptr="*bf16", v_ptr="*bf16", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64", ks_ptr="*fp32",
                    vs_ptr="*fp32"), dict(BLOCK=1024, FP8=fp8))
-        build(f"rope store {tag}", kv_store._rope_store_kernel,
-              dict(qkv_ptr="*bf16", pos_ptr="*i64", cs_ptr="*fp32", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
-                   ks_ptr="*fp32", vs_ptr="*fp32", s_ptr="*bf16", bq_ptr="*bf16", bk_ptr="*bf16", bv_ptr="*bf16",
-                   rank_ptr="*i32", lslot_ptr="*i32", ss_ptr="*fp32"),
-              dict(R=16, HQ=32, HK=8, D=128, LORA=False, BLOCK_R=16, RPAD=16, NUM_SPLITS=1, PDL=False,
-                   SCALED=False, NB=1, FP8=fp8), scalars=("inv_n", "eps"))
+        for qk_norm in (False, True):  # Qwen3's q / k norms in the kernel
+            build(f"rope store {tag}{' qk-norm' if qk_norm else ''}", kv_store._rope_store_kernel,
+                  dict(qkv_ptr="*bf16", pos_ptr="*i64", cs_ptr="*fp32", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
+                       ks_ptr="*fp32", vs_ptr="*fp32", s_ptr="*bf16", bq_ptr="*bf16", bk_ptr="*bf16", bv_ptr="*bf16",
+                       rank_ptr="*i32", lslot_ptr="*i32", ss_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16"),
+                  dict(R=16, HQ=32, HK=8, D=128, LORA=False, BLOCK_R=16, RPAD=16, NUM_SPLITS=1, PDL=False,
+                       SCALED=False, NB=1, FP8=fp8, QK_NORM=qk_norm), scalars=("inv_n", "eps", "qk_eps"))
         for math_name, math_id in (decode_attention.FP8_MATHS.items() if fp8 else [("", 0)]):
             build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel,
                   dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
                        o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
-                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False),
+                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
+                       PDL=True),
                   scalars=("scale_log2",))
     return built
 
@@ -50,7 +52,7 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     built = run_child(__file__)
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(built) == 5 + len(FP8_MATHS)
+    assert len(built) == 7 + len(FP8_MATHS)
 
 
 if __name__ == "__main__":

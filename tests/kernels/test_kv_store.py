@@ -116,6 +116,45 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     assert torch.equal(vc, placed(ref_v, v_in, slots))
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_rope_write_with_qk_norm_normalises_q_and_k_heads_before_rope():
+    """Qwen3's q / k norms in the fused kernel: each q head and k head divided by its RMS and times its
+    norm weight (float64 here), then rotated; v untouched; the cache holds the normalised, rotated k.
+    With KernelConfig(rope_store_qk_norm=False) the fused path is not offered to a layer with q / k norms."""
+    g = torch.Generator().manual_seed(5)
+    HQ, T, P, eps = 4, 5, 32, 1e-6
+    slots = [9, -1, 2, 17, 6]
+    dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    pos = torch.tensor([3, 0, 31, 7, 12])
+    qkv = (3 * torch.randn(T, (HQ + 2 * HK) * D, generator=g)).to(DEVICE, dt)  # rms far from 1
+    qw, kw = (1 + 0.5 * torch.randn(D, generator=g)).to(DEVICE, dt), (1 + 0.5 * torch.randn(D, generator=g)).to(DEVICE, dt)
+    x = qkv.double().cpu().view(T, HQ + 2 * HK, D)
+    w = torch.cat((qw.double().cpu().expand(HQ, D), kw.double().cpu().expand(HK, D)))  # [HQ + HK, D]
+    qk = x[:, : HQ + HK]
+    qk = qk / torch.sqrt(qk.pow(2).mean(-1, keepdim=True) + eps) * w
+    cos, sin = table.double().cpu()[pos].split(D // 2, dim=-1)
+    cos, sin = torch.cat((cos, cos), -1)[:, None], torch.cat((sin, sin), -1)[:, None]
+    rot = torch.cat((-qk[..., D // 2:], qk[..., : D // 2]), dim=-1)
+    want = torch.cat((qk * cos + rot * sin, x[:, HQ + HK:]), dim=1)
+    kc, vc = caches(dt)
+    store = KVStore(triton=True, rope_table=table, config=KernelConfig())
+    assert store.fuses_rope(T, dt, dt, qk_norm=True)
+    off = KVStore(triton=True, rope_table=table, config=KernelConfig(rope_store_qk_norm=False))
+    assert off.fuses_rope(T, dt, dt) and not off.fuses_rope(T, dt, dt, qk_norm=True)
+    v_in = qkv.view(T, HQ + 2 * HK, D)[:, HQ + HK:].clone()
+    store.rope_write((kc, vc), qkv, pos.to(DEVICE), HQ, HK, D, torch.tensor(slots, device=DEVICE), qk_norm=(qw, kw, eps))
+    got = qkv.view(T, HQ + 2 * HK, D)
+    tol = 1e-5 if dt == torch.float32 else 3e-2
+    torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol)
+    assert torch.equal(got[:, HQ + HK:], v_in)
+    ref_k, ref_v = caches(dt)
+    assert torch.equal(kc, placed(ref_k, got[:, HQ:HQ + HK], slots))
+    assert torch.equal(vc, placed(ref_v, v_in, slots))
+
+
 # -- FP8 (e4m3) caches: round(x / scale) clamped to +-448, the layer's scales read from the device ---------
 FP8 = torch.float8_e4m3fn
 
@@ -176,7 +215,8 @@ def test_fp8_store_kernel_sees_a_later_change_of_scale_in_place():
     store.set_scales([1.0, 0.5], [1.0, 1.0])
     assert store.scales.data_ptr() == ptr
     store.write((kc, vc), k, k, make_batch(slots), layer=1)
-    assert torch.equal(kc.float()[0, 0].cpu(), torch.full((HK, D), 3.0)) and torch.equal(vc.float()[0, 0].cpu(), k[0].float().cpu())
+    assert torch.equal(kc.float()[0, 0].cpu(), torch.full((HK, D), 3.0))
+    assert torch.equal(vc.float()[0, 0].cpu(), k[0].float().cpu())
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")

@@ -83,3 +83,29 @@ def test_route_matches_torch_cuda(T):
     g = torch.Generator().manual_seed(T)
     logits = (torch.randn(T, 128, generator=g) * 2).to(torch.bfloat16).cuda()
     _check(logits, 8, True, False, same_ids=False)
+
+
+@pytest.mark.parametrize("T,E,H,k", [(1, 128, 256, 8), (2, 60, 96, 4), (1, 8, 64, 2)])
+@pytest.mark.parametrize("tile", [16384, 512])
+def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile):
+    """moe_router_route: its logits are x @ gate^T (float64 oracle, within fp32 rounding), and its routing
+    is torch's (layers/moe.route) on those logits: the same experts, the same weights. A small tile splits
+    the experts over several programs (the last one to finish routes); a second launch routes again (the
+    count was reset)."""
+    from model_wrapper.kernels.moe_route import moe_router_route, router_route_fits
+
+    g = torch.Generator().manual_seed(T * 100 + E)
+    cfg = KernelConfig(gemv_tile=tile)
+    spec = MoESpec(E, k, 8, norm_topk_prob=True)
+    for step in range(2):
+        x = torch.randn(T, H, generator=g).to(DEVICE)
+        gate = (torch.randn(E, H, generator=g) / H**0.5).to(DEVICE)
+        assert router_route_fits(x, gate, cfg)
+        w, ids, logits = moe_router_route(x, gate, k, True, False, cfg)
+        torch.testing.assert_close(logits.cpu().double(), x.cpu().double() @ gate.cpu().double().T, rtol=1e-5,
+                                   atol=1e-5)
+        want_w, want_ids = route(logits.cpu(), spec)
+        assert ids.cpu().tolist() == want_ids.tolist(), step
+        torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=1e-6)
+    assert not router_route_fits(x, gate, KernelConfig(moe_fused_router=False))
+    assert not router_route_fits(torch.randn(KernelConfig().gemv_max_tokens + 1, H).to(DEVICE), gate, cfg)
