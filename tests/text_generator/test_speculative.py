@@ -103,14 +103,10 @@ def random_tree(rng: random.Random, root: int, n: int) -> DraftTree:
     return DraftTree([root] + random_prompt(rng, n - 1), parents)
 
 
-class OracleDrafter:
-    """Test drafter that knows the true greedy continuation and hides it in a random tree:
-    wrong branches (with subtrees) come first, then a correct prefix of random length, so the
-    accepted path is rarely contiguous in the cache."""
+class TracksContext:
+    """The drafter protocol's bookkeeping for test drafters: each request's context (prompt + emitted)."""
 
-    def __init__(self, truth: dict, seed: int = 0, max_nodes: int = 12):
-        self.truth, self.rng, self.max_nodes = truth, random.Random(seed), max_nodes
-        self.ctx: dict = {}
+    ctx: dict
 
     def start(self, s, prompt):
         self.ctx[s] = list(prompt)
@@ -120,6 +116,16 @@ class OracleDrafter:
 
     def finish(self, s):
         self.ctx.pop(s, None)
+
+
+class OracleDrafter(TracksContext):
+    """Test drafter that knows the true greedy continuation and hides it in a random tree:
+    wrong branches (with subtrees) come first, then a correct prefix of random length, so the
+    accepted path is rarely contiguous in the cache."""
+
+    def __init__(self, truth: dict, seed: int = 0, max_nodes: int = 12):
+        self.truth, self.rng, self.max_nodes = truth, random.Random(seed), max_nodes
+        self.ctx: dict = {}
 
     def propose(self, seq_ids, budgets):
         out = []
@@ -447,7 +453,7 @@ def test_oracle_trees_non_contiguous_accepts_batched(models, family):
     assert len(set(stats.steps)) > 3  # requests emitted different counts per step
 
 
-class ChainDrafter:
+class ChainDrafter(TracksContext):
     """Test drafter of chains of `depth` tokens: the true greedy continuation once a request's context
     holds right_from tokens (then every draft is accepted), before that the true tokens plus one
     (every draft rejected)."""
@@ -455,15 +461,6 @@ class ChainDrafter:
     def __init__(self, truth: dict, right_from: dict, depth: int = 4):
         self.truth, self.right_from, self.depth = truth, right_from, depth
         self.ctx: dict = {}
-
-    def start(self, s, prompt):
-        self.ctx[s] = list(prompt)
-
-    def update(self, s, emitted):
-        self.ctx[s] += emitted
-
-    def finish(self, s):
-        self.ctx.pop(s, None)
 
     def propose(self, seq_ids, budgets):
         out = []
