@@ -81,6 +81,13 @@ def test_triton_write_equals_the_placement(slots):
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
 
 
+def rope_table(positions: int) -> torch.Tensor:
+    """The [positions, D] cos | sin table (neox form, base 10000) the fused RoPE store reads, on DEVICE."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.arange(positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     """fp32 under the interpreter: q, k rotated (neox form) within fp32 rounding of the float64
@@ -89,9 +96,7 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     HQ, T, P = 4, 5, 32
     slots = [9, -1, 2, 17, 6]
     dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
-    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    table = rope_table(P)
     pos = torch.tensor([3, 0, 31, 7, 12])
     qkv = torch.randn(T, (HQ + 2 * HK) * D, generator=g).to(DEVICE, dt)
     x = qkv.double().cpu().view(T, HQ + 2 * HK, D)
@@ -125,9 +130,7 @@ def test_rope_write_with_qk_norm_normalises_q_and_k_heads_before_rope():
     HQ, T, P, eps = 4, 5, 32, 1e-6
     slots = [9, -1, 2, 17, 6]
     dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
-    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    table = rope_table(P)
     pos = torch.tensor([3, 0, 31, 7, 12])
     qkv = (3 * torch.randn(T, (HQ + 2 * HK) * D, generator=g)).to(DEVICE, dt)  # rms far from 1
     qw, kw = (1 + 0.5 * torch.randn(D, generator=g)).to(DEVICE, dt), (1 + 0.5 * torch.randn(D, generator=g)).to(DEVICE, dt)
@@ -227,9 +230,7 @@ def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v():
     HQ, T, P = 4, 5, 32
     slots = [9, -1, 2, 17, 6]
     dt = torch.float32 if DEVICE == "cpu" else torch.bfloat16
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
-    freqs = torch.arange(P, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
+    table = rope_table(P)
     pos = torch.tensor([3, 0, 31, 7, 12], device=DEVICE)
     qkv = (torch.randn(T, (HQ + 2 * HK) * D, generator=g) * 12).to(DEVICE, dt)
     kc, vc = fp8_caches()
