@@ -36,6 +36,18 @@ def _chunk_sums(w, x):
 
 
 @triton.jit
+def _row_dots(w, x, s, PER_GROUP: tl.constexpr):
+    """The rows' dot products with x, scaled: per chunk (s [chunks, rows], a scale per group) before
+    the sum over chunks, or once after it (s [rows], a scale per row) -> [rows] fp32."""
+    part = _chunk_sums(w, x)
+    if PER_GROUP:
+        dots = tl.sum(part * s, axis=0)
+    else:
+        dots = tl.sum(part, axis=0) * s
+    return dots
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, stride_s, stride_o,
                      K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
                      BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
@@ -80,19 +92,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, s
     dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
         x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
-        part = _chunk_sums(w, x)
-        if PER_GROUP:
-            acc = tl.sum(part * s, axis=0)
-        else:
-            acc = tl.sum(part, axis=0) * s
+        acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b
         if SILU:
-            part = _chunk_sums(wu, x)
-            if PER_GROUP:
-                up = tl.sum(part * su, axis=0)
-            else:
-                up = tl.sum(part, axis=0) * su
+            up = _row_dots(wu, x, su, PER_GROUP)
             if HAS_BIAS:
                 up += bu
             acc = silu_mul(acc.to(dtype), up.to(dtype))
