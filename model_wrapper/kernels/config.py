@@ -32,6 +32,11 @@ class KernelConfig:
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
     norm_max_tokens: int = 64
+    # at the GEMVs' steps (1..gemv_max_tokens tokens; FP8: fp8_gemv_max_tokens) the residual add + RMSNorm
+    # inside the prologue of the GEMV that consumes the normalized rows (qkv, dense gate_up, the MoE
+    # router: kernels/gemv.py, fp8_gemv.py, moe_route.py): one kernel fewer at each norm; False: the
+    # add_rms_norm kernel, then the GEMV (the A/B arm)
+    gemv_add_norm: bool = False
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
