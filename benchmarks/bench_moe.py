@@ -78,6 +78,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # the residual add + RMSNorm in the qkv GEMV's and the router's prologues (on / off against "new")
             "addnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=True),
             "noaddnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
+            "addnorm2": dataclasses.replace(KernelConfig(), gemv_add_norm=True),  # (a second run: the noise)
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             "addnorm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm=True)}
 

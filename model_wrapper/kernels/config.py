@@ -37,6 +37,9 @@ class KernelConfig:
     # router: kernels/gemv.py, fp8_gemv.py, moe_route.py): one kernel fewer at each norm; False: the
     # add_rms_norm kernel, then the GEMV (the A/B arm)
     gemv_add_norm: bool = False
+    # with it, the dense gate_up GEMV too: its many programs (bf16 Llama-3-8B: 7168 of 2 gate + 2 up rows) each
+    # re-read h, the residual and the norm weight; False: qkv and the router only
+    gemv_add_norm_gate_up: bool = True
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS

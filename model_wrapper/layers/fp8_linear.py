@@ -90,9 +90,10 @@ class Fp8Method:
 
     def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool:
         """Whether apply / apply_silu take a PendingNorm for rows like x: config.gemv_add_norm where
-        the step runs the weight-only GEMV (kernels/fp8.fp8_path "gemv"), x with unit column stride."""
+        the step runs the weight-only GEMV (kernels/fp8.fp8_path "gemv"), x with unit column stride
+        (silu, gate_up: and config.gemv_add_norm_gate_up)."""
         cfg = kernels.config
-        if not cfg.gemv_add_norm or x.dim() != 2 or x.stride(-1) != 1:
+        if not cfg.gemv_add_norm or (silu and not cfg.gemv_add_norm_gate_up) or x.dim() != 2 or x.stride(-1) != 1:
             return False
         fp8 = _kernels(x)
         return fp8 is not None and fp8.fp8_path(x, linear.weight, linear.weight_scale, self.group, cfg, silu) == "gemv"

@@ -161,10 +161,10 @@ class FlashInferKernels(TorchKernels):
 
     def gemv_takes_norm(self, x, weight, silu):
         """config.gemv_add_norm where the GEMV takes x (kernels/gemv.py; gate_up: a gate and an up row
-        a program)."""
+        a program, and config.gemv_add_norm_gate_up)."""
         cfg = self.config
-        return (cfg.gemv_add_norm and self._triton is not None and self._triton.gemv_fits(x, weight, cfg)
-                and (not silu or x.shape[1] <= cfg.gemv_max_k // 2))
+        return (cfg.gemv_add_norm and (not silu or cfg.gemv_add_norm_gate_up) and self._triton is not None
+                and self._triton.gemv_fits(x, weight, cfg) and (not silu or x.shape[1] <= cfg.gemv_max_k // 2))
 
     def rms_norm(self, x, weight, eps):
         if x.dim() == 2:
