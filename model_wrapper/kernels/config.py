@@ -32,14 +32,17 @@ class KernelConfig:
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
     norm_max_tokens: int = 64
-    # at the GEMVs' steps (1..gemv_max_tokens tokens; FP8: fp8_gemv_max_tokens) the residual add + RMSNorm
-    # inside the prologue of the GEMV that consumes the normalized rows (qkv, dense gate_up, the MoE
-    # router: kernels/gemv.py, fp8_gemv.py, moe_route.py): one kernel fewer at each norm; False: the
-    # add_rms_norm kernel, then the GEMV (the A/B arm)
+    # at steps of 1..gemv_add_norm_max_tokens tokens, the residual add + RMSNorm inside the prologue of the
+    # GEMV that consumes the normalized rows (kernels/gemv.py, fp8_gemv.py, moe_route.py), for the consumers
+    # switched on below: one kernel fewer at each such norm; False: the add_rms_norm kernel, then the GEMV
+    # (the A/B arm). Every program of the GEMV recomputes the norm from h and the residual after its PDL
+    # wait, so it pays only where the norm kernel's own latency was not already hidden behind the GEMV's
+    # weight loads (H100, bench_fp8.py, benchmarks/RESULTS.md)
     gemv_add_norm: bool = False
-    # with it, the dense gate_up GEMV too: its many programs (bf16 Llama-3-8B: 7168 of 2 gate + 2 up rows) each
-    # re-read h, the residual and the norm weight; False: qkv and the router only
-    gemv_add_norm_gate_up: bool = True
+    gemv_add_norm_max_tokens: int = 1  # at 2 tokens every program normalizes two rows: 8B gate_up +13-26%
+    gemv_add_norm_qkv: bool = True  # qkv after the input norm
+    gemv_add_norm_gate_up: bool = True  # a dense MLP's gate_up after the post-attention norm
+    gemv_add_norm_router: bool = True  # a sparse MLP's router (with moe_fused_route), after the same norm
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
@@ -178,6 +181,12 @@ class KernelConfig:
     # static per-token slots and slot groups); off: such steps run eagerly (H100, session 33: within the
     # bf16 bound of peft's fp32 logits with folded / unfolded A stacks, fused epilogues or expand kernels)
     mixed_lora_graphs: bool = True
+
+    def adds_norm(self, tokens: int, consumer: str) -> bool:
+        """Whether a step of `tokens` tokens runs the residual add + RMSNorm inside the GEMV of `consumer`
+        ("qkv", "gate_up" or "router"): gemv_add_norm, its token bound and the consumer's switch."""
+        return self.gemv_add_norm and 0 < tokens <= self.gemv_add_norm_max_tokens and getattr(
+            self, f"gemv_add_norm_{consumer}")
 
     def __post_init__(self):
         if self.fp8_kv_decode not in FP8_KV_DECODE:

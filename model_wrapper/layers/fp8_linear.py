@@ -89,11 +89,11 @@ class Fp8Method:
         return kernels.silu_mul(F.linear(x, self.dequantized(linear, x.dtype), bias))
 
     def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool:
-        """Whether apply / apply_silu take a PendingNorm for rows like x: config.gemv_add_norm where
-        the step runs the weight-only GEMV (kernels/fp8.fp8_path "gemv"), x with unit column stride
-        (silu, gate_up: and config.gemv_add_norm_gate_up)."""
+        """Whether apply / apply_silu take a PendingNorm for rows like x: config.adds_norm (qkv; silu:
+        gate_up) where the step runs the weight-only GEMV (kernels/fp8.fp8_path "gemv"), x with unit
+        column stride."""
         cfg = kernels.config
-        if not cfg.gemv_add_norm or (silu and not cfg.gemv_add_norm_gate_up) or x.dim() != 2 or x.stride(-1) != 1:
+        if x.dim() != 2 or x.stride(-1) != 1 or not cfg.adds_norm(x.shape[0], "gate_up" if silu else "qkv"):
             return False
         fp8 = _kernels(x)
         return fp8 is not None and fp8.fp8_path(x, linear.weight, linear.weight_scale, self.group, cfg, silu) == "gemv"

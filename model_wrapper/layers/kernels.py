@@ -160,10 +160,10 @@ class FlashInferKernels(TorchKernels):
         return super().gate_up_silu(x, weight, bias)
 
     def gemv_takes_norm(self, x, weight, silu):
-        """config.gemv_add_norm where the GEMV takes x (kernels/gemv.py; gate_up: a gate and an up row
-        a program, and config.gemv_add_norm_gate_up)."""
+        """config.adds_norm (qkv; silu: gate_up) where the GEMV takes x (kernels/gemv.py; gate_up: a gate
+        and an up row a program)."""
         cfg = self.config
-        return (cfg.gemv_add_norm and (not silu or cfg.gemv_add_norm_gate_up) and self._triton is not None
+        return (cfg.adds_norm(x.shape[0], "gate_up" if silu else "qkv") and self._triton is not None
                 and self._triton.gemv_fits(x, weight, cfg) and (not silu or x.shape[1] <= cfg.gemv_max_k // 2))
 
     def rms_norm(self, x, weight, eps):
@@ -237,8 +237,8 @@ class FlashInferKernels(TorchKernels):
         return q2.view(q.shape), k2.view(k.shape)
 
     def router_takes_norm(self, x, gate_weight):
-        """config.gemv_add_norm where moe_router runs the router and the routing in one kernel."""
-        if self._triton is None or not (self.config.gemv_add_norm and self.config.moe_fused_route):
+        """config.adds_norm (router) where moe_router runs the router and the routing in one kernel."""
+        if self._triton is None or not (self.config.adds_norm(x.shape[0], "router") and self.config.moe_fused_route):
             return False
         from model_wrapper.kernels.moe_route import router_route_fits
 

@@ -9,6 +9,7 @@ switch itself: test_add_norm_cuda.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -29,18 +30,19 @@ if not INTERPRET:  # on a GPU the model runs FlashInferKernels: test_add_norm_cu
 
 
 class InterpretedNormKernels(TorchKernels):
-    """TorchKernels whose projections take a PendingNorm at 1-2 tokens, through the Triton GEMV and router
-    kernels (FlashInferKernels' dispatch of the fused path, without FlashInfer); counts the fused launches."""
+    """TorchKernels whose projections take a PendingNorm where the config's adds_norm says so, through the
+    Triton GEMV and router kernels (FlashInferKernels' dispatch of the fused path, without FlashInfer);
+    counts the fused launches."""
 
     def __init__(self, *args):
         super().__init__(*args)
         self.fused = 0
 
     def gemv_takes_norm(self, x, weight, silu):
-        return x.shape[0] <= 2
+        return self.config.adds_norm(x.shape[0], "gate_up" if silu else "qkv")
 
     def router_takes_norm(self, x, gate_weight):
-        return x.shape[0] <= 2
+        return self.config.adds_norm(x.shape[0], "router")
 
     def linear(self, x, weight, bias=None):
         if isinstance(x, PendingNorm):
@@ -86,7 +88,8 @@ def test_norms_inside_the_gemvs_give_the_unfused_models_logits(tmp_path, family,
     want = _steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
     gen = TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32)
     k = gen.model_wrapper.kernels
-    kernels = gen.model_wrapper.kernels = InterpretedNormKernels(k.inv_freq, k.dtype, k.config)
+    cfg = dataclasses.replace(k.config, gemv_add_norm=True, gemv_add_norm_max_tokens=2)
+    kernels = gen.model_wrapper.kernels = InterpretedNormKernels(k.inv_freq, k.dtype, cfg)
     got = _steps(gen)
     assert kernels.fused == per_step * len(want)
     for a, b in zip(got, want):
