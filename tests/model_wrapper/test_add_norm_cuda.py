@@ -1,10 +1,11 @@
 """GPU tests (`pytest -m cuda`) of KernelConfig.gemv_add_norm: the residual add + RMSNorm inside the
 prologue of the GEMV after it (qkv, dense gate_up, the MoE router; bf16 and FP8 weights), against the
 same model with the switch off (the add_rms_norm kernel, then the GEMV), in decode graphs at batch 1 and
-2 (gemv_add_norm_max_tokens 2: the fused path at both). The fused prologue may round the normalized rows
-an ulp apart (its sum of squares in another order: tests/kernels/test_norm_prologue.py), so the steps
-agree within a bf16 bound, and their greedy tokens wherever the top two logits are further apart than
-the two runs differ. A spy on the kernels' entry points (calling through) checks that the fused path ran."""
+2 (gemv_add_norm_max_tokens 2, every consumer on: the fused path at both). The fused prologue may round
+the normalized rows an ulp apart (its sum of squares in another order: tests/kernels/test_norm_prologue.py),
+so the steps agree within a bf16 bound, and their greedy tokens wherever the top two logits are further
+apart than the two runs differ. A spy on the kernels' entry points (calling through) checks that the
+fused path ran."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def _on_off(path, batch, monkeypatch, want):
     del off
     seen = _spy(monkeypatch)
     on = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
-                                       kernel_config=KernelConfig(gemv_add_norm=True, gemv_add_norm_max_tokens=2))
+                                       kernel_config=KernelConfig(gemv_add_norm=True, gemv_add_norm_max_tokens=2,
+                                                                 gemv_add_norm_qkv=True))
     b = _decode(on, batch)
     assert on.model_wrapper.graphs._graphs, "no graph was captured"
     assert set(seen) == want, seen

@@ -88,7 +88,7 @@ def test_norms_inside_the_gemvs_give_the_unfused_models_logits(tmp_path, family,
     want = _steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
     gen = TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32)
     k = gen.model_wrapper.kernels
-    cfg = dataclasses.replace(k.config, gemv_add_norm=True, gemv_add_norm_max_tokens=2)
+    cfg = dataclasses.replace(k.config, gemv_add_norm=True, gemv_add_norm_max_tokens=2, gemv_add_norm_qkv=True)
     kernels = gen.model_wrapper.kernels = InterpretedNormKernels(k.inv_freq, k.dtype, cfg)
     got = _steps(gen)
     assert kernels.fused == per_step * len(want)
