@@ -6,7 +6,7 @@ GEMV (off), against the GEMV with the add + RMSNorm in its prologue (on), at 1 a
 
 Cases, the projections a norm feeds in a decode step: Llama-3-8B's qkv (6144 x 4096) and gate_up + SiLU
 (28672 x 4096) in bf16 (kernels/gemv.py) and FP8 with 128 x 128 block scales (kernels/fp8_gemv.py), and
-Qwen3-30B-A3B's qkv (5120 x 2048) and router + routing (128 experts, top 8: kernels/moe_route.py). Each time
+Qwen3-30B-A3B's qkv (5120 x 2048). Each time
 is bench_fp8_gemm.time_calls': the median CUDA-graph replay of calls rotating over weight copies of > 256 MB
 together (no L2 reuse), per call; consecutive calls overlap through PDL as a decode step's kernels do. The
 "gemv alone" row is the GEMV without any norm (what the pair would cost if the norm were free). Every fused
@@ -28,17 +28,16 @@ if "--smoke" in sys.argv:  # the interpreter is set up before any kernel is defi
 
 import torch  # noqa: E402
 
-# name -> (rows N, K, kind): "gemv" / "silu" (bf16), "fp8" / "fp8 silu", "router" (N experts)
+# name -> (rows N, K, kind): "gemv" / "silu" (bf16), "fp8" / "fp8 silu"
 CASES = {"8B qkv bf16": (6144, 4096, "gemv"), "8B gate_up bf16": (28672, 4096, "silu"),
          "8B qkv fp8": (6144, 4096, "fp8"), "8B gate_up fp8": (28672, 4096, "fp8 silu"),
-         "30B-A3B qkv bf16": (5120, 2048, "gemv"), "30B-A3B router bf16": (128, 2048, "router")}
-SMOKE_CASES = {"qkv": (48, 256, "gemv"), "gate_up": (64, 256, "silu"), "qkv fp8": (48, 256, "fp8"),
-               "router": (16, 256, "router")}
+         "30B-A3B qkv bf16": (5120, 2048, "gemv")}
+SMOKE_CASES = {"qkv": (48, 256, "gemv"), "gate_up": (64, 256, "silu"), "qkv fp8": (48, 256, "fp8")}
 
 
 def make_calls(kind, N, K, M, copies, device, dt, g, cfg):
     """-> {variant: fn(i)} over `copies` weights, and (fused(0), unfused(0)) on fresh rows for the check."""
-    from model_wrapper.kernels import fp8_gemv, gemv, moe_route, norm
+    from model_wrapper.kernels import fp8_gemv, gemv, norm
 
     h = torch.randn(M, K, device=device, generator=g).to(dt)
     r = torch.randn(M, K, device=device, generator=g).to(dt)
@@ -54,14 +53,9 @@ def make_calls(kind, N, K, M, copies, device, dt, g, cfg):
             return fp8_gemv.fp8_gemv(rows, ws[i], ss[i], 128, silu=silu, cfg=cfg, add_norm=add_norm)
     else:
         ws = [(torch.randn(N, K, device=device, generator=g) / K**0.5).to(dt) for _ in range(copies)]
-        if kind == "router":
-            def proj(i, rows, add_norm=None):
-                if add_norm is None:
-                    return moe_route.moe_router_route(rows, ws[i], 8, True, False, cfg)[0]
-                return moe_route.moe_router_route_norm(rows, ws[i], 8, True, False, add_norm, cfg)[0]
-        else:
-            def proj(i, rows, add_norm=None):
-                return gemv.gemv(rows, ws[i], silu=kind == "silu", cfg=cfg, add_norm=add_norm)
+
+        def proj(i, rows, add_norm=None):
+            return gemv.gemv(rows, ws[i], silu=kind == "silu", cfg=cfg, add_norm=add_norm)
 
     def unfused(i):  # in place on x and r, as the model's step (values stay bounded: x is normalized)
         norm.add_rms_norm(x, r, nw, 1e-6, cfg)

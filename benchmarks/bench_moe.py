@@ -75,19 +75,10 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
             "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=1 << 20),
             "attn-nopdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=0),
-            # the residual add + RMSNorm in the GEMVs' prologues at 1 token (session 34): every consumer (qkv and
-            # the router), none, each alone (addnorm-router: the default); the second runs: the noise
-            "addnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
+            # the residual add + RMSNorm inside the qkv GEMV at 1 token (session 34; off by default)
+            "addnorm-qkv": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
             "noaddnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
-            "addnorm-router": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=False),
-            "addnorm-qkv": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True,
-                                               gemv_add_norm_router=False),
-            "noaddnorm2": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
-            "addnorm2": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
-            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
-            "addnorm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
-            "addnorm-router-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=False),
-            "noaddnorm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm=False)}
+            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -21,7 +21,7 @@ def add_rms_norm_row(x_row, r_row, out_row, w, cols, n, eps, store, FLAT: tl.con
     `store` (a scalar). cols: the row's column offsets, [BLOCK] (FLAT) or [chunks, CH] (the FP8
     GEMV's layout; the sum of squares then runs over both axes); w: the norm weight at cols.
     Shared by the standalone kernel below and the GEMVs' fused prologues (kernels/gemv.py,
-    kernels/fp8_gemv.py, kernels/moe_route.py): the same arithmetic in every one."""
+    kernels/fp8_gemv.py): the same arithmetic in every one."""
     m = cols < n
     dtype = x_row.dtype.element_ty
     x = tl.load(x_row + cols, mask=m, other=0.0)

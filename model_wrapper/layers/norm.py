@@ -21,7 +21,7 @@ class PendingNorm:
     residual), which the GEMV computes in its prologue while it also writes h + residual to
     residual_out (kernels/gemv.py). RMSNorm.add hands one only to a consumer whose takes_norm(h,
     kernels) said its kernel takes it (a plain projection at the GEMV's step sizes); the consumer
-    passes it to kernels.linear / gate_up_silu (or Fp8Method's GEMV, the MoE router) in place of x."""
+    passes it to kernels.linear / gate_up_silu (or Fp8Method's GEMV) in place of x."""
 
     h: torch.Tensor  # [T, d]
     residual: torch.Tensor  # [T, d], read only

@@ -1,6 +1,5 @@
 """The residual add + RMSNorm fused into the prologue of the GEMVs that consume the normalized rows
-(KernelConfig.gemv_add_norm): kernels/gemv.py, kernels/fp8_gemv.py and the MoE router
-(kernels/moe_route.py) with add_norm against the unfused pair, kernels/norm.add_rms_norm then the
+(KernelConfig.gemv_add_norm): kernels/gemv.py and kernels/fp8_gemv.py with add_norm against the unfused pair, kernels/norm.add_rms_norm then the
 same GEMV. Under Triton's interpreter (fp32 / fp16: its bf16 conversions are not the GPU's) the
 two run the same operations in the same order, so the outputs and the new residual are bit-equal;
 on CUDA (marked cuda) the residual is bit-equal and the product within one rounding of the
@@ -99,27 +98,3 @@ def test_fp8_gemv_with_add_norm_is_the_norm_then_the_gemv(dtype, silu):
         want = fp8_gemv(x, w, s, group, b, silu=silu, cfg=cfg)
         assert torch.equal(r_out, want_r) and torch.equal(h, h0) and torch.equal(r, r0)
         assert rel_err(got.double(), want.double()) < TOL[dtype], (T, N, K, group)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("tile", [16384, 512])
-def test_router_with_add_norm_is_the_norm_then_the_router(dtype, tile):
-    """moe_route.moe_router_route_norm = add_rms_norm, then moe_router_route: the normalized rows it
-    returns (written by program 0 for the experts), the new residual, the routing; one and two tokens,
-    one program or several (tile 512), hidden not a power of two."""
-    from model_wrapper.kernels.moe_route import moe_router_route, moe_router_route_norm
-
-    g = torch.Generator().manual_seed(7)
-    cfg = KernelConfig(gemv_tile=tile)
-    for T, E, H, k in ((1, 64, 256, 8), (2, 60, 96, 4)):
-        h, r, nw = _rows(g, T, H, dtype)
-        gate = (torch.randn(E, H, generator=g) / H**0.5).to(DEVICE, dtype)
-        h0, r0 = h.clone(), r.clone()
-        r_out = torch.empty_like(r)
-        w, ids, xn = moe_router_route_norm(h, gate, k, True, False, (r, nw, 1e-6, r_out), cfg)
-        x, want_r = _unfused(h, r, nw, 1e-6)
-        want_w, want_ids, _ = moe_router_route(x, gate, k, True, False, cfg)
-        assert torch.equal(r_out, want_r) and torch.equal(h, h0) and torch.equal(r, r0)
-        _check(xn, x, dtype)
-        if INTERPRET:  # the same rows: the same logits, the same routing
-            assert torch.equal(ids, want_ids) and torch.equal(w, want_w)

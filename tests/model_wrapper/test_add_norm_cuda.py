@@ -1,5 +1,5 @@
 """GPU tests (`pytest -m cuda`) of KernelConfig.gemv_add_norm: the residual add + RMSNorm inside the
-prologue of the GEMV after it (qkv, dense gate_up, the MoE router; bf16 and FP8 weights), against the
+prologue of the GEMV after it (qkv, dense gate_up; bf16 and FP8 weights; a MoE model's qkv), against the
 same model with the switch off (the add_rms_norm kernel, then the GEMV), in decode graphs at batch 1 and
 2 (gemv_add_norm_max_tokens 2, every consumer on: the fused path at both). The fused prologue may round
 the normalized rows an ulp apart (its sum of squares in another order: tests/kernels/test_norm_prologue.py),
@@ -41,9 +41,8 @@ def _decode(gen, batch: int, seed: int = 5):
 
 
 def _spy(monkeypatch):
-    """Count the fused launches: gemv / fp8_gemv with add_norm, moe_router_route_norm (calling through)."""
+    """Count the fused launches: gemv / fp8_gemv with add_norm (calling through)."""
     import model_wrapper.kernels.fp8 as fp8
-    import model_wrapper.kernels.moe_route as moe_route
     import model_wrapper.kernels.ops as ops
 
     seen = []
@@ -52,7 +51,7 @@ def _spy(monkeypatch):
         fn = getattr(mod, name)
 
         def spied(*args, **kw):
-            if kw.get("add_norm") is not None or name == "moe_router_route_norm":
+            if kw.get("add_norm") is not None:
                 seen.append(name)
             return fn(*args, **kw)
 
@@ -60,7 +59,6 @@ def _spy(monkeypatch):
 
     wrap(ops, "gemv")
     wrap(fp8, "fp8_gemv")
-    wrap(moe_route, "moe_router_route_norm")
     return seen
 
 
@@ -104,6 +102,6 @@ def test_fp8_decode_graphs_with_the_norm_in_the_fp8_gemv(tmp_path, batch, monkey
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_moe_decode_graphs_with_the_norm_in_the_router(tmp_path, batch, monkeypatch):
+def test_moe_decode_graphs_with_the_norm_in_qkv(tmp_path, batch, monkeypatch):
     path = make_checkpoint(tmp_path / "moe", "qwen3_moe", **MOE)
-    _on_off(path, batch, monkeypatch, {"gemv", "moe_router_route_norm"})
+    _on_off(path, batch, monkeypatch, {"gemv"})

@@ -1,8 +1,8 @@
-"""The decoder's wiring of KernelConfig.gemv_add_norm on the CPU: RMSNorm.add hands a PendingNorm to qkv,
-the dense gate_up or the MoE router, the GEMV computes the norm in its prologue and writes the new residual
+"""The decoder's wiring of KernelConfig.gemv_add_norm on the CPU: RMSNorm.add hands a PendingNorm to qkv or
+the dense gate_up (a MoE model's qkv too), the GEMV computes the norm in its prologue and writes the new residual
 out of place, and the next layer reads that residual. The CUDA kernels object (FlashInferKernels) needs
 FlashInfer; here TorchKernels takes the PendingNorm through the same Triton kernels under the interpreter
-(kernels/gemv.py, kernels/moe_route.py) at 1-2 token steps, and decode steps must give the logits of the
+(kernels/gemv.py) at 1-2 token steps, and decode steps must give the logits of the
 same model on TorchKernels (the unfused norms; tests/model_wrapper/test_forward_parity.py holds that to
 transformers), within fp32 rounding (the GEMV sums in another order than F.linear). The GPU test of the
 switch itself: test_add_norm_cuda.py."""
@@ -31,8 +31,7 @@ if not INTERPRET:  # on a GPU the model runs FlashInferKernels: test_add_norm_cu
 
 class InterpretedNormKernels(TorchKernels):
     """TorchKernels whose projections take a PendingNorm where the config's adds_norm says so, through the
-    Triton GEMV and router kernels (FlashInferKernels' dispatch of the fused path, without FlashInfer);
-    counts the fused launches."""
+    Triton GEMV (FlashInferKernels' dispatch of the fused path, without FlashInfer); counts the fused launches."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -40,9 +39,6 @@ class InterpretedNormKernels(TorchKernels):
 
     def gemv_takes_norm(self, x, weight, silu):
         return self.config.adds_norm(x.shape[0], "gate_up" if silu else "qkv")
-
-    def router_takes_norm(self, x, gate_weight):
-        return self.config.adds_norm(x.shape[0], "router")
 
     def linear(self, x, weight, bias=None):
         if isinstance(x, PendingNorm):
@@ -60,13 +56,6 @@ class InterpretedNormKernels(TorchKernels):
             return gemv(x.h, weight, bias, silu=True, add_norm=x.add_norm())
         return super().gate_up_silu(x, weight, bias)
 
-    def moe_router_norm(self, x, gate_weight, spec):
-        from model_wrapper.kernels.moe_route import moe_router_route_norm
-
-        self.fused += 1
-        return moe_router_route_norm(x.h, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
-                                     x.add_norm())
-
 
 def _steps(gen):
     """A prefill of two prompts (no fusion: 10 tokens), then decode steps of one and of two tokens."""
@@ -81,8 +70,10 @@ def _steps(gen):
     return out
 
 
-# fused launches a step: every norm but the first layer's input norm (no residual yet) and the final one
-@pytest.mark.parametrize("family,per_step", [("llama", 3), ("qwen2", 3), ("qwen3_moe", 5)])
+# fused launches a step: every norm but the first layer's input norm (no residual yet), the final one and,
+# in the MoE model (3 layers, the middle one dense), the sparse layers' post-attention norms (the router
+# takes finished rows)
+@pytest.mark.parametrize("family,per_step", [("llama", 3), ("qwen2", 3), ("qwen3_moe", 3)])
 def test_norms_inside_the_gemvs_give_the_unfused_models_logits(tmp_path, family, per_step):
     path = make_checkpoint(tmp_path / family, family)
     want = _steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
