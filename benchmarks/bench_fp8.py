@@ -22,10 +22,14 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
 Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
-its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's):
+its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's, and
+--bf16-variants bf16 rows):
 
     python3 benchmarks/bench_fp8.py --decode-only --batches 1,2,4 --configs bf16,fp8 \
         --fp8-variants '{"tile16k": {"fp8_gemv_tile": 16384}}' --out $OUT
+    python3 benchmarks/bench_fp8.py --decode-only --batches 1,2 --configs bf16,fp8 \
+        --fp8-variants '{"addnorm": {"gemv_add_norm": true}}' \
+        --bf16-variants '{"addnorm": {"gemv_add_norm": true}}' --out $OUT
 """
 
 from __future__ import annotations
@@ -195,6 +199,8 @@ def main():
     ap.add_argument("--configs", default="bf16,fp8,fp8+fp8kv", help="comma-separated decode rows: bf16, fp8, fp8+fp8kv")
     ap.add_argument("--fp8-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more FP8-weight decode rows ("fp8[name]")')
+    ap.add_argument("--bf16-variants", default=None,
+                    help='JSON {name: {KernelConfig field: value}}: more bf16 decode rows ("bf16[name]")')
     args = ap.parse_args()
     if args.decode_only:
         args.skip_accuracy = args.skip_engine = True
@@ -232,6 +238,9 @@ def main():
     variants = json.loads(args.fp8_variants) if args.fp8_variants else {}
     if variants:
         res["fp8_variants"] = variants
+    bf16_variants = json.loads(args.bf16_variants) if args.bf16_variants else {}
+    if bf16_variants:
+        res["bf16_variants"] = bf16_variants
     fp8_bytes = to_fp8(gen8, genr, args.kind)
     rest = other_bytes(genr)
     proj_bf16 = sum(p.numel() * p.element_size() for lin in genr.model_wrapper.lora_linears().values()
@@ -257,13 +266,16 @@ def main():
     caches = {"bf16": (genr, None, proj_bf16 + rest, kv_tok), "fp8": (gen8, None, fp8_bytes + rest, kv_tok),
               "fp8+fp8kv": (gen8, E4M3, fp8_bytes + rest, kv_tok // 2)}
     caches = {k: v for k, v in caches.items() if k in args.configs.split(",")}
+    for vname in bf16_variants:
+        caches[f"bf16[{vname}]"] = (genr, None, proj_bf16 + rest, kv_tok)
     for vname in variants:
         caches[f"fp8[{vname}]"] = (gen8, None, fp8_bytes + rest, kv_tok)
     decode = []
     for name, (gen, kvd, wbytes, kvb) in caches.items():
-        if gen is gen8:  # its variant's config, or the run's own
-            vname = name[4:-1] if name.startswith("fp8[") else None
-            gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **variants[vname]) if vname else base_cfg)
+        # its variant's config, or the run's own
+        vname = name[name.index("[") + 1:-1] if "[" in name else None
+        table = variants if gen is gen8 else bf16_variants
+        gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **table[vname]) if vname else base_cfg)
         kv = gen.allocate_kv_cache(num_blocks, bs) if kvd is None else gen.allocate_kv_cache(num_blocks, bs, dtype=kvd)
         for B in batches:
             t = timed(decode_step(gen, kv, bs, B, ctx, perm), iters=iters, warmup=3, device=dev, repeats=3)
@@ -277,6 +289,7 @@ def main():
             d["speedup_vs_bf16"] = base["step_ms"] / d["step_ms"]
     res["decode"] = decode
     gen8.model_wrapper.set_kernel_config(base_cfg)
+    genr.model_wrapper.set_kernel_config(base_cfg)
     if args.decode_only:
         return save(res, args)
 

@@ -57,7 +57,7 @@ from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
 # session 33's switches off: session 32's defaults
 S32 = dataclasses.replace(KernelConfig(), rope_store_qk_norm=False, moe_fused_router=False,
-                          decode_attention_pdl_max_batch=0)
+                          decode_attention_pdl_max_batch=0, gemv_add_norm=False)
 # the MoE path before the decode path and the fused align: torch's routing ops and sort, grouped GEMMs at every size
 OLD_MOE = dataclasses.replace(S32, moe_decode_pairs=0, moe_fused_align=False, moe_fused_route=False)
 # session 31's defaults: the sort-free decode path's K-looped kernels (moe_decode.py) after torch's routing ops
@@ -75,6 +75,9 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
             "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=1 << 20),
             "attn-nopdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=0),
+            # the residual add + RMSNorm inside the qkv GEMV at 1 token (session 34; off by default)
+            "addnorm-qkv": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
+            "noaddnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
 
 QWEN3_30B_A3B = dict(

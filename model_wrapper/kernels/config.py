@@ -32,6 +32,17 @@ class KernelConfig:
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
     norm_max_tokens: int = 64
+    # at steps of 1..gemv_add_norm_max_tokens tokens, the residual add + RMSNorm inside the prologue of the
+    # GEMV that consumes the normalized rows (kernels/gemv.py, fp8_gemv.py), for the consumers switched on
+    # below: one kernel fewer at each such norm; False: the add_rms_norm kernel, then the GEMV (the A/B arm).
+    # Every program of the GEMV recomputes the norm from h and the residual after its PDL wait (H100,
+    # bench_fp8.py at batch 1, two runs, benchmarks/RESULTS.md session 34: 8B bf16 5.32-5.39 -> 5.24-5.26 ms,
+    # FP8 3.39-3.41 -> 3.35)
+    gemv_add_norm: bool = True
+    gemv_add_norm_max_tokens: int = 1  # at 2 tokens each program normalizes two rows: 8B gate_up +13-26%
+    # qkv after the input norm: off (8B bf16 even, FP8 -0.6% beside gate_up's; Qwen3-30B-A3B +2-3%)
+    gemv_add_norm_qkv: bool = False
+    gemv_add_norm_gate_up: bool = True  # a dense MLP's gate_up after the post-attention norm
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
@@ -170,6 +181,12 @@ class KernelConfig:
     # static per-token slots and slot groups); off: such steps run eagerly (H100, session 33: within the
     # bf16 bound of peft's fp32 logits with folded / unfolded A stacks, fused epilogues or expand kernels)
     mixed_lora_graphs: bool = True
+
+    def adds_norm(self, tokens: int, consumer: str) -> bool:
+        """Whether a step of `tokens` tokens runs the residual add + RMSNorm inside the GEMV of `consumer`
+        ("qkv" or "gate_up"): gemv_add_norm, its token bound and the consumer's switch."""
+        return self.gemv_add_norm and 0 < tokens <= self.gemv_add_norm_max_tokens and getattr(
+            self, f"gemv_add_norm_{consumer}")
 
     def __post_init__(self):
         if self.fp8_kv_decode not in FP8_KV_DECODE:

@@ -17,6 +17,10 @@ four projections at 1 token 85.0 us against 87.5 (floor 75.0), at 2 tokens 124.6
 e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f32). Moving the
 bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
 f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
+
+add_norm: the residual add + RMSNorm before the projection in the prologue, as kernels/gemv.py
+does it (every program normalizes the rows from h and the residual, program 0 writes h + residual
+out of place); the sum of squares runs over the [chunks, CH] layout of x here.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.norm import add_rms_norm_row
 
 
 @triton.jit
@@ -48,9 +53,10 @@ def _row_dots(w, x, s, PER_GROUP: tl.constexpr):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, stride_s, stride_o,
-                     K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_s,
+                     stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
+                     NCH: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
     # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
     # Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate rows [0, N), up
@@ -86,12 +92,18 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, N, stride_x, stride_w, s
         b = tl.load(b_ptr + safe).to(tl.float32)
         if SILU:
             bu = tl.load(b_ptr + N + safe).to(tl.float32)
+    if NORM:  # x is h; the operand is nw * RMSNorm(h + r) (module docstring)
+        nw = tl.load(nw_ptr + cols, mask=ch_ok[:, None], other=0.0)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
     dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
-        x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
+        if NORM:
+            x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
+                                 tl.program_id(0) == 0, False).to(tl.float32)[:, None, :]
+        else:
+            x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
         acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b
@@ -126,8 +138,11 @@ def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEF
     return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // per_row) + 1) // 2
 
 
-def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2]) in x's dtype."""
+def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT,
+             add_norm: tuple | None = None) -> torch.Tensor:
+    """x [M, K] (M <= a few tokens, unit column stride) -> [M, N] (silu: [M, N // 2]) in x's dtype.
+    add_norm (residual [M, K], norm_weight [K], eps, residual_out [M, K]) as kernels/gemv.gemv's:
+    the product is of norm_weight * RMSNorm(x + residual), x + residual goes to residual_out."""
     M, K = x.shape
     N = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
@@ -137,9 +152,10 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
     nch = triton.next_power_of_2(K // ch)
     block_n = gemv_block_n(M, K, group, silu, cfg)
     pdl = uses_pdl(x.device, cfg)
+    r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
     _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, weight_scale, x if bias is None else bias, out, N, x.stride(0), weight.stride(0),
-        weight_scale.stride(0), out.stride(0), K=K, GROUP=min(group, K), CH=ch, NCH=nch, M=M, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_gemv_warps,
-        **launch_args(pdl))
+        x, weight, weight_scale, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
+        weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), CH=ch,
+        NCH=nch, M=M, BLOCK_N=block_n, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None, PDL=pdl,
+        num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
     return out

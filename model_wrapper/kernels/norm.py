@@ -15,6 +15,29 @@ from model_wrapper.kernels.config import KernelConfig
 
 
 @triton.jit
+def add_rms_norm_row(x_row, r_row, out_row, w, cols, n, eps, store, FLAT: tl.constexpr):
+    """One row's weight * RMSNorm(x + r) in x's dtype (fp32 statistics, the reference's roundings:
+    the residual stream x + r rounded to the dtype first), with x + r stored to out_row where
+    `store` (a scalar). cols: the row's column offsets, [BLOCK] (FLAT) or [chunks, CH] (the FP8
+    GEMV's layout; the sum of squares then runs over both axes); w: the norm weight at cols.
+    Shared by the standalone kernel below and the GEMVs' fused prologues (kernels/gemv.py,
+    kernels/fp8_gemv.py): the same arithmetic in every one."""
+    m = cols < n
+    dtype = x_row.dtype.element_ty
+    x = tl.load(x_row + cols, mask=m, other=0.0)
+    r = tl.load(r_row + cols, mask=m, other=0.0)
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the residual stream, rounded as in the reference
+    tl.store(out_row + cols, s, mask=m & store)
+    sf = s.to(tl.float32)
+    if FLAT:
+        ss = tl.sum(sf * sf, axis=0)
+    else:
+        ss = tl.sum(tl.sum(sf * sf, axis=1), axis=0)
+    h = (sf * (1.0 / tl.sqrt(ss / n + eps))).to(dtype)
+    return (w.to(tl.float32) * h.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, n, stride_x, stride_r, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -23,16 +46,10 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, n, stride_x, stride_r, eps, BLOCK:
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete
-    dtype = x_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
-    r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
-    s = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # the residual stream, rounded as in the reference
-    tl.store(r_ptr + row * stride_r + cols, s, mask=m)
-    sf = s.to(tl.float32)
-    h = (sf * (1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps))).to(dtype)
-    tl.store(x_ptr + row * stride_x + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=m)
-
-
+    r_row = r_ptr + row * stride_r
+    # in place: this program alone reads and writes its row
+    y = add_rms_norm_row(x_ptr + row * stride_x, r_row, r_row, w, cols, n, eps, True, True)
+    tl.store(x_ptr + row * stride_x + cols, y, mask=m)
 
 
 def add_rms_norm_fits(x: torch.Tensor, residual: torch.Tensor, cfg: KernelConfig = DEFAULT) -> bool:

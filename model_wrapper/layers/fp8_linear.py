@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_wrapper.layers.norm import PendingNorm
+
 E4M3 = torch.float8_e4m3fn
 
 
@@ -64,7 +66,11 @@ class Fp8Method:
                               if self.static else None)
 
     def apply(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
-        """x [T, in] (model dtype) -> x @ W^T (+ bias) [T, out] in x's dtype."""
+        """x [T, in] (model dtype) -> x @ W^T (+ bias) [T, out] in x's dtype. x a PendingNorm
+        (takes_norm): the GEMV with the add + RMSNorm in its prologue."""
+        if isinstance(x, PendingNorm):
+            return _kernels(x.h).fp8_gemv(x.h, linear.weight, linear.weight_scale, self.group, bias,
+                                         cfg=kernels.config, add_norm=x.add_norm())
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
@@ -72,12 +78,25 @@ class Fp8Method:
         return F.linear(x, self.dequantized(linear, x.dtype), bias)
 
     def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
-        """x [T, in] -> silu(gate) * up [T, out // 2] of the [gate | up] rows."""
+        """x [T, in] -> silu(gate) * up [T, out // 2] of the [gate | up] rows (x a PendingNorm: as apply)."""
+        if isinstance(x, PendingNorm):
+            return _kernels(x.h).fp8_gemv(x.h, linear.weight, linear.weight_scale, self.group, bias, silu=True,
+                                         cfg=kernels.config, add_norm=x.add_norm())
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_gate_up_silu(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
                                         kernels.config, self.block_scale(linear))
         return kernels.silu_mul(F.linear(x, self.dequantized(linear, x.dtype), bias))
+
+    def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool:
+        """Whether apply / apply_silu take a PendingNorm for rows like x: config.adds_norm (qkv; silu:
+        gate_up) where the step runs the weight-only GEMV (kernels/fp8.fp8_path "gemv"), x with unit
+        column stride."""
+        cfg = kernels.config
+        if x.dim() != 2 or x.stride(-1) != 1 or not cfg.adds_norm(x.shape[0], "gate_up" if silu else "qkv"):
+            return False
+        fp8 = _kernels(x)
+        return fp8 is not None and fp8.fp8_path(x, linear.weight, linear.weight_scale, self.group, cfg, silu) == "gemv"
 
     def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
         """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.layers.moe import dequantize_experts, experts_reference, route
+from model_wrapper.layers.norm import PendingNorm
 from model_wrapper.layers.norm import rms_norm as _rms_norm_ref
 
 
@@ -39,6 +40,10 @@ class TorchKernels:
         """x [T, K] -> silu(gate) * up of x @ gate_up^T (+ bias), [T, n]: the MLP's first half
         without LoRA (weight [2n, K], gate rows first)."""
         return self.silu_mul(self.linear(x, weight, bias))
+
+    def gemv_takes_norm(self, x: torch.Tensor, weight: torch.Tensor, silu: bool) -> bool:
+        """Whether linear(x) (silu: gate_up_silu) takes a layers/norm.PendingNorm for rows like x: never here."""
+        return False
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x [..., d] -> weight * x / rms(x), statistics in fp32, result in x's dtype."""
@@ -121,7 +126,10 @@ class FlashInferKernels(TorchKernels):
     def linear(self, x, weight, bias=None):
         """Steps of one or two tokens: Triton's GEMV, which reads the weights while the kernel
         before it drains (kernels/gemv.py); of 3-64 tokens on Hopper: Triton's skinny
-        tensor-core GEMM (kernels/gemm.py); otherwise cuBLAS."""
+        tensor-core GEMM (kernels/gemm.py); otherwise cuBLAS. x a PendingNorm (gemv_takes_norm):
+        the GEMV with the add + RMSNorm in its prologue."""
+        if isinstance(x, PendingNorm):
+            return self._triton.gemv(x.h, weight, bias, cfg=self.config, add_norm=x.add_norm())
         if self._triton is not None:
             cfg = self.config
             if self._triton.gemv_fits(x, weight, cfg):
@@ -132,8 +140,11 @@ class FlashInferKernels(TorchKernels):
 
     def gate_up_silu(self, x, weight, bias=None):
         """Where the GEMV or the skinny GEMM takes the step, one kernel: silu(gate) * up in its
-        epilogue, each product rounded first as in the unfused pair; otherwise GEMM, then silu_mul."""
+        epilogue, each product rounded first as in the unfused pair; otherwise GEMM, then silu_mul.
+        x a PendingNorm (gemv_takes_norm): the GEMV with the add + RMSNorm in its prologue too."""
         t = self._triton
+        if isinstance(x, PendingNorm):
+            return t.gemv(x.h, weight, bias, silu=True, cfg=self.config, add_norm=x.add_norm())
         if t is not None:
             cfg = self.config
             if t.gemv_fits(x, weight, cfg) and x.shape[1] <= cfg.gemv_max_k // 2:  # holds a gate and an up row
@@ -143,6 +154,13 @@ class FlashInferKernels(TorchKernels):
             if t.wide_silu_fits(x, weight, cfg):
                 return t.wide_gate_up_silu(x, weight, bias)
         return super().gate_up_silu(x, weight, bias)
+
+    def gemv_takes_norm(self, x, weight, silu):
+        """config.adds_norm (qkv; silu: gate_up) where the GEMV takes x (kernels/gemv.py; gate_up: a gate
+        and an up row a program)."""
+        cfg = self.config
+        return (cfg.adds_norm(x.shape[0], "gate_up" if silu else "qkv") and self._triton is not None
+                and self._triton.gemv_fits(x, weight, cfg) and (not silu or x.shape[1] <= cfg.gemv_max_k // 2))
 
     def rms_norm(self, x, weight, eps):
         if x.dim() == 2:

@@ -15,6 +15,8 @@ How the weight is stored and multiplied is the linear's `method` (vLLM's quant_m
     method.create_weights(linear, in_features, out_features)  registers linear.weight (and any scales)
     method.apply(linear, x, bias, kernels)                    -> x @ W^T (+ bias)   [T, out_features]
     method.apply_silu(linear, x, bias, kernels)               -> silu(gate) * up    [T, out_features // 2]
+    method.takes_norm(linear, x, kernels, silu)               whether apply / apply_silu take a
+                                                              layers/norm.PendingNorm for rows like x
 
 UnquantizedMethod (a [out, in] weight in the model's dtype) is the only one today; the choice among
 GEMV, skinny GEMM and cuBLAS stays inside kernels.linear / kernels.gate_up_silu.
@@ -48,6 +50,8 @@ class LinearMethod(Protocol):
 
     def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor: ...
 
+    def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool: ...
+
 
 class UnquantizedMethod:
     """A plain weight [out_features, in_features] in the model's dtype (the loader casts it)."""
@@ -65,6 +69,10 @@ class UnquantizedMethod:
         """x [T, in] -> silu(gate) * up [T, out // 2] of the [gate | up] rows of x @ W^T (+ bias)."""
         return kernels.gate_up_silu(x, linear.weight, bias)
 
+    def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool:
+        """Whether kernels.linear / gate_up_silu take a PendingNorm for rows like x [T, in]."""
+        return kernels.gemv_takes_norm(x, linear.weight, silu)
+
 
 UNQUANTIZED = UnquantizedMethod()
 
@@ -77,6 +85,7 @@ class Linear(nn.Module):
     """
 
     reduces = False  # whether project() gives partial sums that reduce() completes (row-parallel under TP)
+    silu_product = False  # whether the layer's call is silu(gate) * up of its product (GateUpLinear)
 
     def __init__(self, in_features: int, out_features: int, bias: bool, method: LinearMethod = UNQUANTIZED):
         super().__init__()
@@ -87,6 +96,11 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor, batch, kernels, fuse_tail: bool = False):
         """x [T, in] -> (y [T, out], None): a plain linear leaves no tail (batch, fuse_tail unused)."""
         return self.reduce(self.project(x, kernels)), None
+
+    def takes_norm(self, x: torch.Tensor, kernels) -> bool:
+        """Whether this projection's kernel takes the norm before it (a layers/norm.PendingNorm in
+        place of x) at rows like x [T, in]: its method's GEMV at this step size, config.gemv_add_norm."""
+        return self.method.takes_norm(self, x, kernels, self.silu_product)
 
     def project(self, x: torch.Tensor, kernels) -> torch.Tensor:
         """x [T, in] -> this rank's product [T, out]: here the whole x @ W^T + b."""
@@ -103,6 +117,8 @@ class Linear(nn.Module):
 class GateUpLinear(Linear):
     """The MLP's first half: rows [gate | up] (column-parallel: this rank's gate rows, then its up
     rows), whose product the MLP wants as silu(gate) * up."""
+
+    silu_product = True
 
     def silu(self, x: torch.Tensor, batch, kernels, scale=None) -> torch.Tensor:
         """x [T, in] -> silu(gate) * up [T, out // 2], fused into the GEMM's epilogue where the

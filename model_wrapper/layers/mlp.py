@@ -29,8 +29,15 @@ class DenseMLP(nn.Module):
         self.gate_up_proj = GateUpLinear(cfg.hidden_size, 2 * inter, bias=cfg.mlp_bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=cfg.mlp_bias, tp=tp)
 
+    def takes_norm(self, h: torch.Tensor, kernels) -> bool:
+        """Whether gate_up's kernel takes the norm before it (layers/norm.PendingNorm) for input rows h
+        (False for a wrapper of it without the call: LoRA)."""
+        takes = getattr(self.gate_up_proj, "takes_norm", None)
+        return takes is not None and takes(h, kernels)
+
     def forward(self, x: torch.Tensor, batch, kernels, scale=None, fuse_tail: bool = False):
-        """x [T, hidden] -> (y [T, hidden], down's tail for the next norm or None).
+        """x [T, hidden] (or a PendingNorm, where takes_norm said so) -> (y [T, hidden], down's tail
+        for the next norm or None).
 
         scale: the norm before took a tail and left x's rows undivided; gate_up's SiLU-and-mul
         divides them. fuse_tail: the next norm can take down's tail."""

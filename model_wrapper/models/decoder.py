@@ -88,14 +88,15 @@ class DecoderLayer(nn.Module):
     def forward(self, h, residual, rope, batch, kv, backend, kernels, tail=None, norm_tails: bool = False,
                 last: bool = False):
         """Pre-norm residual block in (output, residual) form so that the residual add and the
-        next norm fuse into one kernel: h_out + residual_out (+ the returned tail) is the block's
+        next norm fuse into one kernel (or into the prologue of the GEMV after it: qkv, the MLP's
+        first, RMSNorm.add's `into`): h_out + residual_out (+ the returned tail) is the block's
         true output. -> (h_out, residual_out, the down projection's tail for the next norm or None).
 
         tail: the previous block's (h lacks it). norm_tails: this step's norms may take the o and
         down tails (CausalLM.forward), except after the last block's down."""
-        x, residual, scale = self.input_layernorm.add(h, residual, kernels, tail)
+        x, residual, scale = self.input_layernorm.add(h, residual, kernels, tail, into=self.self_attn.qkv_proj)
         h, tail = self.self_attn(x, rope, batch, kv, backend, kernels, scale, norm_tails)
-        x, residual, scale = self.post_attention_layernorm.add(h, residual, kernels, tail)
+        x, residual, scale = self.post_attention_layernorm.add(h, residual, kernels, tail, into=self.mlp)
         h, tail = self.mlp(x, batch, kernels, scale, norm_tails and not last)
         return h, residual, tail
 
