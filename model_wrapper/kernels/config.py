@@ -78,6 +78,9 @@ class KernelConfig:
     # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
+    # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
+    # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
+    moe_gemv_loads_first: bool = True
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

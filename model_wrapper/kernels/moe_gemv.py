@@ -17,6 +17,14 @@ where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels l
              route kernel, complete before any gate_up program passed its wait), so its weights stream in
              while gate_up drains; then waits and reads act.
 
+Loads first (KernelConfig.moe_gemv_loads_first, bf16 gate_up on a GPU): the tile's loads come after
+gate_up's PDL wait (they need ids), and there ptxas interleaves them with the products to save registers:
+in the sm90 SASS each thread had one or two of its eight 16-byte loads in flight (37 registers), where
+the down kernel, whose loads precede its wait, issues all of them first. A CTA-scope fence after the
+loads (placed before the products; it costs a wait for the CTA's loads, which the products need anyway)
+makes ptxas issue all eight first (63 registers). The FP8 tiles are issued first without it (their
+scales' loads, inside the dequantization, would land behind the fence).
+
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in
 fp32, one final rounding. FP8 (e4m3, float32 scales per row and 128 columns) tiles are dequantized to the
@@ -35,9 +43,15 @@ from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
 
 
 @triton.jit
+def _loads_fence():
+    """A CTA-scope fence: ptxas issues every load before it ahead of it (see LOADS_FIRST)."""
+    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
-                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -54,6 +68,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
     wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
+    if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
+        _loads_fence()
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     acc_g = tl.sum(_dequant(wg, gate_s, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
     acc_u = tl.sum(_dequant(wu, gate_s + N * stride_sn, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
@@ -129,7 +145,8 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
-        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl, num_warps=cfg.moe_gemv_warps,
+        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, num_warps=cfg.moe_gemv_warps,
         **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](

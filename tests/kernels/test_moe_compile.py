@@ -23,7 +23,8 @@ from sm90_compile import ROOT, run_child
 
 
 def _compile_all() -> dict:
-    """-> {kernel case: stack bytes}, compiling every case (run in a process without TRITON_INTERPRET)."""
+    """-> {"stacks": {kernel case: stack bytes}, "loads": {gate_up GEMV case: [16-byte loads before the first
+    FMA, all of them]}}, compiling every case (run in a process without TRITON_INTERPRET)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -33,7 +34,7 @@ def _compile_all() -> dict:
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     cfg = KernelConfig()
-    stacks = {}
+    stacks, loads = {}, {}
 
     def build(name, fn, pointers, constexprs, num_warps, num_stages):
         sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
@@ -47,7 +48,12 @@ def _compile_all() -> dict:
             f.flush()
             usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
-        stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+            stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+            if name.startswith("gemv gate_up"):  # 16-byte loads issued before the first product
+                sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
+                                      text=True, check=True).stdout
+                first = sass.find("FFMA")
+                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128")]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
@@ -67,7 +73,8 @@ def _compile_all() -> dict:
         block_n_down = cfg.moe_gemv_down_tile * wide // (8 * 1024)
         build(f"gemv gate_up {dt}", moe_gemv._gate_up_gemv_kernel,
               dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
-              dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True), *gemv_launch)
+              dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
+                   LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8), *gemv_launch)
         build(f"gemv down {dt}", moe_gemv._down_gemv_kernel,
               dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
               dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True), *gemv_launch)
@@ -93,17 +100,26 @@ def _compile_all() -> dict:
           dict(EP=128, CHUNK=cfg.moe_align_chunk, CHUNK_TILE=32, BLOCK_TILE=64, BLOCK_M=cfg.moe_block_m, PDL=True), 4, 3)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
-    return stacks
+    return dict(stacks=stacks, loads=loads)
 
 
 @pytest.fixture(scope="module")
-def stacks():
+def built():
     return run_child(__file__, "cuobjdump")
 
 
-def test_every_moe_kernel_compiles_for_sm90_without_spills(stacks):
+def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
+    stacks = built["stacks"]
     assert len(stacks) == 22
     assert {name: s for name, s in stacks.items() if s} == {}
+
+
+def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):
+    """The register-tile gate_up GEMV (bf16 with KernelConfig.moe_gemv_loads_first, FP8 as it is) has every
+    16-byte load of its tile (and x's) in flight before its first FMA: without the fence ptxas interleaves the
+    bf16 loads with the products."""
+    for name, (before, total) in built["loads"].items():
+        assert total >= 9 and before == total, (name, before, total)
 
 
 if __name__ == "__main__":
