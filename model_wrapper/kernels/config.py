@@ -81,6 +81,9 @@ class KernelConfig:
     # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
     # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
     moe_gemv_loads_first: bool = True
+    # both GEMVs: the first 1 / moe_gemv_prefetch of a pair's (gate_up) or token's (down) blocks, the first to run,
+    # prefetch the other blocks' rows into L2 (prefetch.global.L2), so that later waves find them there; 0 / 1: none
+    moe_gemv_prefetch: int = 0
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

@@ -49,9 +49,21 @@ def _loads_fence():
 
 
 @triton.jit
+def _prefetch_rows(rows, row_ok, K, base, LINE: tl.constexpr, LINES: tl.constexpr):
+    """Into L2: rows [R] (pointers to row starts) of K elements, LINE elements to a 128-byte line; masked rows
+    and lines past K prefetch base instead (a valid address; prefetch.global.L2 is only a hint)."""
+    ln = tl.arange(0, LINES)
+    ok = row_ok[:, None] & (ln * LINE < K)[None, :]
+    addr = tl.where(ok, rows[:, None] + ln[None, :] * LINE, base)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [addr.to(tl.int64)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
-                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr):
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
+                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -70,6 +82,16 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
         _loads_fence()
+    if WAYS > 1:  # the first 1 / WAYS of the column blocks prefetch the rest of their expert's rows into L2
+        nb = tl.program_id(1)
+        share = tl.cdiv(tl.num_programs(1), WAYS)
+        if nb < share:
+            for j in tl.static_range(1, WAYS):
+                rows_j = offs_n + j * share * BLOCK_N
+                ok_j = rows_j < N
+                ptr_j = w_ptr + e * stride_we + rows_j.to(tl.int64) * stride_wn
+                _prefetch_rows(ptr_j, ok_j, K, w_ptr, LINE, LINES)
+                _prefetch_rows(ptr_j + N * stride_wn, ok_j, K, w_ptr, LINE, LINES)
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     acc_g = tl.sum(_dequant(wg, gate_s, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
     acc_u = tl.sum(_dequant(wu, gate_s + N * stride_sn, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
@@ -82,7 +104,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 @triton.jit
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
-                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -103,6 +126,13 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
+    if WAYS > 1:  # the first 1 / WAYS of the row blocks prefetch the rest of the token's experts' rows into L2
+        share = tl.cdiv(tl.num_programs(1), WAYS)
+        if tl.program_id(1) < share:
+            for j in tl.static_range(1, WAYS):
+                rn_j = rn + j * share * BLOCK_N
+                _prefetch_rows(w_rows + j * share * BLOCK_N * stride_wn, (rj < TOP_K) & (rn_j < N), K, w_ptr, LINE,
+                               LINES)
     w = _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
@@ -142,17 +172,20 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
+    # L2 prefetch (a GPU instruction: not under the interpreter): 128-byte lines of LINE weights
+    ways = cfg.moe_gemv_prefetch if x.is_cuda else 0
+    line = 128 // gate_up.element_size()
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
-        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, num_warps=cfg.moe_gemv_warps,
-        **launch_args(pdl))
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, WAYS=ways, LINE=line,
+        LINES=triton.next_power_of_2(triton.cdiv(H, line)), num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
-        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl,
-        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, WAYS=ways, LINE=line,
+        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

@@ -71,13 +71,18 @@ def _compile_all() -> dict:
         gemv_launch = (cfg.moe_gemv_warps, 1)
         block_n = cfg.moe_gemv_tile * wide // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
         block_n_down = cfg.moe_gemv_down_tile * wide // (8 * 1024)
-        build(f"gemv gate_up {dt}", moe_gemv._gate_up_gemv_kernel,
-              dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
-              dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
-                   LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8), *gemv_launch)
-        build(f"gemv down {dt}", moe_gemv._down_gemv_kernel,
-              dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
-              dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True), *gemv_launch)
+        line = 128 // (1 if fp8 else 2)  # weights a 128-byte line (L2 prefetch)
+        for ways in sorted({cfg.moe_gemv_prefetch, 4}):  # the default and the prefetching variant
+            case = "" if ways == cfg.moe_gemv_prefetch else f" prefetch {ways}"
+            build(f"gemv gate_up {dt}{case}", moe_gemv._gate_up_gemv_kernel,
+                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
+                  dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
+                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, WAYS=ways, LINE=line, LINES=2048 // line),
+                  *gemv_launch)
+            build(f"gemv down {dt}{case}", moe_gemv._down_gemv_kernel,
+                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, WAYS=ways,
+                       LINE=line, LINES=1024 // line), *gemv_launch)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -110,7 +115,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 22
+    assert len(stacks) == 26
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

@@ -177,6 +177,9 @@ DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 2
 CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "decode-loop": dataclasses.replace(DECODE_CUDA, moe_decode_gemv=False),
               "decode-no-pdl": dataclasses.replace(DECODE_CUDA, pdl=False),
+              # the register-tile GEMVs' launch switches: L2 prefetch by the first blocks, ptxas's own load order
+              "decode-prefetch": dataclasses.replace(DECODE_CUDA, moe_gemv_prefetch=4),
+              "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -195,7 +198,7 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
@@ -208,7 +211,7 @@ def test_fp8_experts_match_reference_cuda(path, T):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-loop", "sorted"])
 def test_graph_replay_follows_new_routing(path):
     """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
     copied into the captured buffers) give what eager calls give: nothing depends on the host."""
@@ -228,7 +231,8 @@ def test_graph_replay_follows_new_routing(path):
 @pytest.mark.cuda
 @on_cuda_skip
 @pytest.mark.parametrize("T", [1, 4, 8, 32])
-def test_router_routing_experts_chain_in_a_graph_cuda(T):
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_router_routing_experts_chain_in_a_graph_cuda(T, prefetch):
     """The sparse layer's chain as SparseMoE runs it on CUDA (router GEMV, routing kernel, experts, all with
     PDL: the decode path's down kernel reads ids and weights before its wait) captured in one graph at
     Qwen3-30B-A3B's shape and replayed on new inputs: bit for bit the chain without PDL, run eagerly."""
@@ -247,7 +251,7 @@ def test_router_routing_experts_chain_in_a_graph_cuda(T):
         w, ids = moe_route(logits, k, True, False, cfg)
         return fused_moe(x, w, ids, gate_up, down, cfg)
 
-    cfg = KernelConfig()
+    cfg = KernelConfig(moe_gemv_prefetch=prefetch)
     chain(x, cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
