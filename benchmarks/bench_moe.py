@@ -17,8 +17,12 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          nopdl     new with no programmatic dependent launch (KernelConfig.pdl off): what PDL hides
          attn-pdl, attn-nopdl  new with the graphs' decode attention launched with PDL at every batch / at none
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
+         lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
+         pf2, pf4  new with the MoE GEMVs' L2 prefetch (KernelConfig.moe_gemv_prefetch 2 / 4 ways)
+         fmerge    new with the split decode attention merged by its last split (decode_attention_fused_merge)
+         combo     pf4 and fmerge together
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
-                   (quantized here from the random bf16 ones; the rest of the model stays bf16)
+                   (quantized here from the random bf16 ones; the rest of the model stays bf16); pf4-fp8 with pf4
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -75,7 +79,15 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
             "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=1 << 20),
             "attn-nopdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=0),
-            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
+            # session 34's switches: the gate_up GEMV's loads in ptxas's order, L2 prefetch in both GEMVs, the
+            # decode attention's split merge in its own kernel's last split, and the last two together
+            "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
+            "pf2": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=2),
+            "pf4": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
+            "fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
+            "combo": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4, decode_attention_fused_merge=True),
+            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            "pf4-fp8": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
