@@ -22,7 +22,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          fmerge    new with the split decode attention merged by its last split (decode_attention_fused_merge)
          combo     pf4 and fmerge together
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
-                   (quantized here from the random bf16 ones; the rest of the model stays bf16); pf4-fp8 with pf4
+                   (quantized here from the random bf16 ones; the rest of the model stays bf16); pf4-fp8 with pf4,
+                   pk-fp8 the dequantized weights rounded two at a time (KernelConfig.moe_fp8_packed_round), t1-fp8
+                   the FP8 GEMV tiles at the bf16 tiles' weight count (moe_fp8_gemv_tile_mult 1), t1pk-fp8 both
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -87,7 +89,10 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
             "combo": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4, decode_attention_fused_merge=True),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
-            "pf4-fp8": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4)}
+            "pf4-fp8": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
+            "pk-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=True),
+            "t1-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile_mult=1),
+            "t1pk-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile_mult=1, moe_fp8_packed_round=True)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

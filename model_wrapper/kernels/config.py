@@ -84,6 +84,12 @@ class KernelConfig:
     # both GEMVs: the first 1 / moe_gemv_prefetch of a pair's (gate_up) or token's (down) blocks, the first to run,
     # prefetch the other blocks' rows into L2 (prefetch.global.L2), so that later waves find them there; 0 / 1: none
     moe_gemv_prefetch: int = 0
+    # FP8 experts in those GEMVs: each dequantized weight's rounding to the model dtype two at a time (cvt.rn.bf16x2.f32)
+    # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
+    moe_fp8_packed_round: bool = False
+    # FP8 experts' GEMV tiles: this many times moe_gemv_tile / moe_gemv_down_tile weights (2: the bf16 tiles' bytes;
+    # sm90 registers a thread at 2: gate_up 75, down 161 (one 8-warp program a SM); at 1: 48 and 99)
+    moe_fp8_gemv_tile_mult: int = 2
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

@@ -60,10 +60,33 @@ def _prefetch_rows(rows, row_ok, K, base, LINE: tl.constexpr, LINES: tl.constexp
 
 
 @triton.jit
+def _round_bf16x2(v):
+    """fp32 -> bf16, round to nearest even, two values an instruction (cvt.rn.bf16x2.f32; Triton's own conversion
+    is one value an instruction, F2F on sm90)."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [v], dtype=tl.bfloat16, is_pure=True,
+                                     pack=2)
+
+
+@triton.jit
+def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, KP: tl.constexpr, dtype: tl.constexpr,
+                  PACKED: tl.constexpr):
+    """moe_decode._dequant of a whole-row tile (columns 0..KP); PACKED (FP8 experts, bf16 model, on a GPU): the
+    rounding to bf16 two values an instruction (_round_bf16x2), the same values."""
+    if FP8 and PACKED and KP > GROUP:
+        R: tl.constexpr = w.shape[0]
+        NG: tl.constexpr = KP // GROUP
+        g = tl.arange(0, NG)
+        s = tl.load(s_rows[:, None] + g[None, :], mask=row_ok[:, None] & (g * GROUP < K)[None, :], other=0.0)
+        v = tl.reshape(w.to(tl.float32), (R, NG, GROUP)) * s[:, :, None]
+        return tl.reshape(_round_bf16x2(v), (R, KP)).to(tl.float32)
+    return _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
+                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -93,8 +116,9 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
                 _prefetch_rows(ptr_j, ok_j, K, w_ptr, LINE, LINES)
                 _prefetch_rows(ptr_j + N * stride_wn, ok_j, K, w_ptr, LINE, LINES)
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
-    acc_g = tl.sum(_dequant(wg, gate_s, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
-    acc_u = tl.sum(_dequant(wu, gate_s + N * stride_sn, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
+    acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
+    acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
+                   axis=1)
     g = acc_g.to(dtype).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype)
     out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
@@ -105,7 +129,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr):
+                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -133,7 +157,7 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
                 rn_j = rn + j * share * BLOCK_N
                 _prefetch_rows(w_rows + j * share * BLOCK_N * stride_wn, (rj < TOP_K) & (rn_j < N), K, w_ptr, LINE,
                                LINES)
-    w = _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
+    w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
         gdc_launch_dependents()
@@ -165,8 +189,8 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    tile = cfg.moe_gemv_tile * (2 if fp8 else 1)  # FP8: the same bytes a program
-    down_tile = cfg.moe_gemv_down_tile * (2 if fp8 else 1)
+    mult = cfg.moe_fp8_gemv_tile_mult if fp8 else 1  # FP8 (2): the same bytes a program
+    tile, down_tile = cfg.moe_gemv_tile * mult, cfg.moe_gemv_down_tile * mult
     kp_h, kp_i = triton.next_power_of_2(H), triton.next_power_of_2(inter)
     slots = max(2, triton.next_power_of_2(k))
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each
@@ -174,18 +198,19 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     pdl = uses_pdl(x.device, cfg)
     # L2 prefetch (a GPU instruction: not under the interpreter): 128-byte lines of LINE weights
     ways = cfg.moe_gemv_prefetch if x.is_cuda else 0
+    packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     line = 128 // gate_up.element_size()
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
         LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(H, line)), num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        LINES=triton.next_power_of_2(triton.cdiv(H, line)), PACKED=packed, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), PACKED=packed, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

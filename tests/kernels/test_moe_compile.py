@@ -59,6 +59,7 @@ def _compile_all() -> dict:
         dt = "fp8" if fp8 else "bf16"
         weights = dict(w_ptr="*fp8e4nv" if fp8 else "*bf16", s_ptr="*fp32" if fp8 else "*bf16")
         wide = 2 if fp8 else 1  # FP8 decode tiles span twice the columns (moe_decode)
+        mult = cfg.moe_fp8_gemv_tile_mult if fp8 else 1
         launch = (cfg.moe_decode_warps, cfg.moe_decode_stages)
         build(f"decode gate_up {dt}", moe_decode._gate_up_kernel,
               dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
@@ -69,20 +70,25 @@ def _compile_all() -> dict:
               dict(TOP_K=8, KP=8, FP8=fp8, GROUP=128, BLOCK_N=cfg.moe_decode_down_block_n,
                    BLOCK_K=cfg.moe_decode_down_block_k * wide), *launch)
         gemv_launch = (cfg.moe_gemv_warps, 1)
-        block_n = cfg.moe_gemv_tile * wide // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
-        block_n_down = cfg.moe_gemv_down_tile * wide // (8 * 1024)
+        block_n = cfg.moe_gemv_tile * mult // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
+        block_n_down = cfg.moe_gemv_down_tile * mult // (8 * 1024)
         line = 128 // (1 if fp8 else 2)  # weights a 128-byte line (L2 prefetch)
-        for ways in sorted({cfg.moe_gemv_prefetch, 4}):  # the default and the prefetching variant
-            case = "" if ways == cfg.moe_gemv_prefetch else f" prefetch {ways}"
+        # the default, the prefetching variant, and for FP8 the packed rounding
+        variants = [(w, cfg.moe_fp8_packed_round) for w in sorted({cfg.moe_gemv_prefetch, 4})]
+        variants += [(cfg.moe_gemv_prefetch, not cfg.moe_fp8_packed_round)] if fp8 else []
+        for ways, packed in variants:
+            case = (f" prefetch {ways}" if ways != cfg.moe_gemv_prefetch else "") + (
+                " packed" if packed and fp8 else "")
             build(f"gemv gate_up {dt}{case}", moe_gemv._gate_up_gemv_kernel,
                   dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
                   dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
-                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, WAYS=ways, LINE=line, LINES=2048 // line),
+                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, WAYS=ways, LINE=line, LINES=2048 // line,
+                       PACKED=packed and fp8),
                   *gemv_launch)
             build(f"gemv down {dt}{case}", moe_gemv._down_gemv_kernel,
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, WAYS=ways,
-                       LINE=line, LINES=1024 // line), *gemv_launch)
+                       LINE=line, LINES=1024 // line, PACKED=packed and fp8), *gemv_launch)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -115,7 +121,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 26
+    assert len(stacks) == 28
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

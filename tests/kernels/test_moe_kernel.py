@@ -180,6 +180,9 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               # the register-tile GEMVs' launch switches: L2 prefetch by the first blocks, ptxas's own load order
               "decode-prefetch": dataclasses.replace(DECODE_CUDA, moe_gemv_prefetch=4),
               "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
+              # FP8 experts' switches (no effect on bf16 ones): the packed rounding, the tiles at bf16's weight count
+              "decode-packed": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=True),
+              "decode-t1": dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile_mult=1),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -198,7 +201,7 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-packed", "decode-t1", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
@@ -207,6 +210,19 @@ def test_fp8_experts_match_reference_cuda(path, T):
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, CUDA_PATHS[path], gate_up_scale=gs, down_scale=ds)
     _cuda_close(got, x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("T", [1, 3])
+def test_fp8_packed_rounding_is_the_same_values_cuda(T):
+    """The FP8 GEMVs' packed rounding of the dequantized weights (cvt.rn.bf16x2.f32, two at a time) rounds as
+    Triton's one-value conversion does: the same output bit for bit, at the Qwen3-30B-A3B expert shape."""
+    x, w, ids, gate_up, down = _case(T, 16, 8, 2048, 768, torch.bfloat16, "cuda")
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    plain = fused_moe(x, w, ids, gq, dq, CUDA_PATHS["decode"], gate_up_scale=gs, down_scale=ds)
+    packed = fused_moe(x, w, ids, gq, dq, CUDA_PATHS["decode-packed"], gate_up_scale=gs, down_scale=ds)
+    assert torch.equal(plain, packed)
 
 
 @pytest.mark.cuda
