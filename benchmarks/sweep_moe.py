@@ -161,13 +161,12 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 
 # session 34's switches of the register-tile decode path, A/B against new (--switches)
 SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "pf2": dict(moe_gemv_prefetch=2),
-            "pf4": dict(moe_gemv_prefetch=4), "pf8": dict(moe_gemv_prefetch=8),
-            "lf-off-pf4": dict(moe_gemv_loads_first=False, moe_gemv_prefetch=4)}
+            "pf4": dict(moe_gemv_prefetch=4)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
-    """new against each of SWITCHES at 1, 2 and 4 tokens (bf16; on e4m3 experts where they take the decode path: pf4,
-    the packed rounding, the tile multiple and both), twice in turn (the
+    """new against each of SWITCHES at 1, 2 and 4 tokens (bf16; on e4m3 experts where they take the decode path: the
+    packed rounding, the tile multiple and both), twice in turn (the
     second round shows the spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
@@ -176,8 +175,7 @@ def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
         cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()]
         if takes_decode_path(T * K, E, new, fp8=True):
-            cases += [("new-fp8", new, True), ("pf4-fp8", dataclasses.replace(new, moe_gemv_prefetch=4), True),
-                      ("pk-fp8", dataclasses.replace(new, moe_fp8_packed_round=True), True),
+            cases += [("new-fp8", new, True), ("pk-fp8", dataclasses.replace(new, moe_fp8_packed_round=True), True),
                       ("t1-fp8", dataclasses.replace(new, moe_fp8_gemv_tile_mult=1), True),
                       ("t1pk-fp8", dataclasses.replace(new, moe_fp8_gemv_tile_mult=1, moe_fp8_packed_round=True), True)]
         for rnd in (1, 2):
