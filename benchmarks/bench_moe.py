@@ -21,6 +21,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          pf2, pf4  new with the MoE GEMVs' L2 prefetch (KernelConfig.moe_gemv_prefetch 2 / 4 ways)
          fmerge    new with the split decode attention merged by its last split (decode_attention_fused_merge)
          combo     pf4 and fmerge together
+         evict     new with the expert GEMVs' weights read evict-first from L2 (KernelConfig.moe_gemv_evict_first)
+         nextpf    evict, and the router kernel prefetching the next layer's qkv weight into L2
+                   (KernelConfig.moe_router_prefetch_next); all: nextpf + combo
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); pf4-fp8 with pf4,
                    pk-fp8 the dequantized weights rounded two at a time (KernelConfig.moe_fp8_packed_round), t1-fp8
@@ -88,6 +91,10 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "pf4": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
             "fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
             "combo": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4, decode_attention_fused_merge=True),
+            "evict": dataclasses.replace(KernelConfig(), moe_gemv_evict_first=True),
+            "nextpf": dataclasses.replace(KernelConfig(), moe_router_prefetch_next=True, moe_gemv_evict_first=True),
+            "all": dataclasses.replace(KernelConfig(), moe_router_prefetch_next=True, moe_gemv_evict_first=True,
+                                       moe_gemv_prefetch=4, decode_attention_fused_merge=True),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             "pf4-fp8": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
             "pk-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=True),

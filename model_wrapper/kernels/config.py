@@ -97,6 +97,11 @@ class KernelConfig:
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)
+    # that kernel's programs prefetch the next layer's qkv weight into L2 (prefetch.global.L2, before their PDL wait:
+    # DRAM is idle while a step routes), and the expert GEMVs read their weights with an evict-first L2 policy so that
+    # the prefetched lines stay; moe_gemv_evict_first alone: only the policy
+    moe_router_prefetch_next: bool = False
+    moe_gemv_evict_first: bool = False
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks

@@ -86,7 +86,8 @@ def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, 
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr):
+                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr,
+                         EVICT: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -100,8 +101,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     k_ok = cols < K
     m = n_ok[:, None] & k_ok[None, :]
     gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
-    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
-    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
+    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0, eviction_policy=EVICT)
+    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0, eviction_policy=EVICT)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
         _loads_fence()
@@ -129,7 +130,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr):
+                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr,
+                      EVICT: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -147,7 +149,8 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     # and the experts' rows
     e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
     w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
-    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                eviction_policy=EVICT)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
     if WAYS > 1:  # the first 1 / WAYS of the row blocks prefetch the rest of the token's experts' rows into L2
@@ -199,18 +202,22 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     # L2 prefetch (a GPU instruction: not under the interpreter): 128-byte lines of LINE weights
     ways = cfg.moe_gemv_prefetch if x.is_cuda else 0
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
+    # the experts' weights are read once a step: first out of L2 (what the router prefetched stays)
+    evict = "evict_first" if cfg.moe_gemv_evict_first else ""
     line = 128 // gate_up.element_size()
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
         LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(H, line)), PACKED=packed, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        LINES=triton.next_power_of_2(triton.cdiv(H, line)), PACKED=packed, EVICT=evict, num_warps=cfg.moe_gemv_warps,
+        **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), PACKED=packed, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), PACKED=packed, EVICT=evict,
+        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

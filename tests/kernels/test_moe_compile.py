@@ -83,12 +83,13 @@ def _compile_all() -> dict:
                   dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
                   dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
                        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, WAYS=ways, LINE=line, LINES=2048 // line,
-                       PACKED=packed and fp8),
+                       PACKED=packed and fp8, EVICT="evict_first" if cfg.moe_gemv_evict_first else ""),
                   *gemv_launch)
             build(f"gemv down {dt}{case}", moe_gemv._down_gemv_kernel,
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, WAYS=ways,
-                       LINE=line, LINES=1024 // line, PACKED=packed and fp8), *gemv_launch)
+                       LINE=line, LINES=1024 // line, PACKED=packed and fp8,
+                       EVICT="evict_first" if cfg.moe_gemv_evict_first else ""), *gemv_launch)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -100,11 +101,13 @@ def _compile_all() -> dict:
                            BLOCK_K=min(bk, 128) if fp8 else bk, PDL=True), warps, stages)
     build("route", moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
           dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True), cfg.moe_route_warps, 1)
-    for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
-        build(f"router + route x{m}", moe_route._router_route_kernel,
-              dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64", count_ptr="*i32"),
-              dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True),
-              cfg.gemv_warps, 1)
+    for m, pf in ((1, 0), (2, 0), (1, moe_route.PREFETCH_BLOCK)):  # the router's projection and the routing in
+        # one (moe_route.moe_router_route), and with its L2 prefetch of the next layer's weights
+        build(f"router + route x{m}" + (" prefetch" if pf else ""), moe_route._router_route_kernel,
+              dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64", count_ptr="*i32",
+                   pf_ptr="*u8"),
+              dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
+                   PF_BLOCK=pf), cfg.gemv_warps, 1)
     pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
     build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk, PDL=True), 4, 3)
     build("align scatter", moe_align._scatter_kernel, pointers,
@@ -121,7 +124,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 28
+    assert len(stacks) == 29
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

@@ -183,6 +183,7 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               # FP8 experts' switches (no effect on bf16 ones): the packed rounding, the tiles at bf16's weight count
               "decode-packed": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=True),
               "decode-t1": dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile_mult=1),
+              "decode-evict": dataclasses.replace(DECODE_CUDA, moe_gemv_evict_first=True),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
