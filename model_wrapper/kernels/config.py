@@ -74,7 +74,7 @@ class KernelConfig:
     # the decode path's experts as register-tile GEMVs (kernels/moe_gemv.py: a program loads its whole
     # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
     moe_decode_gemv: bool = True
-    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8 twice the weights, same bytes)
+    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8: moe_fp8_gemv_tile_mult times)
     # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
@@ -98,8 +98,8 @@ class KernelConfig:
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)
     # that kernel's programs prefetch the next layer's qkv weight into L2 (prefetch.global.L2, before their PDL wait:
-    # DRAM is idle while a step routes), and the expert GEMVs read their weights with an evict-first L2 policy so that
-    # the prefetched lines stay; moe_gemv_evict_first alone: only the policy
+    # the memory is idle while a step routes); the expert GEMVs read their weights (once a step) with an evict-first
+    # L2 policy, so that such prefetched lines stay in L2 while the experts stream through it
     moe_router_prefetch_next: bool = False
     moe_gemv_evict_first: bool = False
 

@@ -6,7 +6,7 @@
              y[t, n] = sum_j w[t, j] * (act[t * k + j] . down_{ids[t, j]}[n])           y [T, H]
 
 Each program loads its whole weight tile (rows x the padded row width, cfg.moe_gemv_tile weights; FP8
-twice the weights, the same bytes) in one go, then reduces it: no K loop, every byte of the program in
+cfg.moe_fp8_gemv_tile_mult times the weights, by default the same bytes) in one go, then reduces it: no K loop, every byte of the program in
 flight at once. At one Qwen3-30B-A3B token (H 2048, I 768, top-8) that is 8 x 192 gate_up programs of
 4 gate + 4 up rows and 1024 down programs of 8 x 2 rows: several waves of small programs over 132 SMs,
 where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels launch with PDL:
@@ -24,6 +24,14 @@ the down kernel, whose loads precede its wait, issues all of them first. A CTA-s
 loads (placed before the products; it costs a wait for the CTA's loads, which the products need anyway)
 makes ptxas issue all eight first (63 registers). The FP8 tiles are issued first without it (their
 scales' loads, inside the dequantization, would land behind the fence).
+
+Launch switches that change no value (KernelConfig; GPU only, A/B rows in benchmarks/bench_moe.py):
+    moe_gemv_prefetch     the first 1 / ways of a pair's (gate_up) or token's (down) blocks, the first to run,
+                          prefetch the other blocks' rows into L2 (prefetch.global.L2), so later waves hit L2
+    moe_gemv_evict_first  the weight loads carry an evict-first L2 policy (read once a step), so that what
+                          the router prefetched for the next layer (kernels/moe_route.py) stays in L2
+    moe_fp8_packed_round  FP8: the dequantized weights rounded to bf16 two an instruction (cvt.rn.bf16x2.f32)
+                          instead of Triton's one-value conversion (F2F, 132 a thread for 128 weights)
 
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in

@@ -26,7 +26,11 @@ tokens (KernelConfig.moe_fused_router, up to gemv_max_tokens):
     the last program to finish (an atomic count, reset by that program for the next step) routes
     every token from the logits the others wrote, as the routing kernel does.
 
-Its weight rows are loaded before its PDL wait (they stream in while the norm before drains).
+Its weight rows are loaded before its PDL wait (they stream in while the norm before drains). With a
+prefetch tensor (KernelConfig.moe_router_prefetch_next: the next layer's qkv weight) its programs also
+prefetch that tensor's bytes into L2 before the wait: the memory is idle while a step routes (the experts
+cannot load before their ids), and the next qkv GEMV then reads from L2 (the experts' loads evict first:
+KernelConfig.moe_gemv_evict_first). A hint only: no value changes.
 """
 
 from __future__ import annotations
