@@ -183,9 +183,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
             pair = r * tl.num_programs(1) + h
             done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
-                # splits past `used` are empty (lse -inf): not read; none where the metadata has no key (before a
-                # graph's first plan), so that nothing past the partials is read
-                used = tl.minimum(tl.where(L > lo, tl.cdiv(L - lo, tl.maximum(chunk, 1)), 0), SPLITS)
+                used = tl.cdiv(L - lo, chunk)  # splits past it are empty (lse -inf): not read
                 _merge_group(part_ptr, lse_ptr, o_ptr, r, h, used, stride_ot, stride_oh, tl.num_programs(1) * GROUP,
                              GROUP, GROUP_P2, D, SPLITS, SPLITS_PAD, MERGE_SPLITS)
                 tl.atomic_xchg(count_ptr + pair, 0)  # ready for the next launch (a graph replays this one)
