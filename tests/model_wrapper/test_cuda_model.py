@@ -261,19 +261,17 @@ def _decode_run(gen, prompts, tokens, block_size=16, num_blocks=64):
     return steps, h
 
 
-@pytest.mark.parametrize("triton_decode,fused_merge", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("triton_decode", [True, False])
 @pytest.mark.parametrize("batch", [3, 8, 17])
-def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, triton_decode, fused_merge):
-    """Graph replays (decode attention on the Triton kernel, its splits merged by a second kernel or by the
-    last split (fused_merge), or on FlashInfer's graph wrappers) against eager steps (FlashInfer's decode
-    wrapper); buckets 4, 8 and 24 (split KV and not)."""
+def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, triton_decode):
+    """Graph replays (decode attention on the Triton kernel, or on FlashInfer's graph wrappers)
+    against eager steps (FlashInfer's decode wrapper); buckets 4, 8 and 24 (split KV and not)."""
     path = gpu_ckpt("llama31")
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
     eager = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
     graph = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
-                                          kernel_config=KernelConfig(triton_decode=triton_decode,
-                                                                     decode_attention_fused_merge=fused_merge))
+                                          kernel_config=KernelConfig(triton_decode=triton_decode))
     tokens = torch.randint(0, 96, (6, batch), generator=g).tolist()
     a, ha = _decode_run(eager, prompts, tokens)
     b, hb = _decode_run(graph, prompts, tokens)
