@@ -190,7 +190,7 @@ class GraphAttention(AttentionBackend):
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
                                           k_scale=ks, v_scale=vs,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
-                                          and uses_pdl(q.device, cfg), fused_merge=cfg.decode_attention_fused_merge)
+                                          and uses_pdl(q.device, cfg))
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
 

@@ -166,9 +166,6 @@ class KernelConfig:
     # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
     # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
     decode_attention_pdl_max_batch: int = 2
-    # the graphs' split decode attention merged by the last split of each (request, KV head) to finish (an atomic
-    # count) instead of a second kernel: one launch a layer fewer where the KV is split (batch x KV heads < SMs)
-    decode_attention_fused_merge: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

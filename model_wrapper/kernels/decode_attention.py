@@ -11,8 +11,7 @@ A program takes one (request, KV head, split): the GQA group's query heads as th
 tensor-core product (padded to 16), a contiguous share of the request's (windowed) KV range,
 read BLOCK_N keys a step with an online softmax in fp32. With one split it writes the output;
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
-merges the splits of each (request, head); or (fused_merge) the last split of a (request, KV head)
-to finish, by an atomic count that it resets, merges its group's splits in the same launch.
+merges the splits of each (request, head).
 
 FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V scale into the
 output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
@@ -107,11 +106,10 @@ def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
-                   ks_ptr, vs_ptr, count_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt,
-                   stride_ot, stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                   D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, FUSED_MERGE: tl.constexpr, GROUP_P2: tl.constexpr,
-                   SPLITS_PAD: tl.constexpr, MERGE_SPLITS: tl.constexpr):
+                   ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
+                   stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
@@ -176,51 +174,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         base = (r.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * SPLITS + s  # [B, H, S] flat
         tl.store(part_ptr + base[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + base, lse, mask=row_ok)
-        if FUSED_MERGE:
-            # every thread's partial stored (barrier), then the count with release (cumulative over the
-            # barrier): the last split of (r, h) to finish, acquiring it, merges them all (read through L2)
-            tl.debug_barrier()
-            pair = r * tl.num_programs(1) + h
-            done = tl.atomic_add(count_ptr + pair, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                used = tl.cdiv(L - lo, chunk)  # splits past it are empty (lse -inf): not read
-                _merge_group(part_ptr, lse_ptr, o_ptr, r, h, used, stride_ot, stride_oh, tl.num_programs(1) * GROUP,
-                             GROUP, GROUP_P2, D, SPLITS, SPLITS_PAD, MERGE_SPLITS)
-                tl.atomic_xchg(count_ptr + pair, 0)  # ready for the next launch (a graph replays this one)
-
-
-@triton.jit
-def _merge_group(part_ptr, lse_ptr, o_ptr, r, h, used, stride_ot, stride_oh, H, GROUP: tl.constexpr,
-                 GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-                 MERGE_SPLITS: tl.constexpr):
-    """The fused merge: the first `used` splits' partials of the GQA group of KV head h (written by the
-    kernel's other programs) -> o, MERGE_SPLITS splits a step ([MERGE_SPLITS, GP, D] a load; GP: GROUP
-    padded to a power of two). _merge_kernel's weights and sums (the splits summed in another order)."""
-    g = tl.arange(0, GP)
-    g_ok = g < GROUP
-    heads = h * GROUP + g
-    d = tl.arange(0, D)
-    base = (r.to(tl.int64) * H + heads) * SPLITS  # [GP]: split 0 of each head
-    sp = tl.arange(0, SPLITS_PAD)
-    lse = tl.load(lse_ptr + base[:, None] + sp[None, :], mask=g_ok[:, None] & (sp < used)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
-    mx = tl.max(lse, 1)  # [GP]; split 0 is never empty: finite for every real head
-    mx = tl.where(g_ok, mx, 0.0)
-    wsum = tl.sum(tl.exp2(lse - mx[:, None]), 1)
-    acc = tl.zeros([GP, D], tl.float32)
-    ms = tl.arange(0, MERGE_SPLITS)
-    for s0 in range(0, used, MERGE_SPLITS):
-        s = s0 + ms
-        ok = g_ok[None, :] & (s < used)[:, None]  # [MS, GP]
-        at = base[None, :] + s[:, None]
-        ls = tl.load(lse_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        w = tl.exp2(ls - mx[None, :])  # [MS, GP]
-        part = tl.load(part_ptr + at[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += tl.sum(part * w[:, :, None], 0)
-    out = acc / tl.where(g_ok, wsum, 1.0)[:, None]
-    tl.store(o_ptr + r.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
 @triton.jit
@@ -257,19 +210,6 @@ LAUNCH = {
     "e4m3": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128, fp8_math="bits_vreg"),
 }
 MAX_SPLITS = 16
-MERGE_COUNTERS = 4096  # (request, KV head) pairs the fused merge counts (splits > 1 only below the SM count)
-MERGE_TILE = 4096  # partial-output values the fused merge loads a step (splits x group x head_dim)
-
-_COUNTS: dict = {}
-
-
-def _counts(device: torch.device) -> torch.Tensor:
-    """The device's int32 counters of finished splits per (request, KV head) (zero between launches: the
-    merging program resets its own). Made once, on the first (eager, warm-up) call; a capture records the address."""
-    c = _COUNTS.get(device)
-    if c is None:
-        c = _COUNTS[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
-    return c
 
 
 def decode_splits(batch: int, num_kv_heads: int, sms: int) -> int:
@@ -295,13 +235,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False, fused_merge: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
     kernels as programmatic dependents (sm90+; KernelConfig.decode_attention_pdl_max_batch): each waits for the one
-    before it and lets the next launch at once. fused_merge (splits > 1; KernelConfig.decode_attention_fused_merge):
-    the last split of each (request, KV head) to finish merges the group's splits, no second kernel.
+    before it and lets the next launch at once.
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes the cache dtype's row of LAUNCH."""
@@ -330,22 +269,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fp8_math not in FP8_MATHS:
         raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
-    fused_merge = fused_merge and splits > 1 and B * KVH <= MERGE_COUNTERS
-    group_p2 = triton.next_power_of_2(group)
     if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
         math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
-        k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr, _counts(q.device) if fused_merge else kv_indptr,
+        k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, FUSED_MERGE=fused_merge, GROUP_P2=group_p2,
-        SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-        MERGE_SPLITS=max(1, min(triton.next_power_of_2(splits), MERGE_TILE // (group_p2 * D))),
-        num_warps=num_warps, num_stages=num_stages, **cap, **launch_args(pdl))
-    if splits > 1 and not fused_merge:
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        **cap, **launch_args(pdl))
+    if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
                               **launch_args(pdl))

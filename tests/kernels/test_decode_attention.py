@@ -63,20 +63,19 @@ def _direct(q, k, v, tables, lens, scale, window):
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 2)])
-@pytest.mark.parametrize("splits,fused_merge", [(1, False), (2, False), (16, False), (2, True), (16, True)])
+@pytest.mark.parametrize("splits", [1, 2, 16])
 @pytest.mark.parametrize("window", [None, 5])
-def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, fused_merge, window):
+def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window):
     """Lengths of 1 key, a page, a page and one, and several pages (the last part-filled), with
     more splits than some requests have blocks of keys (empty splits), GQA groups of 4, 1 and 3
-    (padded to the MMA's 16 rows); the splits merged by the merge kernel or by the last split to finish
-    (fused_merge)."""
+    (padded to the MMA's 16 rows)."""
     lens = [1, PAGE, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
     k, v, tables, indptr, indices, last = _paged(lens, kv_heads, seed=heads + splits)
     q = torch.randn(len(lens), heads, D, generator=torch.Generator().manual_seed(1)).to(DTYPE)
     scale = 1 / math.sqrt(D)
     on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
     got = paged_decode_attention(*on[:3], *on[3:], scale, window=window, splits=splits,
-                                 block_n=8 if INTERPRET else 64, fused_merge=fused_merge)
+                                 block_n=8 if INTERPRET else 64)
     want = _direct(q, k, v, tables, lens, scale, window)
     assert got.shape == q.shape and got.dtype == DTYPE
     # inputs exact in both; the kernel rounds p to the dtype for the PV product and its output once
@@ -86,8 +85,8 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, fused_m
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
-@pytest.mark.parametrize("splits,fused_merge", [(1, False), (4, False), (4, True), (16, True)])
-def test_pdl_launch_is_the_direct_softmax(splits, fused_merge):
+@pytest.mark.parametrize("splits", [1, 4])
+def test_pdl_launch_is_the_direct_softmax(splits):
     """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
     direct softmax of the q it wrote, as without PDL."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 300]
@@ -96,27 +95,10 @@ def test_pdl_launch_is_the_direct_softmax(splits, fused_merge):
     on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
     qd = torch.zeros_like(q, device=DEVICE)
     qd.copy_(q.to(DEVICE))  # written just before the launch
-    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, fused_merge=fused_merge)
+    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True)
     want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
     torch.testing.assert_close(got.double().cpu(), want, atol=1.6e-2, rtol=0)
-    assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, fused_merge=fused_merge))
-
-
-def test_fused_merge_leaves_its_counters_at_zero_and_repeats():
-    """The fused merge's per-(request, KV head) counters are back at zero after a launch (a graph replays it:
-    the next launch must count from zero), and a second launch gives the same output, bit for bit."""
-    from model_wrapper.kernels.decode_attention import _counts
-
-    lens = [3, PAGE + 1, 9 * PAGE + 3]
-    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=5)
-    q = torch.randn(len(lens), 4, D, generator=torch.Generator().manual_seed(6)).to(DTYPE)
-    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
-    first = paged_decode_attention(*on, 1 / math.sqrt(D), splits=4, block_n=8 if INTERPRET else 64, fused_merge=True)
-    assert not _counts(first.device).any()
-    again = paged_decode_attention(*on, 1 / math.sqrt(D), splits=4, block_n=8 if INTERPRET else 64, fused_merge=True)
-    assert torch.equal(first, again)
-    torch.testing.assert_close(first.double().cpu(), _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None),
-                               atol=2e-3 if DTYPE == torch.float16 else 1.6e-2, rtol=0)
+    assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits))
 
 
 def test_strided_q_rows():
