@@ -18,16 +18,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          attn-pdl, attn-nopdl  new with the graphs' decode attention launched with PDL at every batch / at none
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
          lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
-         pf2, pf4  new with the MoE GEMVs' L2 prefetch (KernelConfig.moe_gemv_prefetch 2 / 4 ways)
-         fmerge    new with the split decode attention merged by its last split (decode_attention_fused_merge)
-         combo     pf4 and fmerge together
-         evict     new with the expert GEMVs' weights read evict-first from L2 (KernelConfig.moe_gemv_evict_first)
-         nextpf    evict, and the router kernel prefetching the next layer's qkv weight into L2
-                   (KernelConfig.moe_router_prefetch_next); all: nextpf + combo
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
-                   (quantized here from the random bf16 ones; the rest of the model stays bf16); pf4-fp8 with pf4,
-                   pk-fp8 the dequantized weights rounded two at a time (KernelConfig.moe_fp8_packed_round), t1-fp8
-                   the FP8 GEMV tiles at the bf16 tiles' weight count (moe_fp8_gemv_tile_mult 1), t1pk-fp8 both
+                   (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
+                   session 33's FP8 GEMVs (moe_fp8_packed_round off, moe_fp8_gemv_tile_mult 2)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -84,22 +77,11 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "nopdl": dataclasses.replace(KernelConfig(), pdl=False),
             "attn-pdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=1 << 20),
             "attn-nopdl": dataclasses.replace(KernelConfig(), decode_attention_pdl_max_batch=0),
-            # session 34's switches: the gate_up GEMV's loads in ptxas's order, L2 prefetch in both GEMVs, the
-            # decode attention's split merge in its own kernel's last split, and the last two together
+            # session 34's switch: the gate_up GEMV's loads in ptxas's order (session 33's kernel)
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
-            "pf2": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=2),
-            "pf4": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
-            "fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
-            "combo": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4, decode_attention_fused_merge=True),
-            "evict": dataclasses.replace(KernelConfig(), moe_gemv_evict_first=True),
-            "nextpf": dataclasses.replace(KernelConfig(), moe_router_prefetch_next=True, moe_gemv_evict_first=True),
-            "all": dataclasses.replace(KernelConfig(), moe_router_prefetch_next=True, moe_gemv_evict_first=True,
-                                       moe_gemv_prefetch=4, decode_attention_fused_merge=True),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
-            "pf4-fp8": dataclasses.replace(KernelConfig(), moe_gemv_prefetch=4),
-            "pk-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=True),
-            "t1-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile_mult=1),
-            "t1pk-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile_mult=1, moe_fp8_packed_round=True)}
+            # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
+            "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile_mult=2)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -17,7 +17,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
---switches: only new against SWITCHES (the register-tile GEMVs' load order and L2 prefetch) at 1-4 tokens.
+--switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order; FP8: the rounding
+and the tiles' size) at 1-4 tokens.
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
@@ -159,14 +160,16 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
     return counts
 
 
-# session 34's switches of the register-tile decode path, A/B against new (--switches)
-SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "pf2": dict(moe_gemv_prefetch=2),
-            "pf4": dict(moe_gemv_prefetch=4)}
+# session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
+# loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
+SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False)}
+FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False), "t2-fp8": dict(moe_fp8_gemv_tile_mult=2),
+                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile_mult=2)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
-    """new against each of SWITCHES at 1, 2 and 4 tokens (bf16; on e4m3 experts where they take the decode path: the
-    packed rounding, the tile multiple and both), twice in turn (the
+    """new against each of SWITCHES at 1, 2 and 4 tokens, and on e4m3 experts where they take the decode path against
+    FP8_SWITCHES, twice in turn (the
     second round shows the spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
@@ -175,9 +178,8 @@ def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
         cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()]
         if takes_decode_path(T * K, E, new, fp8=True):
-            cases += [("new-fp8", new, True), ("pk-fp8", dataclasses.replace(new, moe_fp8_packed_round=True), True),
-                      ("t1-fp8", dataclasses.replace(new, moe_fp8_gemv_tile_mult=1), True),
-                      ("t1pk-fp8", dataclasses.replace(new, moe_fp8_gemv_tile_mult=1, moe_fp8_packed_round=True), True)]
+            cases += [("new-fp8", new, True)] + [(n, dataclasses.replace(new, **kw), True)
+                                                 for n, kw in FP8_SWITCHES.items()]
         for rnd in (1, 2):
             for name, cfg, fp8 in cases:
                 kern, ls = kernels_for(cfg), layers[fp8]

@@ -80,16 +80,17 @@ class KernelConfig:
     moe_gemv_warps: int = 8
     # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
     # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
+    # (H100, sweep_moe.py --switches, a layer: 2 tokens 67.0 against 70.3 us, 4 tokens 108 against 114; 1 token within
+    # the rounds' spread; bench_moe.py batch 1 3.18 against 3.25 ms)
     moe_gemv_loads_first: bool = True
-    # both GEMVs: the first 1 / moe_gemv_prefetch of a pair's (gate_up) or token's (down) blocks, the first to run,
-    # prefetch the other blocks' rows into L2 (prefetch.global.L2), so that later waves find them there; 0 / 1: none
-    moe_gemv_prefetch: int = 0
     # FP8 experts in those GEMVs: each dequantized weight's rounding to the model dtype two at a time (cvt.rn.bf16x2.f32)
     # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
-    moe_fp8_packed_round: bool = False
+    moe_fp8_packed_round: bool = True
     # FP8 experts' GEMV tiles: this many times moe_gemv_tile / moe_gemv_down_tile weights (2: the bf16 tiles' bytes;
-    # sm90 registers a thread at 2: gate_up 75, down 161 (one 8-warp program a SM); at 1: 48 and 99)
-    moe_fp8_gemv_tile_mult: int = 2
+    # sm90 registers a thread at 2: gate_up 75, down 161 (one 8-warp program a SM); at 1: 48 and 99). H100, one layer
+    # at 1 token: 39.4 us (2, one-value rounding), 37.3 (2, packed), 36.2 (1), 35.6 (1, packed); bench_moe.py FP8
+    # batch 1 3.22 -> 3.06 ms with both
+    moe_fp8_gemv_tile_mult: int = 1
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
@@ -97,11 +98,6 @@ class KernelConfig:
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)
-    # that kernel's programs prefetch the next layer's qkv weight into L2 (prefetch.global.L2, before their PDL wait:
-    # the memory is idle while a step routes); the expert GEMVs read their weights (once a step) with an evict-first
-    # L2 policy, so that such prefetched lines stay in L2 while the experts stream through it
-    moe_router_prefetch_next: bool = False
-    moe_gemv_evict_first: bool = False
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks

@@ -25,13 +25,9 @@ loads (placed before the products; it costs a wait for the CTA's loads, which th
 makes ptxas issue all eight first (63 registers). The FP8 tiles are issued first without it (their
 scales' loads, inside the dequantization, would land behind the fence).
 
-Launch switches that change no value (KernelConfig; GPU only, A/B rows in benchmarks/bench_moe.py):
-    moe_gemv_prefetch     the first 1 / ways of a pair's (gate_up) or token's (down) blocks, the first to run,
-                          prefetch the other blocks' rows into L2 (prefetch.global.L2), so later waves hit L2
-    moe_gemv_evict_first  the weight loads carry an evict-first L2 policy (read once a step), so that what
-                          the router prefetched for the next layer (kernels/moe_route.py) stays in L2
-    moe_fp8_packed_round  FP8: the dequantized weights rounded to bf16 two an instruction (cvt.rn.bf16x2.f32)
-                          instead of Triton's one-value conversion (F2F, 132 a thread for 128 weights)
+FP8 on a GPU (KernelConfig.moe_fp8_packed_round): the dequantized weights are rounded to bf16 two an
+instruction (cvt.rn.bf16x2.f32) instead of Triton's one-value conversion (F2F, 132 a thread for 128 weights
+in the sm90 SASS): the same values, fewer conversions.
 
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in
@@ -54,17 +50,6 @@ from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
 def _loads_fence():
     """A CTA-scope fence: ptxas issues every load before it ahead of it (see LOADS_FIRST)."""
     tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(rows, row_ok, K, base, LINE: tl.constexpr, LINES: tl.constexpr):
-    """Into L2: rows [R] (pointers to row starts) of K elements, LINE elements to a 128-byte line; masked rows
-    and lines past K prefetch base instead (a valid address; prefetch.global.L2 is only a hint)."""
-    ln = tl.arange(0, LINES)
-    ok = row_ok[:, None] & (ln * LINE < K)[None, :]
-    addr = tl.where(ok, rows[:, None] + ln[None, :] * LINE, base)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [addr.to(tl.int64)], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -94,8 +79,7 @@ def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, 
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                         WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr,
-                         EVICT: tl.constexpr):
+                         PACKED: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -109,21 +93,11 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     k_ok = cols < K
     m = n_ok[:, None] & k_ok[None, :]
     gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
-    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0, eviction_policy=EVICT)
-    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0, eviction_policy=EVICT)
+    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
+    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
         _loads_fence()
-    if WAYS > 1:  # the first 1 / WAYS of the column blocks prefetch the rest of their expert's rows into L2
-        nb = tl.program_id(1)
-        share = tl.cdiv(tl.num_programs(1), WAYS)
-        if nb < share:
-            for j in tl.static_range(1, WAYS):
-                rows_j = offs_n + j * share * BLOCK_N
-                ok_j = rows_j < N
-                ptr_j = w_ptr + e * stride_we + rows_j.to(tl.int64) * stride_wn
-                _prefetch_rows(ptr_j, ok_j, K, w_ptr, LINE, LINES)
-                _prefetch_rows(ptr_j + N * stride_wn, ok_j, K, w_ptr, LINE, LINES)
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
     acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
@@ -138,8 +112,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      WAYS: tl.constexpr, LINE: tl.constexpr, LINES: tl.constexpr, PACKED: tl.constexpr,
-                      EVICT: tl.constexpr):
+                      PACKED: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -157,17 +130,9 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     # and the experts' rows
     e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
     w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
-    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                eviction_policy=EVICT)
+    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
-    if WAYS > 1:  # the first 1 / WAYS of the row blocks prefetch the rest of the token's experts' rows into L2
-        share = tl.cdiv(tl.num_programs(1), WAYS)
-        if tl.program_id(1) < share:
-            for j in tl.static_range(1, WAYS):
-                rn_j = rn + j * share * BLOCK_N
-                _prefetch_rows(w_rows + j * share * BLOCK_N * stride_wn, (rj < TOP_K) & (rn_j < N), K, w_ptr, LINE,
-                               LINES)
     w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
@@ -207,24 +172,17 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
-    # L2 prefetch (a GPU instruction: not under the interpreter): 128-byte lines of LINE weights
-    ways = cfg.moe_gemv_prefetch if x.is_cuda else 0
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
-    # the experts' weights are read once a step: first out of L2 (what the router prefetched stays)
-    evict = "evict_first" if cfg.moe_gemv_evict_first else ""
-    line = 128 // gate_up.element_size()
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
-        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(H, line)), PACKED=packed, EVICT=evict, num_warps=cfg.moe_gemv_warps,
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, num_warps=cfg.moe_gemv_warps,
         **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
-        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, WAYS=ways, LINE=line,
-        LINES=triton.next_power_of_2(triton.cdiv(inter, line)), PACKED=packed, EVICT=evict,
+        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
         num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 

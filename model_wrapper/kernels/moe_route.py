@@ -26,11 +26,7 @@ tokens (KernelConfig.moe_fused_router, up to gemv_max_tokens):
     the last program to finish (an atomic count, reset by that program for the next step) routes
     every token from the logits the others wrote, as the routing kernel does.
 
-Its weight rows are loaded before its PDL wait (they stream in while the norm before drains). With a
-prefetch tensor (KernelConfig.moe_router_prefetch_next: the next layer's qkv weight) its programs also
-prefetch that tensor's bytes into L2 before the wait: the memory is idle while a step routes (the experts
-cannot load before their ids), and the next qkv GEMV then reads from L2 (the experts' loads evict first:
-KernelConfig.moe_gemv_evict_first). A hint only: no value changes.
+Its weight rows are loaded before its PDL wait (they stream in while the norm before drains).
 """
 
 from __future__ import annotations
@@ -85,31 +81,14 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, 
 
 
 @triton.jit
-def _prefetch_lines(pf_ptr, n_lines, PF_BLOCK: tl.constexpr):
-    """This program's share of n_lines 128-byte lines from pf_ptr (bytes) into L2, PF_BLOCK lines a step
-    (prefetch.global.L2: a hint, nothing waits for it; lines past the end prefetch the first instead)."""
-    per = tl.cdiv(n_lines, tl.num_programs(0))
-    first = tl.program_id(0) * per
-    end = tl.minimum(first + per, n_lines)
-    for i0 in range(first, end, PF_BLOCK):
-        i = i0 + tl.arange(0, PF_BLOCK)
-        addr = pf_ptr + tl.where(i < end, i, 0).to(tl.int64) * 128
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [addr.to(tl.int64)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, pf_ptr, pf_lines, E, H, stride_x,
-                         stride_g, stride_l, M: tl.constexpr, HP: tl.constexpr, BLOCK_E: tl.constexpr,
-                         TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr,
-                         PDL: tl.constexpr, PF_BLOCK: tl.constexpr):
+def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E, H, stride_x, stride_g, stride_l,
+                         M: tl.constexpr, HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+                         KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.arange(0, HP)
     live = rows < E
     g = tl.load(g_ptr + rows[:, None].to(tl.int64) * stride_g + cols[None, :], mask=live[:, None] & (cols < H)[None, :],
                 other=0.0)
-    if PF_BLOCK > 0:  # the next layer's weights into L2 while the step routes (KernelConfig.moe_router_prefetch_next)
-        _prefetch_lines(pf_ptr, pf_lines, PF_BLOCK)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the norm that wrote x is complete
@@ -129,7 +108,6 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, pf
 
 
 _COUNTS: dict = {}
-PREFETCH_BLOCK = 2048  # lines a step of a router program's L2 prefetch (8 a thread at 8 warps)
 
 
 def _count(device: torch.device) -> torch.Tensor:
@@ -149,12 +127,9 @@ def router_route_fits(x: torch.Tensor, gate: torch.Tensor, cfg: KernelConfig) ->
 
 
 def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,
-                     cfg: KernelConfig = DEFAULT, prefetch: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     cfg: KernelConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, H], the router's weight gate [E, H] -> (weights [T, top_k], ids [T, top_k] int64, logits [T, E] in
-    x's dtype): moe_route(x @ gate^T) in one launch, for the steps router_route_fits accepts. prefetch (a
-    contiguous tensor on x's GPU, e.g. the next layer's qkv weight): its bytes are prefetched into L2 by the
-    kernel's programs, a hint with no effect on the result (not under the interpreter)."""
+    x's dtype): moe_route(x @ gate^T) in one launch, for the steps router_route_fits accepts."""
     T, H = x.shape
     E = gate.shape[0]
     if not 0 < top_k <= E:
@@ -165,13 +140,11 @@ def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_
     hp = triton.next_power_of_2(H)
     block_e = min(triton.next_power_of_2(E), max(1, cfg.gemv_tile // hp))
     pdl = uses_pdl(x.device, cfg)
-    pf = prefetch is not None and x.is_cuda and prefetch.is_cuda and prefetch.is_contiguous()
-    pf_lines = triton.cdiv(prefetch.numel() * prefetch.element_size(), 128) if pf else 0
     _router_route_kernel[(triton.cdiv(E, block_e),)](
-        x, gate, logits, weights, ids, _count(x.device), prefetch.reshape(-1).view(torch.uint8) if pf else x, pf_lines,
-        E, H, x.stride(0), gate.stride(0), logits.stride(0), M=T, HP=hp, BLOCK_E=block_e, TOP_K=top_k,
-        KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl,
-        PF_BLOCK=PREFETCH_BLOCK if pf else 0, num_warps=cfg.gemv_warps, **launch_args(pdl))
+        x, gate, logits, weights, ids, _count(x.device), E, H, x.stride(0), gate.stride(0), logits.stride(0), M=T,
+        HP=hp, BLOCK_E=block_e, TOP_K=top_k, KP=max(2, triton.next_power_of_2(top_k)),
+        EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl, num_warps=cfg.gemv_warps,
+        **launch_args(pdl))
     return weights, ids, logits
 
 

@@ -69,10 +69,9 @@ class TorchKernels:
         """Router logits [T, E] -> (weights [T, k], expert ids [T, k] int64): layers/moe.route (a MoESpec)."""
         return route(logits, spec)
 
-    def moe_router(self, x, gate_weight, spec, prefetch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def moe_router(self, x, gate_weight, spec) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H], the router's weight [E, H] -> (weights [T, k], expert ids [T, k] int64): the router's
-        projection (a model projection: self.linear), then moe_route (a MoESpec). prefetch: a tensor the GPU
-        kernel may prefetch into L2 while it routes (the next layer's qkv weight); no effect on the result."""
+        projection (a model projection: self.linear), then moe_route (a MoESpec)."""
         return self.moe_route(self.linear(x, gate_weight), spec)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
@@ -186,16 +185,16 @@ class FlashInferKernels(TorchKernels):
 
         return moe_route(logits, spec.top_k, spec.norm_topk_prob, spec.fp32_weights, self.config)
 
-    def moe_router(self, x, gate_weight, spec, prefetch=None):
+    def moe_router(self, x, gate_weight, spec):
         """At the GEMV's step sizes, the router's projection and the routing in one Triton kernel
-        (kernels/moe_route.moe_router_route; config.moe_fused_router, with moe_fused_route; it prefetches
-        `prefetch` with config.moe_router_prefetch_next); else the GEMV / GEMM, then moe_route."""
+        (kernels/moe_route.moe_router_route; config.moe_fused_router, with moe_fused_route); else the GEMV /
+        GEMM, then moe_route."""
         if self._triton is not None and self.config.moe_fused_route:
             from model_wrapper.kernels.moe_route import moe_router_route, router_route_fits
 
             if router_route_fits(x, gate_weight, self.config):
                 w, ids, _ = moe_router_route(x, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
-                                             self.config, prefetch if self.config.moe_router_prefetch_next else None)
+                                             self.config)
                 return w, ids
         return super().moe_router(x, gate_weight, spec)
 

@@ -126,9 +126,6 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(hidden_size, spec.num_experts, bias=False)
         self.experts = Experts(spec.num_experts, hidden_size, spec.intermediate_size)
         self.shared_expert = self.shared_expert_gate = None
-        # (the next decoder layer's attention module,) or (): its qkv weight is the router's L2 prefetch hint
-        # (DecoderModel links the layers; a tuple keeps it out of this module's submodules)
-        self.next_attention = ()
         if spec.shared_intermediate_size:
             self.shared_expert = SharedExpert(hidden_size, spec.shared_intermediate_size)
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
@@ -140,8 +137,7 @@ class SparseMoE(nn.Module):
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
         # kernels.moe_router: the router's projection (a model projection: the GEMV at 1-2 tokens on CUDA) and
         # the routing (on CUDA one kernel, kernels/moe_route.py; at 1-2 tokens both in one), then the experts
-        nxt = self.next_attention[0].qkv_proj.weight if self.next_attention else None
-        weights, ids = kernels.moe_router(x, self.gate.weight, self.spec, prefetch=nxt)
+        weights, ids = kernels.moe_router(x, self.gate.weight, self.spec)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)

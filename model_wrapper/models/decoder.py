@@ -106,9 +106,6 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(shard.vocab_shard, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, shard, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        for layer, nxt in zip(self.layers, self.layers[1:]):  # a sparse MLP's router may prefetch the next qkv
-            if hasattr(layer.mlp, "next_attention"):
-                layer.mlp.next_attention = (nxt.self_attn,)
 
 
 class CausalLM(nn.Module):

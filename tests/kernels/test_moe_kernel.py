@@ -177,13 +177,10 @@ DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 2
 CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "decode-loop": dataclasses.replace(DECODE_CUDA, moe_decode_gemv=False),
               "decode-no-pdl": dataclasses.replace(DECODE_CUDA, pdl=False),
-              # the register-tile GEMVs' launch switches: L2 prefetch by the first blocks, ptxas's own load order
-              "decode-prefetch": dataclasses.replace(DECODE_CUDA, moe_gemv_prefetch=4),
+              # the register-tile GEMVs' switches: ptxas's own load order (bf16); FP8 experts' one-value rounding
+              # and tiles of the bf16 tiles' bytes (session 33's FP8 GEMVs)
               "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
-              # FP8 experts' switches (no effect on bf16 ones): the packed rounding, the tiles at bf16's weight count
-              "decode-packed": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=True),
-              "decode-t1": dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile_mult=1),
-              "decode-evict": dataclasses.replace(DECODE_CUDA, moe_gemv_evict_first=True),
+              "decode-fp8-s33": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=False, moe_fp8_gemv_tile_mult=2),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -202,7 +199,7 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-packed", "decode-t1", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-fp8-s33", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
@@ -218,17 +215,20 @@ def test_fp8_experts_match_reference_cuda(path, T):
 @pytest.mark.parametrize("T", [1, 3])
 def test_fp8_packed_rounding_is_the_same_values_cuda(T):
     """The FP8 GEMVs' packed rounding of the dequantized weights (cvt.rn.bf16x2.f32, two at a time) rounds as
-    Triton's one-value conversion does: the same output bit for bit, at the Qwen3-30B-A3B expert shape."""
+    Triton's one-value conversion does: the same output bit for bit, at the Qwen3-30B-A3B expert shape, with the
+    tiles of either size (moe_fp8_gemv_tile_mult 1 and 2)."""
     x, w, ids, gate_up, down = _case(T, 16, 8, 2048, 768, torch.bfloat16, "cuda")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    plain = fused_moe(x, w, ids, gq, dq, CUDA_PATHS["decode"], gate_up_scale=gs, down_scale=ds)
-    packed = fused_moe(x, w, ids, gq, dq, CUDA_PATHS["decode-packed"], gate_up_scale=gs, down_scale=ds)
-    assert torch.equal(plain, packed)
+    for mult in (1, 2):
+        packed, plain = (dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile_mult=mult, moe_fp8_packed_round=p)
+                         for p in (True, False))
+        assert torch.equal(fused_moe(x, w, ids, gq, dq, packed, gate_up_scale=gs, down_scale=ds),
+                           fused_moe(x, w, ids, gq, dq, plain, gate_up_scale=gs, down_scale=ds))
 
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-prefetch", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
 def test_graph_replay_follows_new_routing(path):
     """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
     copied into the captured buffers) give what eager calls give: nothing depends on the host."""
@@ -248,8 +248,7 @@ def test_graph_replay_follows_new_routing(path):
 @pytest.mark.cuda
 @on_cuda_skip
 @pytest.mark.parametrize("T", [1, 4, 8, 32])
-@pytest.mark.parametrize("prefetch", [0, 4])
-def test_router_routing_experts_chain_in_a_graph_cuda(T, prefetch):
+def test_router_routing_experts_chain_in_a_graph_cuda(T):
     """The sparse layer's chain as SparseMoE runs it on CUDA (router GEMV, routing kernel, experts, all with
     PDL: the decode path's down kernel reads ids and weights before its wait) captured in one graph at
     Qwen3-30B-A3B's shape and replayed on new inputs: bit for bit the chain without PDL, run eagerly."""
@@ -268,7 +267,7 @@ def test_router_routing_experts_chain_in_a_graph_cuda(T, prefetch):
         w, ids = moe_route(logits, k, True, False, cfg)
         return fused_moe(x, w, ids, gate_up, down, cfg)
 
-    cfg = KernelConfig(moe_gemv_prefetch=prefetch)
+    cfg = KernelConfig()
     chain(x, cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

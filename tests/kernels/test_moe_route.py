@@ -109,25 +109,3 @@ def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile):
         torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=1e-6)
     assert not router_route_fits(x, gate, KernelConfig(moe_fused_router=False))
     assert not router_route_fits(torch.randn(KernelConfig().gemv_max_tokens + 1, H).to(DEVICE), gate, cfg)
-
-
-@pytest.mark.cuda
-@on_cuda_skip
-@pytest.mark.parametrize("T", [1, 2])
-def test_router_prefetch_changes_nothing_cuda(T):
-    """moe_router_route with an L2 prefetch of another tensor (KernelConfig.moe_router_prefetch_next: the next
-    layer's qkv weight, here 21 MB of bf16 and an odd-sized e4m3 one): the same logits, experts and weights, bit for
-    bit, as without it, and the prefetched tensor unchanged."""
-    from model_wrapper.kernels.moe_route import moe_router_route
-
-    g = torch.Generator(device="cuda").manual_seed(T)
-    x = torch.randn(T, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-    gate = torch.randn(128, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    cfg = KernelConfig()
-    want = moe_router_route(x, gate, 8, True, False, cfg)
-    for other in (torch.randn(5120, 2048, device="cuda", generator=g).to(torch.bfloat16),
-                  torch.randn(333, 77, device="cuda", generator=g).to(torch.float8_e4m3fn)):
-        before = other.clone()
-        got = moe_router_route(x, gate, 8, True, False, cfg, prefetch=other)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-        assert torch.equal(other.view(torch.uint8), before.view(torch.uint8))
