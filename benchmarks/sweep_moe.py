@@ -163,8 +163,10 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 # session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
 # loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
 SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False)}
-FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False), "t2-fp8": dict(moe_fp8_gemv_tile_mult=2),
-                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile_mult=2)}
+FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False),
+                "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
+                "t8k-fp8": dict(moe_fp8_gemv_tile=8192, moe_fp8_gemv_down_tile=8192),
+                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:

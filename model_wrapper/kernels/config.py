@@ -74,7 +74,7 @@ class KernelConfig:
     # the decode path's experts as register-tile GEMVs (kernels/moe_gemv.py: a program loads its whole
     # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
     moe_decode_gemv: bool = True
-    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8: moe_fp8_gemv_tile_mult times)
+    moe_gemv_tile: int = 16384  # gate_up weights a program holds (model dtype; FP8 experts: moe_fp8_gemv_tile)
     # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
@@ -86,11 +86,12 @@ class KernelConfig:
     # FP8 experts in those GEMVs: each dequantized weight's rounding to the model dtype two at a time (cvt.rn.bf16x2.f32)
     # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
     moe_fp8_packed_round: bool = True
-    # FP8 experts' GEMV tiles: this many times moe_gemv_tile / moe_gemv_down_tile weights (2: the bf16 tiles' bytes;
-    # sm90 registers a thread at 2: gate_up 75, down 161 (one 8-warp program a SM); at 1: 48 and 99). H100, one layer
-    # at 1 token: 39.4 us (2, one-value rounding), 37.3 (2, packed), 36.2 (1), 35.6 (1, packed); bench_moe.py FP8
-    # batch 1 3.22 -> 3.06 ms with both
-    moe_fp8_gemv_tile_mult: int = 1
+    # FP8 experts' GEMV tiles: e4m3 weights a gate_up / down program holds (32k: the bf16 tiles' bytes; sm90
+    # registers a thread at 32k: gate_up 75, down 161 (one 8-warp program a SM); at 16k: 48 and 99). H100, one layer
+    # at 1 token: 39.4 us (32k, one-value rounding), 37.3 (32k, packed), 36.2 (16k), 35.6 (16k, packed); bench_moe.py
+    # FP8 batch 1 3.22 -> 3.06 ms with both
+    moe_fp8_gemv_tile: int = 16384
+    moe_fp8_gemv_down_tile: int = 16384
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

@@ -6,7 +6,7 @@
              y[t, n] = sum_j w[t, j] * (act[t * k + j] . down_{ids[t, j]}[n])           y [T, H]
 
 Each program loads its whole weight tile (rows x the padded row width, cfg.moe_gemv_tile weights; FP8
-cfg.moe_fp8_gemv_tile_mult times the weights, by default the same bytes) in one go, then reduces it: no K loop, every byte of the program in
+cfg.moe_fp8_gemv_tile e4m3 weights) in one go, then reduces it: no K loop, every byte of the program in
 flight at once. At one Qwen3-30B-A3B token (H 2048, I 768, top-8) that is 8 x 192 gate_up programs of
 4 gate + 4 up rows and 1024 down programs of 8 x 2 rows: several waves of small programs over 132 SMs,
 where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels launch with PDL:
@@ -145,12 +145,17 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
 
 
-def moe_gemv_fits(hidden: int, inter: int, top_k: int, cfg: KernelConfig) -> bool:
+def _tiles(cfg: KernelConfig, fp8: bool) -> tuple[int, int]:
+    """Weights a gate_up and a down program hold: the model dtype's tiles, or the FP8 experts' own."""
+    return (cfg.moe_fp8_gemv_tile, cfg.moe_fp8_gemv_down_tile) if fp8 else (cfg.moe_gemv_tile, cfg.moe_gemv_down_tile)
+
+
+def moe_gemv_fits(hidden: int, inter: int, top_k: int, cfg: KernelConfig, fp8: bool = False) -> bool:
     """Whether one gate and one up row of the padded hidden width, and one row of each of the k experts'
     down of the padded intermediate width, fit a program's tile (else the K-looped kernels/moe_decode.py)."""
     slots = max(2, triton.next_power_of_2(top_k))
-    return (2 * triton.next_power_of_2(hidden) <= cfg.moe_gemv_tile
-            and slots * triton.next_power_of_2(inter) <= cfg.moe_gemv_down_tile)
+    tile, down_tile = _tiles(cfg, fp8)
+    return 2 * triton.next_power_of_2(hidden) <= tile and slots * triton.next_power_of_2(inter) <= down_tile
 
 
 def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -165,8 +170,7 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    mult = cfg.moe_fp8_gemv_tile_mult if fp8 else 1  # FP8 (2): the same bytes a program
-    tile, down_tile = cfg.moe_gemv_tile * mult, cfg.moe_gemv_down_tile * mult
+    tile, down_tile = _tiles(cfg, fp8)
     kp_h, kp_i = triton.next_power_of_2(H), triton.next_power_of_2(inter)
     slots = max(2, triton.next_power_of_2(k))
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each

@@ -59,7 +59,8 @@ def _compile_all() -> dict:
         dt = "fp8" if fp8 else "bf16"
         weights = dict(w_ptr="*fp8e4nv" if fp8 else "*bf16", s_ptr="*fp32" if fp8 else "*bf16")
         wide = 2 if fp8 else 1  # FP8 decode tiles span twice the columns (moe_decode)
-        mult = cfg.moe_fp8_gemv_tile_mult if fp8 else 1
+        tile, down_tile = (cfg.moe_fp8_gemv_tile, cfg.moe_fp8_gemv_down_tile) if fp8 else (cfg.moe_gemv_tile,
+                                                                                          cfg.moe_gemv_down_tile)
         launch = (cfg.moe_decode_warps, cfg.moe_decode_stages)
         build(f"decode gate_up {dt}", moe_decode._gate_up_kernel,
               dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
@@ -70,8 +71,8 @@ def _compile_all() -> dict:
               dict(TOP_K=8, KP=8, FP8=fp8, GROUP=128, BLOCK_N=cfg.moe_decode_down_block_n,
                    BLOCK_K=cfg.moe_decode_down_block_k * wide), *launch)
         gemv_launch = (cfg.moe_gemv_warps, 1)
-        block_n = cfg.moe_gemv_tile * mult // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
-        block_n_down = cfg.moe_gemv_down_tile * mult // (8 * 1024)
+        block_n = tile // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
+        block_n_down = down_tile // (8 * 1024)
         for packed in (True, False) if fp8 else (False,):  # FP8: the packed rounding (default) and Triton's
             case = "" if not fp8 or packed == cfg.moe_fp8_packed_round else f" packed={packed}"
             build(f"gemv gate_up {dt}{case}", moe_gemv._gate_up_gemv_kernel,
