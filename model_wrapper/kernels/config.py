@@ -96,6 +96,10 @@ class KernelConfig:
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
     moe_route_warps: int = 4  # (2 / 8 within noise)
+    # the top-k of both routing kernels by a bitonic top-k of packed (probability, index) keys (tl.topk) instead of
+    # the [E, E] rank comparison (sm90 SASS of the router + routing kernel: ~1900 instructions a thread in its
+    # routing part); the same experts, order and weights
+    moe_route_sort: bool = False
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)

@@ -92,13 +92,16 @@ def _compile_all() -> dict:
                            **weights),
                       dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, GROUP=128, BLOCK_M=bm, BLOCK_N=bn,
                            BLOCK_K=min(bk, 128) if fp8 else bk, PDL=True), warps, stages)
-    build("route", moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
-          dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True), cfg.moe_route_warps, 1)
-    for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
-        build(f"router + route x{m}", moe_route._router_route_kernel,
-              dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64", count_ptr="*i32"),
-              dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True),
-              cfg.gemv_warps, 1)
+    for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
+        tag = " sort" if sort else ""
+        build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
+              dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True, SORT=sort), cfg.moe_route_warps, 1)
+        for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
+            build(f"router + route x{m}{tag}", moe_route._router_route_kernel,
+                  dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
+                       count_ptr="*i32"),
+                  dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
+                       SORT=sort), cfg.gemv_warps, 1)
     pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
     build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk, PDL=True), 4, 3)
     build("align scatter", moe_align._scatter_kernel, pointers,
@@ -115,7 +118,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 24
+    assert len(stacks) == 27
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
