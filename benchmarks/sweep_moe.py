@@ -162,10 +162,10 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 
 # session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
 # loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
-SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-sort": dict(moe_route_sort=True)}
+SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False)}
 FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False),
                 "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
-                "t8k-fp8": dict(moe_fp8_gemv_tile=8192, moe_fp8_gemv_down_tile=8192),
+                "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
                 "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}
 
 

@@ -87,19 +87,20 @@ class KernelConfig:
     # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
     moe_fp8_packed_round: bool = True
     # FP8 experts' GEMV tiles: e4m3 weights a gate_up / down program holds (32k: the bf16 tiles' bytes; sm90
-    # registers a thread at 32k: gate_up 75, down 161 (one 8-warp program a SM); at 16k: 48 and 99). H100, one layer
-    # at 1 token: 39.4 us (32k, one-value rounding), 37.3 (32k, packed), 36.2 (16k), 35.6 (16k, packed); bench_moe.py
-    # FP8 batch 1 3.22 -> 3.06 ms with both
-    moe_fp8_gemv_tile: int = 16384
-    moe_fp8_gemv_down_tile: int = 16384
+    # registers a thread, packed rounding: gate_up 73 / 48 / 40, down 199 / 114 / 59 at 32k / 16k / 8k). H100, one
+    # layer at 1 token: 39.4 us (32k, one-value rounding), 37.3 (32k, packed), 36.2 (16k), 35.6 (16k, packed);
+    # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
+    moe_fp8_gemv_tile: int = 8192
+    moe_fp8_gemv_down_tile: int = 8192
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
     moe_route_warps: int = 4  # (2 / 8 within noise)
     # the top-k of both routing kernels by a bitonic top-k of packed (probability, index) keys (tl.topk) instead of
-    # the [E, E] rank comparison (sm90 SASS of the router + routing kernel: ~1900 instructions a thread in its
-    # routing part); the same experts, order and weights
-    moe_route_sort: bool = False
+    # the [E, E] rank comparison (sm90 SASS of the router + routing kernel's routing part: 363 instructions a thread
+    # against 1907); the same experts, order and weights (H100, bench_moe.py: batch 1 3.20 -> 3.02 ms, 8 10.88 ->
+    # 10.65, 32 20.72 -> 20.53)
+    moe_route_sort: bool = True
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)

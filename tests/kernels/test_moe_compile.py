@@ -24,7 +24,7 @@ from sm90_compile import ROOT, run_child
 
 def _compile_all() -> dict:
     """-> {"stacks": {kernel case: stack bytes}, "loads": {gate_up GEMV case: [16-byte loads before the first
-    FMA, all of them]}}, compiling every case (run in a process without TRITON_INTERPRET)."""
+    FMA, all of them, the tile's and x's]}}, compiling every case (run in a process without TRITON_INTERPRET)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -53,7 +53,9 @@ def _compile_all() -> dict:
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
                 first = sass.find("FFMA")
-                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128")]
+                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"),
+                               constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
+                               + 1]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
@@ -126,10 +128,9 @@ def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):
     """The register-tile gate_up GEMV (bf16 with KernelConfig.moe_gemv_loads_first, FP8 as it is) has every
     16-byte load of its tile (and x's) in flight before its first FMA: without the fence ptxas interleaves the
     bf16 loads with the products."""
-    for name, (before, total) in built["loads"].items():
-        # bf16: 16k weights over 256 threads (eight 16-byte loads a thread) and x's; FP8 (the default tiles of
-        # 16k e4m3 weights): four and x's
-        assert total == (5 if "fp8" in name else 9) and before == total, (name, before, total)
+    for name, (before, total, want) in built["loads"].items():
+        # the tile's bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread)
+        assert total == want and before == total, (name, before, total, want)
 
 
 if __name__ == "__main__":
