@@ -17,8 +17,12 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          nopdl     new with no programmatic dependent launch (KernelConfig.pdl off): what PDL hides
          attn-pdl, attn-nopdl  new with the graphs' decode attention launched with PDL at every batch / at none
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
+         lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
+         route-rank new with the routing's top-k by the [E, E] rank (KernelConfig.moe_route_sort off)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
-                   (quantized here from the random bf16 ones; the rest of the model stays bf16)
+                   (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
+                   session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
+                   tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -78,7 +82,15 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # the residual add + RMSNorm inside the qkv GEMV at 1 token (session 34; off by default)
             "addnorm-qkv": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
             "noaddnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
-            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64)}
+            # session 34's switches: the gate_up GEMV's loads in ptxas's order (session 33's kernel); the routing's
+            # [E, E] rank instead of the bitonic top-k
+            "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
+            "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
+            "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
+            "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
+                                           moe_fp8_gemv_down_tile=32768),
+            "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -85,14 +85,33 @@ class KernelConfig:
     # the decode path's experts as register-tile GEMVs (kernels/moe_gemv.py: a program loads its whole
     # tile at once, PDL; down's weights stream in before gate_up ends); False: the K-looped kernels above
     moe_decode_gemv: bool = True
-    moe_gemv_tile: int = 16384  # gate_up weights a program holds (bf16; FP8 twice the weights, same bytes)
+    moe_gemv_tile: int = 16384  # gate_up weights a program holds (model dtype; FP8 experts: moe_fp8_gemv_tile)
     # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
+    # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
+    # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
+    # (H100, sweep_moe.py --switches, a layer: 2 tokens 67.0 against 70.3 us, 4 tokens 108 against 114; 1 token within
+    # the rounds' spread; bench_moe.py batch 1 3.18 against 3.25 ms)
+    moe_gemv_loads_first: bool = True
+    # FP8 experts in those GEMVs: each dequantized weight's rounding to the model dtype two at a time (cvt.rn.bf16x2.f32)
+    # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
+    moe_fp8_packed_round: bool = True
+    # FP8 experts' GEMV tiles: e4m3 weights a gate_up / down program holds (32k: the bf16 tiles' bytes; sm90
+    # registers a thread, packed rounding: gate_up 73 / 48 / 40, down 199 / 114 / 59 at 32k / 16k / 8k). H100, one
+    # layer at 1 token: 39.4 us (32k, one-value rounding), 37.3 (32k, packed), 36.2 (16k), 35.6 (16k, packed);
+    # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
+    moe_fp8_gemv_tile: int = 8192
+    moe_fp8_gemv_down_tile: int = 8192
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
     moe_route_warps: int = 4  # (2 / 8 within noise)
+    # the top-k of both routing kernels by a bitonic top-k of packed (probability, index) keys (tl.topk) instead of
+    # the [E, E] rank comparison (sm90 SASS of the router + routing kernel's routing part: 363 instructions a thread
+    # against 1907); the same experts, order and weights (H100, bench_moe.py: batch 1 3.20 -> 3.02 ms, 8 10.88 ->
+    # 10.65, 32 20.72 -> 20.53)
+    moe_route_sort: bool = True
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)

@@ -140,7 +140,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         return torch.zeros_like(x)
     P = T * k
     if takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None):
-        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg):
+        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg, gate_up_scale is not None):
             return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()

@@ -6,7 +6,7 @@
              y[t, n] = sum_j w[t, j] * (act[t * k + j] . down_{ids[t, j]}[n])           y [T, H]
 
 Each program loads its whole weight tile (rows x the padded row width, cfg.moe_gemv_tile weights; FP8
-twice the weights, the same bytes) in one go, then reduces it: no K loop, every byte of the program in
+cfg.moe_fp8_gemv_tile e4m3 weights) in one go, then reduces it: no K loop, every byte of the program in
 flight at once. At one Qwen3-30B-A3B token (H 2048, I 768, top-8) that is 8 x 192 gate_up programs of
 4 gate + 4 up rows and 1024 down programs of 8 x 2 rows: several waves of small programs over 132 SMs,
 where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels launch with PDL:
@@ -16,6 +16,18 @@ where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels l
     down     reads ids, the routing weights and its k experts' rows *before* its wait (written by the
              route kernel, complete before any gate_up program passed its wait), so its weights stream in
              while gate_up drains; then waits and reads act.
+
+Loads first (KernelConfig.moe_gemv_loads_first, bf16 gate_up on a GPU): the tile's loads come after
+gate_up's PDL wait (they need ids), and there ptxas interleaves them with the products to save registers:
+in the sm90 SASS each thread had one or two of its eight 16-byte loads in flight (37 registers), where
+the down kernel, whose loads precede its wait, issues all of them first. A CTA-scope fence after the
+loads (placed before the products; it costs a wait for the CTA's loads, which the products need anyway)
+makes ptxas issue all eight first (63 registers). The FP8 tiles are issued first without it (their
+scales' loads, inside the dequantization, would land behind the fence).
+
+FP8 on a GPU (KernelConfig.moe_fp8_packed_round): the dequantized weights are rounded to bf16 two an
+instruction (cvt.rn.bf16x2.f32) instead of Triton's one-value conversion (F2F, 132 a thread for 128 weights
+in the sm90 SASS): the same values, fewer conversions.
 
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in
@@ -35,9 +47,39 @@ from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
 
 
 @triton.jit
+def _loads_fence():
+    """A CTA-scope fence: ptxas issues every load before it ahead of it (see LOADS_FIRST)."""
+    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _round_bf16x2(v):
+    """fp32 -> bf16, round to nearest even, two values an instruction (cvt.rn.bf16x2.f32; Triton's own conversion
+    is one value an instruction, F2F on sm90)."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [v], dtype=tl.bfloat16, is_pure=True,
+                                     pack=2)
+
+
+@triton.jit
+def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, KP: tl.constexpr, dtype: tl.constexpr,
+                  PACKED: tl.constexpr):
+    """moe_decode._dequant of a whole-row tile (columns 0..KP); PACKED (FP8 experts, bf16 model, on a GPU): the
+    rounding to bf16 two values an instruction (_round_bf16x2), the same values."""
+    if FP8 and PACKED and KP > GROUP:
+        R: tl.constexpr = w.shape[0]
+        NG: tl.constexpr = KP // GROUP
+        g = tl.arange(0, NG)
+        s = tl.load(s_rows[:, None] + g[None, :], mask=row_ok[:, None] & (g * GROUP < K)[None, :], other=0.0)
+        v = tl.reshape(w.to(tl.float32), (R, NG, GROUP)) * s[:, :, None]
+        return tl.reshape(_round_bf16x2(v), (R, KP)).to(tl.float32)
+    return _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
-                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
+                         PACKED: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -54,9 +96,12 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
     wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
+    if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
+        _loads_fence()
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
-    acc_g = tl.sum(_dequant(wg, gate_s, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
-    acc_u = tl.sum(_dequant(wu, gate_s + N * stride_sn, n_ok, 0, K, FP8, GROUP, KP, dtype) * xv[None, :], axis=1)
+    acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
+    acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
+                   axis=1)
     g = acc_g.to(dtype).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype)
     out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
@@ -66,7 +111,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 @triton.jit
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
-                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                      PACKED: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -87,7 +133,7 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
-    w = _dequant(w, s_rows, row_ok, 0, K, FP8, GROUP, KP, dtype)
+    w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
         gdc_launch_dependents()
@@ -99,12 +145,17 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
 
 
-def moe_gemv_fits(hidden: int, inter: int, top_k: int, cfg: KernelConfig) -> bool:
+def _tiles(cfg: KernelConfig, fp8: bool) -> tuple[int, int]:
+    """Weights a gate_up and a down program hold: the model dtype's tiles, or the FP8 experts' own."""
+    return (cfg.moe_fp8_gemv_tile, cfg.moe_fp8_gemv_down_tile) if fp8 else (cfg.moe_gemv_tile, cfg.moe_gemv_down_tile)
+
+
+def moe_gemv_fits(hidden: int, inter: int, top_k: int, cfg: KernelConfig, fp8: bool = False) -> bool:
     """Whether one gate and one up row of the padded hidden width, and one row of each of the k experts'
     down of the padded intermediate width, fit a program's tile (else the K-looped kernels/moe_decode.py)."""
     slots = max(2, triton.next_power_of_2(top_k))
-    return (2 * triton.next_power_of_2(hidden) <= cfg.moe_gemv_tile
-            and slots * triton.next_power_of_2(inter) <= cfg.moe_gemv_down_tile)
+    tile, down_tile = _tiles(cfg, fp8)
+    return 2 * triton.next_power_of_2(hidden) <= tile and slots * triton.next_power_of_2(inter) <= down_tile
 
 
 def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
@@ -119,22 +170,23 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
     act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    tile = cfg.moe_gemv_tile * (2 if fp8 else 1)  # FP8: the same bytes a program
-    down_tile = cfg.moe_gemv_down_tile * (2 if fp8 else 1)
+    tile, down_tile = _tiles(cfg, fp8)
     kp_h, kp_i = triton.next_power_of_2(H), triton.next_power_of_2(inter)
     slots = max(2, triton.next_power_of_2(k))
     block_n = _pow2_floor(max(1, tile // (2 * kp_h)))  # a gate and an up row each
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
+    packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
-        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl, num_warps=cfg.moe_gemv_warps,
+        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, num_warps=cfg.moe_gemv_warps,
         **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
-        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl,
+        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
         num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 

@@ -11,7 +11,9 @@ One program a token holds its E logits (E padded to a power of two, the padding 
     w       -> model dtype                                        unless fp32 weights (Mixtral)
 
 It replaces torch's softmax, topk, sum, divide and cast (five kernels) with one, and the rank is a
-single [E, E] comparison instead of k rounds of argmax (k dependent reductions). Exact ties go to the
+single [E, E] comparison instead of k rounds of argmax (k dependent reductions). Or (KernelConfig.moe_route_sort)
+a bitonic top-k (tl.topk) of int64 keys, p's bits above E_pad - 1 - e: the same order (p >= 0, so its bits
+order as p does; equal p, the lower index first), about a fifth of the instructions in the sm90 SASS. Exact ties go to the
 lower expert index; torch.topk breaks them as its sort happens to (layers/moe.route): only a tie of
 fp32 probabilities can choose differently, and both choices are a valid top-k.
 
@@ -41,8 +43,9 @@ from model_wrapper.kernels.config import KernelConfig
 
 @triton.jit
 def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-               RENORM: tl.constexpr, L2: tl.constexpr):
-    """Route token t: its E logits (L2: read past the L1 cache: other programs of the kernel wrote them)."""
+               RENORM: tl.constexpr, L2: tl.constexpr, SORT: tl.constexpr):
+    """Route token t: its E logits (L2: read past the L1 cache: other programs of the kernel wrote them). SORT:
+    the top-k by a bitonic top-k of packed keys instead of the [E, E] rank (the same experts and weights)."""
     e = tl.arange(0, EP)
     ok = e < E
     if L2:
@@ -53,16 +56,24 @@ def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, 
     ex = tl.exp(logit - tl.max(logit, axis=0))
     ex = tl.where(ok, ex, 0.0)
     p = ex / tl.sum(ex, axis=0)
-    # rank of each expert (rows: e, columns: the others f); padding ranks last (p = 0, higher index)
-    f = tl.arange(0, EP)
-    pf = tl.where(f < E, p, -1.0)
-    pe = tl.where(ok, p, -1.0)
-    beats = (pf[None, :] > pe[:, None]) | ((pf[None, :] == pe[:, None]) & (f[None, :] < e[:, None]))
-    rank = tl.sum(beats.to(tl.int32), axis=1)  # [EP]
     j = tl.arange(0, KP)
-    hit = rank[None, :] == j[:, None]  # [KP, EP]: slot j holds the expert of rank j
-    ids = tl.sum(tl.where(hit, e[None, :], 0), axis=1)
-    w = tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
+    if SORT:
+        # key = p's bits (p >= 0: they order as p does) above EP - 1 - e (equal p: the lower index first); padding
+        # -1, below every expert; the KP largest keys, descending, are the top-k in torch.topk's order
+        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (EP - 1 - e).to(tl.int64)
+        top = tl.topk(tl.where(ok, key, -1), KP)
+        ids = EP - 1 - (top & 0xFFFFFFFF)
+        w = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        # rank of each expert (rows: e, columns: the others f); padding ranks last (p = 0, higher index)
+        f = tl.arange(0, EP)
+        pf = tl.where(f < E, p, -1.0)
+        pe = tl.where(ok, p, -1.0)
+        beats = (pf[None, :] > pe[:, None]) | ((pf[None, :] == pe[:, None]) & (f[None, :] < e[:, None]))
+        rank = tl.sum(beats.to(tl.int32), axis=1)  # [EP]
+        hit = rank[None, :] == j[:, None]  # [KP, EP]: slot j holds the expert of rank j
+        ids = tl.sum(tl.where(hit, e[None, :], 0), axis=1)
+        w = tl.sum(tl.where(hit, p[None, :], 0.0), axis=1)
     slot_ok = j < TOP_K
     if RENORM:
         w = w / tl.sum(tl.where(slot_ok, w, 0.0), axis=0)
@@ -72,18 +83,19 @@ def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, 
 
 @triton.jit
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-                  RENORM: tl.constexpr, PDL: tl.constexpr):
+                  RENORM: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     if PDL:
         gdc_wait()  # the router GEMV is complete
         gdc_launch_dependents()
-    _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, False)
+    _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, False, SORT)
 
 
 @triton.jit
 def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E, H, stride_x, stride_g, stride_l,
                          M: tl.constexpr, HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
-                         KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr):
+                         KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
+                         SORT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.arange(0, HP)
     live = rows < E
@@ -103,7 +115,7 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E,
     done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
         for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
-            _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True)
+            _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True, SORT)
         tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
 
 
@@ -143,8 +155,8 @@ def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_
     _router_route_kernel[(triton.cdiv(E, block_e),)](
         x, gate, logits, weights, ids, _count(x.device), E, H, x.stride(0), gate.stride(0), logits.stride(0), M=T,
         HP=hp, BLOCK_E=block_e, TOP_K=top_k, KP=max(2, triton.next_power_of_2(top_k)),
-        EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl, num_warps=cfg.gemv_warps,
-        **launch_args(pdl))
+        EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl, SORT=cfg.moe_route_sort,
+        num_warps=cfg.gemv_warps, **launch_args(pdl))
     return weights, ids, logits
 
 
@@ -164,5 +176,6 @@ def moe_route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weigh
     pdl = uses_pdl(logits.device, cfg)
     _route_kernel[(T,)](logits, weights, ids, E, logits.stride(0), TOP_K=top_k,
                         KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)),
-                        RENORM=norm_topk_prob, PDL=pdl, num_warps=cfg.moe_route_warps, **launch_args(pdl))
+                        RENORM=norm_topk_prob, PDL=pdl, SORT=cfg.moe_route_sort, num_warps=cfg.moe_route_warps,
+                        **launch_args(pdl))
     return weights, ids

@@ -23,7 +23,8 @@ from sm90_compile import ROOT, run_child
 
 
 def _compile_all() -> dict:
-    """-> {kernel case: stack bytes}, compiling every case (run in a process without TRITON_INTERPRET)."""
+    """-> {"stacks": {kernel case: stack bytes}, "loads": {gate_up GEMV case: [16-byte loads before the first
+    FMA, all of them, the tile's and x's]}}, compiling every case (run in a process without TRITON_INTERPRET)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -33,7 +34,7 @@ def _compile_all() -> dict:
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     cfg = KernelConfig()
-    stacks = {}
+    stacks, loads = {}, {}
 
     def build(name, fn, pointers, constexprs, num_warps, num_stages):
         sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
@@ -47,12 +48,21 @@ def _compile_all() -> dict:
             f.flush()
             usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
-        stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+            stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+            if name.startswith("gemv gate_up"):  # 16-byte loads issued before the first product
+                sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
+                                      text=True, check=True).stdout
+                first = sass.find("FFMA")
+                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"),
+                               constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
+                               + 1]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
         weights = dict(w_ptr="*fp8e4nv" if fp8 else "*bf16", s_ptr="*fp32" if fp8 else "*bf16")
         wide = 2 if fp8 else 1  # FP8 decode tiles span twice the columns (moe_decode)
+        tile, down_tile = (cfg.moe_fp8_gemv_tile, cfg.moe_fp8_gemv_down_tile) if fp8 else (cfg.moe_gemv_tile,
+                                                                                          cfg.moe_gemv_down_tile)
         launch = (cfg.moe_decode_warps, cfg.moe_decode_stages)
         build(f"decode gate_up {dt}", moe_decode._gate_up_kernel,
               dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
@@ -63,14 +73,18 @@ def _compile_all() -> dict:
               dict(TOP_K=8, KP=8, FP8=fp8, GROUP=128, BLOCK_N=cfg.moe_decode_down_block_n,
                    BLOCK_K=cfg.moe_decode_down_block_k * wide), *launch)
         gemv_launch = (cfg.moe_gemv_warps, 1)
-        block_n = cfg.moe_gemv_tile * wide // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
-        block_n_down = cfg.moe_gemv_down_tile * wide // (8 * 1024)
-        build(f"gemv gate_up {dt}", moe_gemv._gate_up_gemv_kernel,
-              dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
-              dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True), *gemv_launch)
-        build(f"gemv down {dt}", moe_gemv._down_gemv_kernel,
-              dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
-              dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True), *gemv_launch)
+        block_n = tile // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
+        block_n_down = down_tile // (8 * 1024)
+        for packed in (True, False) if fp8 else (False,):  # FP8: the packed rounding (default) and Triton's
+            case = "" if not fp8 or packed == cfg.moe_fp8_packed_round else f" packed={packed}"
+            build(f"gemv gate_up {dt}{case}", moe_gemv._gate_up_gemv_kernel,
+                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
+                  dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
+                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, PACKED=packed), *gemv_launch)
+            build(f"gemv down {dt}{case}", moe_gemv._down_gemv_kernel,
+                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed),
+                  *gemv_launch)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -80,30 +94,43 @@ def _compile_all() -> dict:
                            **weights),
                       dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, GROUP=128, BLOCK_M=bm, BLOCK_N=bn,
                            BLOCK_K=min(bk, 128) if fp8 else bk, PDL=True), warps, stages)
-    build("route", moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
-          dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True), cfg.moe_route_warps, 1)
-    for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
-        build(f"router + route x{m}", moe_route._router_route_kernel,
-              dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64", count_ptr="*i32"),
-              dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True),
-              cfg.gemv_warps, 1)
+    for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
+        tag = " sort" if sort else ""
+        build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
+              dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True, SORT=sort), cfg.moe_route_warps, 1)
+        for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
+            build(f"router + route x{m}{tag}", moe_route._router_route_kernel,
+                  dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
+                       count_ptr="*i32"),
+                  dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
+                       SORT=sort), cfg.gemv_warps, 1)
     pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
     build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk, PDL=True), 4, 3)
     build("align scatter", moe_align._scatter_kernel, pointers,
           dict(EP=128, CHUNK=cfg.moe_align_chunk, CHUNK_TILE=32, BLOCK_TILE=64, BLOCK_M=cfg.moe_block_m, PDL=True), 4, 3)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
-    return stacks
+    return dict(stacks=stacks, loads=loads)
 
 
 @pytest.fixture(scope="module")
-def stacks():
+def built():
     return run_child(__file__, "cuobjdump")
 
 
-def test_every_moe_kernel_compiles_for_sm90_without_spills(stacks):
-    assert len(stacks) == 22
+def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
+    stacks = built["stacks"]
+    assert len(stacks) == 27
     assert {name: s for name, s in stacks.items() if s} == {}
+
+
+def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):
+    """The register-tile gate_up GEMV (bf16 with KernelConfig.moe_gemv_loads_first, FP8 as it is) has every
+    16-byte load of its tile (and x's) in flight before its first FMA: without the fence ptxas interleaves the
+    bf16 loads with the products."""
+    for name, (before, total, want) in built["loads"].items():
+        # the tile's bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread)
+        assert total == want and before == total, (name, before, total, want)
 
 
 if __name__ == "__main__":

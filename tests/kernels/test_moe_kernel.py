@@ -131,8 +131,9 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
 DECODE_FP8 = dataclasses.replace(DECODE_LOOP, moe_decode_block_n=64, moe_decode_block_k=32,
                                  moe_decode_down_block_n=32, moe_decode_down_block_k=32)
 DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
-# register tiles: rows of H = 200 and I = 136 pad to 256 (two groups, the second partly filled)
-DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_gemv_tile=512, moe_gemv_down_tile=1024)
+# register tiles: rows of H = 200 and I = 136 pad to 256 (two groups, the second partly filled); two gate_up
+# columns and two rows of each down a program
+DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_fp8_gemv_tile=1024, moe_fp8_gemv_down_tile=2048)
 
 
 @interpreter_only
@@ -177,6 +178,11 @@ DECODE_CUDA = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 2
 CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "decode-loop": dataclasses.replace(DECODE_CUDA, moe_decode_gemv=False),
               "decode-no-pdl": dataclasses.replace(DECODE_CUDA, pdl=False),
+              # the register-tile GEMVs' switches: ptxas's own load order (bf16); FP8 experts' one-value rounding
+              # and tiles of the bf16 tiles' bytes (session 33's FP8 GEMVs)
+              "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
+              "decode-fp8-s33": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
+                                                    moe_fp8_gemv_down_tile=32768),
               "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
                                                                                              moe_fused_align=False)}
 
@@ -195,7 +201,7 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-fp8-s33", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
@@ -204,6 +210,22 @@ def test_fp8_experts_match_reference_cuda(path, T):
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, CUDA_PATHS[path], gate_up_scale=gs, down_scale=ds)
     _cuda_close(got, x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("T", [1, 3])
+def test_fp8_packed_rounding_is_the_same_values_cuda(T):
+    """The FP8 GEMVs' packed rounding of the dequantized weights (cvt.rn.bf16x2.f32, two at a time) rounds as
+    Triton's one-value conversion does: the same output bit for bit, at the Qwen3-30B-A3B expert shape, with the
+    tiles of 8k, 16k and 32k e4m3 weights (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile)."""
+    x, w, ids, gate_up, down = _case(T, 16, 8, 2048, 768, torch.bfloat16, "cuda")
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    for tile in (8192, 16384, 32768):
+        packed, plain = (dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile=tile, moe_fp8_gemv_down_tile=tile,
+                                             moe_fp8_packed_round=p) for p in (True, False))
+        assert torch.equal(fused_moe(x, w, ids, gq, dq, packed, gate_up_scale=gs, down_scale=ds),
+                           fused_moe(x, w, ids, gq, dq, plain, gate_up_scale=gs, down_scale=ds))
 
 
 @pytest.mark.cuda

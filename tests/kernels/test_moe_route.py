@@ -9,6 +9,8 @@ in the model dtype or fp32 (Mixtral), and the router's projection plus routing a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,12 +21,16 @@ from model_wrapper.kernels.moe_route import moe_route  # noqa: E402
 from model_wrapper.layers.moe import MoESpec, route  # noqa: E402
 
 
-def _check(logits, k, norm, fp32_weights, same_ids=True):
+# the two top-k of the kernels: the [E, E] rank and the bitonic top-k of packed keys (KernelConfig.moe_route_sort)
+TOPK = {"rank": KernelConfig(moe_route_sort=False), "sort": KernelConfig(moe_route_sort=True)}
+
+
+def _check(logits, k, norm, fp32_weights, same_ids=True, cfg=TOPK["rank"]):
     """same_ids: no two logits of a row are equal (fp32 random), so the experts must be torch's; else
     (logits in bf16 / fp16 repeat values) the chosen probabilities must be torch's, slot by slot."""
     spec = MoESpec(logits.shape[1], k, 8, norm_topk_prob=norm, fp32_weights=fp32_weights)
     want_w, want_ids = route(logits.cpu(), spec)
-    got_w, got_ids = moe_route(logits, k, norm, fp32_weights, KernelConfig())
+    got_w, got_ids = moe_route(logits, k, norm, fp32_weights, cfg)
     assert got_ids.dtype == torch.int64 and got_w.dtype == want_w.dtype
     if same_ids:
         assert got_ids.cpu().tolist() == want_ids.tolist()
@@ -37,32 +43,36 @@ def _check(logits, k, norm, fp32_weights, same_ids=True):
 
 @pytest.mark.parametrize("T,E,k", [(1, 8, 2), (3, 60, 4), (16, 128, 8), (5, 8, 1), (2, 300, 6), (4, 2, 2)])
 @pytest.mark.parametrize("norm", [True, False])
-def test_route_matches_torch(T, E, k, norm):
+@pytest.mark.parametrize("topk", list(TOPK))
+def test_route_matches_torch(T, E, k, norm, topk):
     g = torch.Generator().manual_seed(T * 1000 + E)
     logits = torch.randn(T, E, generator=g).to(DEVICE)
-    _check(logits, k, norm, fp32_weights=False)
+    _check(logits, k, norm, fp32_weights=False, cfg=TOPK[topk])
 
 
 @pytest.mark.parametrize("dtype,fp32_weights", [(torch.bfloat16, False), (torch.bfloat16, True),
                                                 (torch.float16, False)])
-def test_route_in_the_model_dtype(dtype, fp32_weights):
+@pytest.mark.parametrize("topk", list(TOPK))
+def test_route_in_the_model_dtype(dtype, fp32_weights, topk):
     """Logits in the model dtype (the router GEMV's output): weights rounded to it, or kept fp32."""
     g = torch.Generator().manual_seed(7)
     logits = (torch.randn(9, 64, generator=g) * 3).to(dtype).to(DEVICE)
-    _check(logits, 8, True, fp32_weights, same_ids=False)
+    _check(logits, 8, True, fp32_weights, same_ids=False, cfg=TOPK[topk])
 
 
-def test_ties_take_the_lower_expert_index():
+@pytest.mark.parametrize("topk", list(TOPK))
+def test_ties_take_the_lower_expert_index(topk):
     """Equal logits: torch.topk picks some k of the tied experts; the kernel the k lowest indices, with the
     same weights (every tied expert has the same probability)."""
+    cfg = TOPK[topk]
     logits = torch.zeros(3, 16)
     logits[1, [2, 5, 9, 11]] = 1.0  # four tied leaders, top-2: experts 2 and 5
     logits[2, [3, 7]] = 2.0  # two leaders, then 14 tied: top-4 takes 3, 7, 0, 1
-    w, ids = moe_route(logits.to(DEVICE), 2, True, False, KernelConfig())
+    w, ids = moe_route(logits.to(DEVICE), 2, True, False, cfg)
     assert ids.cpu().tolist() == [[0, 1], [2, 5], [3, 7]]
     want_w, _ = route(logits, MoESpec(16, 2, 8, norm_topk_prob=True))
     torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=1e-6)
-    w4, ids4 = moe_route(logits.to(DEVICE), 4, False, False, KernelConfig())
+    w4, ids4 = moe_route(logits.to(DEVICE), 4, False, False, cfg)
     assert ids4.cpu().tolist() == [[0, 1, 2, 3], [2, 5, 9, 11], [3, 7, 0, 1]]
     want_w4, want_ids4 = route(logits, MoESpec(16, 4, 8, norm_topk_prob=False))
     torch.testing.assert_close(w4.cpu(), want_w4, rtol=1e-6, atol=1e-6)
@@ -79,15 +89,17 @@ def test_bad_top_k_is_refused():
 @pytest.mark.cuda
 @on_cuda_skip
 @pytest.mark.parametrize("T", [1, 3, 32, 4096])
-def test_route_matches_torch_cuda(T):
+@pytest.mark.parametrize("topk", list(TOPK))
+def test_route_matches_torch_cuda(T, topk):
     g = torch.Generator().manual_seed(T)
     logits = (torch.randn(T, 128, generator=g) * 2).to(torch.bfloat16).cuda()
-    _check(logits, 8, True, False, same_ids=False)
+    _check(logits, 8, True, False, same_ids=False, cfg=TOPK[topk])
 
 
 @pytest.mark.parametrize("T,E,H,k", [(1, 128, 256, 8), (2, 60, 96, 4), (1, 8, 64, 2)])
 @pytest.mark.parametrize("tile", [16384, 512])
-def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile):
+@pytest.mark.parametrize("topk", list(TOPK))
+def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile, topk):
     """moe_router_route: its logits are x @ gate^T (float64 oracle, within fp32 rounding), and its routing
     is torch's (layers/moe.route) on those logits: the same experts, the same weights. A small tile splits
     the experts over several programs (the last one to finish routes); a second launch routes again (the
@@ -95,7 +107,7 @@ def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile):
     from model_wrapper.kernels.moe_route import moe_router_route, router_route_fits
 
     g = torch.Generator().manual_seed(T * 100 + E)
-    cfg = KernelConfig(gemv_tile=tile)
+    cfg = dataclasses.replace(TOPK[topk], gemv_tile=tile)
     spec = MoESpec(E, k, 8, norm_topk_prob=True)
     for step in range(2):
         x = torch.randn(T, H, generator=g).to(DEVICE)
