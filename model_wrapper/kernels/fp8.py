@@ -46,7 +46,7 @@ from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
-from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_silu_reference,
+from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, QuantizedActivation, fp8_gate_up_silu_reference,
                                                  fp8_linear_reference)
 
 
@@ -356,8 +356,23 @@ def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
     M, K = x.shape
     mp = -(-M // 16) * 16
     a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
-    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=x.dtype)
-    y = y[:M] if mp != M else y
+    return _block_mm(a, a_s, M, weight, block_scale, bias, x.dtype)
+
+
+def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_scale: torch.Tensor | None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "scaled_mm_block" GEMM of an activation its producer quantized (kernels/fp8_act.py):
+    act.q [Mp, K] e4m3, act.scale [Mp, K / 128] (stride(0) == 1) -> [act.rows, N] in act.dtype."""
+    if act.group != 128 or block_scale is None:
+        raise ValueError(f"fp8_linear_quantized: the block-scaled GEMM takes 128-column activation groups and a "
+                         f"weight with 128 x 128 block scales, got group {act.group} and block scales "
+                         f"{None if block_scale is None else tuple(block_scale.shape)}")
+    return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype)
+
+
+def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype) -> torch.Tensor:
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=out_dtype)
+    y = y[:M] if a.shape[0] != M else y
     return y if bias is None else y.add_(bias)
 
 
@@ -404,8 +419,13 @@ def _try_block_mm(device: torch.device, N: int, K: int) -> bool:
 def scaled_mm_block_fits(x: torch.Tensor, weight: torch.Tensor, block_scale: torch.Tensor | None) -> bool:
     """Whether the "scaled_mm_block" path takes x: the linear has compact block scales (block
     format, group 128, N and K multiples of 128), x bf16 on a GPU whose torch._scaled_mm takes them."""
-    return (block_scale is not None and x.is_cuda and x.dtype == torch.bfloat16 and weight.is_contiguous()
-            and _block_mm_works(x.device, *weight.shape))
+    return _block_fits(x.dtype, x.device, weight, block_scale)
+
+
+def _block_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                block_scale: torch.Tensor | None) -> bool:
+    return (block_scale is not None and device.type == "cuda" and dtype == torch.bfloat16 and weight.is_contiguous()
+            and _block_mm_works(device, *weight.shape))
 
 
 @functools.lru_cache(maxsize=None)
@@ -416,7 +436,11 @@ def _fp8_mma(device: torch.device) -> bool:
 
 def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """cuBLASLt's row-wise FP8 GEMM: sm89+, bf16 output, K and N multiples of 16, weight row-major."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and _fp8_mma(x.device) and x.shape[1] % 16 == 0
+    return _rowwise_fits(x.dtype, x.device, weight)
+
+
+def _rowwise_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor) -> bool:
+    return (device.type == "cuda" and dtype == torch.bfloat16 and _fp8_mma(device) and weight.shape[1] % 16 == 0
             and weight.shape[0] % 16 == 0 and weight.is_contiguous())
 
 
@@ -427,8 +451,16 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "scaled_mm_block",
     "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
     or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
-    M, K = x.shape
-    if x.dtype not in (torch.bfloat16, torch.float16):
+    return path_for(x.shape[0], x.dtype, x.device, weight, weight_scale, group, cfg, silu, block_scale)
+
+
+def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor, weight_scale: torch.Tensor,
+             group: int, cfg: KernelConfig = DEFAULT, silu: bool = False,
+             block_scale: torch.Tensor | None = None) -> str:
+    """fp8_path for an input of M rows in dtype on device (K: the weight's): also the decision ahead
+    of the kernel that will produce the input (takes_quantized_input)."""
+    K = weight.shape[1]
+    if dtype not in (torch.bfloat16, torch.float16):
         return "reference"
     if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
         return "gemv"
@@ -436,11 +468,23 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return "reference"
     if M <= cfg.fp8_skinny_max_tokens:
         return "skinny"
-    if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
+    if weight_scale.shape[1] == 1 and _rowwise_fits(dtype, device, weight):
         return "scaled_mm"
-    if scaled_mm_block_fits(x, weight, block_scale):
+    if _block_fits(dtype, device, weight, block_scale):
         return "scaled_mm_block"
-    return "gemm" if _fp8_mma(x.device) else "reference"
+    return "gemm" if _fp8_mma(device) else "reference"
+
+
+def takes_quantized_input(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                          weight_scale: torch.Tensor, block_scale: torch.Tensor | None,
+                          cfg: KernelConfig = DEFAULT) -> bool:
+    """Whether fp8_linear would quantize an M-row input (dtype, on device) per token and 128
+    columns for the "scaled_mm_block" GEMM: then the kernel producing the input may quantize it
+    instead (a QuantizedActivation, which fp8_linear multiplies as it comes). cfg.fp8_fused_act_quant
+    off, or block_scale None (no block format, or a static input scale): False."""
+    if not cfg.fp8_fused_act_quant or block_scale is None or device.type != "cuda":
+        return False
+    return path_for(M, dtype, device, weight, weight_scale, 128, cfg, block_scale=block_scale) == "scaled_mm_block"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
@@ -452,6 +496,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
     (same quantization)."""
+    if isinstance(x, QuantizedActivation):  # quantized by its producer (takes_quantized_input said so)
+        return fp8_linear_quantized(x, weight, block_scale, bias)
     if input_scale is not None:
         block_scale = None  # static activations: one scale, not per token and group
     path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
@@ -472,12 +518,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                      bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None,
+                     quant_group: int | None = None):
     """silu(gate) * up [M, N // 2] of fp8_linear over gate_up rows [gate | up] (weight [N, K], its
     scales [N, KG] and bias [N] gate rows first): fused into the weight-only kernels' epilogue;
-    the prefill paths run the GEMM, then silu_and_mul."""
-    path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
-    x = _unit_cols(x)
+    the prefill paths run the GEMM, then silu_and_mul. quant_group (the down projection takes a
+    quantized input, takes_quantized_input, and this step runs a prefill path): SiLU-and-mul and
+    down's quantization in one kernel -> a QuantizedActivation instead."""
+    if isinstance(x, QuantizedActivation):
+        path = "scaled_mm_block"
+    else:
+        path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
+        x = _unit_cols(x)
     if path == "gemv":
         return fp8_gemv(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
     if path == "skinny":
@@ -485,4 +537,9 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if path == "reference":
         weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale), cfg)
+    gate_up = fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale)
+    if quant_group is not None:
+        from model_wrapper.kernels.fp8_act import silu_and_mul_fp8
+
+        return silu_and_mul_fp8(gate_up, quant_group)
+    return silu_and_mul(gate_up, cfg)

@@ -34,7 +34,10 @@ class DenseMLP(nn.Module):
 
         scale: the norm before took a tail and left x's rows undivided; gate_up's SiLU-and-mul
         divides them. fuse_tail: the next norm can take down's tail."""
-        act = self.gate_up_proj.silu(x, batch, kernels, scale)
+        if scale is None and isinstance(self.gate_up_proj, GateUpLinear):  # not wrapped (LoRA)
+            act = self.gate_up_proj.silu(x, batch, kernels, into=self.down_proj)  # down's input quantized there
+        else:
+            act = self.gate_up_proj.silu(x, batch, kernels, scale)
         return self.down_proj(act, batch, kernels, fuse_tail)
 
 

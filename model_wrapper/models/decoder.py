@@ -93,9 +93,11 @@ class DecoderLayer(nn.Module):
 
         tail: the previous block's (h lacks it). norm_tails: this step's norms may take the o and
         down tails (CausalLM.forward), except after the last block's down."""
-        x, residual, scale = self.input_layernorm.add(h, residual, kernels, tail)
+        # into: the projection after the norm, which may take its input quantized by the norm (FP8 prefill)
+        x, residual, scale = self.input_layernorm.add(h, residual, kernels, tail, into=self.self_attn.qkv_proj)
         h, tail = self.self_attn(x, rope, batch, kv, backend, kernels, scale, norm_tails)
-        x, residual, scale = self.post_attention_layernorm.add(h, residual, kernels, tail)
+        x, residual, scale = self.post_attention_layernorm.add(h, residual, kernels, tail,
+                                                               into=getattr(self.mlp, "gate_up_proj", None))
         h, tail = self.mlp(x, batch, kernels, scale, norm_tails and not last)
         return h, residual, tail
 
