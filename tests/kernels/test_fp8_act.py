@@ -17,7 +17,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from triton_interpret import DEVICE, TOL, on_cuda_skip  # first: it sets up the interpreter
+from triton_interpret import DEVICE, INTERPRET, TOL, on_cuda_skip  # first: it sets up the interpreter
 
 from model_wrapper.kernels import fp8_act  # noqa: E402
 from model_wrapper.kernels.activation import silu_and_mul  # noqa: E402
@@ -26,6 +26,7 @@ from model_wrapper.layers.norm import rms_norm  # noqa: E402
 from conftest import rel_err  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
+pytestmark = [] if INTERPRET else [pytest.mark.cuda]  # on a GPU machine: with the other `-m cuda` tests
 
 
 def check_layout(act, M, n, group):
