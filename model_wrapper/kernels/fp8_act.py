@@ -1,5 +1,9 @@
-"""The prefill FP8 linears' activation quantization fused into the kernels that produce the
-activations: the residual add + RMSNorm before qkv and gate_up, and the SiLU-and-mul before down.
+"""The FP8 linears' activation quantization (kernels/fp8.py's prefill paths): per token and group
+of columns (or with a static scale) in a kernel of its own, or fused into the kernels that produce
+the activations: the residual add + RMSNorm before qkv and gate_up, the SiLU-and-mul before down.
+
+    quantize_fp8_per_token_group(x, group)  -> (x_fp8 [M, K], scale [M, KG])
+    quantize_fp8_static(x, input_scale)     -> x_fp8 [M, K]
 
 kernels/fp8.py's "scaled_mm_block" path (cuBLASLt's block-scaled GEMM, 17+ tokens) multiplies
 e4m3 activations quantized per token and 128 columns. Unfused, a prefill layer runs a norm that
@@ -9,7 +13,7 @@ it computed, still in registers, and writes only e4m3 + scales:
 
     add_rms_norm_fp8(x, residual, weight, eps, group)  residual <- residual + x (in place),
                                                        -> quantize(weight * RMSNorm(residual))
-    rms_norm_fp8(x, weight, eps, group)                -> quantize(weight * RMSNorm(x))  (first layer)
+    add_rms_norm_fp8(x, None, weight, eps, group)      -> quantize(weight * RMSNorm(x))  (first layer)
     silu_and_mul_fp8(gate_up, group)                   -> quantize(silu(gate) * up)
 
 Each returns a QuantizedActivation (kernels/fp8_reference.py): e4m3 [Mp, K] and float32 scales
@@ -17,7 +21,7 @@ Each returns a QuantizedActivation (kernels/fp8_reference.py): e4m3 [Mp, K] and 
 to 16 (rows M.. are zeros with the scale of an all-zero group). The quantization is the reference
 one (quantize_fp8_reference) applied to the value the unfused kernel would have written, rounded
 to x's dtype first: scale = max(amax, MIN_AMAX) / 448 with IEEE divisions, x / scale clamped and
-rounded to e4m3 ties-to-even (fp8.round_to_e4m3). write_x also stores that bf16 value (tests).
+rounded to e4m3 ties-to-even (round_to_e4m3). write_x also stores that bf16 value (tests).
 """
 
 from __future__ import annotations
@@ -27,11 +31,97 @@ import triton
 import triton.language as tl
 
 from model_wrapper.kernels.common import silu_mul
-from model_wrapper.kernels.fp8 import round_to_e4m3
 from model_wrapper.kernels.fp8_reference import FP8_MAX, MIN_AMAX, QuantizedActivation
 
 ROW_PAD = 16  # Mp: the rows of the e4m3 operand and its scales, a multiple of 16 (cuBLASLt's scale layout)
 MAX_NORM_COLS = 16384  # a norm program holds its whole row (padded to a power of 2) in registers
+
+
+# -- the quantize kernel (a linear quantizes its own input) ----------------------------------------
+
+@triton.jit
+def round_to_e4m3(q):
+    """fp32 q in [-448, 448] -> the nearest e4m3 value, ties to even, still fp32: the conversion
+    after it is then exact whatever rounding the hardware's or the compiler's conversion does.
+
+    e4m3 keeps 3 mantissa bits from exponent -6 up (biased fp32 exponent e >= 121), and spacing
+    2^-9 below (subnormals): ulp = 2^(max(e, 121) - 127 - 3). q / ulp (an exact power-of-2
+    product) lies in (-16, 16); adding and subtracting 1.5 * 2^23 rounds it to an integer, ties
+    to even, in IEEE fp32 adds."""
+    bits = q.to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) & 0xFF, 121)
+    ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
+    inv = ((257 - e) << 23).to(tl.float32, bitcast=True)  # 1 / ulp
+    r = ((q * inv + 12582912.0) - 12582912.0) * ulp
+    # q's sign back on a result rounded to zero (the adds give +0): -0 stays -0, as torch's conversion
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
+                     GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
+                     FMAX: tl.constexpr, AMIN: tl.constexpr):
+    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a
+    # power of 2); rows from M on (padding) quantize zeros: q = 0 with the scale of an all-zero group
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) * BG + tl.arange(0, BG)
+    j = tl.arange(0, GP)
+    cols = g[:, None] * GROUP + j[None, :]
+    m = (j[None, :] < GROUP) & (cols < K)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m & (row < M), other=0.0).to(tl.float32)
+    if STATIC:
+        s = tl.load(in_scale_ptr).to(tl.float32)
+        q = tl.math.div_rn(x, s)
+    else:
+        # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
+        s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
+        tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
+        q = tl.math.div_rn(x, s[:, None])
+    q = round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
+    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
+
+
+
+def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
+              outer: bool = False):
+    """-> (q e4m3 [rows, K], s float32 [rows, KG]) of x [M, K] (rows >= M: zero rows after x's).
+    outer: s is a view of a [KG, rows] buffer (stride(0) == 1: cuBLASLt's block-scale layout)."""
+    M, K = x.shape
+    rows = M if rows is None else rows
+    kg = triton.cdiv(K, group)
+    q = torch.empty(rows, K, dtype=torch.float8_e4m3fn, device=x.device)
+    if input_scale is not None:
+        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(rows, kg)
+    elif outer:
+        s = torch.empty(kg, rows, dtype=torch.float32, device=x.device).t()
+    else:
+        s = torch.empty(rows, kg, dtype=torch.float32, device=x.device)
+    if rows:
+        gp = triton.next_power_of_2(group)
+        bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
+        _fp8_quantize_kernel[(rows, triton.cdiv(kg, bg))](
+            x, q, s, s, M, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GROUP=group, GP=gp, BG=bg,
+            STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
+    return q, s
+
+
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride) -> (x_fp8 e4m3 [M, K], scale float32 [M, ceil(K / group)]):
+    per row and group of `group` columns, scale = max(amax, MIN_AMAX) / 448 and
+    x_fp8 = e4m3(clamp(x / scale, -448, 448)), in one Triton kernel."""
+    return _quantize(_unit_cols(x), group, None)
+
+
+def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> e4m3(clamp(x / input_scale, -448, 448)) [M, K], input_scale a float32 scalar tensor."""
+    return _quantize(_unit_cols(x), x.shape[1], input_scale)[0]
+
+
+def _unit_cols(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# -- fused into the producers -----------------------------------------------------------------------
 
 
 @triton.jit
