@@ -160,10 +160,13 @@ OCCUPANCY_VARIANTS = [dict(fp8_math="q_dtype", block_n=64, num_warps=4, num_stag
 # the launch by batch (decode_attention.E4M3_BY_BATCH): the candidates at every batch of the decode
 # graphs' range, each context a graph may replay; the choice may follow the batch only
 BY_BATCH_CASES = ((16, 2048), (16, 8192), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048), (128, 8192))
+# (2 stages: a program's shared memory 3 -> 2 K/V tiles, room for a 4th program an SM at 64 keys;
+# maxnreg 255, the hardware's limit: uncapped, where None would take LAUNCH's cap of 128)
 BY_BATCH_VARIANTS = [
-    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, maxnreg=r, **({"split_factor": f} if f > 1 else {}))
-    for m, b, r, f in (("bits_vreg", 64, 128, 1), ("bits_vreg", 64, 128, 2), ("bits_vreg", 64, 128, 4),
-                       ("bits_vreg", 128, None, 1), ("bits_vreg", 128, None, 2), ("fp16_vreg", 64, 128, 1))]
+    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=st, maxnreg=r, **({"split_factor": f} if f > 1 else {}))
+    for m, b, st, r, f in (("bits_vreg", 64, 3, 128, 1), ("bits_vreg", 64, 3, 128, 2), ("bits_vreg", 64, 3, 128, 4),
+                           ("bits_vreg", 64, 2, 128, 1), ("bits_vreg", 64, 2, 128, 2), ("bits_vreg", 128, 3, 255, 1),
+                           ("bits_vreg", 128, 3, 255, 2), ("fp16_vreg", 64, 3, 128, 1))]
 
 
 def best_by_batch(res: dict) -> dict:
