@@ -406,8 +406,8 @@ def takes_quantized_input(M: int, dtype: torch.dtype, device: torch.device, weig
     columns for the "scaled_mm_block" GEMM: then the kernel producing the input may quantize it
     instead (a QuantizedActivation, which fp8_linear multiplies as it comes). cfg.fp8_fused_act_quant
     off, or block_scale None (no block format, or a static input scale): False."""
-    if not cfg.fp8_fused_act_quant or block_scale is None or device.type != "cuda":
-        return False
+    if not cfg.fp8_fused_act_quant or block_scale is None or device.type != "cuda" or M <= cfg.fp8_skinny_max_tokens:
+        return False  # (up to fp8_skinny_max_tokens: the weight-only paths, which take x unquantized)
     return path_for(M, dtype, device, weight, weight_scale, 128, cfg, block_scale=block_scale) == "scaled_mm_block"
 
 
