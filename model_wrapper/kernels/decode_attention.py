@@ -214,10 +214,12 @@ MAX_SPLITS = 16
 # e4m3 launches by batch: (largest batch, what replaces LAUNCH["e4m3"]'s values there; split_factor:
 # decode_splits' splits times it), the first row whose batch is not below the step's. A decode graph
 # runs one batch, so it keeps one launch; the context plays no part (graphs replay any context).
-# H100 (--sweep --occupancy, session 33): at 32 x 2048, 64 keys capped at 128 registers take 0.59 of
-# copy bandwidth with one split a (request, KV head) (256 programs for 528 slots), 0.72 with two,
-# 128 keys uncapped 0.70; from batch 64 one split fills the slots (0.79-0.86)
-E4M3_BY_BATCH = ((16, {}), (32, {"split_factor": 2}))
+# H100, bench_fp8_kv.py --sweep --by-batch (session 34, K/V bytes / time / copy bandwidth at 2k / 8k):
+# batch 32 with one split a (request, KV head) runs 256 programs for 3-4 slots a SM on 132 SMs:
+# 0.59 / 0.64, with two 0.72 / 0.81 (four 0.68 / 0.80; 128 keys 0.70 / 0.78); batch 64: V through
+# "fp16_vreg" 0.80 / 0.85 against "bits_vreg" 0.76 / 0.84 (session 33: 0.80 / 0.86 against 0.79 /
+# 0.85); batch 16 (4 splits already) and 128: the plain row is the best or within 1%
+E4M3_BY_BATCH = ((16, {}), (32, {"split_factor": 2}), (64, {"fp8_math": "fp16_vreg"}))
 
 
 def launch_for(fp8: bool, batch: int) -> dict:
