@@ -150,40 +150,54 @@ def test_fp8_linears_take_the_fused_activation_as_the_unfused_one():
 
 @pytest.mark.cuda
 @on_cuda_skip
-def test_fp8_model_prefill_runs_the_fused_quantization_within_fp8_bounds(checkpoint_dir, tmp_path, monkeypatch):
+def test_fp8_model_prefill_hands_exact_fused_activations_to_its_linears(checkpoint_dir, tmp_path, monkeypatch):
     """A tiny block-FP8 Llama whose widths are whole 128-blocks (hidden 256, intermediate 384) on
-    CUDA: the scenario's prefill steps (24 and 18 tokens) call the fused norm and SiLU kernels
-    (counted: every layer's two norms and its SiLU-and-mul), and its logits stay within the FP8
-    bounds of tests/model_wrapper/test_fp8_checkpoint.py against transformers on the dequantized
-    weights, as the unfused path's (KernelConfig(fp8_fused_act_quant=False)) do."""
+    CUDA, eager: the scenario's prefill steps (24 and 18 tokens) run the fused norm and SiLU
+    kernels (every layer's two norms and its SiLU-and-mul, counted), each call inside the model
+    observed (the real kernel, asked for its unquantized rows too): the residual stream it updated
+    normed by the reference RMSNorm is its rows to bf16 rounding, silu(gate) * up of its input
+    likewise, and its e4m3 values and scales are quantize_fp8_reference of those rows, bit for bit.
+    The logits stay as close to transformers on the dequantized weights as the unfused path's
+    (KernelConfig(fp8_fused_act_quant=False), which makes no such call): the two differ only by
+    the norm's bf16 roundings (FlashInfer's norm there)."""
+    import torch.nn.functional as F
+
     from conftest import make_checkpoint
     from fp8_checkpoints import write_fp8
     from model_wrapper.kernels import KernelConfig, fp8
-    from test_fp8_checkpoint import _cuda_vs_reference, _within_fp8_bounds
+    from test_fp8_checkpoint import _cuda_vs_reference
 
     src = make_checkpoint(tmp_path / "src", "llama", hidden_size=256, intermediate_size=384, num_attention_heads=4,
                           num_key_value_heads=2)
-    fp8, deq, _ = write_fp8(src, tmp_path, "block")
+    fp8_dir, deq, _ = write_fp8(src, tmp_path, "block")
     calls = {"norm": 0, "silu": 0}
     norm, silu = fp8_act.add_rms_norm_fp8, fp8_act.silu_and_mul_fp8
 
-    def count(name, fn):
-        def run(*a, **k):
-            calls[name] += 1
-            return fn(*a, **k)
-        return run
+    def observed_norm(x, residual, weight, eps, group, write_x=False):
+        act = norm(x, residual, weight, eps, group, write_x=True)
+        base = x if residual is None else residual  # (updated in place: the residual stream)
+        assert rel_err(act.x.double(), rms_norm(base, weight, eps).double()) < TOL[x.dtype]
+        assert_is_reference_quantization(act, act.x, group)
+        calls["norm"] += 1
+        return act
 
-    monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", count("norm", norm))  # (FlashInferKernels imports it per call)
-    monkeypatch.setattr(fp8, "silu_and_mul_fp8", count("silu", silu))  # (where fp8_gate_up_silu calls it)
-    gen, err, top1 = _cuda_vs_reference(fp8, deq, seed=4, cuda_graphs=False)  # eager: every step counted
+    def observed_silu(gate_up, group, write_x=False):
+        act = silu(gate_up, group, write_x=True)
+        g, u = gate_up.float().chunk(2, dim=-1)
+        assert rel_err(act.x.double(), (F.silu(g) * u).to(gate_up.dtype).double()) < TOL[gate_up.dtype]
+        assert_is_reference_quantization(act, act.x, group)
+        calls["silu"] += 1
+        return act
+
+    monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", observed_norm)  # (FlashInferKernels imports it per call)
+    monkeypatch.setattr(fp8, "silu_and_mul_fp8", observed_silu)  # (where fp8_gate_up_silu calls it)
+    gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False)  # eager: every step counted
     layers = len(gen.model_wrapper.model.model.layers)
     if calls["norm"] == 0:
         pytest.skip("this GPU's torch._scaled_mm takes no 128 x 128 block scales (no scaled_mm_block path)")
-    assert calls["norm"] >= 2 * layers and calls["silu"] >= layers, (calls, layers)
-    _, err16, top1_16 = _cuda_vs_reference(deq, deq, seed=4, cuda_graphs=False)
-    _within_fp8_bounds(err, top1, err16, top1_16)
+    assert calls["norm"] >= 2 * 2 * layers and calls["silu"] >= 2 * layers, (calls, layers)
     calls.update(norm=0, silu=0)
-    _, err_off, top1_off = _cuda_vs_reference(fp8, deq, seed=4, cuda_graphs=False,
+    _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False,
                                               kernel_config=KernelConfig(fp8_fused_act_quant=False))
     assert calls == {"norm": 0, "silu": 0}
-    _within_fp8_bounds(err_off, top1_off, err16, top1_16)
+    assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.1, (err, err_off, top1, top1_off)
