@@ -8,8 +8,9 @@ for the Llama-3-8B widths (hidden 4096; intermediate 14336, and its TP=4 slice 3
 strides and widths divisible by 16 (as Triton specializes them at launch), with the ptxas that
 ships with Triton; cuobjdump reads back their stack (spilled registers) and nvdisasm their SASS
 (the widths of the global loads and stores: a 16-bit or byte-wide access per element would take
-8-16x the memory instructions). In a child process: in this one the kernels may already be
-interpreted functions.
+8-16x the memory instructions), and the PTX the fp32 -> e4m3 conversion (one rounding to nearest
+even, cvt.rn.satfinite.e4m3x2.f32, not through fp16). In a child process: in this one the kernels
+may already be interpreted functions.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _compile_all() -> dict:
         ops: dict = {}
         for op in re.findall(r"\b((?:LDG|STG)\.E[.\w]*)", sass):
             ops[op] = ops.get(op, 0) + 1
-        out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), ops=ops)
+        cvts = sorted(set(re.findall(r"\bcvt(?:\.\w+)+", kernel.asm["ptx"])))
+        out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), ops=ops, cvts=cvts)
 
     for has_res in (True, False):
         for write_x in (False, True):
@@ -86,6 +88,8 @@ def test_quantization_kernels_compile_for_sm90_without_spills_and_with_16_byte_a
         # every load and the e4m3 / bf16 stores 16 bytes wide; the scales' one 4-byte store a group row
         narrow = {op: n for op, n in r["ops"].items() if not op.endswith(".128") and op != "STG.E"}
         assert not narrow and any(op.startswith("LDG") for op in r["ops"]), (case, r["ops"])
+        # fp32 -> e4m3 in one rounding to nearest even, not through fp16 (a double rounding)
+        assert "cvt.rn.satfinite.e4m3x2.f32" in r["cvts"] and not any(".f16.f32" in c for c in r["cvts"]), r["cvts"]
 
 
 if __name__ == "__main__":
