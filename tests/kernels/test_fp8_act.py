@@ -151,9 +151,10 @@ def test_fp8_linears_take_the_fused_activation_as_the_unfused_one():
 @pytest.mark.cuda
 @on_cuda_skip
 def test_fp8_model_prefill_hands_exact_fused_activations_to_its_linears(checkpoint_dir, tmp_path, monkeypatch):
-    """A tiny block-FP8 Llama whose widths are whole 128-blocks (hidden 256, intermediate 384) on
-    CUDA, eager: the scenario's prefill steps (24 and 18 tokens) run the fused norm and SiLU
-    kernels (every layer's two norms and its SiLU-and-mul, counted), each call inside the model
+    """A tiny block-FP8 Llama on CUDA, eager, wide enough for cuBLASLt's block-scaled GEMM (hidden
+    512, intermediate 1024: K a multiple of 4 x 128; at hidden 256 the H100 run took no projection
+    down that path, so this test skipped): the scenario's prefill steps (24 and 18 tokens) run the
+    fused norm and SiLU kernels (every layer's two norms and its SiLU-and-mul, counted), each call inside the model
     observed (the real kernel, asked for its unquantized rows too): the residual stream it updated
     normed by the reference RMSNorm is its rows to bf16 rounding, silu(gate) * up of its input
     likewise, and its e4m3 values and scales are quantize_fp8_reference of those rows, bit for bit.
@@ -167,7 +168,7 @@ def test_fp8_model_prefill_hands_exact_fused_activations_to_its_linears(checkpoi
     from model_wrapper.kernels import KernelConfig, fp8
     from test_fp8_checkpoint import _cuda_vs_reference
 
-    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=256, intermediate_size=384, num_attention_heads=4,
+    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
                           num_key_value_heads=2)
     fp8_dir, deq, _ = write_fp8(src, tmp_path, "block")
     calls = {"norm": 0, "silu": 0}
