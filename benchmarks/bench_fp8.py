@@ -21,6 +21,9 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
+Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant
+off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py); --prefill-only runs it
+alone, --profile-prefill adds each model's top CUDA kernels of one step.
 Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
 its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's, and
 --bf16-variants bf16 rows):
@@ -197,12 +200,16 @@ def main():
     ap.add_argument("--decode-only", action="store_true", help="the decode rows alone (no accuracy, prefill, engine)")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 1,8,32,128)")
     ap.add_argument("--configs", default="bf16,fp8,fp8+fp8kv", help="comma-separated decode rows: bf16, fp8, fp8+fp8kv")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="the prefill rows alone: bf16, FP8 with the fused activation quantization and without")
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="with the prefill rows: each model's top CUDA kernels of one step (torch.profiler)")
     ap.add_argument("--fp8-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more FP8-weight decode rows ("fp8[name]")')
     ap.add_argument("--bf16-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more bf16 decode rows ("bf16[name]")')
     args = ap.parse_args()
-    if args.decode_only:
+    if args.decode_only or args.prefill_only:
         args.skip_accuracy = args.skip_engine = True
     dev = args.device
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
@@ -265,7 +272,7 @@ def main():
     perm = torch.randperm(num_blocks)
     caches = {"bf16": (genr, None, proj_bf16 + rest, kv_tok), "fp8": (gen8, None, fp8_bytes + rest, kv_tok),
               "fp8+fp8kv": (gen8, E4M3, fp8_bytes + rest, kv_tok // 2)}
-    caches = {k: v for k, v in caches.items() if k in args.configs.split(",")}
+    caches = {k: v for k, v in caches.items() if k in args.configs.split(",") and not args.prefill_only}
     for vname in bf16_variants:
         caches[f"bf16[{vname}]"] = (genr, None, proj_bf16 + rest, kv_tok)
     for vname in variants:
@@ -296,8 +303,29 @@ def main():
     per = -(-T_pre // bs)
     kv8, kvr = gen8.allocate_kv_cache(per + 1, bs), genr.allocate_kv_cache(per + 1, bs)
     n = 4 if dev == "cuda" else 1
-    t8 = timed(prefill_step(gen8, kv8, bs, T_pre, torch.arange(per + 1)), iters=n, device=dev)
-    tr = timed(prefill_step(genr, kvr, bs, T_pre, torch.arange(per + 1)), iters=n, device=dev)
+    reps = 3 if dev == "cuda" else 1
+    step8, stepr = (prefill_step(g_, kv_, bs, T_pre, torch.arange(per + 1)) for g_, kv_ in ((gen8, kv8), (genr, kvr)))
+    tr = timed(stepr, iters=n, device=dev, repeats=reps)
+    # A/B: the activation quantization as a kernel per linear (before kernels/fp8_act.py's fusion) first,
+    # so that a failure of the fused path still leaves the baseline
+    gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_fused_act_quant=False))
+    t8_unfused = timed(step8, iters=n, device=dev, repeats=reps)
+    profiles = {"fp8_unfused": top_kernels(step8)} if args.profile_prefill and dev == "cuda" else {}
+    gen8.model_wrapper.set_kernel_config(base_cfg)
+    try:
+        t8 = timed(step8, iters=n, device=dev, repeats=reps)
+        if profiles:
+            profiles["fp8"] = top_kernels(step8)
+    except Exception as e:  # noqa: BLE001 (reported; the other rows stand)
+        print(f"prefill: the FP8 step with the fused quantization failed: {e!r:.800}", flush=True)
+        t8 = float("nan")
+    print(f"prefill {T_pre} tokens ms: bf16 {tr * 1e3:.2f}, FP8 {t8 * 1e3:.2f} (fused quantization), "
+          f"FP8 unfused {t8_unfused * 1e3:.2f}", flush=True)
+    if profiles:
+        profiles["bf16"] = top_kernels(stepr)
+        for name, rows in profiles.items():
+            print(f"prefill {T_pre} {name}, top CUDA kernels (ms, calls): "
+                  + "; ".join(f"{k} {ms:.2f} x{c}" for k, ms, c in rows), flush=True)
     del kv8, kvr
     chain_bf16, _ = gemm_chain(cfg, T_pre, dev, n)
     chain_fp8 = fp8_gemm_chain(cfg, T_pre, dev, n) if dev == "cuda" else float("nan")
@@ -308,6 +336,8 @@ def main():
         works = _block_mm_works(torch.device(dev, torch.cuda.current_device()), 4096, 4096)
         chain_blk = fp8_gemm_chain(cfg, T_pre, dev, n, blocks=True) if works else chain_blk
     res["prefill"] = dict(tokens=T_pre, fp8_ms=t8 * 1e3, bf16_ms=tr * 1e3, speedup_vs_bf16=tr / t8,
+                          fp8_unfused_quant_ms=t8_unfused * 1e3, unfused_speedup_vs_bf16=tr / t8_unfused,
+                          top_kernels=profiles,
                           fp8_gemm_chain_ms=chain_fp8 * 1e3, fp8_block_gemm_chain_ms=chain_blk * 1e3,
                           bf16_gemm_chain_ms=chain_bf16 * 1e3, ratio_to_fp8_chain=t8 / chain_fp8)
     print("prefill", res["prefill"], flush=True)
@@ -326,9 +356,28 @@ def main():
     save(res, args)
 
 
+def top_kernels(step, top: int = 12) -> list:
+    """One step under torch.profiler: [(kernel name (60 chars), CUDA ms, calls)] by CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        us = getattr(e, "self_cuda_time_total", 0) if us is None else us  # (older torch's name)
+        if us > 0:
+            rows.append((e.key[:60], us / 1e3, e.count))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
 def save(res, args):
     os.makedirs(args.out, exist_ok=True)
-    stem = ("fp8" if not args.tiny else "fp8_tiny") + ("_decode" if args.decode_only else "")
+    stem = ("fp8" if not args.tiny else "fp8_tiny") + ("_decode" if args.decode_only else "") + (
+        "_prefill" if args.prefill_only else "")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(args.out, stem + ".png"))
@@ -344,7 +393,10 @@ def plot(res, path):
         line, = a.plot([d["batch"] for d in rows], [d["step_ms"] for d in rows], "o-", label=name)
         a.plot([d["batch"] for d in rows], [d["floor_ms"] for d in rows], "--", color=line.get_color(), alpha=0.6)
     a.set(xlabel="batch", ylabel="ms / decode step", xscale="log", title=f"decode, ctx {res['context']} (dashed: floor)")
-    a.legend()
+    if res["decode"]:
+        a.legend()
+    else:
+        a.set_visible(False)
     if "prefill" not in res:
         b.set_visible(False)
         fig.suptitle(f"{res['model']} on {res['device']}")
@@ -352,9 +404,9 @@ def plot(res, path):
         fig.savefig(path, dpi=120)
         return
     p = res["prefill"]
-    names = ["fp8", "bf16", "fp8 GEMM chain", "fp8 block GEMM chain", "bf16 GEMM chain"]
-    vals = [p["fp8_ms"], p["bf16_ms"], p["fp8_gemm_chain_ms"], p.get("fp8_block_gemm_chain_ms", float("nan")),
-            p["bf16_gemm_chain_ms"]]
+    names = ["fp8", "fp8 unfused quant", "bf16", "fp8 GEMM chain", "fp8 block GEMM chain", "bf16 GEMM chain"]
+    vals = [p["fp8_ms"], p.get("fp8_unfused_quant_ms", float("nan")), p["bf16_ms"], p["fp8_gemm_chain_ms"],
+            p.get("fp8_block_gemm_chain_ms", float("nan")), p["bf16_gemm_chain_ms"]]
     b.bar(names, vals)
     b.set(ylabel="ms", title=f"prefill {p['tokens']} tokens")
     fig.suptitle(f"{res['model']} on {res['device']}")

@@ -15,6 +15,7 @@ e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over t
 
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
     python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
+    python3 benchmarks/bench_fp8_kv.py --sweep --by-batch   # the candidates per batch (E4M3_BY_BATCH)
 
 writes fp8_kv.json and fp8_kv.png (--sweep: fp8_kv_sweep.json / .png) to --out (default benchmarks/results, or $OUT when set).
 """
@@ -101,7 +102,7 @@ def attention_case(B: int, ctx: int, dtype: torch.dtype, bw: float, sms: int, wo
     from model_wrapper.kernels.decode_attention import decode_splits
 
     c = make_case(B, ctx, dtype, sms, workspace)
-    splits = decode_splits(B, KV_HEADS, sms)
+    splits = decode_splits(B, KV_HEADS, sms, dtype)  # the launch by batch's splits (an e4m3 cache)
     fi_us = flashinfer_us(c)
     tr_us = triton_us(c, splits=splits)
     diff = (triton_out(c, splits=splits).float()
@@ -156,7 +157,38 @@ OCCUPANCY_VARIANTS = [dict(fp8_math="q_dtype", block_n=64, num_warps=4, num_stag
                        ("bits_vreg", 64, 128, 1), ("bits_vreg", 128, 168, 1))]
 
 
-def sweep(bw: float, sms: int, workspace, variants: list | None = None) -> dict:
+# the launch by batch (decode_attention.E4M3_BY_BATCH): the candidates at every batch of the decode
+# graphs' range, each context a graph may replay; the choice may follow the batch only
+BY_BATCH_CASES = ((16, 2048), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048), (128, 8192))
+# (2 stages: a program's shared memory 3 -> 2 K/V tiles, room for a 4th program an SM at 64 keys;
+# maxnreg 255, the hardware's limit: uncapped, where None would take LAUNCH's cap of 128)
+BY_BATCH_VARIANTS = [
+    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=st, maxnreg=r, **({"split_factor": f} if f > 1 else {}))
+    for m, b, st, r, f in (("bits_vreg", 64, 3, 128, 1), ("bits_vreg", 64, 3, 128, 2), ("bits_vreg", 64, 3, 128, 4),
+                           ("bits_vreg", 64, 2, 128, 1), ("bits_vreg", 64, 2, 128, 2), ("bits_vreg", 128, 3, 255, 1),
+                           ("bits_vreg", 128, 3, 255, 2))]
+
+
+def best_by_batch(res: dict) -> dict:
+    """{batch: (geomean fraction of copy bw over that batch's contexts, variant)} of the best variant."""
+    import math
+
+    out = {}
+    for B in sorted({r["batch"] for r in res["cases"]}):
+        rows = [r for r in res["cases"] if r["batch"] == B]
+        scores = []
+        for i in range(len(rows[0]["triton"])):
+            fr = [r["triton"][i]["of_copy_bw"] for r in rows]
+            scores.append((math.exp(sum(map(math.log, fr)) / len(fr)), i))
+        g, i = max(scores)
+        var = {k: x for k, x in rows[0]["triton"][i].items()
+               if k not in ("us", "of_copy_bw", "max_abs_diff_vs_q_dtype")}
+        var["split_factor"] = var.pop("splits") // rows[0]["splits"]
+        out[B] = (g, var)
+    return out
+
+
+def sweep(bw: float, sms: int, workspace, variants: list | None = None, cases=SWEEP_CASES) -> dict:
     """The e4m3 path's launch space: every fp8_math x SWEEP_TILES at the decode rule's splits (and
     the "_vreg" modes at 64 and 128 keys, 4 warps, 3 stages with twice the splits) over SWEEP_CASES,
     FlashInfer alongside; or the given variants (paged_decode_attention's launch arguments, and
@@ -173,7 +205,7 @@ def sweep(bw: float, sms: int, workspace, variants: list | None = None) -> dict:
         variants += [dict(fp8_math=m, block_n=b, num_warps=4, num_stages=3, split_factor=2)
                      for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
     res = {"cases": [], "variants": []}
-    for B, ctx in SWEEP_CASES:
+    for B, ctx in cases:
         c = make_case(B, ctx, FP8, sms, workspace)
         splits = decode_splits(B, KV_HEADS, sms)
         fi = flashinfer_us(c)
@@ -200,11 +232,14 @@ def sweep(bw: float, sms: int, workspace, variants: list | None = None) -> dict:
         del c, ref, fi_out
         gc.collect()
         torch.cuda.empty_cache()
+    def geomean(v):
+        return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+
     for i, var in enumerate(variants):
         fr = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
         low = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) not in SWEEP_TARGET]
-        res["variants"].append({**var, "geomean_target": math.exp(sum(map(math.log, fr)) / len(fr)),
-                                "min_target": min(fr), "geomean_other": math.exp(sum(map(math.log, low)) / len(low))})
+        res["variants"].append({**var, "geomean_target": geomean(fr), "min_target": min(fr),
+                                "geomean_other": geomean(low)})
     res["variants"].sort(key=lambda r: -r["geomean_target"])
     fi = [r["flashinfer_of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
     res["flashinfer_geomean_target"] = math.exp(sum(map(math.log, fi)) / len(fi))
@@ -272,6 +307,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="the e4m3 Triton launch sweep instead (fp8_kv_sweep.json)")
     p.add_argument("--occupancy", action="store_true",
                    help="with --sweep: the register-cap variants only (fp8_kv_occupancy.json)")
+    p.add_argument("--by-batch", action="store_true",
+                   help="with --sweep: the launch candidates per batch, batch 16-128 x 2k (/ 8k) (fp8_kv_by_batch.json)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fp8_kv: needs a CUDA GPU (and flashinfer-python)", file=sys.stderr)
@@ -285,9 +322,19 @@ def main(argv=None) -> int:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
         workspace = [torch.empty(128 << 20, dtype=torch.uint8, device="cuda") for _ in range(MAX_LAYERS)]
+        if args.by_batch:
+            variants, cases, name = BY_BATCH_VARIANTS, BY_BATCH_CASES, "fp8_kv_by_batch"
+        else:
+            variants = OCCUPANCY_VARIANTS if args.occupancy else None
+            cases, name = SWEEP_CASES, "fp8_kv_occupancy" if args.occupancy else "fp8_kv_sweep"
         res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
-               **sweep(bw, sms, workspace, OCCUPANCY_VARIANTS if args.occupancy else None)}
-        save_results(res, args.out, "fp8_kv_occupancy" if args.occupancy else "fp8_kv_sweep", plot_sweep)
+               **sweep(bw, sms, workspace, variants, cases)}
+        if args.by_batch:
+            res["best_by_batch"] = {B: {"geomean": g, **v} for B, (g, v) in best_by_batch(res).items()}
+            for B, row in res["best_by_batch"].items():
+                print(f"best at batch {B}: geomean {row['geomean']:.3f} of copy bw: "
+                      f"{ {k: x for k, x in row.items() if k != 'geomean'} }", flush=True)
+        save_results(res, args.out, name, plot_sweep)
         return 0
     res = run([int(x) for x in args.batches.split(",")], [int(x) for x in args.contexts.split(",")])
     save_results(res, args.out, "fp8_kv", plot)

@@ -153,7 +153,8 @@ def host_costs(T: int) -> None:
     row-wise torch._scaled_mm alone, the whole fp8_linear, and bf16 F.linear. Host > wall / calls' GPU
     time means a step of such calls is bound by the host."""
     from model_wrapper.kernels import KernelConfig
-    from model_wrapper.kernels.fp8 import _quantize, fp8_linear
+    from model_wrapper.kernels.fp8 import _quantize, fp8_linear, fp8_linear_quantized, takes_quantized_input
+    from model_wrapper.kernels.fp8_act import add_rms_norm_fp8
 
     cfg, dev = KernelConfig(), torch.device("cuda")
     print(f"host / wall us per call at {T} tokens (50 calls issued back to back)", flush=True)
@@ -164,7 +165,12 @@ def host_costs(T: int) -> None:
         q, qs = _quantize(x, 128, None, rows=-(-T // 16) * 16, outer=True)
         qr, qrs = _quantize(x, K, None)
         row_scale = ws[:, :1].reshape(1, N).contiguous()
+        res, nw = torch.randn(T, K, device=dev, dtype=torch.bfloat16), torch.ones(K, device=dev, dtype=torch.bfloat16)
+        act = add_rms_norm_fp8(x.clone(), res.clone(), nw, 1e-5, 128)
         parts = {
+            "norm+quantize (fused)": lambda: add_rms_norm_fp8(x, res, nw, 1e-5, 128),
+            "decision (takes_quantized_input)": lambda: takes_quantized_input(T, x.dtype, x.device, w, ws, blocks, cfg),
+            "fp8_linear_quantized": lambda: fp8_linear_quantized(act, w, blocks),
             "quantize": lambda: _quantize(x, 128, None, rows=-(-T // 16) * 16, outer=True),
             "_scaled_mm block": lambda: torch._scaled_mm(q, w.t(), scale_a=qs, scale_b=blocks,
                                                          out_dtype=torch.bfloat16),

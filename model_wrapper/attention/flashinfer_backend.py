@@ -185,7 +185,8 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
-        return TritonDecode(dev[0], indices, dev[1], decode_splits(last.shape[0], self.num_kv_heads, sms))
+        return TritonDecode(dev[0], indices, dev[1],
+                            decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn))
 
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)

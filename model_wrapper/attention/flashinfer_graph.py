@@ -86,7 +86,7 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
             state.q_lens = state.meta[2 * size + 1: 3 * size + 1]
             state.bits = state.meta[3 * size + 1:]
         # a verify program reads the same keys as a decode one (for q_per_req tokens at once)
-        state.splits = decode_splits(size, backend.num_kv_heads, sms)
+        state.splits = decode_splits(size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None)
         return state
     if q_per_req > 1:
         raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")

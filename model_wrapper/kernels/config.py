@@ -172,6 +172,10 @@ class KernelConfig:
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)
     fp8_gemm_warps: int = 8
     fp8_gemm_stages: int = 3
+    # prefill steps on the "scaled_mm_block" path: the activation quantization fused into the kernel
+    # that produces the activation (kernels/fp8_act.py: residual add + RMSNorm before qkv / gate_up,
+    # SiLU-and-mul before down) instead of a quantize kernel per linear; off: the unfused A/B baseline
+    fp8_fused_act_quant: bool = True
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)

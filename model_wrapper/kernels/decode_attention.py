@@ -211,15 +211,41 @@ LAUNCH = {
 }
 MAX_SPLITS = 16
 
+# e4m3 launches by batch: (largest batch, what replaces LAUNCH["e4m3"]'s values there; split_factor:
+# decode_splits' splits times it), the first row whose batch is not below the step's. A decode graph
+# runs one batch, so it keeps one launch; the context plays no part (graphs replay any context).
+# H100, bench_fp8_kv.py --sweep --by-batch (session 34, K/V bytes / time / copy bandwidth at 2k / 8k):
+# batch 32 with one split a (request, KV head) runs 256 programs for 3-4 slots a SM on 132 SMs:
+# 0.59 / 0.64, with two 0.72 / 0.81 (four 0.68 / 0.80; 128 keys 0.70 / 0.78); batch 64: V through
+# "fp16_vreg" 0.80 / 0.85 against "bits_vreg" 0.76 / 0.84 (session 33: 0.80 / 0.86 against 0.79 /
+# 0.85); batch 16 (4 splits already) and 128: the plain row is the best or within 1%
+E4M3_BY_BATCH = ((16, {}), (32, {"split_factor": 2}), (64, {"fp8_math": "fp16_vreg"}))
 
-def decode_splits(batch: int, num_kv_heads: int, sms: int) -> int:
+
+def launch_for(fp8: bool, batch: int) -> dict:
+    """The launch paged_decode_attention takes by default for `batch` rows: LAUNCH's row of the
+    cache dtype, for e4m3 with E4M3_BY_BATCH's replacements (split_factor: decode_splits')."""
+    row = LAUNCH["e4m3" if fp8 else "16-bit"]
+    if fp8:
+        for most, over in E4M3_BY_BATCH:
+            if batch <= most:
+                return {**row, **over}
+    return row
+
+
+def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype | None = None) -> int:
     """KV splits per (request, KV head): none where those pairs alone fill the SMs; otherwise a
-    power of two giving about two programs per SM, at most MAX_SPLITS."""
+    power of two giving about two programs per SM, at most MAX_SPLITS. An e4m3 cache (kv_dtype)
+    multiplies that by launch_for's split_factor (a function of the batch alone: graph-safe)."""
     pairs = max(1, batch * num_kv_heads)
     if pairs >= sms:
-        return 1
-    want = -(-2 * sms // pairs)
-    return min(MAX_SPLITS, 1 << (want - 1).bit_length())
+        splits = 1
+    else:
+        want = -(-2 * sms // pairs)
+        splits = 1 << (want - 1).bit_length()
+    if kv_dtype == torch.float8_e4m3fn:
+        splits *= launch_for(True, batch).get("split_factor", 1)
+    return min(MAX_SPLITS, splits)
 
 
 def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
@@ -243,7 +269,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     before it and lets the next launch at once.
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
-    num_warps, num_stages, maxnreg, fp8_math: None takes the cache dtype's row of LAUNCH."""
+    num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
+    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype)."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -256,7 +283,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         part = lse = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    dflt = LAUNCH["e4m3" if fp8 else "16-bit"]
+    dflt = launch_for(fp8, B)
     block_n = dflt["block_n"] if block_n is None else block_n
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
     num_stages = dflt["num_stages"] if num_stages is None else num_stages

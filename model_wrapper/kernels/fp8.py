@@ -4,6 +4,7 @@ row and per group of `group` K-columns (kernels/fp8_reference.py states the arit
     fp8_linear(x, weight, weight_scale, group, bias=None, input_scale=None, cfg) -> y [M, N]
     fp8_gate_up_silu(x, weight, weight_scale, group, ...)                      -> silu(gate) * up [M, N // 2]
     quantize_fp8_per_token_group(x, group)                                     -> (x_fp8 [M, K], scale [M, KG])
+                                                                               (kernels/fp8_act.py)
 
 x [M, K] bf16 / fp16 (rows may be strided), weight e4m3 [N, K] row-major, weight_scale float32
 [N, KG] (KG = ceil(K / group); per channel / tensor: KG = 1, group = K), bias [N] or None,
@@ -31,6 +32,12 @@ torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM t
 the kernels themselves run on any device under Triton's interpreter (the tests call them there).
 gate_up's SiLU-and-mul is fused into the weight-only kernels' epilogue (each product rounded to
 the dtype first, as the unfused pair); the prefill paths run the GEMM, then silu_and_mul.
+
+On the "scaled_mm_block" path the activation may come quantized by the kernel that produced it
+(a QuantizedActivation from kernels/fp8_act.py: the norm before qkv / gate_up, SiLU-and-mul before
+down), which saves the bf16 round trip and a kernel per linear: takes_quantized_input tells the
+producer whether the linear will take that path at the step's size, fp8_linear multiplies such an
+input as it comes (fp8_linear_quantized), fp8_gate_up_silu(quant_group=...) returns one for down.
 """
 
 from __future__ import annotations
@@ -45,93 +52,10 @@ from loguru import logger
 from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
+    _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3, silu_and_mul_fp8)
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
-from model_wrapper.kernels.fp8_reference import (FP8_MAX, MIN_AMAX, fp8_gate_up_silu_reference,
-                                                 fp8_linear_reference)
-
-
-# -- activation quantization -------------------------------------------------------------------
-
-@triton.jit
-def round_to_e4m3(q):
-    """fp32 q in [-448, 448] -> the nearest e4m3 value, ties to even, still fp32: the conversion
-    after it is then exact whatever rounding the hardware's or the compiler's conversion does.
-
-    e4m3 keeps 3 mantissa bits from exponent -6 up (biased fp32 exponent e >= 121), and spacing
-    2^-9 below (subnormals): ulp = 2^(max(e, 121) - 127 - 3). q / ulp (an exact power-of-2
-    product) lies in (-16, 16); adding and subtracting 1.5 * 2^23 rounds it to an integer, ties
-    to even, in IEEE fp32 adds."""
-    bits = q.to(tl.int32, bitcast=True)
-    e = tl.maximum((bits >> 23) & 0xFF, 121)
-    ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)
-    inv = ((257 - e) << 23).to(tl.float32, bitcast=True)  # 1 / ulp
-    r = ((q * inv + 12582912.0) - 12582912.0) * ulp
-    # q's sign back on a result rounded to zero (the adds give +0): -0 stays -0, as torch's conversion
-    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
-                     GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
-                     FMAX: tl.constexpr, AMIN: tl.constexpr):
-    # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a
-    # power of 2); rows from M on (padding) quantize zeros: q = 0 with the scale of an all-zero group
-    row = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1) * BG + tl.arange(0, BG)
-    j = tl.arange(0, GP)
-    cols = g[:, None] * GROUP + j[None, :]
-    m = (j[None, :] < GROUP) & (cols < K)
-    x = tl.load(x_ptr + row * stride_x + cols, mask=m & (row < M), other=0.0).to(tl.float32)
-    if STATIC:
-        s = tl.load(in_scale_ptr).to(tl.float32)
-        q = tl.math.div_rn(x, s)
-    else:
-        # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
-        s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
-        tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
-        q = tl.math.div_rn(x, s[:, None])
-    q = round_to_e4m3(tl.minimum(tl.maximum(q, -FMAX), FMAX))
-    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv), mask=m)
-
-
-
-def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
-              outer: bool = False):
-    """-> (q e4m3 [rows, K], s float32 [rows, KG]) of x [M, K] (rows >= M: zero rows after x's).
-    outer: s is a view of a [KG, rows] buffer (stride(0) == 1: cuBLASLt's block-scale layout)."""
-    M, K = x.shape
-    rows = M if rows is None else rows
-    kg = triton.cdiv(K, group)
-    q = torch.empty(rows, K, dtype=torch.float8_e4m3fn, device=x.device)
-    if input_scale is not None:
-        s = input_scale.to(device=x.device, dtype=torch.float32).reshape(1, 1).expand(rows, kg)
-    elif outer:
-        s = torch.empty(kg, rows, dtype=torch.float32, device=x.device).t()
-    else:
-        s = torch.empty(rows, kg, dtype=torch.float32, device=x.device)
-    if rows:
-        gp = triton.next_power_of_2(group)
-        bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
-        _fp8_quantize_kernel[(rows, triton.cdiv(kg, bg))](
-            x, q, s, s, M, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GROUP=group, GP=gp, BG=bg,
-            STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
-    return q, s
-
-
-def quantize_fp8_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (unit column stride) -> (x_fp8 e4m3 [M, K], scale float32 [M, ceil(K / group)]):
-    per row and group of `group` columns, scale = max(amax, MIN_AMAX) / 448 and
-    x_fp8 = e4m3(clamp(x / scale, -448, 448)), in one Triton kernel."""
-    return _quantize(_unit_cols(x), group, None)
-
-
-def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> e4m3(clamp(x / input_scale, -448, 448)) [M, K], input_scale a float32 scalar tensor."""
-    return _quantize(_unit_cols(x), x.shape[1], input_scale)[0]
-
-
-def _unit_cols(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
 # -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
@@ -356,8 +280,23 @@ def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
     M, K = x.shape
     mp = -(-M // 16) * 16
     a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
-    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=x.dtype)
-    y = y[:M] if mp != M else y
+    return _block_mm(a, a_s, M, weight, block_scale, bias, x.dtype)
+
+
+def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_scale: torch.Tensor | None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "scaled_mm_block" GEMM of an activation its producer quantized (kernels/fp8_act.py):
+    act.q [Mp, K] e4m3, act.scale [Mp, K / 128] (stride(0) == 1) -> [act.rows, N] in act.dtype."""
+    if act.group != 128 or block_scale is None:
+        raise ValueError(f"fp8_linear_quantized: the block-scaled GEMM takes 128-column activation groups and a "
+                         f"weight with 128 x 128 block scales, got group {act.group} and block scales "
+                         f"{None if block_scale is None else tuple(block_scale.shape)}")
+    return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype)
+
+
+def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype) -> torch.Tensor:
+    y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=out_dtype)
+    y = y[:M] if a.shape[0] != M else y
     return y if bias is None else y.add_(bias)
 
 
@@ -404,8 +343,13 @@ def _try_block_mm(device: torch.device, N: int, K: int) -> bool:
 def scaled_mm_block_fits(x: torch.Tensor, weight: torch.Tensor, block_scale: torch.Tensor | None) -> bool:
     """Whether the "scaled_mm_block" path takes x: the linear has compact block scales (block
     format, group 128, N and K multiples of 128), x bf16 on a GPU whose torch._scaled_mm takes them."""
-    return (block_scale is not None and x.is_cuda and x.dtype == torch.bfloat16 and weight.is_contiguous()
-            and _block_mm_works(x.device, *weight.shape))
+    return _block_fits(x.dtype, x.device, weight, block_scale)
+
+
+def _block_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                block_scale: torch.Tensor | None) -> bool:
+    return (block_scale is not None and device.type == "cuda" and dtype == torch.bfloat16 and weight.is_contiguous()
+            and _block_mm_works(device, *weight.shape))
 
 
 @functools.lru_cache(maxsize=None)
@@ -416,7 +360,11 @@ def _fp8_mma(device: torch.device) -> bool:
 
 def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """cuBLASLt's row-wise FP8 GEMM: sm89+, bf16 output, K and N multiples of 16, weight row-major."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and _fp8_mma(x.device) and x.shape[1] % 16 == 0
+    return _rowwise_fits(x.dtype, x.device, weight)
+
+
+def _rowwise_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor) -> bool:
+    return (device.type == "cuda" and dtype == torch.bfloat16 and _fp8_mma(device) and weight.shape[1] % 16 == 0
             and weight.shape[0] % 16 == 0 and weight.is_contiguous())
 
 
@@ -427,8 +375,16 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "scaled_mm_block",
     "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
     or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
-    M, K = x.shape
-    if x.dtype not in (torch.bfloat16, torch.float16):
+    return path_for(x.shape[0], x.dtype, x.device, weight, weight_scale, group, cfg, silu, block_scale)
+
+
+def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor, weight_scale: torch.Tensor,
+             group: int, cfg: KernelConfig = DEFAULT, silu: bool = False,
+             block_scale: torch.Tensor | None = None) -> str:
+    """fp8_path for an input of M rows in dtype on device (K: the weight's): also the decision ahead
+    of the kernel that will produce the input (takes_quantized_input)."""
+    K = weight.shape[1]
+    if dtype not in (torch.bfloat16, torch.float16):
         return "reference"
     if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
         return "gemv"
@@ -436,11 +392,23 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
         return "reference"
     if M <= cfg.fp8_skinny_max_tokens:
         return "skinny"
-    if weight_scale.shape[1] == 1 and _scaled_mm_fits(x, weight):
+    if weight_scale.shape[1] == 1 and _rowwise_fits(dtype, device, weight):
         return "scaled_mm"
-    if scaled_mm_block_fits(x, weight, block_scale):
+    if _block_fits(dtype, device, weight, block_scale):
         return "scaled_mm_block"
-    return "gemm" if _fp8_mma(x.device) else "reference"
+    return "gemm" if _fp8_mma(device) else "reference"
+
+
+def takes_quantized_input(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                          weight_scale: torch.Tensor, block_scale: torch.Tensor | None,
+                          cfg: KernelConfig = DEFAULT) -> bool:
+    """Whether fp8_linear would quantize an M-row input (dtype, on device) per token and 128
+    columns for the "scaled_mm_block" GEMM: then the kernel producing the input may quantize it
+    instead (a QuantizedActivation, which fp8_linear multiplies as it comes). cfg.fp8_fused_act_quant
+    off, or block_scale None (no block format, or a static input scale): False."""
+    if not cfg.fp8_fused_act_quant or block_scale is None or device.type != "cuda" or M <= cfg.fp8_skinny_max_tokens:
+        return False  # (up to fp8_skinny_max_tokens: the weight-only paths, which take x unquantized)
+    return path_for(M, dtype, device, weight, weight_scale, 128, cfg, block_scale=block_scale) == "scaled_mm_block"
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
@@ -452,6 +420,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
     (same quantization)."""
+    if isinstance(x, QuantizedActivation):  # quantized by its producer (takes_quantized_input said so)
+        return fp8_linear_quantized(x, weight, block_scale, bias)
     if input_scale is not None:
         block_scale = None  # static activations: one scale, not per token and group
     path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
@@ -472,12 +442,18 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 
 def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                      bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None,
+                     quant_group: int | None = None):
     """silu(gate) * up [M, N // 2] of fp8_linear over gate_up rows [gate | up] (weight [N, K], its
     scales [N, KG] and bias [N] gate rows first): fused into the weight-only kernels' epilogue;
-    the prefill paths run the GEMM, then silu_and_mul."""
-    path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
-    x = _unit_cols(x)
+    the prefill paths run the GEMM, then silu_and_mul. quant_group (the down projection takes a
+    quantized input, takes_quantized_input, and this step runs a prefill path): SiLU-and-mul and
+    down's quantization in one kernel -> a QuantizedActivation instead."""
+    if isinstance(x, QuantizedActivation):
+        path = "scaled_mm_block"
+    else:
+        path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
+        x = _unit_cols(x)
     if path == "gemv":
         return fp8_gemv(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
     if path == "skinny":
@@ -485,4 +461,7 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     if path == "reference":
         weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
-    return silu_and_mul(fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale), cfg)
+    gate_up = fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale)
+    if quant_group is not None:
+        return silu_and_mul_fp8(gate_up, quant_group)
+    return silu_and_mul(gate_up, cfg)

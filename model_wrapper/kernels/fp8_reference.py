@@ -14,11 +14,42 @@ x_fp8 = e4m3(clamp(x / input_scale, ...)) with one static float32 scale.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MIN_AMAX = 1e-10  # an all-zero group gets this amax: zeros quantize to zeros instead of 0 / 0
+
+
+@dataclass
+class QuantizedActivation:
+    """An FP8 linear's input, quantized by the kernel that produced it (kernels/fp8_act.py) in the
+    layout of the block-scaled GEMM (kernels/fp8.py "scaled_mm_block"):
+
+        q      float8_e4m3fn [Mp, K]   rows M.. zero (Mp: M padded to a multiple of 16)
+        scale  float32 [Mp, KG]        a scale per row and `group` columns, stride(0) == 1
+        rows   M, the step's tokens
+        dtype  the activation's own dtype (bf16 / fp16): the GEMM's output dtype
+        x      the unquantized activation [M, K] where the producer also wrote it, else None
+
+    x[m, k] ~ float(q[m, k]) * scale[m, k // group] (quantize_fp8_reference's rounding)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    rows: int
+    group: int
+    dtype: torch.dtype
+    x: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.q.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        """-> float32 [M, K]: the values the GEMM multiplies."""
+        return dequantize_fp8_weight(self.q[:self.rows], self.scale[:self.rows], self.group)
 
 
 def dequantize_fp8_weight(weight: torch.Tensor, weight_scale: torch.Tensor, group: int,

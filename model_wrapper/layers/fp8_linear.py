@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_wrapper.layers.norm import PendingNorm
+from model_wrapper.kernels.fp8_reference import QuantizedActivation
 
 E4M3 = torch.float8_e4m3fn
 
@@ -65,27 +66,32 @@ class Fp8Method:
         linear.input_scale = (nn.Parameter(torch.empty((), dtype=torch.float32), requires_grad=False)
                               if self.static else None)
 
-    def apply(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
+    def apply(self, linear: nn.Module, x, bias: torch.Tensor | None, kernels) -> torch.Tensor:
         """x [T, in] (model dtype) -> x @ W^T (+ bias) [T, out] in x's dtype. x a PendingNorm
-        (takes_norm): the GEMV with the add + RMSNorm in its prologue."""
+        (takes_norm): the GEMV with the add + RMSNorm in its prologue; x the QuantizedActivation its
+        producer made where input_quant asked for one: the block-scaled GEMM on it."""
         if isinstance(x, PendingNorm):
             return _kernels(x.h).fp8_gemv(x.h, linear.weight, linear.weight_scale, self.group, bias,
                                          cfg=kernels.config, add_norm=x.add_norm())
+        if isinstance(x, QuantizedActivation):
+            return _fp8().fp8_linear_quantized(x, linear.weight, self.block_scale(linear), bias)
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
                                   kernels.config, self.block_scale(linear))
         return F.linear(x, self.dequantized(linear, x.dtype), bias)
 
-    def apply_silu(self, linear: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, kernels) -> torch.Tensor:
-        """x [T, in] -> silu(gate) * up [T, out // 2] of the [gate | up] rows (x a PendingNorm: as apply)."""
+    def apply_silu(self, linear: nn.Module, x, bias: torch.Tensor | None, kernels, quant_group: int | None = None):
+        """x [T, in] (or a PendingNorm / QuantizedActivation, as apply) -> silu(gate) * up [T, out // 2]
+        of the [gate | up] rows; quant_group (the next projection's input_quant): a QuantizedActivation
+        of it where a prefill path runs (SiLU-and-mul and the quantization in one kernel)."""
         if isinstance(x, PendingNorm):
             return _kernels(x.h).fp8_gemv(x.h, linear.weight, linear.weight_scale, self.group, bias, silu=True,
                                          cfg=kernels.config, add_norm=x.add_norm())
-        fp8 = _kernels(x)
+        fp8 = _fp8() if isinstance(x, QuantizedActivation) else _kernels(x)
         if fp8 is not None:
             return fp8.fp8_gate_up_silu(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
-                                        kernels.config, self.block_scale(linear))
+                                        kernels.config, self.block_scale(linear), quant_group)
         return kernels.silu_mul(F.linear(x, self.dequantized(linear, x.dtype), bias))
 
     def takes_norm(self, linear: nn.Module, x: torch.Tensor, kernels, silu: bool) -> bool:
@@ -97,6 +103,20 @@ class Fp8Method:
             return False
         fp8 = _kernels(x)
         return fp8 is not None and fp8.fp8_path(x, linear.weight, linear.weight_scale, self.group, cfg, silu) == "gemv"
+
+    def input_quant(self, linear: nn.Module, rows: int, dtype: torch.dtype, device: torch.device,
+                    kernels) -> int | None:
+        """128 where this linear, for an input of `rows` tokens in dtype on device, takes the
+        block-scaled GEMM of activations quantized per token and 128 columns (kernels/fp8.py
+        takes_quantized_input: CUDA, block format, prefill sizes): the kernel producing the input
+        may then hand over a QuantizedActivation (kernels/fp8_act.py); else None."""
+        if device.type != "cuda" or self.static:
+            return None
+        fp8 = _fp8()
+        if fp8 is None or not fp8.takes_quantized_input(rows, dtype, device, linear.weight, linear.weight_scale,
+                                                        self.block_scale(linear), kernels.config):
+            return None
+        return 128
 
     def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
         """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1
@@ -130,8 +150,11 @@ class Fp8Method:
 
 def _kernels(x: torch.Tensor):
     """model_wrapper.kernels.fp8 for a CUDA x where Triton imports, else None (the torch fallback)."""
-    if not x.is_cuda:
-        return None
+    return _fp8() if x.is_cuda else None
+
+
+def _fp8():
+    """model_wrapper.kernels.fp8, or None without Triton."""
     try:
         from model_wrapper.kernels import fp8
     except ImportError:

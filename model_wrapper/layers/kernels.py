@@ -54,6 +54,12 @@ class TorchKernels:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
+    def rms_norm_fp8(self, x, residual, weight, eps, group):
+        """(residual + x, in place, where residual is given) normed and quantized to e4m3 per token
+        and `group` columns in one kernel -> a QuantizedActivation (kernels/fp8_act.py), or None
+        where these kernels do not fuse it (here: never; the projection then quantizes x itself)."""
+        return None
+
     def rope_tables(self, positions: torch.Tensor):
         """Per-step rotary state, built once and shared by every layer: (cos, sin) [T, head_dim]."""
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
@@ -176,6 +182,16 @@ class FlashInferKernels(TorchKernels):
 
     def rope_tables(self, positions):
         return positions
+
+    def rms_norm_fp8(self, x, residual, weight, eps, group):
+        """Triton's add + RMSNorm + e4m3 quantization (kernels/fp8_act.py) where it takes x; else None."""
+        if self._triton is None:
+            return None
+        from model_wrapper.kernels.fp8_act import add_rms_norm_fp8, norm_fp8_fits
+
+        if not norm_fp8_fits(x, group) or (residual is not None and residual.stride(-1) != 1):
+            return None
+        return add_rms_norm_fp8(x, residual, weight, eps, group)
 
     def silu_mul(self, gate_up, lora=None, scale=None):
         """scale (a RowScale, with lora): gate_up projects add_rms_norm_lora's undivided rows."""

@@ -110,6 +110,13 @@ class Linear(nn.Module):
         """project()'s output -> the projection's output; here y itself."""
         return y
 
+    def input_quant(self, rows: int, dtype: torch.dtype, device: torch.device, kernels) -> int | None:
+        """The column group by which this projection wants an input of `rows` tokens (dtype, on
+        device) quantized by the kernel that produces it (a QuantizedActivation, kernels/fp8_act.py:
+        the method's input_quant; FP8 block-format weights at prefill sizes), or None: a plain x."""
+        quant = getattr(self.method, "input_quant", None)
+        return None if quant is None else quant(self, rows, dtype, device, kernels)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, {self.method.name}"
 
@@ -120,11 +127,19 @@ class GateUpLinear(Linear):
 
     silu_product = True
 
-    def silu(self, x: torch.Tensor, batch, kernels, scale=None) -> torch.Tensor:
+    def silu(self, x: torch.Tensor, batch, kernels, scale=None, into: nn.Module | None = None):
         """x [T, in] -> silu(gate) * up [T, out // 2], fused into the GEMM's epilogue where the
-        kernels can. scale: only a wrapper that left a tail to the norm before it takes one."""
+        kernels can. scale: only a wrapper that left a tail to the norm before it takes one.
+        into: the projection that consumes the result (down); where it asks for a quantized input
+        (Linear.input_quant) and this method can make one, a QuantizedActivation instead."""
         if scale is not None:
             raise RuntimeError("GateUpLinear.silu: got a row scale, but a plain linear has no tail to take it with")
+        quant = getattr(into, "input_quant", None)
+        if quant is not None and hasattr(self.method, "input_quant"):  # an FP8 method: its apply_silu quantizes
+            rows, dtype, device = _like(x)
+            group = quant(rows, dtype, device, kernels)
+            if group is not None:
+                return self.method.apply_silu(self, x, self.bias, kernels, quant_group=group)
         return self.method.apply_silu(self, x, self.bias, kernels)
 
 
@@ -149,3 +164,10 @@ class RowParallelLinear(Linear):
             return y
         y = self.tp.all_reduce(y)
         return y if self.bias is None else y + self.bias
+
+
+def _like(x) -> tuple[int, torch.dtype, torch.device]:
+    """(rows, dtype, device) of an input: a tensor, or a QuantizedActivation (its activation dtype)."""
+    if isinstance(x, torch.Tensor):
+        return x.shape[0], x.dtype, x.device
+    return x.rows, x.dtype, x.q.device

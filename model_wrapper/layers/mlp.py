@@ -35,13 +35,22 @@ class DenseMLP(nn.Module):
         takes = getattr(self.gate_up_proj, "takes_norm", None)
         return takes is not None and takes(h, kernels)
 
+    def input_quant(self, rows: int, dtype: torch.dtype, device: torch.device, kernels) -> int | None:
+        """gate_up's input_quant (FP8 block weights at prefill sizes: the norm before may hand over a
+        QuantizedActivation), or None (a plain x; also for a wrapper of it without the call: LoRA)."""
+        quant = getattr(self.gate_up_proj, "input_quant", None)
+        return None if quant is None else quant(rows, dtype, device, kernels)
+
     def forward(self, x: torch.Tensor, batch, kernels, scale=None, fuse_tail: bool = False):
         """x [T, hidden] (or a PendingNorm, where takes_norm said so) -> (y [T, hidden], down's tail
         for the next norm or None).
 
         scale: the norm before took a tail and left x's rows undivided; gate_up's SiLU-and-mul
         divides them. fuse_tail: the next norm can take down's tail."""
-        act = self.gate_up_proj.silu(x, batch, kernels, scale)
+        if scale is None and isinstance(self.gate_up_proj, GateUpLinear):  # not wrapped (LoRA)
+            act = self.gate_up_proj.silu(x, batch, kernels, into=self.down_proj)  # down's input quantized there
+        else:
+            act = self.gate_up_proj.silu(x, batch, kernels, scale)
         return self.down_proj(act, batch, kernels, fuse_tail)
 
 

@@ -55,20 +55,29 @@ class RMSNorm(nn.Module):
         """Whether add() can take a projection's tail with these kernels (leaving a row scale)."""
         return kernels.fuses_norm_scale
 
-    def add(self, h: torch.Tensor, residual: torch.Tensor | None, kernels, tail=None, into=None):
+    def add(self, h: torch.Tensor, residual: torch.Tensor | None, kernels, tail=None, into: nn.Module | None = None):
         """The pre-norm residual stream, h [T, d] the previous block's output:
         -> (x = norm(residual + h), residual + h, scale), h and residual possibly updated in place.
 
-        into: the module that consumes x (a projection, an MLP). Where its takes_norm(h, kernels)
-        says its kernel computes the norm itself (KernelConfig.gemv_add_norm at the GEMV's step
-        sizes), x is a PendingNorm and the residual a new tensor that kernel fills; h and residual
-        are not changed. A wrapper without takes_norm (LoRA) always gets finished rows.
+        into: the module that consumes x (a projection, an MLP). Where it asks for a quantized input
+        (input_quant: FP8 block weights at prefill sizes) and the kernels fuse that
+        (kernels.rms_norm_fp8), x is the QuantizedActivation of norm(residual + h) from the norm's own
+        kernel. Where its takes_norm(h, kernels) says its kernel computes the norm itself
+        (KernelConfig.gemv_add_norm at the GEMV's step sizes), x is a PendingNorm and the residual a
+        new tensor that kernel fills; h and residual are not changed. A wrapper without these (LoRA)
+        always gets finished rows.
 
         residual None (the first layer): (norm(h), h, None). tail: the pending part of h that a
         projection left (adapters' LoraDelta); the kernel adds it first and leaves the division by
         rms to the kernels after the next GEMM: x is then the undivided rows and scale (a RowScale)
         their divisor; otherwise scale is None.
         """
+        quant = getattr(into, "input_quant", None) if tail is None else None
+        if quant is not None:
+            group = quant(h.shape[0], h.dtype, h.device, kernels)
+            act = None if group is None else kernels.rms_norm_fp8(h, residual, self.weight, self.eps, group)
+            if act is not None:
+                return act, (h if residual is None else residual), None
         if residual is None:
             return kernels.rms_norm(h, self.weight, self.eps), h, None
         if tail is not None:

@@ -156,3 +156,32 @@ def test_fp8_bad_arguments_are_refused():
     one = torch.ones(1, device=DEVICE)
     with pytest.raises(ValueError, match="fp8_math must be one of .* got 'e5m2'"):
         paged_decode_attention(*on[:3], *on[3:], 0.1, k_scale=one, v_scale=one, fp8_math="e5m2")
+
+
+def test_fp8_default_launch_by_batch_is_the_direct_softmax():
+    """With no launch arguments an e4m3 cache takes E4M3_BY_BATCH's row for the step's batch (its
+    split_factor through decode_splits with the cache dtype; a 16-bit cache and batches past the
+    last row keep the plain rule): at the largest batch of each row and one past the last, the
+    output is the direct softmax over the dequantized K / V."""
+    from model_wrapper.kernels import decode_attention as da
+
+    e4m3 = torch.float8_e4m3fn
+    sms = 8  # a small GPU: the rows' batches give both split and unsplit steps
+    batches = [most for most, _ in da.E4M3_BY_BATCH] + [da.E4M3_BY_BATCH[-1][0] + 1]
+    for B in batches:
+        over = next((o for most, o in da.E4M3_BY_BATCH if B <= most), {})
+        base = da.decode_splits(B, 2, sms)
+        splits = da.decode_splits(B, 2, sms, e4m3)
+        assert splits == min(da.MAX_SPLITS, base * over.get("split_factor", 1))
+        assert da.decode_splits(B, 2, sms, torch.bfloat16) == base
+        lens = [1 + (7 * i) % (3 * PAGE) for i in range(B)]
+        k, v, tables, indptr, indices, last = _paged(lens, 2, seed=B)
+        k8, v8 = (k.float() * 20).clamp(-448, 448).to(e4m3), (v.float() * 5).to(e4m3)
+        q = torch.randn(B, 4, D, generator=torch.Generator().manual_seed(B)).to(DTYPE)
+        on = [x.to(DEVICE) for x in (q, k8, v8, indptr, indices, last)]
+        scale = 1 / math.sqrt(D)
+        ks, vs = torch.tensor([0.05], device=DEVICE), torch.tensor([0.2], device=DEVICE)
+        got = paged_decode_attention(*on[:3], *on[3:], scale, splits=splits, k_scale=ks, v_scale=vs)
+        want = _direct(q, k8.double() * 0.05, v8.double() * 0.2, tables, lens, scale, None)
+        tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
+        torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
