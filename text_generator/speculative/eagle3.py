@@ -58,7 +58,14 @@ class _Eagle3Seq:
     context: list[int]  # verified tokens (prompt, then every emitted token)
     offset: int  # first position with a draft entry (the prompt's first position the target computed)
     computed: int  # positions < computed have entries written from target states (committed)
-    pending: list[torch.Tensor] = field(default_factory=list)  # [r, 3, H_t] chunks for positions computed ..
+    # the target states of positions computed .. (their entries not written yet): first `picked`
+    # [r, 3, H_t] in the head's dtype (a prompt's), then `raw` as the driver passed them
+    # ([r_i, len(hidden_layers), H_t], picked at the next proposal: nothing per token until then)
+    picked: torch.Tensor | None = None
+    raw: list[torch.Tensor] = field(default_factory=list)
+
+    def num_pending(self) -> int:
+        return (0 if self.picked is None else self.picked.shape[0]) + sum(x.shape[0] for x in self.raw)
 
 
 class Eagle3Drafter:
@@ -97,25 +104,32 @@ class Eagle3Drafter:
     def start(self, seq_id: Hashable, prompt: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """hidden [m', len(hidden_layers), H_t]: the target's states of the prompt's last m' positions."""
         m = len(prompt)
-        rows = self._rows(hidden)
-        if rows is not None and rows.shape[0] > m:
-            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, got {rows.shape[0]}")
-        first = m - (0 if rows is None else rows.shape[0])
+        self._check(hidden)
+        if hidden is not None and hidden.shape[0] > m:
+            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, got {hidden.shape[0]}")
+        first = m - (0 if hidden is None else hidden.shape[0])
+        # picked now: a long prompt's rows wait in the head's dtype (and let go of the step's tensor)
         self._seqs[seq_id] = _Eagle3Seq(list(prompt), offset=first, computed=first,
-                                        pending=[] if rows is None else [rows])
+                                        picked=None if hidden is None else self._pick_rows(hidden))
 
     def update(self, seq_id: Hashable, emitted: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """hidden [len, len(hidden_layers), H_t]: the target's states of the positions after the
-        pending ones (the accepted path of the last verify pass); None after a prefill."""
+        pending ones (the accepted path of the last verify pass); None after a prefill.
+
+        The head does not run here: the states wait (as given, no copy) until the next proposal
+        writes every pending entry in one multi-token step. A request that does not draft for a
+        while (adaptive speculation backed off) costs its steps nothing but this bookkeeping,
+        and its next proposal catches the head up on all the positions at once, with the entries
+        a head that ran every step would have written (same tokens, same features, causal)."""
         s = self._seqs[seq_id]
-        rows = self._rows(hidden)
-        if rows is not None and rows.shape[0] != len(emitted):
+        self._check(hidden)
+        if hidden is not None and hidden.shape[0] != len(emitted):
             raise ValueError(f"Eagle3Drafter.update: expected one row of hidden per emitted token "
-                             f"({len(emitted)}), got {rows.shape[0]}")
+                             f"({len(emitted)}), got {hidden.shape[0]}")
         self._drop_own_entries(seq_id, s)
         s.context += emitted
-        if rows is not None and rows.shape[0]:
-            s.pending.append(rows)
+        if hidden is not None and hidden.shape[0]:
+            s.raw.append(hidden)
 
     def finish(self, seq_id: Hashable) -> None:
         if self._seqs.pop(seq_id, None) is not None and seq_id in self.bm:
@@ -128,7 +142,7 @@ class Eagle3Drafter:
         states = [self._seqs[s] for s in seq_ids]
         for s, st in zip(seq_ids, states):
             self._drop_own_entries(s, st)
-        ready = [min(sum(p.shape[0] for p in st.pending), len(st.context) - 1 - st.computed) for st in states]
+        ready = [min(st.num_pending(), len(st.context) - 1 - st.computed) for st in states]
         widths = [min(self.branches, b - 1) if r > 0 else 0 for b, r in zip(budgets, ready)]
         ks = [max(0, min(self.k, (b - 1) // w, self.max_seq_len - len(st.context))) if w > 0 else 0
               for st, b, w in zip(states, budgets, widths)]
@@ -190,15 +204,17 @@ class Eagle3Drafter:
                 v_cache[dst].copy_(v_cache[src])
 
     # -- internals ------------------------------------------------------------------------------
-    def _rows(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
-        """[r, len(hidden_layers), H_t] -> the head's three states [r, 3, H_t] on its device."""
-        if hidden is None:
-            return None
+    def _check(self, hidden: torch.Tensor | None) -> None:
+        """A ValueError unless hidden is None or [r, len(hidden_layers), H_t]."""
         n = len(self.hidden_layers)
-        if hidden.dim() != 3 or hidden.shape[1] != n or hidden.shape[2] != self.head.target_hidden:
+        if hidden is not None and (hidden.dim() != 3 or hidden.shape[1] != n
+                                   or hidden.shape[2] != self.head.target_hidden):
             raise ValueError(f"Eagle3Drafter: expected hidden [rows, {n}, {self.head.target_hidden}] "
                              f"(output_hidden_states={list(self.hidden_layers)}), got {list(hidden.shape)}")
-        # kept in the head's dtype (fuse casts to it anyway): a long prompt's rows wait until propose
+
+    def _pick_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[r, len(hidden_layers), H_t] -> the head's three states [r, 3, H_t] on its device, in
+        its dtype (fuse casts to it anyway)."""
         return hidden.to(self._pick.device, self.head.fc.weight.dtype).index_select(1, self._pick)
 
     def _drop_own_entries(self, seq_id: Hashable, st: _Eagle3Seq) -> None:
@@ -206,11 +222,14 @@ class Eagle3Drafter:
         if seq_id in self.bm:  # admitted with its first entries (a BlockManager needs some)
             self.bm.truncate(seq_id, st.computed - st.offset)
 
-    @staticmethod
-    def _take_pending(st: _Eagle3Seq, r: int) -> torch.Tensor:
-        """Pop the first r pending rows [r, 3, H_t]."""
-        rows = torch.cat(st.pending)
-        st.pending = [rows[r:]] if rows.shape[0] > r else []
+    def _take_pending(self, st: _Eagle3Seq, r: int) -> torch.Tensor:
+        """Pop the first r pending rows, picked: [r, 3, H_t] (the raw ones picked in one op)."""
+        if st.raw:
+            new = self._pick_rows(st.raw[0] if len(st.raw) == 1 else torch.cat(st.raw))
+            st.picked = new if st.picked is None else torch.cat([st.picked, new])
+            st.raw = []
+        rows = st.picked
+        st.picked = rows[r:] if rows.shape[0] > r else None
         return rows[:r]
 
     def _fit_pool(self, seq_ids, ready: list[int], ks: list[int], widths: list[int]) -> None:
