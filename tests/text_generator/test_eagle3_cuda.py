@@ -184,3 +184,51 @@ def test_eagle3_in_the_engine_on_cuda_is_plain_greedy(target, tmp_path):
         got = engine.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in got] == [o.token_ids for o in plain]
         assert engine.num_draft_tokens > 0 and drafter.bm.num_used_blocks == 0
+
+
+def _sync_counts(gen, drafter, prompts, n) -> dict[int, int]:
+    """Serve prompts (greedy, n tokens, run-ahead on) -> {engine step: synchronizing CUDA calls
+    in it (torch's sync debug mode: a blocking copy, .item(), a stream synchronize)} for the
+    steps in which no request drafts, nor did in the step before (a normal run-ahead step)."""
+    import warnings
+
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    engine = LLMEngine(gen, num_blocks=64, block_size=16, speculative=drafter, async_scheduling=True,
+                       enable_prefix_caching=False)
+    for p in prompts:
+        engine.add_request(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+    counts, quiet_before = {}, False
+    while engine.has_unfinished():
+        s = engine.num_steps + 1  # the step about to run
+        live = [r for r in engine.requests if not engine.requests[r].finished]
+        quiet = s > 2 and (drafter is None or not engine.draft_lengths.any_wanted(live, s))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if quiet and quiet_before:
+            counts[s] = sum("synchroniz" in str(w.message) for w in caught)
+        quiet_before = quiet
+    return counts
+
+
+def test_backed_off_eagle3_steps_wait_on_the_device_no_more_than_plain_ones(target, tmp_path):
+    """A random head's drafting backs off (adaptive speculation). In the steps in which nothing
+    drafts, the engine with EAGLE-3 requests (the target's states handed to the drafter, the
+    head idle) makes no more synchronizing calls than the plain engine in the same steps: the
+    host still runs ahead of the device."""
+    path, gen = target
+    make_head(tmp_path / "head", seed=3, hidden=256)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(96) for _ in range(24)] for _ in range(8)]
+    plain = _sync_counts(gen, None, prompts, 60)
+    eagle = _sync_counts(gen, Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=64, block_size=16),
+                         prompts, 60)
+    steps = sorted(set(plain) & set(eagle))
+    assert len(steps) >= 20, (sorted(plain), sorted(eagle))
+    assert all(eagle[s] <= plain[s] for s in steps), {s: (plain[s], eagle[s]) for s in steps}

@@ -236,3 +236,23 @@ class StepSpy(SpyGenerator):
         out = super().forward_tensor(*args, **kwargs)
         self.calls[-1].update(step=self.engine.num_steps, spec_mask=kwargs.get("spec_mask") is not None)
         return out
+
+
+def test_hidden_feed_hands_rows_on_by_position():
+    """Rows added per step come back in position order, split and joined wherever take's limit
+    falls; a request computed again (rows that do not continue the held ones) starts over."""
+    from text_generator.speculative.hidden_feed import HiddenFeed
+
+    feed = HiddenFeed([1, 2])
+    rows = torch.arange(5 * 2 * 3, dtype=torch.float32).view(5, 2, 3)  # positions 5 .. 9
+    feed.add("a", 5, rows[:3])
+    feed.add("a", 8, rows[3:4])
+    feed.add("a", 9, rows[4:])
+    assert feed.take("a", 5) is None
+    assert torch.equal(feed.take("a", 7), rows[:2])
+    assert torch.equal(feed.take("a", 9), rows[2:4])  # the end of one add and the next one
+    assert torch.equal(feed.take("a", 20), rows[4:])
+    assert feed.take("a", 20) is None
+    feed.add("b", 3, rows[:2])
+    feed.add("b", 0, rows[2:])  # computed again from position 0
+    assert torch.equal(feed.take("b", 2), rows[2:4]) and torch.equal(feed.take("b", 3), rows[4:])
