@@ -169,7 +169,7 @@ def test_head_matches_a_direct_computation(checkpoint_dir, tmp_path, own_embed):
     want_out, want_logits = oracle_head(t, embed, toks, feats)
     assert (out[0] - want_out[-1]).abs().max() / want_out.abs().max() < 1e-4
     d = int(want_logits[-1].argmax())
-    assert nxt == [[d + int(t["d2t"][d])]]
+    assert nxt.tolist() == [[d + int(t["d2t"][d])]]
 
 
 def test_tree_branches_match_the_direct_computation(checkpoint_dir, tmp_path):

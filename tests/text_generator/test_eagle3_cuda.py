@@ -232,3 +232,31 @@ def test_backed_off_eagle3_steps_wait_on_the_device_no_more_than_plain_ones(targ
     steps = sorted(set(plain) & set(eagle))
     assert len(steps) >= 20, (sorted(plain), sorted(eagle))
     assert all(eagle[s] <= plain[s] for s in steps), {s: (plain[s], eagle[s]) for s in steps}
+
+
+def test_graphed_proposal_feeds_its_drafts_on_the_device(target, tmp_path):
+    """propose() keeps each step's drafts on the device as the next step's input ids
+    (prev_token_ids into the head's decode graphs) and reads them back once: its chains equal
+    the same graphed steps driven with the drafts read back and passed as host ids."""
+    path, gen = target
+    make_head(tmp_path / "head", seed=2, hidden=256)
+    g = torch.Generator().manual_seed(3)
+    prompts = {"a": torch.randint(0, 96, (19,), generator=g).tolist(), "b": torch.randint(0, 96, (6,), generator=g).tolist()}
+    states = {s: torch.randn(len(p), 3, 256, generator=g) for s, p in prompts.items()}
+    lazy = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)
+    host = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)
+    for s, p in prompts.items():
+        lazy.start(s, p, hidden=states[s].cuda())
+        lazy.update(s, [5])
+    trees = lazy.propose(["a", "b"], [5, 5])
+    assert lazy.runner.graphs._graphs  # the one-entry steps replayed graphs
+    ids = ["a", "b"]
+    toks = [prompts[s][1:] + [5] for s in ids]
+    feat = host.head.fuse(torch.cat([states[s] for s in ids]).cuda(), host.runner.kernels)  # (aux = 2, 4, 5: in order)
+    top, out = host._forward(ids, toks, feat)
+    chains = [[d] for d in top[:, 0].tolist()]
+    for _ in range(3):
+        top, out = host._forward(ids, [[c[-1]] for c in chains], out)
+        for c, d in zip(chains, top[:, 0].tolist()):
+            c.append(d)
+    assert [t.tokens for t in trees] == [[5] + c for c in chains]

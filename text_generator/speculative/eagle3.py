@@ -49,6 +49,7 @@ from model_wrapper import ForwardBatch, ModelWrapper
 from model_wrapper.eagle3_loader import load_eagle3_head
 from model_wrapper.model_wrapper import make_backend
 from model_wrapper.models.eagle3 import FEATURE
+from text_generator.sampling import row_tensor
 from text_generator.speculative.tree import DraftTree
 from text_generator.validation import validate_step
 
@@ -147,7 +148,6 @@ class Eagle3Drafter:
         ks = [max(0, min(self.k, (b - 1) // w, self.max_seq_len - len(st.context))) if w > 0 else 0
               for st, b, w in zip(states, budgets, widths)]
         self._fit_pool(seq_ids, ready, ks, widths)
-        chains: list[list[list[int]]] = [[] for _ in seq_ids]  # per request, per branch: its drafts
         live = [i for i in range(len(seq_ids)) if ks[i] > 0]
         if not live:
             return [DraftTree.chain([st.context[-1]]) for st in states]
@@ -158,29 +158,46 @@ class Eagle3Drafter:
             tokens.append(st.context[st.computed + 1: st.computed + 1 + r])
             rows.append(self._take_pending(st, r))
         feature = self.head.fuse(torch.cat(rows), self.runner.kernels)
-        top, g = self._forward([seq_ids[i] for i in live], tokens, feature, width=max(widths[i] for i in live))
-        lanes = []  # (request, branch, the lane's sequence in the block manager, its row of g)
+        width = max(widths[i] for i in live)
+        top, g = self._forward([seq_ids[i] for i in live], tokens, feature, width=width)
+        # lanes: (request, branch, the lane's sequence in the block manager), from row j of step 0
+        lanes, rows0 = [], []
         for j, i in enumerate(live):
             states[i].computed += ready[i]
             self.bm.commit(seq_ids[i], states[i].computed - states[i].offset)
-            chains[i] = [[top[j][c]] for c in range(widths[i])]
-            lanes += [(i, c, seq_ids[i] if c == 0 else ("eagle3-branch", seq_ids[i], c), j) for c in range(widths[i])]
-        forks = [lane for _, c, lane, _ in lanes if c > 0]
+            for c in range(widths[i]):
+                lanes.append((i, c, seq_ids[i] if c == 0 else ("eagle3-branch", seq_ids[i], c)))
+                rows0.append((j, c))
+        # The drafts stay on the device until the proposal is done: each step's drafts are the next
+        # step's input ids there (prev_token_ids), so the host plans step j + 1 while the device
+        # runs step j, and reads every draft back at once at the end.
+        cur = top.flatten().index_select(0, self._index([j * width + c for j, c in rows0]))  # [lanes]
+        g = g.index_select(0, self._index([j for j, _ in rows0]))
+        drafted, drafted_lanes = [cur], [list(range(len(lanes)))]  # per step: its drafts, its lanes
+        forks = [lane for _, c, lane in lanes if c > 0]
         try:
             for lane in forks:  # a branch continues in a copy of its request's committed entries
                 self._fork(lane[1], lane)
-            g = g[[j for *_, j in lanes]]
+            alive = drafted_lanes[0]
             for step in range(1, max(ks)):  # one entry per lane and step, from the head's own feature
-                keep = [x for x, (i, *_) in enumerate(lanes) if step < ks[i]]
-                lanes, g = [lanes[x] for x in keep], g[keep]
-                top, g = self._forward([lane for _, _, lane, _ in lanes],
-                                       [[chains[i][c][-1]] for i, c, _, _ in lanes], g)
-                for x, (i, c, _, _) in enumerate(lanes):
-                    chains[i][c].append(top[x][0])
+                keep = [x for x, a in enumerate(alive) if step < ks[lanes[a][0]]]
+                if len(keep) < len(alive):
+                    idx = self._index(keep)
+                    alive, cur, g = [alive[x] for x in keep], cur.index_select(0, idx), g.index_select(0, idx)
+                top, g = self._forward([lanes[a][2] for a in alive], [[0] for _ in alive], g, device_ids=cur)
+                cur = top[:, 0]
+                drafted.append(cur)
+                drafted_lanes.append(alive)
         finally:
             for lane in forks:
                 if lane in self.bm:
                     self.bm.free(lane)
+        flat = iter(torch.cat(drafted).tolist())  # the proposal's one read back
+        chains: list[list[list[int]]] = [[[] for _ in range(w)] for w in widths]  # per request, per branch
+        for alive in drafted_lanes:
+            for a in alive:
+                i, c, _ = lanes[a]
+                chains[i][c].append(next(flat))
         return [self._tree(st.context[-1], ch) for st, ch in zip(states, chains)]
 
     @staticmethod
@@ -254,10 +271,14 @@ class Eagle3Drafter:
             if ks[i] > 0:
                 available -= need(ks[i], widths[i])
 
-    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor, width: int = 1):
+    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor, width: int = 1,
+                 device_ids: torch.Tensor | None = None):
         """One head step: each request's `tokens` are its next entries (appended to the block
-        manager here), feature [sum(len), H] theirs. -> (the `width` best drafts after each
-        request's last entry, best first, as target ids; the head's pre-norm output there [B, H])."""
+        manager here), feature [sum(len), H] theirs; device_ids [sum(len)]: the entries' ids on
+        the device (then `tokens` are placeholders, and so are the block manager's ids of these
+        entries: nothing reads them without prefix caching). -> (the `width` best drafts after
+        each request's last entry, best first, as target ids [B, width] on the device; the head's
+        pre-norm output there [B, H])."""
         ids, pos, slots, lens, q = [], [], [], [], []
         for s, toks in zip(seq_ids, tokens):
             if s in self.bm:
@@ -272,11 +293,15 @@ class Eagle3Drafter:
             lens.append(start + len(toks))
             q.append(len(toks))
         cfg, mw = self.runner.cfg, self.runner
+        kwargs = {"q_lens": q}
+        if device_ids is not None:
+            every = torch.arange(len(ids))
+            kwargs["prev_token_ids"] = (device_ids, every, every)
         step = validate_step(
             input_ids=torch.tensor(ids), position_ids=torch.tensor(pos), is_prefill=max(q) > 1,
             kv_cache=self.kv_cache, block_tables=self.bm.block_tables(seq_ids), slots=torch.cat(slots),
             input_lengths=torch.tensor(lens, dtype=torch.int32), max_seq_len=self.max_seq_len,
-            lm_head_indices=torch.tensor(q).cumsum(0) - 1, kwargs={"q_lens": q}, num_layers=1,
+            lm_head_indices=torch.tensor(q).cumsum(0) - 1, kwargs=kwargs, num_layers=1,
             num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
             model_max_len=cfg.max_position_embeddings, dtype=mw.dtype, device=mw.device, loaded_adapters=())
         batch = ForwardBatch.build(
@@ -284,7 +309,11 @@ class Eagle3Drafter:
             is_prefill=step.is_prefill, block_size=step.block_size, q_lens_cpu=step.q_lens,
             seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
             lm_head_indices=step.lm_head_indices, spec_mask=None, atten_mask=None, device=mw.device,
-            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index)
+            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index, prev_token_ids=step.prev_token_ids)
         batch.extras[FEATURE] = feature
         logits, out = mw.forward(batch, self.kv_cache)
-        return self.head.to_target(logits.topk(width, dim=-1).indices).tolist(), out
+        return self.head.to_target(logits.topk(width, dim=-1).indices), out
+
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        """Host row numbers -> an index on the head's device, copied without waiting for it."""
+        return row_tensor(rows, self._pick.device, torch.int64)
