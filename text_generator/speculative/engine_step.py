@@ -141,7 +141,8 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
         target = tree_targets(logits, batch, [r.params for r in reqs], [r.prompt_ids for r in reqs],
                               [r.output_ids for r in reqs])
     plain_reqs = [reqs[b] for b in plain]
-    sampled = engine.sample_on_device(logits[[off[b] for b in plain]], plain_reqs) if plain else None
+    sampled = engine.sample_on_device(logits.index_select(0, row_tensor([off[b] for b in plain], logits.device,
+                                                                       torch.int64)), plain_reqs) if plain else None
     parts = [t for t in (target, None if sampled is None else sampled.token_ids) if t is not None]
     host = torch.cat(parts).tolist() if parts else []  # the step's one device -> host sync
     verdicts: dict[int, Verdict] = {b: accept_greedy(trees[b], host[off[b]:off[b + 1]]) for b in drafted}
