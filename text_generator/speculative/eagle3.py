@@ -54,6 +54,13 @@ from text_generator.speculative.tree import DraftTree
 from text_generator.validation import validate_step
 
 
+# Raw pending rows a request keeps before they are picked (each may hold its whole step's states
+# alive): adaptive speculation probes at least every 64 steps (max_backoff), so this bounds only
+# requests that cannot draft for longer (a step with no token budget left for drafts), or a longer
+# max_backoff.
+RAW_LIMIT = 64
+
+
 @dataclass
 class _Eagle3Seq:
     context: list[int]  # verified tokens (prompt, then every emitted token)
@@ -131,6 +138,8 @@ class Eagle3Drafter:
         s.context += emitted
         if hidden is not None and hidden.shape[0]:
             s.raw.append(hidden)
+            if len(s.raw) >= RAW_LIMIT:  # a request that has not drafted for a long while
+                self._fold(s)
 
     def finish(self, seq_id: Hashable) -> None:
         if self._seqs.pop(seq_id, None) is not None and seq_id in self.bm:
@@ -239,12 +248,16 @@ class Eagle3Drafter:
         if seq_id in self.bm:  # admitted with its first entries (a BlockManager needs some)
             self.bm.truncate(seq_id, st.computed - st.offset)
 
-    def _take_pending(self, st: _Eagle3Seq, r: int) -> torch.Tensor:
-        """Pop the first r pending rows, picked: [r, 3, H_t] (the raw ones picked in one op)."""
+    def _fold(self, st: _Eagle3Seq) -> None:
+        """Pick the raw pending rows (in one op) onto the picked ones."""
         if st.raw:
             new = self._pick_rows(st.raw[0] if len(st.raw) == 1 else torch.cat(st.raw))
             st.picked = new if st.picked is None else torch.cat([st.picked, new])
             st.raw = []
+
+    def _take_pending(self, st: _Eagle3Seq, r: int) -> torch.Tensor:
+        """Pop the first r pending rows, picked: [r, 3, H_t]."""
+        self._fold(st)
         rows = st.picked
         st.picked = rows[r:] if rows.shape[0] > r else None
         return rows[:r]
