@@ -24,6 +24,13 @@ those states (output_hidden_states), then passes them on:
                                               drafts): the next pending entries; the entries the
                                               head wrote from its own features are dropped
 
+The head runs only in propose. A request that does not draft for a while (adaptive speculation
+backed off: LLMEngine still hands over its states every step) only queues its states, as given,
+and its next proposal catches the head up on all of them in step 0, the entries a head that ran
+every step would have written (the head's context is its own K/V over every past position; none
+can be dropped without changing its drafts). Steps 1 .. k-1 take their input ids from the
+previous step's drafts on the device (prev_token_ids): the drafts are read back once per proposal.
+
 A tree's branches run as lanes of one batch: branch c > 0 continues in a fork of its request's
 committed entries in the head's block manager (BlockManager.fork; the partial last block copied),
 freed when the proposal is made.
