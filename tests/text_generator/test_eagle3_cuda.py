@@ -241,7 +241,7 @@ def test_graphed_proposal_feeds_its_drafts_on_the_device(target, tmp_path):
     path, gen = target
     make_head(tmp_path / "head", seed=2, hidden=256)
     g = torch.Generator().manual_seed(3)
-    prompts = {"a": torch.randint(0, 96, (19,), generator=g).tolist(), "b": torch.randint(0, 96, (6,), generator=g).tolist()}
+    prompts = {s: torch.randint(0, 96, (n,), generator=g).tolist() for s, n in (("a", 19), ("b", 6))}
     states = {s: torch.randn(len(p), 3, 256, generator=g) for s, p in prompts.items()}
     lazy = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)
     host = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)

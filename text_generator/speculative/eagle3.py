@@ -121,7 +121,8 @@ class Eagle3Drafter:
         m = len(prompt)
         self._check(hidden)
         if hidden is not None and hidden.shape[0] > m:
-            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, got {hidden.shape[0]}")
+            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, "
+                             f"got {hidden.shape[0]}")
         first = m - (0 if hidden is None else hidden.shape[0])
         # picked now: a long prompt's rows wait in the head's dtype (and let go of the step's tensor)
         self._seqs[seq_id] = _Eagle3Seq(list(prompt), offset=first, computed=first,
