@@ -41,7 +41,8 @@ accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate re
 output tokens/s, TPOT (per request, (last - first token time) / (tokens - 1), median) and ITL
 p50 / p99 over the gaps between a request's token deliveries (a speculative step delivers its
 accepted run at once, so a gap is one engine step of that request), and the CUDA graphs the timed
-run captured (0 expected: a capture stalls its step).
+run captured (the target's and an EAGLE-3 head's; 0 expected: a capture stalls its step). One
+drafter serves a method's warm-up and timed runs, as a server keeps one.
 
     python benchmarks/bench_speculative.py                       # CUDA, the full-size model
     python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
@@ -244,7 +245,7 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     times = arrival_times or [0.0] * B
     outs, nxt = [], 0
-    graphs_before = num_graphs(gen)
+    graphs_before = num_graphs(gen, drafter)
     sync()
     t0 = time.perf_counter()
     while len(outs) < B:
@@ -267,14 +268,16 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     return dict(tokens_per_s=n_tok / elapsed, seconds=elapsed, tpot_ms=1e3 * statistics.median(tpot),
                 itl_p50_ms=1e3 * percentile(gaps, 50), itl_p99_ms=1e3 * percentile(gaps, 99),
                 accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps,
-                drafted=engine.num_draft_tokens, captures=num_graphs(gen) - graphs_before)
+                drafted=engine.num_draft_tokens, captures=num_graphs(gen, drafter) - graphs_before)
 
 
-def num_graphs(gen) -> int:
-    """CUDA graphs the target holds (decode, verify and mixed): more after a run = captured in it (each
-    capture stalls its step: a timed run should capture none)."""
+def num_graphs(gen, drafter=None) -> int:
+    """CUDA graphs the target holds (decode, verify and mixed), and an EAGLE-3 drafter's head: more
+    after a run = captured in it (each capture stalls its step: a timed run should capture none)."""
     runner = gen.model_wrapper.graphs
-    return 0 if runner is None else len(runner._graphs) + len(runner.mixed._graphs)
+    head = getattr(getattr(drafter, "runner", None), "graphs", None)
+    return (0 if runner is None else len(runner._graphs) + len(runner.mixed._graphs)) + \
+        (0 if head is None else len(head._graphs))
 
 
 ENGINE_METHODS = (("engine plain", lambda: None, True),
@@ -295,11 +298,13 @@ def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, 
         if B in extra_batches:
             methods += list(extra)
         for method, make, adaptive in methods:
-            drafter_fn = lambda: make(B)  # noqa: E731
             kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
             try:
-                engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
-                runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
+                # one drafter for the warm-up and the timed runs, as a server keeps one: an EAGLE-3
+                # head's CUDA graphs are captured in the warm-up (each run finishes its requests)
+                drafter = make(B)
+                engine_run(gen, prompts[:B], 8, drafter, **kw)  # warm-up
+                runs = [engine_run(gen, prompts[:B], new_tokens, drafter, **kw) for _ in range(args.repeats)]
             except Exception as e:  # one failing method must not lose the other rows
                 print(f"{scenario} batch {B} {method}: FAILED {type(e).__name__}: {e}")
                 continue
