@@ -272,12 +272,27 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
 
 
 def num_graphs(gen, drafter=None) -> int:
-    """CUDA graphs the target holds (decode, verify and mixed), and an EAGLE-3 drafter's head: more
-    after a run = captured in it (each capture stalls its step: a timed run should capture none)."""
-    runner = gen.model_wrapper.graphs
-    head = getattr(getattr(drafter, "runner", None), "graphs", None)
-    return (0 if runner is None else len(runner._graphs) + len(runner.mixed._graphs)) + \
-        (0 if head is None else len(head._graphs))
+    """CUDA graph captures so far by the target (decode, verify and mixed graphs) and an EAGLE-3
+    drafter's head: more after a run = captured in it (each capture stalls its step: a timed run
+    should capture none). Captures, not graphs held: graphs dropped (another KV cache address) and
+    captured again leave the number held unchanged."""
+    runners = [gen.model_wrapper.graphs, getattr(getattr(drafter, "runner", None), "graphs", None)]
+    runners += [getattr(r, "mixed", None) for r in runners if r is not None]
+    return sum(_captures(r) for r in runners if r is not None)
+
+
+def _captures(runner) -> int:
+    """Calls of runner._capture (counted from the first call here on)."""
+    if not hasattr(runner, "bench_captures"):
+        runner.bench_captures = 0
+        capture = runner._capture
+
+        def counted(*args, **kwargs):
+            runner.bench_captures += 1
+            return capture(*args, **kwargs)
+
+        runner._capture = counted
+    return runner.bench_captures
 
 
 ENGINE_METHODS = (("engine plain", lambda: None, True),
