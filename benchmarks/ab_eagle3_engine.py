@@ -109,8 +109,9 @@ def main(argv=None):
         gc.collect()
         return r
 
-    for d, adaptive in arms.values():  # warm-up: every arm's graphs
-        run(d, adaptive, 8)
+    for _ in range(3):  # warm-up: every arm's graphs, again while a pass still captured some
+        if sum(run(d, adaptive, 8)["captures"] for d, adaptive in arms.values()) == 0:
+            break
     for _ in range(args.rounds):
         for name, (d, adaptive) in arms.items():
             if d is not None:
