@@ -41,7 +41,8 @@ accepted: the upper bound); then continuous arrivals (Poisson, --arrival-rate re
 output tokens/s, TPOT (per request, (last - first token time) / (tokens - 1), median) and ITL
 p50 / p99 over the gaps between a request's token deliveries (a speculative step delivers its
 accepted run at once, so a gap is one engine step of that request), and the CUDA graphs the timed
-run captured (0 expected: a capture stalls its step).
+run captured (the target's and an EAGLE-3 head's; 0 expected: a capture stalls its step). One
+drafter serves a method's warm-up and timed runs, as a server keeps one.
 
     python benchmarks/bench_speculative.py                       # CUDA, the full-size model
     python benchmarks/bench_speculative.py --device cpu --tiny   # smoke test of the script itself
@@ -244,7 +245,7 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     params = SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
     times = arrival_times or [0.0] * B
     outs, nxt = [], 0
-    graphs_before = num_graphs(gen)
+    graphs_before = num_graphs(gen, drafter)
     sync()
     t0 = time.perf_counter()
     while len(outs) < B:
@@ -267,14 +268,31 @@ def engine_run(gen, prompts, new_tokens, drafter, *, block_size, max_seq_len, sy
     return dict(tokens_per_s=n_tok / elapsed, seconds=elapsed, tpot_ms=1e3 * statistics.median(tpot),
                 itl_p50_ms=1e3 * percentile(gaps, 50), itl_p99_ms=1e3 * percentile(gaps, 99),
                 accepted_per_step=engine.num_accepted_tokens / max(1, engine.num_steps), steps=engine.num_steps,
-                drafted=engine.num_draft_tokens, captures=num_graphs(gen) - graphs_before)
+                drafted=engine.num_draft_tokens, captures=num_graphs(gen, drafter) - graphs_before)
 
 
-def num_graphs(gen) -> int:
-    """CUDA graphs the target holds (decode, verify and mixed): more after a run = captured in it (each
-    capture stalls its step: a timed run should capture none)."""
-    runner = gen.model_wrapper.graphs
-    return 0 if runner is None else len(runner._graphs) + len(runner.mixed._graphs)
+def num_graphs(gen, drafter=None) -> int:
+    """CUDA graph captures so far by the target (decode, verify and mixed graphs) and an EAGLE-3
+    drafter's head: more after a run = captured in it (each capture stalls its step: a timed run
+    should capture none). Captures, not graphs held: graphs dropped (another KV cache address) and
+    captured again leave the number held unchanged."""
+    runners = [gen.model_wrapper.graphs, getattr(getattr(drafter, "runner", None), "graphs", None)]
+    runners += [getattr(r, "mixed", None) for r in runners if r is not None]
+    return sum(_captures(r) for r in runners if r is not None)
+
+
+def _captures(runner) -> int:
+    """Calls of runner._capture (counted from the first call here on)."""
+    if not hasattr(runner, "bench_captures"):
+        runner.bench_captures = 0
+        capture = runner._capture
+
+        def counted(*args, **kwargs):
+            runner.bench_captures += 1
+            return capture(*args, **kwargs)
+
+        runner._capture = counted
+    return runner.bench_captures
 
 
 ENGINE_METHODS = (("engine plain", lambda: None, True),
@@ -295,11 +313,13 @@ def engine_rows(gen, scenario, prompts, new_tokens, batches, args, max_seq_len, 
         if B in extra_batches:
             methods += list(extra)
         for method, make, adaptive in methods:
-            drafter_fn = lambda: make(B)  # noqa: E731
             kw = dict(block_size=args.block_size, max_seq_len=max_seq_len, sync=sync, adaptive=adaptive)
             try:
-                engine_run(gen, prompts[:B], 8, drafter_fn(), **kw)  # warm-up
-                runs = [engine_run(gen, prompts[:B], new_tokens, drafter_fn(), **kw) for _ in range(args.repeats)]
+                # one drafter for the warm-up and the timed runs, as a server keeps one: an EAGLE-3
+                # head's CUDA graphs are captured in the warm-up (each run finishes its requests)
+                drafter = make(B)
+                engine_run(gen, prompts[:B], 8, drafter, **kw)  # warm-up
+                runs = [engine_run(gen, prompts[:B], new_tokens, drafter, **kw) for _ in range(args.repeats)]
             except Exception as e:  # one failing method must not lose the other rows
                 print(f"{scenario} batch {B} {method}: FAILED {type(e).__name__}: {e}")
                 continue

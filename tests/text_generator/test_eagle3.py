@@ -169,7 +169,7 @@ def test_head_matches_a_direct_computation(checkpoint_dir, tmp_path, own_embed):
     want_out, want_logits = oracle_head(t, embed, toks, feats)
     assert (out[0] - want_out[-1]).abs().max() / want_out.abs().max() < 1e-4
     d = int(want_logits[-1].argmax())
-    assert nxt == [[d + int(t["d2t"][d])]]
+    assert nxt.tolist() == [[d + int(t["d2t"][d])]]
 
 
 def test_tree_branches_match_the_direct_computation(checkpoint_dir, tmp_path):
@@ -192,6 +192,32 @@ def test_tree_branches_match_the_direct_computation(checkpoint_dir, tmp_path):
         assert tree.tokens == [3] + sum(want, [])
         assert tree.parents == [-1] + sum(([0] + list(range(1 + c * k, c * k + k)) for c in range(3)), [])
     assert drafter.bm.num_used_blocks == len(drafter.bm.block_table("a")) + len(drafter.bm.block_table("b"))
+
+
+def test_states_of_a_long_pause_are_folded_and_caught_up_in_one_step(checkpoint_dir, tmp_path, monkeypatch):
+    """Updates without proposals (a request that does not draft) keep their states as given, up to
+    RAW_LIMIT of them, then fold them into the head's dtype; the next proposal writes every
+    pending entry and drafts what the direct computation over the whole context gives."""
+    from text_generator.speculative import eagle3
+
+    monkeypatch.setattr(eagle3, "RAW_LIMIT", 3)
+    gen = _load(checkpoint_dir("llama"))
+    t = make_head(tmp_path / "head", seed=6, aux=[0, 1, 2])
+    embed = gen.model_wrapper.model.model.embed_tokens.weight.float()
+    drafter = Eagle3Drafter(gen, str(tmp_path / "head"), k=3, num_blocks=16, block_size=4)
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, VOCAB, (6,), generator=g).tolist()
+    states = torch.randn(13, 3, HIDDEN, generator=g)  # positions 0 .. 12
+    drafter.start("a", prompt, hidden=states[:6])
+    context = list(prompt)
+    for p in range(6, 14):  # 8 tokens; each but the first brings the state of the position before it
+        tok = int(torch.randint(0, VOCAB, (1,), generator=g))
+        drafter.update("a", [tok], hidden=None if p == 6 else states[p - 1:p])
+        context.append(tok)
+        assert len(drafter._seqs["a"].raw) < 3
+    assert drafter._seqs["a"].num_pending() == 13 and drafter._seqs["a"].picked.shape[0] >= 12
+    chain = drafter.propose(["a"], [64])[0]
+    assert chain.tokens == [context[-1]] + oracle_chain(t, embed, states[:13], context, 3)
 
 
 # -- (b) lossless greedy speculation, and the drafter's bookkeeping -------------------------------

@@ -184,3 +184,79 @@ def test_eagle3_in_the_engine_on_cuda_is_plain_greedy(target, tmp_path):
         got = engine.generate(prompts, params, use_tqdm=False)
         assert [o.token_ids for o in got] == [o.token_ids for o in plain]
         assert engine.num_draft_tokens > 0 and drafter.bm.num_used_blocks == 0
+
+
+def _sync_counts(gen, drafter, prompts, n) -> dict[int, int]:
+    """Serve prompts (greedy, n tokens, run-ahead on) -> {engine step: synchronizing CUDA calls
+    in it (torch's sync debug mode: a blocking copy, .item(), a stream synchronize)} for the
+    steps in which no request drafts, nor did in the step before (a normal run-ahead step)."""
+    import warnings
+
+    from text_generator.engine import LLMEngine
+    from text_generator.sampling import SamplingParams
+
+    engine = LLMEngine(gen, num_blocks=64, block_size=16, speculative=drafter, async_scheduling=True,
+                       enable_prefix_caching=False)
+    for p in prompts:
+        engine.add_request(p, SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True))
+    counts, quiet_before = {}, False
+    while engine.has_unfinished():
+        s = engine.num_steps + 1  # the step about to run
+        live = [r for r in engine.requests if not engine.requests[r].finished]
+        quiet = s > 2 and (drafter is None or not engine.draft_lengths.any_wanted(live, s))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                engine.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        if quiet and quiet_before:
+            counts[s] = sum("synchroniz" in str(w.message) for w in caught)
+        quiet_before = quiet
+    return counts
+
+
+def test_backed_off_eagle3_steps_wait_on_the_device_no_more_than_plain_ones(target, tmp_path):
+    """A random head's drafting backs off (adaptive speculation). In the steps in which nothing
+    drafts, the engine with EAGLE-3 requests (the target's states handed to the drafter, the
+    head idle) makes no more synchronizing calls than the plain engine in the same steps: the
+    host still runs ahead of the device."""
+    path, gen = target
+    make_head(tmp_path / "head", seed=3, hidden=256)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(96) for _ in range(24)] for _ in range(8)]
+    plain = _sync_counts(gen, None, prompts, 60)
+    eagle = _sync_counts(gen, Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=64, block_size=16),
+                         prompts, 60)
+    steps = sorted(set(plain) & set(eagle))
+    assert len(steps) >= 20, (sorted(plain), sorted(eagle))
+    assert all(eagle[s] <= plain[s] for s in steps), {s: (plain[s], eagle[s]) for s in steps}
+
+
+def test_graphed_proposal_feeds_its_drafts_on_the_device(target, tmp_path):
+    """propose() keeps each step's drafts on the device as the next step's input ids
+    (prev_token_ids into the head's decode graphs) and reads them back once: its chains equal
+    the same graphed steps driven with the drafts read back and passed as host ids."""
+    path, gen = target
+    make_head(tmp_path / "head", seed=2, hidden=256)
+    g = torch.Generator().manual_seed(3)
+    prompts = {s: torch.randint(0, 96, (n,), generator=g).tolist() for s, n in (("a", 19), ("b", 6))}
+    states = {s: torch.randn(len(p), 3, 256, generator=g) for s, p in prompts.items()}
+    lazy = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)
+    host = Eagle3Drafter(gen, str(tmp_path / "head"), k=4, num_blocks=32, block_size=16)
+    for s, p in prompts.items():
+        lazy.start(s, p, hidden=states[s].cuda())
+        lazy.update(s, [5])
+    trees = lazy.propose(["a", "b"], [5, 5])
+    assert lazy.runner.graphs._graphs  # the one-entry steps replayed graphs
+    ids = ["a", "b"]
+    toks = [prompts[s][1:] + [5] for s in ids]
+    feat = host.head.fuse(torch.cat([states[s] for s in ids]).cuda(), host.runner.kernels)  # (aux = 2, 4, 5: in order)
+    top, out = host._forward(ids, toks, feat)
+    chains = [[d] for d in top[:, 0].tolist()]
+    for _ in range(3):
+        top, out = host._forward(ids, [[c[-1]] for c in chains], out)
+        for c, d in zip(chains, top[:, 0].tolist()):
+            c.append(d)
+    assert [t.tokens for t in trees] == [[5] + c for c in chains]

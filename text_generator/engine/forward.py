@@ -15,6 +15,7 @@ import torch
 
 from text_generator.engine.runahead import InFlight
 from text_generator.engine.scheduler import ScheduledChunk
+from text_generator.sampling import row_tensor
 
 if TYPE_CHECKING:
     from text_generator.engine.engine import LLMEngine
@@ -76,4 +77,8 @@ def forward_chunks(engine: "LLMEngine", chunks: list[ScheduledChunk], slots: tor
             engine._drafting.discard(rid)
             engine.drafter.finish(rid)
         engine.hidden_feed.add(rid, c.start, hidden[o:o + c.num_tokens])
-    return logits.index_select(0, lm_head.to(logits.device))
+    if lm_head.numel() == T:  # every row samples (a decode-only step): nothing to pick
+        return logits
+    # the sampling rows, copied without a stream synchronize (a blocking copy would make the
+    # host wait for this forward, and the next step would no longer run ahead of it)
+    return logits.index_select(0, row_tensor(lm_head.tolist(), logits.device, torch.int64))

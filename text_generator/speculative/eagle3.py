@@ -24,6 +24,13 @@ those states (output_hidden_states), then passes them on:
                                               drafts): the next pending entries; the entries the
                                               head wrote from its own features are dropped
 
+The head runs only in propose. A request that does not draft for a while (adaptive speculation
+backed off: LLMEngine still hands over its states every step) only queues its states, as given,
+and its next proposal catches the head up on all of them in step 0, the entries a head that ran
+every step would have written (the head's context is its own K/V over every past position; none
+can be dropped without changing its drafts). Steps 1 .. k-1 take their input ids from the
+previous step's drafts on the device (prev_token_ids): the drafts are read back once per proposal.
+
 A tree's branches run as lanes of one batch: branch c > 0 continues in a fork of its request's
 committed entries in the head's block manager (BlockManager.fork; the partial last block copied),
 freed when the proposal is made.
@@ -49,8 +56,16 @@ from model_wrapper import ForwardBatch, ModelWrapper
 from model_wrapper.eagle3_loader import load_eagle3_head
 from model_wrapper.model_wrapper import make_backend
 from model_wrapper.models.eagle3 import FEATURE
+from text_generator.sampling import row_tensor
 from text_generator.speculative.tree import DraftTree
 from text_generator.validation import validate_step
+
+
+# Raw pending rows a request keeps before they are picked (each may hold its whole step's states
+# alive): adaptive speculation probes at least every 64 steps (max_backoff), so this bounds only
+# requests that cannot draft for longer (a step with no token budget left for drafts), or a longer
+# max_backoff.
+RAW_LIMIT = 64
 
 
 @dataclass
@@ -58,7 +73,14 @@ class _Eagle3Seq:
     context: list[int]  # verified tokens (prompt, then every emitted token)
     offset: int  # first position with a draft entry (the prompt's first position the target computed)
     computed: int  # positions < computed have entries written from target states (committed)
-    pending: list[torch.Tensor] = field(default_factory=list)  # [r, 3, H_t] chunks for positions computed ..
+    # the target states of positions computed .. (their entries not written yet): first `picked`
+    # [r, 3, H_t] in the head's dtype (a prompt's), then `raw` as the driver passed them
+    # ([r_i, len(hidden_layers), H_t], picked at the next proposal: nothing per token until then)
+    picked: torch.Tensor | None = None
+    raw: list[torch.Tensor] = field(default_factory=list)
+
+    def num_pending(self) -> int:
+        return (0 if self.picked is None else self.picked.shape[0]) + sum(x.shape[0] for x in self.raw)
 
 
 class Eagle3Drafter:
@@ -97,25 +119,35 @@ class Eagle3Drafter:
     def start(self, seq_id: Hashable, prompt: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """hidden [m', len(hidden_layers), H_t]: the target's states of the prompt's last m' positions."""
         m = len(prompt)
-        rows = self._rows(hidden)
-        if rows is not None and rows.shape[0] > m:
-            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, got {rows.shape[0]}")
-        first = m - (0 if rows is None else rows.shape[0])
+        self._check(hidden)
+        if hidden is not None and hidden.shape[0] > m:
+            raise ValueError(f"Eagle3Drafter.start: expected at most len(prompt)={m} rows of hidden, "
+                             f"got {hidden.shape[0]}")
+        first = m - (0 if hidden is None else hidden.shape[0])
+        # picked now: a long prompt's rows wait in the head's dtype (and let go of the step's tensor)
         self._seqs[seq_id] = _Eagle3Seq(list(prompt), offset=first, computed=first,
-                                        pending=[] if rows is None else [rows])
+                                        picked=None if hidden is None else self._pick_rows(hidden))
 
     def update(self, seq_id: Hashable, emitted: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """hidden [len, len(hidden_layers), H_t]: the target's states of the positions after the
-        pending ones (the accepted path of the last verify pass); None after a prefill."""
+        pending ones (the accepted path of the last verify pass); None after a prefill.
+
+        The head does not run here: the states wait (as given, no copy) until the next proposal
+        writes every pending entry in one multi-token step. A request that does not draft for a
+        while (adaptive speculation backed off) costs its steps nothing but this bookkeeping,
+        and its next proposal catches the head up on all the positions at once, with the entries
+        a head that ran every step would have written (same tokens, same features, causal)."""
         s = self._seqs[seq_id]
-        rows = self._rows(hidden)
-        if rows is not None and rows.shape[0] != len(emitted):
+        self._check(hidden)
+        if hidden is not None and hidden.shape[0] != len(emitted):
             raise ValueError(f"Eagle3Drafter.update: expected one row of hidden per emitted token "
-                             f"({len(emitted)}), got {rows.shape[0]}")
+                             f"({len(emitted)}), got {hidden.shape[0]}")
         self._drop_own_entries(seq_id, s)
         s.context += emitted
-        if rows is not None and rows.shape[0]:
-            s.pending.append(rows)
+        if hidden is not None and hidden.shape[0]:
+            s.raw.append(hidden)
+            if len(s.raw) >= RAW_LIMIT:  # a request that has not drafted for a long while
+                self._fold(s)
 
     def finish(self, seq_id: Hashable) -> None:
         if self._seqs.pop(seq_id, None) is not None and seq_id in self.bm:
@@ -128,12 +160,11 @@ class Eagle3Drafter:
         states = [self._seqs[s] for s in seq_ids]
         for s, st in zip(seq_ids, states):
             self._drop_own_entries(s, st)
-        ready = [min(sum(p.shape[0] for p in st.pending), len(st.context) - 1 - st.computed) for st in states]
+        ready = [min(st.num_pending(), len(st.context) - 1 - st.computed) for st in states]
         widths = [min(self.branches, b - 1) if r > 0 else 0 for b, r in zip(budgets, ready)]
         ks = [max(0, min(self.k, (b - 1) // w, self.max_seq_len - len(st.context))) if w > 0 else 0
               for st, b, w in zip(states, budgets, widths)]
         self._fit_pool(seq_ids, ready, ks, widths)
-        chains: list[list[list[int]]] = [[] for _ in seq_ids]  # per request, per branch: its drafts
         live = [i for i in range(len(seq_ids)) if ks[i] > 0]
         if not live:
             return [DraftTree.chain([st.context[-1]]) for st in states]
@@ -144,29 +175,46 @@ class Eagle3Drafter:
             tokens.append(st.context[st.computed + 1: st.computed + 1 + r])
             rows.append(self._take_pending(st, r))
         feature = self.head.fuse(torch.cat(rows), self.runner.kernels)
-        top, g = self._forward([seq_ids[i] for i in live], tokens, feature, width=max(widths[i] for i in live))
-        lanes = []  # (request, branch, the lane's sequence in the block manager, its row of g)
+        width = max(widths[i] for i in live)
+        top, g = self._forward([seq_ids[i] for i in live], tokens, feature, width=width)
+        # lanes: (request, branch, the lane's sequence in the block manager), from row j of step 0
+        lanes, rows0 = [], []
         for j, i in enumerate(live):
             states[i].computed += ready[i]
             self.bm.commit(seq_ids[i], states[i].computed - states[i].offset)
-            chains[i] = [[top[j][c]] for c in range(widths[i])]
-            lanes += [(i, c, seq_ids[i] if c == 0 else ("eagle3-branch", seq_ids[i], c), j) for c in range(widths[i])]
-        forks = [lane for _, c, lane, _ in lanes if c > 0]
+            for c in range(widths[i]):
+                lanes.append((i, c, seq_ids[i] if c == 0 else ("eagle3-branch", seq_ids[i], c)))
+                rows0.append((j, c))
+        # The drafts stay on the device until the proposal is done: each step's drafts are the next
+        # step's input ids there (prev_token_ids), so the host plans step j + 1 while the device
+        # runs step j, and reads every draft back at once at the end.
+        cur = top.flatten().index_select(0, self._index([j * width + c for j, c in rows0]))  # [lanes]
+        g = g.index_select(0, self._index([j for j, _ in rows0]))
+        drafted, drafted_lanes = [cur], [list(range(len(lanes)))]  # per step: its drafts, its lanes
+        forks = [lane for _, c, lane in lanes if c > 0]
         try:
             for lane in forks:  # a branch continues in a copy of its request's committed entries
                 self._fork(lane[1], lane)
-            g = g[[j for *_, j in lanes]]
+            alive = drafted_lanes[0]
             for step in range(1, max(ks)):  # one entry per lane and step, from the head's own feature
-                keep = [x for x, (i, *_) in enumerate(lanes) if step < ks[i]]
-                lanes, g = [lanes[x] for x in keep], g[keep]
-                top, g = self._forward([lane for _, _, lane, _ in lanes],
-                                       [[chains[i][c][-1]] for i, c, _, _ in lanes], g)
-                for x, (i, c, _, _) in enumerate(lanes):
-                    chains[i][c].append(top[x][0])
+                keep = [x for x, a in enumerate(alive) if step < ks[lanes[a][0]]]
+                if len(keep) < len(alive):
+                    idx = self._index(keep)
+                    alive, cur, g = [alive[x] for x in keep], cur.index_select(0, idx), g.index_select(0, idx)
+                top, g = self._forward([lanes[a][2] for a in alive], [[0] for _ in alive], g, device_ids=cur)
+                cur = top[:, 0]
+                drafted.append(cur)
+                drafted_lanes.append(alive)
         finally:
             for lane in forks:
                 if lane in self.bm:
                     self.bm.free(lane)
+        flat = iter(torch.cat(drafted).tolist())  # the proposal's one read back
+        chains: list[list[list[int]]] = [[[] for _ in range(w)] for w in widths]  # per request, per branch
+        for alive in drafted_lanes:
+            for a in alive:
+                i, c, _ = lanes[a]
+                chains[i][c].append(next(flat))
         return [self._tree(st.context[-1], ch) for st, ch in zip(states, chains)]
 
     @staticmethod
@@ -190,15 +238,17 @@ class Eagle3Drafter:
                 v_cache[dst].copy_(v_cache[src])
 
     # -- internals ------------------------------------------------------------------------------
-    def _rows(self, hidden: torch.Tensor | None) -> torch.Tensor | None:
-        """[r, len(hidden_layers), H_t] -> the head's three states [r, 3, H_t] on its device."""
-        if hidden is None:
-            return None
+    def _check(self, hidden: torch.Tensor | None) -> None:
+        """A ValueError unless hidden is None or [r, len(hidden_layers), H_t]."""
         n = len(self.hidden_layers)
-        if hidden.dim() != 3 or hidden.shape[1] != n or hidden.shape[2] != self.head.target_hidden:
+        if hidden is not None and (hidden.dim() != 3 or hidden.shape[1] != n
+                                   or hidden.shape[2] != self.head.target_hidden):
             raise ValueError(f"Eagle3Drafter: expected hidden [rows, {n}, {self.head.target_hidden}] "
                              f"(output_hidden_states={list(self.hidden_layers)}), got {list(hidden.shape)}")
-        # kept in the head's dtype (fuse casts to it anyway): a long prompt's rows wait until propose
+
+    def _pick_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[r, len(hidden_layers), H_t] -> the head's three states [r, 3, H_t] on its device, in
+        its dtype (fuse casts to it anyway)."""
         return hidden.to(self._pick.device, self.head.fc.weight.dtype).index_select(1, self._pick)
 
     def _drop_own_entries(self, seq_id: Hashable, st: _Eagle3Seq) -> None:
@@ -206,11 +256,18 @@ class Eagle3Drafter:
         if seq_id in self.bm:  # admitted with its first entries (a BlockManager needs some)
             self.bm.truncate(seq_id, st.computed - st.offset)
 
-    @staticmethod
-    def _take_pending(st: _Eagle3Seq, r: int) -> torch.Tensor:
-        """Pop the first r pending rows [r, 3, H_t]."""
-        rows = torch.cat(st.pending)
-        st.pending = [rows[r:]] if rows.shape[0] > r else []
+    def _fold(self, st: _Eagle3Seq) -> None:
+        """Pick the raw pending rows (in one op) onto the picked ones."""
+        if st.raw:
+            new = self._pick_rows(st.raw[0] if len(st.raw) == 1 else torch.cat(st.raw))
+            st.picked = new if st.picked is None else torch.cat([st.picked, new])
+            st.raw = []
+
+    def _take_pending(self, st: _Eagle3Seq, r: int) -> torch.Tensor:
+        """Pop the first r pending rows, picked: [r, 3, H_t]."""
+        self._fold(st)
+        rows = st.picked
+        st.picked = rows[r:] if rows.shape[0] > r else None
         return rows[:r]
 
     def _fit_pool(self, seq_ids, ready: list[int], ks: list[int], widths: list[int]) -> None:
@@ -235,10 +292,14 @@ class Eagle3Drafter:
             if ks[i] > 0:
                 available -= need(ks[i], widths[i])
 
-    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor, width: int = 1):
+    def _forward(self, seq_ids: list, tokens: list[list[int]], feature: torch.Tensor, width: int = 1,
+                 device_ids: torch.Tensor | None = None):
         """One head step: each request's `tokens` are its next entries (appended to the block
-        manager here), feature [sum(len), H] theirs. -> (the `width` best drafts after each
-        request's last entry, best first, as target ids; the head's pre-norm output there [B, H])."""
+        manager here), feature [sum(len), H] theirs; device_ids [sum(len)]: the entries' ids on
+        the device (then `tokens` are placeholders, and so are the block manager's ids of these
+        entries: nothing reads them without prefix caching). -> (the `width` best drafts after
+        each request's last entry, best first, as target ids [B, width] on the device; the head's
+        pre-norm output there [B, H])."""
         ids, pos, slots, lens, q = [], [], [], [], []
         for s, toks in zip(seq_ids, tokens):
             if s in self.bm:
@@ -253,11 +314,15 @@ class Eagle3Drafter:
             lens.append(start + len(toks))
             q.append(len(toks))
         cfg, mw = self.runner.cfg, self.runner
+        kwargs = {"q_lens": q}
+        if device_ids is not None:
+            every = torch.arange(len(ids))
+            kwargs["prev_token_ids"] = (device_ids, every, every)
         step = validate_step(
             input_ids=torch.tensor(ids), position_ids=torch.tensor(pos), is_prefill=max(q) > 1,
             kv_cache=self.kv_cache, block_tables=self.bm.block_tables(seq_ids), slots=torch.cat(slots),
             input_lengths=torch.tensor(lens, dtype=torch.int32), max_seq_len=self.max_seq_len,
-            lm_head_indices=torch.tensor(q).cumsum(0) - 1, kwargs={"q_lens": q}, num_layers=1,
+            lm_head_indices=torch.tensor(q).cumsum(0) - 1, kwargs=kwargs, num_layers=1,
             num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
             model_max_len=cfg.max_position_embeddings, dtype=mw.dtype, device=mw.device, loaded_adapters=())
         batch = ForwardBatch.build(
@@ -265,7 +330,11 @@ class Eagle3Drafter:
             is_prefill=step.is_prefill, block_size=step.block_size, q_lens_cpu=step.q_lens,
             seq_lens_cpu=step.input_lengths, block_tables_cpu=step.block_tables,
             lm_head_indices=step.lm_head_indices, spec_mask=None, atten_mask=None, device=mw.device,
-            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index)
+            token_req_cpu=step.token_req, token_kv_index_cpu=step.token_kv_index, prev_token_ids=step.prev_token_ids)
         batch.extras[FEATURE] = feature
         logits, out = mw.forward(batch, self.kv_cache)
-        return self.head.to_target(logits.topk(width, dim=-1).indices).tolist(), out
+        return self.head.to_target(logits.topk(width, dim=-1).indices), out
+
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        """Host row numbers -> an index on the head's device, copied without waiting for it."""
+        return row_tensor(rows, self._pick.device, torch.int64)

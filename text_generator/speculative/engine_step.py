@@ -38,7 +38,7 @@ import torch
 
 from text_generator.engine.request import Request, RequestOutput
 from text_generator.engine.scheduler import ScheduledChunk
-from text_generator.sampling import SamplingParams
+from text_generator.sampling import SamplingParams, row_tensor
 from text_generator.speculative.decoder import compact_accepted_kv
 from text_generator.speculative.tree import DraftTree, TreeBatch, build_tree_batch
 from text_generator.speculative.verify import Verdict, accept_greedy, tree_targets, verify_greedy_grammar
@@ -141,7 +141,8 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
         target = tree_targets(logits, batch, [r.params for r in reqs], [r.prompt_ids for r in reqs],
                               [r.output_ids for r in reqs])
     plain_reqs = [reqs[b] for b in plain]
-    sampled = engine.sample_on_device(logits[[off[b] for b in plain]], plain_reqs) if plain else None
+    sampled = engine.sample_on_device(logits.index_select(0, row_tensor([off[b] for b in plain], logits.device,
+                                                                       torch.int64)), plain_reqs) if plain else None
     parts = [t for t in (target, None if sampled is None else sampled.token_ids) if t is not None]
     host = torch.cat(parts).tolist() if parts else []  # the step's one device -> host sync
     verdicts: dict[int, Verdict] = {b: accept_greedy(trees[b], host[off[b]:off[b + 1]]) for b in drafted}
@@ -165,12 +166,13 @@ def _verify_and_commit(engine: "LLMEngine", reqs: list[Request], cached: list[in
     for b in plain:
         bm.commit(reqs[b].request_id, cached[b] + 1)
         reqs[b].num_computed = cached[b] + 1
-    if hidden is not None:
-        for b, r in enumerate(reqs):
-            if r.request_id in engine._draft_reqs:
-                path = verdicts[b].path if b in verdicts else [0]
-                rows = torch.tensor([off[b] + i for i in path], device=hidden.device)
-                engine.hidden_feed.add(r.request_id, cached[b], hidden.index_select(0, rows))
+    fed = [] if hidden is None else [b for b, r in enumerate(reqs) if r.request_id in engine._draft_reqs]
+    if fed:  # one gather for the batch, each request's rows a view of it
+        paths = [verdicts[b].path if b in verdicts else [0] for b in fed]
+        picked = hidden.index_select(0, row_tensor([off[b] + i for b, p in zip(fed, paths) for i in p],
+                                                   hidden.device, torch.int64))
+        for b, part in zip(fed, picked.split([len(p) for p in paths])):
+            engine.hidden_feed.add(reqs[b].request_id, cached[b], part)
     outputs = []
     for b, v in verdicts.items():
         r, t = reqs[b], trees[b]

@@ -44,20 +44,31 @@ class HiddenFeed:
             self._held[rid] = (first, [rows])
 
     def take(self, rid: Hashable, upto: int) -> torch.Tensor | None:
-        """-> the held rows of positions < upto, in position order (None: none), forgetting them."""
+        """-> the held rows of positions < upto, in position order (None: none), forgetting them.
+        Rows of one add come back as a view of what was added (no copy, no kernel): a decode
+        step's row is handed on as it came, the run-ahead step's row behind it stays held."""
         held = self._held.get(rid)
         if held is None:
             return None
         first, parts = held
-        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
-        n = max(0, min(upto - first, rows.shape[0]))
+        n = max(0, min(upto - first, sum(p.shape[0] for p in parts)))
         if n == 0:
             return None
-        if n == rows.shape[0]:
-            del self._held[rid]
+        out, left = [], n
+        while left:
+            p = parts[0]
+            if p.shape[0] <= left:
+                out.append(parts.pop(0))
+                left -= p.shape[0]
+            else:
+                out.append(p[:left])
+                parts[0] = p[left:]
+                left = 0
+        if parts:
+            self._held[rid] = (first + n, parts)
         else:
-            self._held[rid] = (first + n, [rows[n:]])
-        return rows[:n]
+            del self._held[rid]
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def drop(self, rid: Hashable) -> None:
         self._held.pop(rid, None)
