@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from conftest import hf_generate, hf_model
-from serve_fixtures import Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from serve_fixtures import (Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora,
+                            make_tokenizer, unread_bytes)
 
 MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -322,14 +323,19 @@ def test_a_stream_behind_the_engine_sends_the_queued_tokens_as_one_chunk(slow_se
     with server.client().completions.create(stream=True, **kw) as stream:
         it = iter(stream)
         chunks.append(next(it))  # the request runs; now hold the HTTP process's event loop
-        server.engine._loop.call_soon_threadsafe(resume.wait, 60)
+        held = threading.Event()
+        server.engine._loop.call_soon_threadsafe(lambda: held.set() or resume.wait(60))
+        assert held.wait(60)
+        # the loop reads the engine's messages, so its stats cannot be asked now: count the steps'
+        # messages piling up in the out pipe instead (one write() each, so each growth of the
+        # unread bytes is at least one more step, i.e. one more token of the request)
+        fd, grown, last = server.engine._out.fileno(), 0, unread_bytes(server.engine._out.fileno())
         deadline = time.monotonic() + 60
-        while True:  # until the engine has made >= 5 more tokens (or finished) behind the HTTP side's back
-            running = list(server.stats()["requests"].values())
-            if not running or running[0] >= len(chunks[0].choices[0].logprobs.tokens) + 5:
-                break
+        while grown < 5:  # >= 5 more tokens behind the HTTP side's back
+            now = unread_bytes(fd)
+            grown, last = grown + (now > last), now
             assert time.monotonic() < deadline, "the engine made no progress"
-            time.sleep(0.005)
+            time.sleep(0.001)
         resume.set()
         chunks += list(it)
     choices = [c.choices[0] for c in chunks if c.choices]
