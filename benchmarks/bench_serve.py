@@ -30,7 +30,12 @@ the engine is host-bound: CUDA's default synchronize spins on the CPU while it w
 Reports output tokens/s, TTFT and inter-token latency p50 / p99, steady_tokens_per_s (over the middle half
 of a pass: without the burst's admission and the tail) and engine_steps (the pass's engine steps: from
 LLMEngine.num_steps, and from the server's /metrics tg_engine_steps), so that a cost shows as more steps or as
-longer ones. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+longer ones. With --trace (the default; the engine process's TG_SERVE_TRACE, a line per step) every timed pass
+also gets `phases`: per quarter of the pass, its steps, wall ms per step, ms inside LLMEngine.step, ms of loop
+work around it (the server's command intake, output packing and send; the engine row's generate loop), ms the
+step waited for the device, and the mean running batch; the server's passes add when the engine had added the
+last request and the gaps before the first step and after the last one. Writes benchmarks/results/serve.json
+and serve.png (serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -76,6 +82,8 @@ def parse_args():
     p.add_argument("--server-threads", type=int, default=None,
                    help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
                    "default: inherited)")
+    p.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="no per-step trace of either side (the pass phases are then not reported)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -149,10 +157,25 @@ class EngineRow:
 
             warm_up(self.engine)  # serve's start-up pass: every decode-graph bucket, every kernel
         self.params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
+        self.trace: list[tuple] | None = [] if a.trace else None
+        if a.trace:  # the server's StepTrace fields, from a wrapper of the engine's step (generate calls it)
+            step, engine, trace = self.engine.step, self.engine, self.trace
+
+            def traced_step():
+                wait, t_step = engine.device_wait_s, time.perf_counter()
+                outs = step()
+                t = time.perf_counter()
+                trace.append((t_step, 0, t_step, t, t, len(engine.scheduler.running), len(engine.scheduler.waiting),
+                              len(outs), engine.device_wait_s - wait))
+                return outs
+
+            self.engine.step = traced_step
 
     def run(self, prompts) -> dict:
         self.engine.block_manager.reset_prefix_cache()
         steps = self.engine.num_steps
+        if self.trace is not None:
+            self.trace.clear()
         t0 = time.perf_counter()
         outs = self.engine.generate(prompts, self.params, use_tqdm=False)
         seconds = time.perf_counter() - t0
@@ -161,7 +184,74 @@ class EngineRow:
         res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
                     [t for o in outs for t in o.metrics.token_times])
         res["engine_steps"] = self.engine.num_steps - steps
+        if self.trace is not None:
+            res["phases"] = phases(self.trace, t0, t0 + seconds)
         return res
+
+
+def phases(trace: list[tuple], begin: float, end: float) -> dict:
+    """A pass's step trace (StepTrace.FIELDS rows) between begin and end -> per quarter of the pass
+    (by wall time): steps, wall ms per step (the quarter / its steps), mean ms inside LLMEngine.step,
+    of loop work around it (the previous step's send to this step's start, plus this step's packing
+    and send), waiting for the device inside the step, mean running batch; and for the whole pass when
+    the last request was added and the idle gaps at both ends."""
+    rows = [r for r in trace if begin <= r[2] <= end]
+    res: dict = dict(quarters=[])
+    span = (end - begin) / 4
+    prev_sent = None
+    per_q: list[list] = [[] for _ in range(4)]
+    for r in rows:
+        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait = r
+        per_q[min(int((t_step - begin) / span), 3)].append(
+            (t_stepped - t_step, (t_step - (t_step if prev_sent is None else prev_sent)) + (t_sent - t_stepped),
+             wait, running))
+        prev_sent = t_sent
+    for q in per_q:
+        n = len(q)
+        res["quarters"].append(dict(
+            steps=n, ms_per_step=1e3 * span / n if n else None,
+            step_ms=1e3 * sum(x[0] for x in q) / n if n else None,
+            loop_ms=1e3 * sum(x[1] for x in q) / n if n else None,
+            device_wait_ms=1e3 * sum(x[2] for x in q) / n if n else None,
+            running=sum(x[3] for x in q) / n if n else None))
+    adds = [r for r in rows if r[1]]
+    if rows:
+        res["first_step_after_ms"] = 1e3 * (rows[0][2] - begin)
+        res["after_last_step_ms"] = 1e3 * (end - rows[-1][4])
+        res["requests_added"] = sum(r[1] for r in rows)
+        res["last_add_at_ms"] = 1e3 * (adds[-1][0] - begin) if adds else None
+        res["steps_before_last_add"] = sum(1 for r in rows if adds and r[2] < adds[-1][2])
+    return res
+
+
+def read_trace(path: str) -> list[tuple]:
+    """A StepTrace CSV (text_generator/serve/profiling.py) -> its rows as tuples of numbers."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()[1:]
+    rows = []
+    for line in lines:
+        try:
+            rows.append(tuple(float(x) for x in line.split(",")))
+        except ValueError:  # a line being written
+            continue
+    return rows
+
+
+def phase_line(ph: dict | None) -> str:
+    """The quarters' ms per step and their split (step / loop / device wait), one line."""
+    if not ph or not ph.get("quarters"):
+        return "-"
+    qs = " | ".join("?" if q["steps"] == 0 else
+                    f"{q['steps']} x {q['ms_per_step']:.2f} ms (step {q['step_ms']:.2f}, loop {q['loop_ms']:.2f}, "
+                    f"device wait {q['device_wait_ms']:.2f}, batch {q['running']:.0f})" for q in ph["quarters"])
+    extra = f"; first step after {ph.get('first_step_after_ms', float('nan')):.1f} ms, last output + " \
+            f"{ph.get('after_last_step_ms', float('nan')):.1f} ms"
+    if ph.get("last_add_at_ms") is not None and ph.get("requests_added"):
+        extra += f", all {ph['requests_added']:.0f} requests added by {ph['last_add_at_ms']:.0f} ms " \
+                 f"(step {ph['steps_before_last_add']})"
+    return qs + extra
 
 
 async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
@@ -254,6 +344,7 @@ class ClientPool:
         res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
+        res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
         return res
 
     def close(self) -> None:
@@ -303,6 +394,9 @@ class Server:
             cmd += ["--gpu-memory-utilization", str(a.memory_fraction)]
         self.t0 = time.perf_counter()
         env = dict(env or {})
+        self.trace = None
+        if getattr(a, "trace", False):
+            self.trace = env["TG_SERVE_TRACE"] = os.path.join(tempfile.mkdtemp(prefix="tg_serve_trace_"), "steps.csv")
         if getattr(a, "server_threads", None):
             env["OMP_NUM_THREADS"] = str(a.server_threads)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -339,6 +433,10 @@ class Server:
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         if steps is not None:
             res["engine_steps"] = self.engine_steps() - steps
+        begin, end = res.pop("t_begin"), res.pop("t_end")
+        if self.trace is not None:
+            time.sleep(0.3)  # the engine process flushes its trace within 0.2 s of going idle
+            res["phases"] = phases(read_trace(self.trace), begin, end)
         return res
 
     def engine_steps(self) -> int | None:
@@ -374,6 +472,9 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
               f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}; engine steps "
               f"{step_line(eng[-1])} against {step_line(srv[-1])}", flush=True)
+        if "phases" in eng[-1]:
+            print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
+                  f"{phase_line(srv[-1].get('phases'))}", flush=True)
     return median_run(eng), median_run(srv), http_cost(eng, srv)
 
 

@@ -159,6 +159,7 @@ class LLMEngine:
         self.hidden_feed = HiddenFeed(layers) if layers else None  # target states for the drafter
         self.num_steps = 0
         self.num_preemptions = 0
+        self.device_wait_s = 0.0  # running ahead: host time spent waiting for launched steps (runahead.complete)
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
         self.num_accepted_tokens = 0
         if async_scheduling is None:

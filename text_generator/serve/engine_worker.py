@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 from loguru import logger
 
 from text_generator.engine.output import describe
-from text_generator.serve.profiling import profiled
+from text_generator.serve.profiling import profiled, step_trace
 
 ENGINE_FAILURE = "engine step failed"  # how the error of a request failed by a crashed step starts
 IDLE_POLL_S = 1.0  # an idle engine wakes this often (under TP: the heartbeat to the other ranks)
@@ -124,6 +124,7 @@ class EngineWorker:
         self.send = send
         self._followers: dict[str, list[tuple]] = {}  # leader id -> (rid, ids, params, adapter) waiting
         self._finals: list[Lean] = []  # finals the engine will not report (refused adds, waiting aborts)
+        self.stepped_at = 0.0
 
     def apply(self, cmds: list[tuple]) -> bool:
         """Apply the commands in order; False once a "stop" came."""
@@ -143,7 +144,8 @@ class EngineWorker:
     def busy(self) -> bool:
         return self.engine.has_unfinished() or bool(self._finals)
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """One engine step (if anything is unfinished) and its outputs sent -> how many outputs."""
         outputs = []
         if self.engine.has_unfinished():
             try:
@@ -151,12 +153,14 @@ class EngineWorker:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 logger.exception("engine step failed")
                 outputs = self._fail_all(f"{ENGINE_FAILURE}: {type(e).__name__}: {e}")
+        self.stepped_at = time.perf_counter()  # (before packing and sending: TG_SERVE_TRACE's t_stepped)
         for out in outputs:
             self._release_followers(out.request_id)
         finals, self._finals = self._finals, []
         if self.send is not None:
             waiting = sum(map(len, self._followers.values()))
             self.send(("out", pack(outputs, finals), tuple(engine_stats(self.engine, waiting))))
+        return len(outputs) + len(finals)
 
     # -- commands --------------------------------------------------------------------------
     def _add_group(self, items: list[tuple], adapter: str | None) -> None:
@@ -333,7 +337,9 @@ def main(args, cmd_conn, out_conn, num_threads: int, on_start: Callable | None =
 
 def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
     last_sync = time.monotonic()
+    trace = step_trace()
     while True:
+        t_loop = time.perf_counter()
         cmds = []
         timeout = 0 if worker.busy else IDLE_POLL_S
         try:
@@ -348,8 +354,22 @@ def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
             last_sync = time.monotonic()
         if not worker.apply(cmds):
             return
-        if worker.busy:
-            worker.step()
+        if trace is None:
+            if worker.busy:
+                worker.step()
+        elif worker.busy:
+            _traced_step(worker, trace, t_loop, sum(len(c[1]) for c in cmds if c[0] == "add"))
+        else:
+            trace.flush()
+
+
+def _traced_step(worker: EngineWorker, trace, t_loop: float, added: int) -> None:
+    engine = worker.engine
+    wait, t_step = engine.device_wait_s, time.perf_counter()
+    n = worker.step()
+    sched = engine.scheduler
+    trace.record(t_loop, added, t_step, worker.stepped_at, time.perf_counter(), len(sched.running), len(sched.waiting), n,
+                 engine.device_wait_s - wait)
 
 
 def follow(args) -> int:

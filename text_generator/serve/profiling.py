@@ -1,13 +1,22 @@
-"""TG_SERVE_PROFILE=DIR: cProfile the server's two processes (benchmarks/profile_serve.py sets it).
+"""Instrumentation of the server's processes, off unless an environment variable names a place.
 
+TG_SERVE_PROFILE=DIR: cProfile the server's two processes (benchmarks/profile_serve.py sets it).
 The HTTP process writes DIR/http.prof when uvicorn returns, the engine process DIR/engine.prof when
-its loop ends (`pstats` or snakeviz read them). Unset (the default) costs nothing: `profiled` calls
-the function directly.
+its loop ends (`pstats` or snakeviz read them).
+
+TG_SERVE_TRACE=FILE: the engine process writes one CSV line per loop iteration that added requests
+or stepped (StepTrace.FIELDS; times are time.perf_counter(), CLOCK_MONOTONIC on Linux, so they line
+up with other processes' clocks): when the iteration began, how many requests it added, when the
+engine's step began and ended, when its outputs were sent, the batch after the step, and how long
+the step waited for the device (LLMEngine.device_wait_s). benchmarks/bench_serve.py --trace reads it.
+
+Unset (the default), both cost nothing: `profiled` calls the function directly, `step_trace` is None.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 
@@ -25,3 +34,32 @@ def profiled(name: str, fn: Callable, *args, **kwargs):
         return prof.runcall(fn, *args, **kwargs)
     finally:
         prof.dump_stats(os.path.join(folder, f"{name}.prof"))
+
+
+class StepTrace:
+    """Appends one line per engine-loop iteration to a CSV file, flushed at least every 0.2 s and
+    whenever the engine goes idle (so that a reader sees a finished pass)."""
+
+    FIELDS = ("t_loop", "added", "t_step", "t_stepped", "t_sent", "running", "waiting", "outputs", "device_wait")
+
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1 << 16)
+        if self.file.tell() == 0:
+            self.file.write(",".join(self.FIELDS) + "\n")
+        self.flushed = time.perf_counter()
+
+    def record(self, *values) -> None:
+        self.file.write(",".join(map(repr, values)) + "\n")
+        now = time.perf_counter()
+        if now - self.flushed > 0.2:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        self.file.flush()
+        self.flushed = time.perf_counter() if now is None else now
+
+
+def step_trace() -> StepTrace | None:
+    """The engine process's StepTrace when TG_SERVE_TRACE names a file, else None."""
+    path = os.environ.get("TG_SERVE_TRACE")
+    return StepTrace(path) if path else None
