@@ -743,3 +743,37 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
         assert [t for o in outs if o.request_id == rid for t in o.new_token_ids] == want
     assert finals["c0"].num_cached == 0 and finals["c1"].num_cached == 4 * ((len(ids) - 1) // 4)  # its full blocks
     assert engine.block_manager.num_used_blocks == 0 and not engine.requests
+
+
+def test_a_burst_of_submissions_enters_the_engine_together_and_is_admitted_in_one_step(ckpt, oracle, one_thread):
+    """Submissions that pile up in the command pipe while the engine steps (one message per HTTP
+    request) are all read before the next step, and that step admits every one the budget allows:
+    its outputs carry each request's first token, transformers' greedy first token."""
+    import multiprocessing
+
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker, intake
+
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=256, block_size=4,
+                       max_num_seqs=16, max_num_batched_tokens=512, freeze_gc=False)
+    sent = []
+    worker = EngineWorker(engine, sent.append)
+    recv, send = multiprocessing.Pipe(duplex=False)
+    prompts = [oracle["tok"](f"{p} {i}").input_ids for i in range(4) for p in PROMPTS]  # 12 distinct prompts
+    params = SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        send.send(("add", [(f"r{i}", ids, params)], None))
+    cmds = intake(recv, 0)
+    assert [c[1][0][0] for c in cmds] == [f"r{i}" for i in range(len(prompts))]
+    assert intake(recv, 0) == []  # nothing left behind
+    worker.apply(cmds)
+    worker.step()
+    (kind, (rids, new_ids, *_), stats), = sent
+    assert kind == "out" and sorted(rids) == sorted(f"r{i}" for i in range(len(prompts)))
+    first = {rid: ids for rid, ids in zip(rids, new_ids)}
+    for i, ids in enumerate(prompts):
+        assert first[f"r{i}"] == hf_generate(oracle["tiny"], ids, 1)
+    assert stats[1] == len(prompts)  # all running after one step
+    send.close()
+    assert intake(recv, 0) == [("stop",)]  # the HTTP process gone: stop

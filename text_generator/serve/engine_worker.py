@@ -340,15 +340,7 @@ def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
     trace = step_trace()
     while True:
         t_loop = time.perf_counter()
-        cmds = []
-        timeout = 0 if worker.busy else IDLE_POLL_S
-        try:
-            if cmd_conn.poll(timeout):
-                cmds.append(cmd_conn.recv())
-                while cmd_conn.poll():
-                    cmds.append(cmd_conn.recv())
-        except (EOFError, OSError):  # the HTTP process is gone
-            cmds.append(("stop",))
+        cmds = intake(cmd_conn, 0 if worker.busy else IDLE_POLL_S)
         if broadcast is not None and (cmds or worker.busy or time.monotonic() - last_sync >= IDLE_POLL_S):
             broadcast(cmds)
             last_sync = time.monotonic()
@@ -361,6 +353,22 @@ def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
             _traced_step(worker, trace, t_loop, sum(len(c[1]) for c in cmds if c[0] == "add"))
         else:
             trace.flush()
+
+
+def intake(cmd_conn, timeout: float) -> list[tuple]:
+    """Every command waiting in the pipe (waiting up to timeout seconds for the first): all the
+    submissions that arrived during a step enter the engine together, before the next step, which
+    admits as many as its budget (max_num_seqs, max_num_batched_tokens) allows. A closed pipe (the
+    HTTP process is gone) reads as a "stop"."""
+    cmds = []
+    try:
+        if cmd_conn.poll(timeout):
+            cmds.append(cmd_conn.recv())
+            while cmd_conn.poll():
+                cmds.append(cmd_conn.recv())
+    except (EOFError, OSError):
+        cmds.append(("stop",))
+    return cmds
 
 
 def _traced_step(worker: EngineWorker, trace, t_loop: float, added: int) -> None:
