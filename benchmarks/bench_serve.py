@@ -159,14 +159,16 @@ class EngineRow:
         self.params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
         self.trace: list[tuple] | None = [] if a.trace else None
         if a.trace:  # the server's StepTrace fields, from a wrapper of the engine's step (generate calls it)
-            step, engine, trace = self.engine.step, self.engine, self.trace
+            from text_generator.serve.profiling import GcClock
+
+            step, engine, trace, gc_clock = self.engine.step, self.engine, self.trace, GcClock()
 
             def traced_step():
-                wait, t_step = engine.device_wait_s, time.perf_counter()
+                wait, gc0, cpu0, t_step = engine.device_wait_s, gc_clock.total, time.thread_time(), time.perf_counter()
                 outs = step()
-                t = time.perf_counter()
+                t, cpu = time.perf_counter(), time.thread_time() - cpu0
                 trace.append((t_step, 0, t_step, t, t, len(engine.scheduler.running), len(engine.scheduler.waiting),
-                              len(outs), engine.device_wait_s - wait))
+                              len(outs), engine.device_wait_s - wait, cpu, gc_clock.total - gc0))
                 return outs
 
             self.engine.step = traced_step
@@ -192,28 +194,29 @@ class EngineRow:
 def phases(trace: list[tuple], begin: float, end: float) -> dict:
     """A pass's step trace (StepTrace.FIELDS rows) between begin and end -> per quarter of the pass
     (by wall time): steps, wall ms per step (the quarter / its steps), mean ms inside LLMEngine.step,
-    of loop work around it (the previous step's send to this step's start, plus this step's packing
-    and send), waiting for the device inside the step, mean running batch; and for the whole pass when
-    the last request was added and the idle gaps at both ends."""
+    of loop work around it (intake: the previous step's send to this step's start; send: this step's
+    packing and send), waiting for the device inside the step, CPU ms and GC pause ms from the step's
+    start to its send, mean running batch; and for the whole pass when the last request was added and
+    the idle gaps at both ends."""
     rows = [r for r in trace if begin <= r[2] <= end]
     res: dict = dict(quarters=[])
     span = (end - begin) / 4
     prev_sent = None
     per_q: list[list] = [[] for _ in range(4)]
     for r in rows:
-        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait = r
+        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait, cpu, gc_s = r[:11]
         per_q[min(int((t_step - begin) / span), 3)].append(
-            (t_stepped - t_step, (t_step - (t_step if prev_sent is None else prev_sent)) + (t_sent - t_stepped),
-             wait, running))
+            (t_stepped - t_step, t_step - (t_step if prev_sent is None else prev_sent), t_sent - t_stepped,
+             wait, cpu, gc_s, running))
         prev_sent = t_sent
+    names = ("step_ms", "intake_ms", "send_ms", "device_wait_ms", "cpu_ms", "gc_ms")
     for q in per_q:
         n = len(q)
-        res["quarters"].append(dict(
-            steps=n, ms_per_step=1e3 * span / n if n else None,
-            step_ms=1e3 * sum(x[0] for x in q) / n if n else None,
-            loop_ms=1e3 * sum(x[1] for x in q) / n if n else None,
-            device_wait_ms=1e3 * sum(x[2] for x in q) / n if n else None,
-            running=sum(x[3] for x in q) / n if n else None))
+        row = dict(steps=n, ms_per_step=1e3 * span / n if n else None)
+        for k, name in enumerate(names):
+            row[name] = 1e3 * sum(x[k] for x in q) / n if n else None
+        row["running"] = sum(x[-1] for x in q) / n if n else None
+        res["quarters"].append(row)
     adds = [r for r in rows if r[1]]
     if rows:
         res["first_step_after_ms"] = 1e3 * (rows[0][2] - begin)
@@ -244,8 +247,9 @@ def phase_line(ph: dict | None) -> str:
     if not ph or not ph.get("quarters"):
         return "-"
     qs = " | ".join("?" if q["steps"] == 0 else
-                    f"{q['steps']} x {q['ms_per_step']:.2f} ms (step {q['step_ms']:.2f}, loop {q['loop_ms']:.2f}, "
-                    f"device wait {q['device_wait_ms']:.2f}, batch {q['running']:.0f})" for q in ph["quarters"])
+                    f"{q['steps']} x {q['ms_per_step']:.2f} ms (step {q['step_ms']:.2f}: device wait "
+                    f"{q['device_wait_ms']:.2f}; intake {q['intake_ms']:.2f}, send {q['send_ms']:.2f}; cpu "
+                    f"{q['cpu_ms']:.2f}, gc {q['gc_ms']:.2f}; batch {q['running']:.0f})" for q in ph["quarters"])
     extra = f"; first step after {ph.get('first_step_after_ms', float('nan')):.1f} ms, last output + " \
             f"{ph.get('after_last_step_ms', float('nan')):.1f} ms"
     if ph.get("last_add_at_ms") is not None and ph.get("requests_added"):

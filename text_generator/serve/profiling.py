@@ -7,8 +7,10 @@ its loop ends (`pstats` or snakeviz read them).
 TG_SERVE_TRACE=FILE: the engine process writes one CSV line per loop iteration that added requests
 or stepped (StepTrace.FIELDS; times are time.perf_counter(), CLOCK_MONOTONIC on Linux, so they line
 up with other processes' clocks): when the iteration began, how many requests it added, when the
-engine's step began and ended, when its outputs were sent, the batch after the step, and how long
-the step waited for the device (LLMEngine.device_wait_s). benchmarks/bench_serve.py --trace reads it.
+engine's step began and ended, when its outputs were sent, the batch after the step, how long the
+step waited for the device (LLMEngine.device_wait_s), and from the step's start to its send the
+thread's CPU seconds (wall time well above CPU plus device wait: the process was off its core) and
+the garbage collector's pauses (GcClock). benchmarks/bench_serve.py reads it.
 
 Unset (the default), both cost nothing: `profiled` calls the function directly, `step_trace` is None.
 """
@@ -40,9 +42,11 @@ class StepTrace:
     """Appends one line per engine-loop iteration to a CSV file, flushed at least every 0.2 s and
     whenever the engine goes idle (so that a reader sees a finished pass)."""
 
-    FIELDS = ("t_loop", "added", "t_step", "t_stepped", "t_sent", "running", "waiting", "outputs", "device_wait")
+    FIELDS = ("t_loop", "added", "t_step", "t_stepped", "t_sent", "running", "waiting", "outputs", "device_wait",
+              "step_cpu", "gc")
 
     def __init__(self, path: str):
+        self.gc = GcClock()
         self.file = open(path, "a", buffering=1 << 16)
         if self.file.tell() == 0:
             self.file.write(",".join(self.FIELDS) + "\n")
@@ -63,3 +67,20 @@ def step_trace() -> StepTrace | None:
     """The engine process's StepTrace when TG_SERVE_TRACE names a file, else None."""
     path = os.environ.get("TG_SERVE_TRACE")
     return StepTrace(path) if path else None
+
+
+class GcClock:
+    """Seconds the garbage collector has paused this process since it was made (gc.callbacks)."""
+
+    def __init__(self):
+        import gc
+
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, _info) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
