@@ -30,12 +30,13 @@ the engine is host-bound: CUDA's default synchronize spins on the CPU while it w
 Reports output tokens/s, TTFT and inter-token latency p50 / p99, steady_tokens_per_s (over the middle half
 of a pass: without the burst's admission and the tail) and engine_steps (the pass's engine steps: from
 LLMEngine.num_steps, and from the server's /metrics tg_engine_steps), so that a cost shows as more steps or as
-longer ones. With --trace (the default; the engine process's TG_SERVE_TRACE, a line per step) every timed pass
-also gets `phases`: per quarter of the pass, its steps, wall ms per step, ms inside LLMEngine.step, ms of loop
-work around it (the server's command intake, output packing and send; the engine row's generate loop), ms the
-step waited for the device, and the mean running batch; the server's passes add when the engine had added the
-last request and the gaps before the first step and after the last one. Writes benchmarks/results/serve.json
-and serve.png (serve_tiny.* with --tiny).
+longer ones. With the trace (the default; --no-trace: none; the server's engine process writes a line per step,
+TG_SERVE_TRACE, and a wrapper of the engine row's step records the same) every timed pass also gets `phases`:
+per quarter of the pass its steps, wall ms per step, ms inside LLMEngine.step (of which waiting for the device),
+ms of loop work around it (intake: commands read and applied; send: outputs packed and sent), CPU and GC-pause
+ms per step and the mean running batch; the server's passes add when the engine had added the last request and
+the gaps before the first step and after the last one. Writes benchmarks/results/serve.json, serve.png and
+serve_trace.json (every step of every timed pass; serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
     start to its send, mean running batch; and for the whole pass when the last request was added and
     the idle gaps at both ends."""
     rows = [r for r in trace if begin <= r[2] <= end]
-    res: dict = dict(quarters=[])
+    res: dict = dict(quarters=[], seconds=end - begin, steps=[])
     span = (end - begin) / 4
     prev_sent = None
     per_q: list[list] = [[] for _ in range(4)]
@@ -208,6 +209,9 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
         per_q[min(int((t_step - begin) / span), 3)].append(
             (t_stepped - t_step, t_step - (t_step if prev_sent is None else prev_sent), t_sent - t_stepped,
              wait, cpu, gc_s, running))
+        res["steps"].append([round(x, 6) for x in (t_step - begin, t_stepped - t_step, t_step - (
+            t_step if prev_sent is None else prev_sent), t_sent - t_stepped, wait, cpu, gc_s)] + [
+            int(running), int(waiting), int(added), int(outs)])
         prev_sent = t_sent
     names = ("step_ms", "intake_ms", "send_ms", "device_wait_ms", "cpu_ms", "gc_ms")
     for q in per_q:
@@ -467,10 +471,14 @@ class Server:
 def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passes) -> tuple[dict, dict, dict]:
     """The timed pairs: for each prompt set, an engine pass then a server pass at saturation ->
     (engine row, server row, the HTTP cost with its spread)."""
-    eng, srv = [], []
+    eng, srv, traces = [], [], []
     for i, prompts in enumerate(passes):
         eng.append(engine.run(prompts))
         srv.append(server.measure(clients, prompts, a.output_len, None))
+        for side, row in (("engine", eng[-1]), ("server", srv[-1])):
+            if "phases" in row:  # every step of the pass, to a file of its own (not the JSON of results)
+                traces.append(dict(pair=i, side=side, seconds=row["phases"]["seconds"], fields=TRACE_FIELDS,
+                                   steps=row["phases"].pop("steps")))
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
@@ -479,7 +487,15 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         if "phases" in eng[-1]:
             print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
                   f"{phase_line(srv[-1].get('phases'))}", flush=True)
+    if traces:
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
+        with open(a.out + "_trace.json", "w") as f:
+            json.dump(traces, f)
     return median_run(eng), median_run(srv), http_cost(eng, srv)
+
+
+TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
+                "running", "waiting", "added", "outputs")
 
 
 def step_line(row: dict) -> str:
