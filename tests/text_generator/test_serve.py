@@ -777,3 +777,44 @@ def test_a_burst_of_submissions_enters_the_engine_together_and_is_admitted_in_on
     assert stats[1] == len(prompts)  # all running after one step
     send.close()
     assert intake(recv, 0) == [("stop",)]  # the HTTP process gone: stop
+
+
+def test_the_step_trace_records_every_step_of_the_engine_loop(ckpt, oracle, one_thread, tmp_path, monkeypatch):
+    """TG_SERVE_TRACE: the engine process's loop (run here on a thread, fed through a real pipe)
+    writes one line per step: every submitted request counted once as added, the outputs of the
+    steps adding up to every request's tokens plus its final report, each line's times in order."""
+    import csv
+    import multiprocessing
+
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker, _lead
+    from text_generator.serve.profiling import StepTrace
+
+    path = tmp_path / "steps.csv"
+    monkeypatch.setenv("TG_SERVE_TRACE", str(path))
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=128, block_size=4,
+                       freeze_gc=False)
+    sent = []
+    recv, send = multiprocessing.Pipe(duplex=False)
+    n_new = [3, 5, 2]
+    for i, (p, n) in enumerate(zip(PROMPTS, n_new)):
+        send.send(("add", [(f"r{i}", oracle["tok"](p).input_ids,
+                            SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))], None))
+    loop = threading.Thread(target=_lead, args=(EngineWorker(engine, sent.append), recv, None))
+    loop.start()
+    deadline = time.monotonic() + 60
+    while sum(len(msg[1][4]) for msg in list(sent)) < len(PROMPTS):  # until every request has ended
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    send.send(("stop",))
+    loop.join(30)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(StepTrace.FIELDS)
+    assert sum(int(r["added"]) for r in rows) == len(PROMPTS)
+    assert len(rows) == sum(1 for kind, *_ in sent if kind == "out")  # a line per step, a message per step
+    assert sum(int(r["outputs"]) for r in rows) == sum(n_new)  # one output per token (the last one is final)
+    for r in rows:
+        t = [float(r[k]) for k in ("t_loop", "t_step", "t_stepped", "t_sent")]
+        assert t == sorted(t)

@@ -351,8 +351,8 @@ def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
                 worker.step()
         elif worker.busy:
             _traced_step(worker, trace, t_loop, sum(len(c[1]) for c in cmds if c[0] == "add"))
-        else:
-            trace.flush()
+            if not worker.busy:
+                trace.flush()  # idle now: a reader sees the whole pass at once
 
 
 def intake(cmd_conn, timeout: float) -> list[tuple]:
