@@ -165,11 +165,13 @@ class EngineRow:
             step, engine, trace, gc_clock = self.engine.step, self.engine, self.trace, GcClock()
 
             def traced_step():
-                wait, gc0, cpu0, t_step = engine.device_wait_s, gc_clock.total, time.thread_time(), time.perf_counter()
+                tokens, wait, gc0 = engine.num_scheduled_tokens, engine.device_wait_s, gc_clock.total
+                running0, cpu0, t_step = len(engine.scheduler.running), time.thread_time(), time.perf_counter()
                 outs = step()
                 t, cpu = time.perf_counter(), time.thread_time() - cpu0
                 trace.append((t_step, 0, t_step, t, t, len(engine.scheduler.running), len(engine.scheduler.waiting),
-                              len(outs), engine.device_wait_s - wait, cpu, gc_clock.total - gc0))
+                              len(outs), engine.device_wait_s - wait, cpu, gc_clock.total - gc0,
+                              engine.num_scheduled_tokens - tokens, running0))
                 return outs
 
             self.engine.step = traced_step
@@ -205,13 +207,13 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
     prev_sent = None
     per_q: list[list] = [[] for _ in range(4)]
     for r in rows:
-        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait, cpu, gc_s = r[:11]
+        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait, cpu, gc_s, tokens, running0 = r[:13]
         per_q[min(int((t_step - begin) / span), 3)].append(
             (t_stepped - t_step, t_step - (t_step if prev_sent is None else prev_sent), t_sent - t_stepped,
-             wait, cpu, gc_s, running))
+             wait, cpu, gc_s, tokens, tokens > running0, running))
         res["steps"].append([round(x, 6) for x in (t_step - begin, t_stepped - t_step, t_step - (
             t_step if prev_sent is None else prev_sent), t_sent - t_stepped, wait, cpu, gc_s)] + [
-            int(running), int(waiting), int(added), int(outs)])
+            int(running), int(waiting), int(added), int(outs), int(tokens), int(running0)])
         prev_sent = t_sent
     names = ("step_ms", "intake_ms", "send_ms", "device_wait_ms", "cpu_ms", "gc_ms")
     for q in per_q:
@@ -219,6 +221,8 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
         row = dict(steps=n, ms_per_step=1e3 * span / n if n else None)
         for k, name in enumerate(names):
             row[name] = 1e3 * sum(x[k] for x in q) / n if n else None
+        row["tokens"] = sum(x[6] for x in q) / n if n else None
+        row["prefill_steps"] = sum(x[7] for x in q)
         row["running"] = sum(x[-1] for x in q) / n if n else None
         res["quarters"].append(row)
     adds = [r for r in rows if r[1]]
@@ -253,7 +257,8 @@ def phase_line(ph: dict | None) -> str:
     qs = " | ".join("?" if q["steps"] == 0 else
                     f"{q['steps']} x {q['ms_per_step']:.2f} ms (step {q['step_ms']:.2f}: device wait "
                     f"{q['device_wait_ms']:.2f}; intake {q['intake_ms']:.2f}, send {q['send_ms']:.2f}; cpu "
-                    f"{q['cpu_ms']:.2f}, gc {q['gc_ms']:.2f}; batch {q['running']:.0f})" for q in ph["quarters"])
+                    f"{q['cpu_ms']:.2f}, gc {q['gc_ms']:.2f}; batch {q['running']:.0f}, {q['tokens']:.0f} tokens, "
+                    f"{q['prefill_steps']} with prompt chunks)" for q in ph["quarters"])
     extra = f"; first step after {ph.get('first_step_after_ms', float('nan')):.1f} ms, last output + " \
             f"{ph.get('after_last_step_ms', float('nan')):.1f} ms"
     if ph.get("last_add_at_ms") is not None and ph.get("requests_added"):
@@ -495,7 +500,7 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
 
 
 TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
-                "running", "waiting", "added", "outputs")
+                "running", "waiting", "added", "outputs", "tokens", "running_before")
 
 
 def step_line(row: dict) -> str:

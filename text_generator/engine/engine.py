@@ -160,6 +160,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_preemptions = 0
         self.device_wait_s = 0.0  # running ahead: host time spent waiting for launched steps (runahead.complete)
+        self.num_scheduled_tokens = 0  # tokens computed by the steps so far (decode rows, prompt chunks, drafts)
         self.num_draft_tokens = 0  # proposed by the drafter and run through the model
         self.num_accepted_tokens = 0
         if async_scheduling is None:
@@ -302,6 +303,7 @@ class LLMEngine:
             outputs.append(self._end(req, "error", why))
         if sched.chunks:
             self.num_steps += 1
+            self.num_scheduled_tokens += len(sched.slots)
             if prev is not None and drafts_this_step(self, sched.chunks):
                 outputs += complete(self, prev)  # (may finish some of the scheduled requests)
                 prev = None

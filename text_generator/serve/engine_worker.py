@@ -373,12 +373,13 @@ def intake(cmd_conn, timeout: float) -> list[tuple]:
 
 def _traced_step(worker: EngineWorker, trace, t_loop: float, added: int) -> None:
     engine = worker.engine
-    wait, gc0, cpu0, t_step = engine.device_wait_s, trace.gc.total, time.thread_time(), time.perf_counter()
+    tokens, wait, gc0 = engine.num_scheduled_tokens, engine.device_wait_s, trace.gc.total
+    running0, cpu0, t_step = len(engine.scheduler.running), time.thread_time(), time.perf_counter()
     n = worker.step()
     cpu = time.thread_time() - cpu0  # (includes the packing and the send, as t_sent does)
     sched = engine.scheduler
     trace.record(t_loop, added, t_step, worker.stepped_at, time.perf_counter(), len(sched.running), len(sched.waiting), n,
-                 engine.device_wait_s - wait, cpu, trace.gc.total - gc0)
+                 engine.device_wait_s - wait, cpu, trace.gc.total - gc0, engine.num_scheduled_tokens - tokens, running0)
 
 
 def follow(args) -> int:

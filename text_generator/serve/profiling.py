@@ -10,7 +10,8 @@ up with other processes' clocks): when the iteration began, how many requests it
 engine's step began and ended, when its outputs were sent, the batch after the step, how long the
 step waited for the device (LLMEngine.device_wait_s), and from the step's start to its send the
 thread's CPU seconds (wall time well above CPU plus device wait: the process was off its core) and
-the garbage collector's pauses (GcClock). benchmarks/bench_serve.py reads it.
+the garbage collector's pauses (GcClock), and the tokens the step scheduled (LLMEngine.num_scheduled_tokens:
+more than the batch running before it means prompt chunks). benchmarks/bench_serve.py reads it.
 
 Unset (the default), both cost nothing: `profiled` calls the function directly, `step_trace` is None.
 """
@@ -43,7 +44,7 @@ class StepTrace:
     whenever the engine goes idle (so that a reader sees a finished pass)."""
 
     FIELDS = ("t_loop", "added", "t_step", "t_stepped", "t_sent", "running", "waiting", "outputs", "device_wait",
-              "step_cpu", "gc")
+              "step_cpu", "gc", "tokens", "running_before")
 
     def __init__(self, path: str):
         self.gc = GcClock()
