@@ -176,15 +176,22 @@ class EngineRow:
 
             self.engine.step = traced_step
 
-    def run(self, prompts) -> dict:
+    def run(self, prompts, arrivals: list[tuple[float, int]] | None = None) -> dict:
+        """One timed pass: all prompts added at t = 0 (LLMEngine.generate), or with `arrivals`
+        [(seconds after the start, how many)] in prompt order: the requests enter the engine when the
+        server's engine process took them in (its trace), so that the engine runs the served pass's
+        admission pattern without any HTTP (TTFT then counts from each request's arrival)."""
         self.engine.block_manager.reset_prefix_cache()
         steps = self.engine.num_steps
         if self.trace is not None:
             self.trace.clear()
         t0 = time.perf_counter()
-        outs = self.engine.generate(prompts, self.params, use_tqdm=False)
+        if arrivals is None:
+            outs = self.engine.generate(prompts, self.params, use_tqdm=False)
+        else:
+            outs = self._paced(prompts, arrivals, t0)
         seconds = time.perf_counter() - t0
-        ttft = [o.metrics.first_token_time - t0 for o in outs]
+        ttft = [o.metrics.first_token_time - (t0 if arrivals is None else o.metrics.arrival_time) for o in outs]
         itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
         res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
                     [t for o in outs for t in o.metrics.token_times])
@@ -192,6 +199,23 @@ class EngineRow:
         if self.trace is not None:
             res["phases"] = phases(self.trace, t0, t0 + seconds)
         return res
+
+    def _paced(self, prompts, arrivals: list[tuple[float, int]], t0: float) -> list:
+        offsets = [t for t, n in arrivals for _ in range(n)][:len(prompts)]
+        offsets += [offsets[-1] if offsets else 0.0] * (len(prompts) - len(offsets))
+        engine, ids, final, i = self.engine, [], {}, 0
+        while len(final) < len(prompts):
+            now = time.perf_counter() - t0
+            while i < len(prompts) and offsets[i] <= now:
+                ids.append(engine.add_request(prompts[i], self.params))
+                i += 1
+            if not engine.has_unfinished():
+                time.sleep(max(offsets[i] - (time.perf_counter() - t0), 0.0))
+                continue
+            for o in engine.step():
+                if o.finished:
+                    final[o.request_id] = o
+        return [final[r] for r in ids]
 
 
 def phases(trace: list[tuple], begin: float, end: float) -> dict:
@@ -226,6 +250,7 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
         row["running"] = sum(x[-1] for x in q) / n if n else None
         res["quarters"].append(row)
     adds = [r for r in rows if r[1]]
+    res["arrivals"] = [(r[2] - begin, int(r[1])) for r in adds]  # when the engine took requests in, how many
     if rows:
         res["first_step_after_ms"] = 1e3 * (rows[0][2] - begin)
         res["after_last_step_ms"] = 1e3 * (end - rows[-1][4])
@@ -476,11 +501,17 @@ class Server:
 def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passes) -> tuple[dict, dict, dict]:
     """The timed pairs: for each prompt set, an engine pass then a server pass at saturation ->
     (engine row, server row, the HTTP cost with its spread)."""
-    eng, srv, traces = [], [], []
+    eng, srv, paced, traces = [], [], [], []
     for i, prompts in enumerate(passes):
         eng.append(engine.run(prompts))
         srv.append(server.measure(clients, prompts, a.output_len, None))
-        for side, row in (("engine", eng[-1]), ("server", srv[-1])):
+        arrivals = srv[-1].get("phases", {}).pop("arrivals", None)
+        for row in eng[-1:]:
+            row.get("phases", {}).pop("arrivals", None)
+        if arrivals:  # the engine again, its requests entering when the server's engine process took them in
+            paced.append(engine.run(prompts, arrivals))
+            paced[-1]["phases"].pop("arrivals", None)
+        for side, row in (("engine", eng[-1]), ("server", srv[-1])) + ((("engine_paced", paced[-1]),) if arrivals else ()):
             if "phases" in row:  # every step of the pass, to a file of its own (not the JSON of results)
                 traces.append(dict(pair=i, side=side, seconds=row["phases"]["seconds"], fields=TRACE_FIELDS,
                                    steps=row["phases"].pop("steps")))
@@ -492,11 +523,22 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         if "phases" in eng[-1]:
             print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
                   f"{phase_line(srv[-1].get('phases'))}", flush=True)
+        if arrivals:
+            p_ = paced[-1]["output_tokens_per_s"]
+            print(f"  engine with the server's arrivals: {p_:.0f} tok/s ({paced[-1]['seconds']:.1f} s), {step_line(paced[-1])}: "
+                  f"ratio to the engine {p_ / e:.3f}, server / it {s_ / p_:.3f}\n  its quarters: "
+                  f"{phase_line(paced[-1]['phases'])}", flush=True)
     if traces:
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
         with open(a.out + "_trace.json", "w") as f:
             json.dump(traces, f)
-    return median_run(eng), median_run(srv), http_cost(eng, srv)
+    cost = http_cost(eng, srv)
+    if paced:  # how much of the cost the admission pattern alone explains (no HTTP in that row)
+        ratios = sorted(p["output_tokens_per_s"] / e["output_tokens_per_s"] for e, p in zip(eng, paced))
+        cost["paced_ratios"] = ratios
+        cost["median_paced_cost"] = 1 - ratios[len(ratios) // 2]
+        cost["engine_paced"] = median_run(paced)
+    return median_run(eng), median_run(srv), cost
 
 
 TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
@@ -576,6 +618,9 @@ def main() -> None:
           f"medians' cost {100 * c['cost_of_medians']:.1f}%; passes spread: engine "
           f"{100 * c['engine_spread']:.1f}%, server {100 * c['server_spread']:.1f}%); over the passes' middle "
           f"halves {100 * c['median_steady_cost']:.1f}%", flush=True)
+    if "median_paced_cost" in c:
+        print(f"The engine alone with the served passes' arrivals (no HTTP) costs {100 * c['median_paced_cost']:.1f}% "
+              f"(pairs {', '.join(f'{100 * (1 - r):.1f}%' for r in c['paced_ratios'])})", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
