@@ -11,7 +11,7 @@ demo byte tokenizer the random checkpoint carries decodes most ids to no text).
 Both sides are resident at once: `python -m text_generator serve` starts in a subprocess (its engine in its
 own process, as `serve` always runs) while this process builds the same LLMEngine (same max-num-seqs,
 batched tokens, max-model-len, the same --num-blocks on both sides instead of a memory fraction, one torch
-thread on CUDA, the server's start-up pass). Each side first runs the load once untimed on other prompts;
+thread on CUDA, the server's start-up pass, output_kind "delta"). Each side first runs the load once untimed on other prompts;
 then --repeats pairs of timed passes, engine pass then server pass, each pair on its own fresh prompts (so
 that no pass finds the previous one's prompts in a prefix cache). Each pair gives a ratio server / engine
 tokens/s; the HTTP cost is 1 - the median ratio, reported with every pass and the ratios' spread. The engine
@@ -152,7 +152,7 @@ class EngineRow:
         self.gen = TextGenerator.from_pretrained(path, device=a.device)
         self.engine = LLMEngine(self.gen, num_blocks=a.num_blocks, block_size=BLOCK_SIZE, max_num_seqs=a.max_num_seqs,
                                 max_num_batched_tokens=a.max_num_batched_tokens, max_seq_len=a.max_model_len,
-                                tokenizer=load_tokenizer(path))
+                                tokenizer=load_tokenizer(path), output_kind="delta")  # as serve's engine
         if a.device != "cpu":
             from text_generator.serve.warmup import warm_up
 

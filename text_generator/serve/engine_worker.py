@@ -107,6 +107,8 @@ def _new_rows(out) -> tuple[list[float], list[dict]]:
     lps, tops = out.logprobs, out.top_logprobs or []
     end = len(out.token_ids)
     start = end - len(out.new_token_ids)
+    if start == 0 and len(lps) == end == len(tops):  # (a "delta" engine's running output: the rows are its own)
+        return lps, tops
     if start >= 0 and len(lps) >= end and len(tops) >= end:
         return lps[start:end], tops[start:end]
     from text_generator.serve.responses import new_logprobs  # a row without its top entries: the general rule
@@ -262,7 +264,8 @@ def build_engine(args):
                        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_len,
-                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
+                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype,
+                       output_kind="delta")  # pack() sends only each step's news: no per-step copies
     if gen.device.type == "cuda" and not getattr(args, "no_warmup", False):
         from text_generator.serve.warmup import warm_up
 
