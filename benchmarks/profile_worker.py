@@ -49,7 +49,7 @@ def parse_args():
 
 
 def _drain(conn) -> None:
-    """The reader process: receive (and unpickle) every message, as the HTTP process's reader thread does."""
+    """The reader process: receive (and unpickle) every message, as the HTTP process's event loop does."""
     while True:
         try:
             if conn.recv() == "end":
