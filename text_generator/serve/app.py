@@ -305,7 +305,8 @@ async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str,
                 if m.failed:
                     yield R.sse(_error(m).body())
                     continue
-                completion_tokens[i] = m.num_tokens
+                if m.finish is not None:  # (a running request's outputs count this step's tokens only)
+                    completion_tokens[i] = m.num_tokens
                 if not m.text and m.finish is None and not m.rows:
                     continue
                 if chat:

@@ -9,8 +9,9 @@ here while the engine process steps. The event loop itself watches the out pipe 
 reads every step's batch there: no reader thread, so no handing the GIL back and forth between
 it and the loop (each hand-over waits up to sys.getswitchinterval(), 5 ms, while the loop is busy:
 a busy loop fell behind a step of 9 ms and the full pipe then blocked the engine's send).
-dispatch rebuilds every request's RequestOutput from its deltas (token ids, the engine's
-delta_text, new logprob rows), records the metrics and feeds the request's group. /metrics
+dispatch turns every request's news into a RequestOutput as a "delta" engine makes them (a running
+request's: this step's token ids, the engine's delta_text, new logprob rows; its final one: the
+whole output, rebuilt from the deltas), records the metrics and feeds the request's group. /metrics
 gauges come from the Stats sent with each batch. Both pipes are grown to
 /proc/sys/fs/pipe-max-size (1 MiB by default; Linux): a burst of submissions (512 prompts of 256
 tokens are ~700 KB) does not block the loop in write() until the engine drains the pipe between
@@ -311,14 +312,16 @@ class EngineClient:
                                   None if live.last is None else live.last - group.arrival)
             if rid not in group.unfinished:
                 continue  # aborted by its client: nobody is listening
-            # snapshots: a stream that lags behind reads this step's rows, not a later step's
-            lps = live.logprobs
+            # as a "delta" engine's outputs: a running request's carry this step's tokens and rows only
+            # (what its stream sends; no copies of ever longer lists), the final one everything
+            if finished:
+                ids, lps, tops = live.tokens, live.logprobs, live.top
+            else:
+                ids, lps, tops = new, None if row is None else row[0], None if row is None else row[1]
             group.queue.put_nowait(RequestOutput(
-                request_id=rid, prompt_token_ids=[], new_token_ids=new,
-                token_ids=live.tokens if finished else live.tokens[:], finished=finished,
+                request_id=rid, prompt_token_ids=[], new_token_ids=new, token_ids=ids, finished=finished,
                 finish_reason=reason, error=error, text="".join(live.pieces) if finished else None,
-                delta_text=delta, logprobs=lps if finished or lps is None else lps[:],
-                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=num_cached))
+                delta_text=delta, logprobs=lps, top_logprobs=tops, num_cached_tokens=num_cached))
         if m is not None:
             m.on_stats(Stats._make(stats))
 
