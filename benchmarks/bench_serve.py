@@ -286,6 +286,9 @@ def phase_line(ph: dict | None) -> str:
                     f"{q['prefill_steps']} with prompt chunks)" for q in ph["quarters"])
     extra = f"; first step after {ph.get('first_step_after_ms', float('nan')):.1f} ms, last output + " \
             f"{ph.get('after_last_step_ms', float('nan')):.1f} ms"
+    if "http_first_handler_ms" in ph:
+        extra += f"; HTTP handlers: first began {ph['http_first_handler_ms']:.0f} ms, first submitted " \
+                 f"{ph['http_first_submit_ms']:.0f} ms, last submitted {ph['http_last_submit_ms']:.0f} ms"
     if ph.get("last_add_at_ms") is not None and ph.get("requests_added"):
         extra += f", all {ph['requests_added']:.0f} requests added by {ph['last_add_at_ms']:.0f} ms " \
                  f"(step {ph['steps_before_last_add']})"
@@ -475,6 +478,11 @@ class Server:
         if self.trace is not None:
             time.sleep(0.3)  # the engine process flushes its trace within 0.2 s of going idle
             res["phases"] = phases(read_trace(self.trace), begin, end)
+            http = [r for r in read_trace(self.trace + ".http") if begin <= r[0] <= end]
+            if http:  # the HTTP side of the admission: handlers began / submitted, first and last
+                res["phases"]["http_first_handler_ms"] = 1e3 * (min(r[0] for r in http) - begin)
+                res["phases"]["http_first_submit_ms"] = 1e3 * (min(r[1] for r in http) - begin)
+                res["phases"]["http_last_submit_ms"] = 1e3 * (max(r[1] for r in http) - begin)
         return res
 
     def engine_steps(self) -> int | None:

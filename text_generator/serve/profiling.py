@@ -13,7 +13,12 @@ thread's CPU seconds (wall time well above CPU plus device wait: the process was
 the garbage collector's pauses (GcClock), and the tokens the step scheduled (LLMEngine.num_scheduled_tokens:
 more than the batch running before it means prompt chunks). benchmarks/bench_serve.py reads it.
 
-Unset (the default), both cost nothing: `profiled` calls the function directly, `step_trace` is None.
+With TG_SERVE_TRACE=FILE the HTTP process also writes FILE.http: one line per submitted HTTP request
+(RequestTrace.FIELDS): when its handler began (the body read and parsed) and when it began to send its
+engine requests into the command pipe.
+
+Unset (the default), these cost nothing: `profiled` calls the function directly, `step_trace` and
+`request_trace` are None.
 """
 
 from __future__ import annotations
@@ -62,6 +67,27 @@ class StepTrace:
     def flush(self, now: float | None = None) -> None:
         self.file.flush()
         self.flushed = time.perf_counter() if now is None else now
+
+
+class RequestTrace:
+    """The HTTP process's side of TG_SERVE_TRACE: a line per submitted request, flushed at once (a
+    burst's last requests must reach the file without a later one)."""
+
+    FIELDS = ("t_handler", "t_submit", "engine_requests")
+
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1)
+        if self.file.tell() == 0:
+            self.file.write(",".join(self.FIELDS) + "\n")
+
+    def record(self, t_handler: float, t_submit: float, n: int) -> None:
+        self.file.write(f"{t_handler!r},{t_submit!r},{n}\n")
+
+
+def request_trace() -> RequestTrace | None:
+    """The HTTP process's RequestTrace when TG_SERVE_TRACE names a file (FILE.http), else None."""
+    path = os.environ.get("TG_SERVE_TRACE")
+    return RequestTrace(path + ".http") if path else None
 
 
 def step_trace() -> StepTrace | None:
