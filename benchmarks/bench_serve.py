@@ -83,6 +83,8 @@ def parse_args():
     p.add_argument("--server-threads", type=int, default=None,
                    help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
                    "default: inherited)")
+    p.add_argument("--no-paced", dest="paced", action="store_false",
+                   help="no third pass per pair (the engine fed with the served pass's arrival times)")
     p.add_argument("--no-trace", dest="trace", action="store_false",
                    help="no per-step trace of either side (the pass phases are then not reported)")
     p.add_argument("--checkpoint", default=None)
@@ -516,6 +518,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         arrivals = srv[-1].get("phases", {}).pop("arrivals", None)
         for row in eng[-1:]:
             row.get("phases", {}).pop("arrivals", None)
+        if not a.paced:
+            arrivals = None
         if arrivals:  # the engine again, its requests entering when the server's engine process took them in
             paced.append(engine.run(prompts, arrivals))
             paced[-1]["phases"].pop("arrivals", None)
