@@ -40,9 +40,8 @@ The server's passes are timed on the client clock (first request sent to last to
 trace, also on the server's clock: from the first request in the server's hands (its handler began) to the
 last token at its client. The difference is the load generator's own start: the openai client builds its
 64 requests per process and opens 512 connections before the first one arrives (on the CPU, pre-built
-requests on open connections reach a handler within 1-13 ms of being sent (benchmarks/burst_admission.py);
-through the openai clients the
-first handler began 742 ms after the first send). Writes benchmarks/results/serve.json, serve.png and
+requests on open connections reach a handler within 1-13 ms of being sent, benchmarks/burst_admission.py;
+through 8 openai-client processes the first handler began 742 ms after the first send). Writes benchmarks/results/serve.json, serve.png and
 serve_trace.json (every step of every timed pass; serve_tiny.* with --tiny).
 """
 
