@@ -11,7 +11,7 @@ demo byte tokenizer the random checkpoint carries decodes most ids to no text).
 Both sides are resident at once: `python -m text_generator serve` starts in a subprocess (its engine in its
 own process, as `serve` always runs) while this process builds the same LLMEngine (same max-num-seqs,
 batched tokens, max-model-len, the same --num-blocks on both sides instead of a memory fraction, one torch
-thread on CUDA, the server's start-up pass). Each side first runs the load once untimed on other prompts;
+thread on CUDA, the server's start-up pass, output_kind "delta"). Each side first runs the load once untimed on other prompts;
 then --repeats pairs of timed passes, engine pass then server pass, each pair on its own fresh prompts (so
 that no pass finds the previous one's prompts in a prefix cache). Each pair gives a ratio server / engine
 tokens/s; the HTTP cost is 1 - the median ratio, reported with every pass and the ratios' spread. The engine
@@ -30,7 +30,19 @@ the engine is host-bound: CUDA's default synchronize spins on the CPU while it w
 Reports output tokens/s, TTFT and inter-token latency p50 / p99, steady_tokens_per_s (over the middle half
 of a pass: without the burst's admission and the tail) and engine_steps (the pass's engine steps: from
 LLMEngine.num_steps, and from the server's /metrics tg_engine_steps), so that a cost shows as more steps or as
-longer ones. Writes benchmarks/results/serve.json and serve.png (serve_tiny.* with --tiny).
+longer ones. With the trace (the default; --no-trace: none; the server's engine process writes a line per step,
+TG_SERVE_TRACE, and a wrapper of the engine row's step records the same) every timed pass also gets `phases`:
+per quarter of the pass its steps, wall ms per step, ms inside LLMEngine.step (of which waiting for the device),
+ms of loop work around it (intake: commands read and applied; send: outputs packed and sent), CPU and GC-pause
+ms per step and the mean running batch; the server's passes add when the engine had added the last request and
+the gaps before the first step and after the last one, and the HTTP process's first handler and submissions.
+The server's passes are timed on the client clock (first request sent to last token received) and, with the
+trace, also on the server's clock: from the first request in the server's hands (its handler began) to the
+last token at its client. The difference is the load generator's own start: the openai client builds its
+64 requests per process and opens 512 connections before the first one arrives (on the CPU, pre-built
+requests on open connections reach a handler within 1-13 ms of being sent, benchmarks/burst_admission.py;
+through 8 openai-client processes the first handler began 742 ms after the first send). Writes benchmarks/results/serve.json, serve.png and
+serve_trace.json (every step of every timed pass; serve_tiny.* with --tiny).
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -76,6 +89,10 @@ def parse_args():
     p.add_argument("--server-threads", type=int, default=None,
                    help="OMP_NUM_THREADS of the server (its engine process takes the same torch threads; "
                    "default: inherited)")
+    p.add_argument("--no-paced", dest="paced", action="store_false",
+                   help="no third pass per pair (the engine fed with the served pass's arrival times)")
+    p.add_argument("--no-trace", dest="trace", action="store_false",
+                   help="no per-step trace of either side (the pass phases are then not reported)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -143,25 +160,147 @@ class EngineRow:
         self.gen = TextGenerator.from_pretrained(path, device=a.device)
         self.engine = LLMEngine(self.gen, num_blocks=a.num_blocks, block_size=BLOCK_SIZE, max_num_seqs=a.max_num_seqs,
                                 max_num_batched_tokens=a.max_num_batched_tokens, max_seq_len=a.max_model_len,
-                                tokenizer=load_tokenizer(path))
+                                tokenizer=load_tokenizer(path), output_kind="delta")  # as serve's engine
         if a.device != "cpu":
             from text_generator.serve.warmup import warm_up
 
             warm_up(self.engine)  # serve's start-up pass: every decode-graph bucket, every kernel
         self.params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
+        self.trace: list[tuple] | None = [] if a.trace else None
+        if a.trace:  # the server's StepTrace fields, from a wrapper of the engine's step (generate calls it)
+            from text_generator.serve.profiling import GcClock
 
-    def run(self, prompts) -> dict:
+            step, engine, trace, gc_clock = self.engine.step, self.engine, self.trace, GcClock()
+
+            def traced_step():
+                tokens, wait, gc0 = engine.num_scheduled_tokens, engine.device_wait_s, gc_clock.total
+                running0, cpu0, t_step = len(engine.scheduler.running), time.thread_time(), time.perf_counter()
+                outs = step()
+                t, cpu = time.perf_counter(), time.thread_time() - cpu0
+                trace.append((t_step, 0, t_step, t, t, len(engine.scheduler.running), len(engine.scheduler.waiting),
+                              len(outs), engine.device_wait_s - wait, cpu, gc_clock.total - gc0,
+                              engine.num_scheduled_tokens - tokens, running0))
+                return outs
+
+            self.engine.step = traced_step
+
+    def run(self, prompts, arrivals: list[tuple[float, int]] | None = None) -> dict:
+        """One timed pass: all prompts added at t = 0 (LLMEngine.generate), or with `arrivals`
+        [(seconds after the start, how many)] in prompt order: the requests enter the engine when the
+        server's engine process took them in (its trace), so that the engine runs the served pass's
+        admission pattern without any HTTP (TTFT then counts from each request's arrival)."""
         self.engine.block_manager.reset_prefix_cache()
         steps = self.engine.num_steps
+        if self.trace is not None:
+            self.trace.clear()
         t0 = time.perf_counter()
-        outs = self.engine.generate(prompts, self.params, use_tqdm=False)
+        if arrivals is None:
+            outs = self.engine.generate(prompts, self.params, use_tqdm=False)
+        else:
+            outs = self._paced(prompts, arrivals, t0)
         seconds = time.perf_counter() - t0
-        ttft = [o.metrics.first_token_time - t0 for o in outs]
+        ttft = [o.metrics.first_token_time - (t0 if arrivals is None else o.metrics.arrival_time) for o in outs]
         itl = [b - a_ for o in outs for a_, b in zip(o.metrics.token_times, o.metrics.token_times[1:])]
         res = stats(ttft, itl, sum(len(o.token_ids) for o in outs), seconds,
                     [t for o in outs for t in o.metrics.token_times])
         res["engine_steps"] = self.engine.num_steps - steps
+        if self.trace is not None:
+            res["phases"] = phases(self.trace, t0, t0 + seconds)
         return res
+
+    def _paced(self, prompts, arrivals: list[tuple[float, int]], t0: float) -> list:
+        offsets = [t for t, n in arrivals for _ in range(n)][:len(prompts)]
+        offsets += [offsets[-1] if offsets else 0.0] * (len(prompts) - len(offsets))
+        engine, ids, final, i = self.engine, [], {}, 0
+        while len(final) < len(prompts):
+            now = time.perf_counter() - t0
+            while i < len(prompts) and offsets[i] <= now:
+                ids.append(engine.add_request(prompts[i], self.params))
+                i += 1
+            if not engine.has_unfinished():
+                time.sleep(max(offsets[i] - (time.perf_counter() - t0), 0.0))
+                continue
+            for o in engine.step():
+                if o.finished:
+                    final[o.request_id] = o
+        return [final[r] for r in ids]
+
+
+def phases(trace: list[tuple], begin: float, end: float) -> dict:
+    """A pass's step trace (StepTrace.FIELDS rows) between begin and end -> per quarter of the pass
+    (by wall time): steps, wall ms per step (the quarter / its steps), mean ms inside LLMEngine.step,
+    of loop work around it (intake: the previous step's send to this step's start; send: this step's
+    packing and send), waiting for the device inside the step, CPU ms and GC pause ms from the step's
+    start to its send, mean running batch; and for the whole pass when the last request was added and
+    the idle gaps at both ends."""
+    rows = [r for r in trace if begin <= r[2] <= end]
+    res: dict = dict(quarters=[], seconds=end - begin, steps=[])
+    span = (end - begin) / 4
+    prev_sent = None
+    per_q: list[list] = [[] for _ in range(4)]
+    for r in rows:
+        t_loop, added, t_step, t_stepped, t_sent, running, waiting, outs, wait, cpu, gc_s, tokens, running0 = r[:13]
+        per_q[min(int((t_step - begin) / span), 3)].append(
+            (t_stepped - t_step, t_step - (t_step if prev_sent is None else prev_sent), t_sent - t_stepped,
+             wait, cpu, gc_s, tokens, tokens > running0, running))
+        res["steps"].append([round(x, 6) for x in (t_step - begin, t_stepped - t_step, t_step - (
+            t_step if prev_sent is None else prev_sent), t_sent - t_stepped, wait, cpu, gc_s)] + [
+            int(running), int(waiting), int(added), int(outs), int(tokens), int(running0)])
+        prev_sent = t_sent
+    names = ("step_ms", "intake_ms", "send_ms", "device_wait_ms", "cpu_ms", "gc_ms")
+    for q in per_q:
+        n = len(q)
+        row = dict(steps=n, ms_per_step=1e3 * span / n if n else None)
+        for k, name in enumerate(names):
+            row[name] = 1e3 * sum(x[k] for x in q) / n if n else None
+        row["tokens"] = sum(x[6] for x in q) / n if n else None
+        row["prefill_steps"] = sum(x[7] for x in q)
+        row["running"] = sum(x[-1] for x in q) / n if n else None
+        res["quarters"].append(row)
+    adds = [r for r in rows if r[1]]
+    res["arrivals"] = [(r[2] - begin, int(r[1])) for r in adds]  # when the engine took requests in, how many
+    if rows:
+        res["first_step_after_ms"] = 1e3 * (rows[0][2] - begin)
+        res["after_last_step_ms"] = 1e3 * (end - rows[-1][4])
+        res["requests_added"] = sum(r[1] for r in rows)
+        res["last_add_at_ms"] = 1e3 * (adds[-1][0] - begin) if adds else None
+        res["steps_before_last_add"] = sum(1 for r in rows if adds and r[2] < adds[-1][2])
+    return res
+
+
+def read_trace(path: str) -> list[tuple]:
+    """A StepTrace CSV (text_generator/serve/profiling.py) -> its rows as tuples of numbers."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()[1:]
+    rows = []
+    for line in lines:
+        try:
+            rows.append(tuple(float(x) for x in line.split(",")))
+        except ValueError:  # a line being written
+            continue
+    return rows
+
+
+def phase_line(ph: dict | None) -> str:
+    """The quarters' ms per step and their split (step / loop / device wait), one line."""
+    if not ph or not ph.get("quarters"):
+        return "-"
+    qs = " | ".join("?" if q["steps"] == 0 else
+                    f"{q['steps']} x {q['ms_per_step']:.2f} ms (step {q['step_ms']:.2f}: device wait "
+                    f"{q['device_wait_ms']:.2f}; intake {q['intake_ms']:.2f}, send {q['send_ms']:.2f}; cpu "
+                    f"{q['cpu_ms']:.2f}, gc {q['gc_ms']:.2f}; batch {q['running']:.0f}, {q['tokens']:.0f} tokens, "
+                    f"{q['prefill_steps']} with prompt chunks)" for q in ph["quarters"])
+    extra = f"; first step after {ph.get('first_step_after_ms', float('nan')):.1f} ms, last output + " \
+            f"{ph.get('after_last_step_ms', float('nan')):.1f} ms"
+    if "http_first_handler_ms" in ph:
+        extra += f"; HTTP handlers: first began {ph['http_first_handler_ms']:.0f} ms, first submitted " \
+                 f"{ph['http_first_submit_ms']:.0f} ms, last submitted {ph['http_last_submit_ms']:.0f} ms"
+    if ph.get("last_add_at_ms") is not None and ph.get("requests_added"):
+        extra += f", all {ph['requests_added']:.0f} requests added by {ph['last_add_at_ms']:.0f} ms " \
+                 f"(step {ph['steps_before_last_add']})"
+    return qs + extra
 
 
 async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
@@ -254,6 +393,7 @@ class ClientPool:
         res["tokens_per_chunk"] = res["output_tokens"] / max(sum(p["chunks"] for p in parts), 1)
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
+        res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
         return res
 
     def close(self) -> None:
@@ -303,6 +443,9 @@ class Server:
             cmd += ["--gpu-memory-utilization", str(a.memory_fraction)]
         self.t0 = time.perf_counter()
         env = dict(env or {})
+        self.trace = None
+        if getattr(a, "trace", False):
+            self.trace = env["TG_SERVE_TRACE"] = os.path.join(tempfile.mkdtemp(prefix="tg_serve_trace_"), "steps.csv")
         if getattr(a, "server_threads", None):
             env["OMP_NUM_THREADS"] = str(a.server_threads)
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -339,6 +482,20 @@ class Server:
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         if steps is not None:
             res["engine_steps"] = self.engine_steps() - steps
+        begin, end = res.pop("t_begin"), res.pop("t_end")
+        if self.trace is not None:
+            time.sleep(0.3)  # the engine process flushes its trace within 0.2 s of going idle
+            res["phases"] = phases(read_trace(self.trace), begin, end)
+            http = [r for r in read_trace(self.trace + ".http") if begin <= r[0] <= end]
+            if http:  # the HTTP side of the admission: handlers began / submitted, first and last
+                res["phases"]["http_first_handler_ms"] = 1e3 * (min(r[0] for r in http) - begin)
+                res["phases"]["http_first_submit_ms"] = 1e3 * (min(r[1] for r in http) - begin)
+                res["phases"]["http_last_submit_ms"] = 1e3 * (max(r[1] for r in http) - begin)
+                # the server's clock: from the first request in the server's hands (its handler began) to the
+                # last token at its client; leaves out the load generator's own start (building 512 requests
+                # with the openai client, opening their connections), which the client clock counts
+                res["server_clock_seconds"] = end - min(r[0] for r in http)
+                res["server_clock_tokens_per_s"] = res["output_tokens"] / res["server_clock_seconds"]
         return res
 
     def engine_steps(self) -> int | None:
@@ -365,16 +522,54 @@ class Server:
 def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passes) -> tuple[dict, dict, dict]:
     """The timed pairs: for each prompt set, an engine pass then a server pass at saturation ->
     (engine row, server row, the HTTP cost with its spread)."""
-    eng, srv = [], []
+    eng, srv, paced, traces = [], [], [], []
     for i, prompts in enumerate(passes):
         eng.append(engine.run(prompts))
         srv.append(server.measure(clients, prompts, a.output_len, None))
+        arrivals = srv[-1].get("phases", {}).pop("arrivals", None)
+        for row in eng[-1:]:
+            row.get("phases", {}).pop("arrivals", None)
+        if not a.paced:
+            arrivals = None
+        if arrivals:  # the engine again, its requests entering when the server's engine process took them in
+            paced.append(engine.run(prompts, arrivals))
+            paced[-1]["phases"].pop("arrivals", None)
+        for side, row in (("engine", eng[-1]), ("server", srv[-1])) + ((("engine_paced", paced[-1]),) if arrivals else ()):
+            if "phases" in row:  # every step of the pass, to a file of its own (not the JSON of results)
+                traces.append(dict(pair=i, side=side, seconds=row["phases"]["seconds"], fields=TRACE_FIELDS,
+                                   steps=row["phases"].pop("steps")))
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
               f"{eng[-1]['steady_tokens_per_s']:.0f}, server {srv[-1]['steady_tokens_per_s']:.0f}; engine steps "
               f"{step_line(eng[-1])} against {step_line(srv[-1])}", flush=True)
-    return median_run(eng), median_run(srv), http_cost(eng, srv)
+        if "server_clock_tokens_per_s" in srv[-1]:
+            sc = srv[-1]["server_clock_tokens_per_s"]
+            print(f"  on the server's clock (from the first request in its hands): server {sc:.0f} tok/s "
+                  f"({srv[-1]['server_clock_seconds']:.2f} s): ratio {sc / e:.3f}", flush=True)
+        if "phases" in eng[-1]:
+            print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
+                  f"{phase_line(srv[-1].get('phases'))}", flush=True)
+        if arrivals:
+            p_ = paced[-1]["output_tokens_per_s"]
+            print(f"  engine with the server's arrivals: {p_:.0f} tok/s ({paced[-1]['seconds']:.1f} s), {step_line(paced[-1])}: "
+                  f"ratio to the engine {p_ / e:.3f}, server / it {s_ / p_:.3f}\n  its quarters: "
+                  f"{phase_line(paced[-1]['phases'])}", flush=True)
+    if traces:
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
+        with open(a.out + "_trace.json", "w") as f:
+            json.dump(traces, f)
+    cost = http_cost(eng, srv)
+    if paced:  # how much of the cost the admission pattern alone explains (no HTTP in that row)
+        ratios = sorted(p["output_tokens_per_s"] / e["output_tokens_per_s"] for e, p in zip(eng, paced))
+        cost["paced_ratios"] = ratios
+        cost["median_paced_cost"] = 1 - ratios[len(ratios) // 2]
+        cost["engine_paced"] = median_run(paced)
+    return median_run(eng), median_run(srv), cost
+
+
+TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
+                "running", "waiting", "added", "outputs", "tokens", "running_before")
 
 
 def step_line(row: dict) -> str:
@@ -391,7 +586,11 @@ def http_cost(eng: list[dict], srv: list[dict]) -> dict:
     e_tps = sorted(r["output_tokens_per_s"] for r in eng)
     s_tps = sorted(r["output_tokens_per_s"] for r in srv)
     steady = [s["steady_tokens_per_s"] / e["steady_tokens_per_s"] for e, s in zip(eng, srv)]
-    return dict(pair_ratios=ratios, median_pair_cost=1 - med, steady_pair_costs=[1 - r for r in steady],
+    extra = {}
+    if all("server_clock_tokens_per_s" in s for s in srv):
+        sc = [s["server_clock_tokens_per_s"] / e["output_tokens_per_s"] for e, s in zip(eng, srv)]
+        extra = dict(server_clock_pair_ratios=sc, median_server_clock_cost=1 - sorted(sc)[len(sc) // 2])
+    return dict(**extra, pair_ratios=ratios, median_pair_cost=1 - med, steady_pair_costs=[1 - r for r in steady],
                 median_steady_cost=1 - sorted(steady)[len(steady) // 2], min_pair_cost=1 - max(ratios),
                 max_pair_cost=1 - min(ratios), cost_of_medians=1 - s_tps[len(s_tps) // 2] / e_tps[len(e_tps) // 2],
                 engine_spread=(e_tps[-1] - e_tps[0]) / e_tps[len(e_tps) // 2],
@@ -450,6 +649,13 @@ def main() -> None:
           f"medians' cost {100 * c['cost_of_medians']:.1f}%; passes spread: engine "
           f"{100 * c['engine_spread']:.1f}%, server {100 * c['server_spread']:.1f}%); over the passes' middle "
           f"halves {100 * c['median_steady_cost']:.1f}%", flush=True)
+    if "median_server_clock_cost" in c:
+        print(f"On the server's clock (its first request in hand to the last token at a client; the load generator's "
+              f"own start left out): {100 * c['median_server_clock_cost']:.1f}% (pairs "
+              f"{', '.join(f'{100 * (1 - r):.1f}%' for r in c['server_clock_pair_ratios'])})", flush=True)
+    if "median_paced_cost" in c:
+        print(f"The engine alone with the served passes' arrivals (no HTTP) costs {100 * c['median_paced_cost']:.1f}% "
+              f"(pairs {', '.join(f'{100 * (1 - r):.1f}%' for r in c['paced_ratios'])})", flush=True)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)

@@ -68,7 +68,7 @@ def engine_alone(a, path, prompts, warm) -> dict:
     gen = TextGenerator.from_pretrained(path, device=a.device)
     engine = LLMEngine(gen, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                        max_seq_len=a.input_len + a.output_len + 16, kv_memory_fraction=a.memory_fraction,
-                       tokenizer=load_tokenizer(path))
+                       tokenizer=load_tokenizer(path), output_kind="delta")  # as serve's engine process
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True, logprobs=1)
     engine.generate(warm, params, use_tqdm=False)  # untimed first pass: graphs, kernels
     engine.block_manager.reset_prefix_cache()

@@ -49,7 +49,7 @@ def parse_args():
 
 
 def _drain(conn) -> None:
-    """The reader process: receive (and unpickle) every message, as the HTTP process's reader thread does."""
+    """The reader process: receive (and unpickle) every message, as the HTTP process's event loop does."""
     while True:
         try:
             if conn.recv() == "end":
@@ -69,7 +69,7 @@ def main() -> None:
     gen = TextGenerator.from_pretrained(path, device="cpu")
     max_len = a.input_len + a.output_len + 16
     engine = LLMEngine(gen, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=4096, max_seq_len=max_len,
-                       tokenizer=load_tokenizer(path))
+                       tokenizer=load_tokenizer(path), output_kind="delta")  # as serve's engine process
     params = SamplingParams(temperature=0.0, max_new_tokens=a.output_len, ignore_eos=True,
                             logprobs=None if a.no_logprobs else 1)
     g = torch.Generator().manual_seed(0)

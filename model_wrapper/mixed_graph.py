@@ -114,6 +114,40 @@ class MixedGraphRunner:
             return False
         return self._kernel_fits(kv_cache, batch.block_size)
 
+    @torch.inference_mode()  # as ModelWrapper.forward, inside which a bucket met in a run is captured
+    def capture(self, kv_cache, block_size: int, max_tokens: int | None = None, max_requests: int | None = None
+                ) -> int:
+        """Capture ahead of time every (token, request) bucket a step of at most max_tokens tokens and
+        max_requests requests (None: any) replays, largest first, sharing the owner's memory pool; a
+        bucket met for the first time in a run otherwise captures then (~0.1-0.2 s of host time in that
+        step on an 8B model). Each with the cuBLAS front end the wrapper sets for steps of its size
+        (ModelWrapper.forward: cuBLASLt up to BLAS_MAX_TOKENS tokens, a bucket boundary). -> how many
+        buckets are captured now (0 where mixed graphs do not apply)."""
+        from model_wrapper.model_wrapper import BLAS_MAX_TOKENS  # (that module imports this one)
+
+        if not self.parent.config.mixed_graphs or not self._kernel_fits(kv_cache, block_size):
+            return len(self._graphs)
+        blas = self.parent.mw.blas
+        self.parent._use_cache(kv_cache, block_size)
+        top_t = self.token_buckets[-1] if max_tokens is None else bucket_at_least(self.token_buckets + [10**9],
+                                                                                    max_tokens)
+        top_r = self.request_buckets[-1] if max_requests is None else bucket_at_least(self.request_buckets + [10**9],
+                                                                                      max_requests)
+        # (t, r) is met by steps of B <= T <= t requests whose B falls in bucket r: r's lower neighbour < t
+        below = dict(zip(self.request_buckets, [0] + self.request_buckets[:-1]))
+        for size in sorted(((t, r) for t in self.token_buckets for r in self.request_buckets
+                            if t <= top_t and r <= top_r and below[r] < t), reverse=True):
+            if size in self._graphs:
+                continue
+            prev = torch.backends.cuda.preferred_blas_library()
+            if blas is not None and size[0] <= BLAS_MAX_TOKENS:
+                torch.backends.cuda.preferred_blas_library(blas)
+            try:
+                self._graphs[size] = self._capture(*size, kv_cache, block_size)
+            finally:
+                torch.backends.cuda.preferred_blas_library(prev)
+        return len(self._graphs)
+
     def _kernel_fits(self, kv_cache, block_size: int) -> bool:
         key = self.parent._cache_key(kv_cache, block_size)
         if self._fits is None or self._fits[0] != key:

@@ -101,6 +101,17 @@ def slow_forward(engine) -> None:
     engine.generator.forward_tensor = slow
 
 
+def unread_bytes(fd: int) -> int:
+    """Bytes written into a pipe and not read yet (Linux FIONREAD)."""
+    import array
+    import fcntl
+    import termios
+
+    n = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, n, True)
+    return n[0]
+
+
 class Server:
     """uvicorn in a thread, on a socket bound to a free port; the engine in its own process.
     on_start(engine): a module-level function the engine process runs once its engine is built."""

@@ -123,6 +123,42 @@ def test_bucket_choice():
     assert 256 in mixed.token_buckets  # a bucket's steps stay on one side of the cuBLASLt switch
 
 
+def test_capture_ahead_takes_every_bucket_a_step_can_replay_with_its_blas_front_end(monkeypatch):
+    """MixedGraphRunner.capture (serve's warm-up): the buckets it captures are exactly those that steps of
+    at most max_tokens tokens and max_requests requests replay (bucket_for over every such step, B <= T),
+    largest first, each under inference mode (as ModelWrapper.forward) and with cuBLASLt preferred for
+    buckets of at most BLAS_MAX_TOKENS tokens only (as the wrapper's forward sets it for such steps)."""
+    from model_wrapper.model_wrapper import BLAS_MAX_TOKENS
+
+    runner, kv, keep = _runner(max_batch=64)
+    keep.blas = "cublaslt"
+    mixed = runner.mixed
+    monkeypatch.setattr(mixed, "_kernel_fits", lambda kv_cache, block_size: True)
+    seen, blas = [], {"lib": "default"}
+
+    def preferred_blas_library(backend=None):  # torch's setter / getter (a CPU build refuses cuBLASLt)
+        if backend is not None:
+            blas["lib"] = backend
+        return blas["lib"]
+
+    def fake_capture(tokens, requests, kv_cache, block_size):
+        seen.append((tokens, requests, torch.is_inference_mode_enabled(), blas["lib"]))
+        return object()
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred_blas_library)
+
+    monkeypatch.setattr(mixed, "_capture", fake_capture)
+    assert mixed.capture(kv, 16, max_tokens=300, max_requests=40) == len(seen)
+    want = {mixed.bucket_for(t, b) for b in range(1, 41) for t in range(b, 301)}
+    assert {(t, r) for t, r, _, _ in seen} == want
+    assert [(t, r) for t, r, _, _ in seen] == sorted(want, reverse=True)
+    assert all(inf for _, _, inf, _ in seen)
+    for t, _, _, lib in seen:
+        assert lib == ("cublaslt" if t <= BLAS_MAX_TOKENS else "default"), (t, lib)
+    assert blas["lib"] == "default"  # restored
+    assert mixed.capture(kv, 16, max_tokens=300, max_requests=40) == len(seen)  # nothing twice
+
+
 def test_runner_keeps_no_reference_cycle_with_its_mixed_part():
     import gc
     import weakref

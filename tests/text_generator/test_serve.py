@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from conftest import hf_generate, hf_model
-from serve_fixtures import Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora, make_tokenizer
+from serve_fixtures import (Server, fail_first_forward, greedy, slow_forward, logprobs_of, make_chat_checkpoint, make_lora,
+                            make_tokenizer, unread_bytes)
 
 MAX_MODEL_LEN = 1024  # the tiny model's limit: a disconnected request could run long
 MAX_NUM_SEQS, MAX_QUEUE = 16, 48
@@ -322,14 +323,19 @@ def test_a_stream_behind_the_engine_sends_the_queued_tokens_as_one_chunk(slow_se
     with server.client().completions.create(stream=True, **kw) as stream:
         it = iter(stream)
         chunks.append(next(it))  # the request runs; now hold the HTTP process's event loop
-        server.engine._loop.call_soon_threadsafe(resume.wait, 60)
+        held = threading.Event()
+        server.engine._loop.call_soon_threadsafe(lambda: held.set() or resume.wait(60))
+        assert held.wait(60)
+        # the loop reads the engine's messages, so its stats cannot be asked now: count the steps'
+        # messages piling up in the out pipe instead (one write() each, so each growth of the
+        # unread bytes is at least one more step, i.e. one more token of the request)
+        fd, grown, last = server.engine._out.fileno(), 0, unread_bytes(server.engine._out.fileno())
         deadline = time.monotonic() + 60
-        while True:  # until the engine has made >= 5 more tokens (or finished) behind the HTTP side's back
-            running = list(server.stats()["requests"].values())
-            if not running or running[0] >= len(chunks[0].choices[0].logprobs.tokens) + 5:
-                break
+        while grown < 5:  # >= 5 more tokens behind the HTTP side's back
+            now = unread_bytes(fd)
+            grown, last = grown + (now > last), now
             assert time.monotonic() < deadline, "the engine made no progress"
-            time.sleep(0.005)
+            time.sleep(0.001)
         resume.set()
         chunks += list(it)
     choices = [c.choices[0] for c in chunks if c.choices]
@@ -737,3 +743,78 @@ def test_the_engine_worker_ends_every_submitted_request_exactly_once(ckpt, oracl
         assert [t for o in outs if o.request_id == rid for t in o.new_token_ids] == want
     assert finals["c0"].num_cached == 0 and finals["c1"].num_cached == 4 * ((len(ids) - 1) // 4)  # its full blocks
     assert engine.block_manager.num_used_blocks == 0 and not engine.requests
+
+
+def test_a_burst_of_submissions_enters_the_engine_together_and_is_admitted_in_one_step(ckpt, oracle, one_thread):
+    """Submissions that pile up in the command pipe while the engine steps (one message per HTTP
+    request) are all read before the next step, and that step admits every one the budget allows:
+    its outputs carry each request's first token, transformers' greedy first token."""
+    import multiprocessing
+
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker, intake
+
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=256, block_size=4,
+                       max_num_seqs=16, max_num_batched_tokens=512, freeze_gc=False)
+    sent = []
+    worker = EngineWorker(engine, sent.append)
+    recv, send = multiprocessing.Pipe(duplex=False)
+    prompts = [oracle["tok"](f"{p} {i}").input_ids for i in range(4) for p in PROMPTS]  # 12 distinct prompts
+    params = SamplingParams(temperature=0, max_new_tokens=2, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        send.send(("add", [(f"r{i}", ids, params)], None))
+    cmds = intake(recv, 0)
+    assert [c[1][0][0] for c in cmds] == [f"r{i}" for i in range(len(prompts))]
+    assert intake(recv, 0) == []  # nothing left behind
+    worker.apply(cmds)
+    worker.step()
+    (kind, (rids, new_ids, *_), stats), = sent
+    assert kind == "out" and sorted(rids) == sorted(f"r{i}" for i in range(len(prompts)))
+    first = {rid: ids for rid, ids in zip(rids, new_ids)}
+    for i, ids in enumerate(prompts):
+        assert first[f"r{i}"] == hf_generate(oracle["tiny"], ids, 1)
+    assert stats[1] == len(prompts)  # all running after one step
+    send.close()
+    assert intake(recv, 0) == [("stop",)]  # the HTTP process gone: stop
+
+
+def test_the_step_trace_records_every_step_of_the_engine_loop(ckpt, oracle, one_thread, tmp_path, monkeypatch):
+    """TG_SERVE_TRACE: the engine process's loop (run here on a thread, fed through a real pipe)
+    writes one line per step: every submitted request counted once as added, the outputs of the
+    steps adding up to every request's tokens plus its final report, each line's times in order."""
+    import csv
+    import multiprocessing
+
+    from text_generator import SamplingParams, TextGenerator
+    from text_generator.engine import LLMEngine
+    from text_generator.serve.engine_worker import EngineWorker, _lead
+    from text_generator.serve.profiling import StepTrace
+
+    path = tmp_path / "steps.csv"
+    monkeypatch.setenv("TG_SERVE_TRACE", str(path))
+    engine = LLMEngine(TextGenerator.from_pretrained(ckpt[0], device="cpu"), num_blocks=128, block_size=4,
+                       freeze_gc=False)
+    sent = []
+    recv, send = multiprocessing.Pipe(duplex=False)
+    n_new = [3, 5, 2]
+    for i, (p, n) in enumerate(zip(PROMPTS, n_new)):
+        send.send(("add", [(f"r{i}", oracle["tok"](p).input_ids,
+                            SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True))], None))
+    loop = threading.Thread(target=_lead, args=(EngineWorker(engine, sent.append), recv, None))
+    loop.start()
+    deadline = time.monotonic() + 60
+    while sum(len(msg[1][4]) for msg in list(sent)) < len(PROMPTS):  # until every request has ended
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    send.send(("stop",))
+    loop.join(30)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(StepTrace.FIELDS)
+    assert sum(int(r["added"]) for r in rows) == len(PROMPTS)
+    assert len(rows) == sum(1 for kind, *_ in sent if kind == "out")  # a line per step, a message per step
+    assert sum(int(r["outputs"]) for r in rows) == sum(n_new)  # one output per token (the last one is final)
+    for r in rows:
+        t = [float(r[k]) for k in ("t_loop", "t_step", "t_stepped", "t_sent")]
+        assert t == sorted(t)

@@ -40,3 +40,47 @@ def test_warm_up_runs_every_batch_size_and_leaves_the_engine_as_new(tmp_path):
     ids = tok("the quick brown fox").input_ids
     out = engine.generate([ids], SamplingParams(temperature=0.0, max_new_tokens=6), use_tqdm=False)[0]
     assert out.token_ids == greedy(hf_model(path), ids, 6)
+
+
+@pytest.mark.cuda
+def test_on_cuda_warm_up_captures_every_mixed_bucket_and_served_steps_capture_none(tmp_path):
+    """After the start-up pass the mixed-step graphs hold every (tokens, requests) bucket that a step of
+    at most max_num_batched_tokens tokens and max_num_seqs requests replays (enumerated here through
+    bucket_for), so requests arriving at any time capture nothing more. (That replays of mixed graphs
+    give eager's and transformers' logits is tests/model_wrapper/test_mixed_graph.py's.)"""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from text_generator import LLMEngine, SamplingParams, TextGenerator
+    from text_generator.serve.warmup import warm_up
+
+    path = make_chat_checkpoint(tmp_path)
+    tok = make_tokenizer()
+
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
+    served = LLMEngine(gen, num_blocks=8 * 16 + 1, block_size=16, max_num_seqs=8, max_num_batched_tokens=256,
+                       max_seq_len=256, tokenizer=tok)
+    warm_up(served)
+    mixed = served.generator.model_wrapper.graphs.mixed
+    want = {mixed.bucket_for(t, b) for b in range(1, 9) for t in range(b, 257)}
+    assert set(mixed._graphs) == want
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 200, (int(n),), generator=g).tolist()
+               for n in torch.randint(5, 120, (12,), generator=g)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+
+    def staggered(e):  # two new requests before each step: prefill chunks beside decodes, many shapes
+        ids, final, i = [], {}, 0
+        while len(final) < len(prompts):
+            for p in prompts[i:i + 2]:
+                ids.append(e.add_request(p, params))
+            i += 2
+            for o in e.step():
+                if o.finished:
+                    final[o.request_id] = o.token_ids
+        return [final[r] for r in ids]
+
+    got = staggered(served)
+    assert set(mixed._graphs) == want  # nothing captured while serving
+    assert [len(t) for t in got] == [6] * len(prompts)

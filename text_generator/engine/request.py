@@ -55,13 +55,15 @@ class RequestOutput:
     """What one step (or generate) reports about one request.
 
     new_token_ids: tokens produced in this step ([] for an error / abort report)
-    token_ids:     every output token so far
+    token_ids:     every output token so far (an engine with output_kind="delta": while the
+                   request runs, only this step's, = new_token_ids; its final output has all)
     text:          detokenized output so far (None without a tokenizer); stop strings cut it
     delta_text:    the part of text that is new in this step
     finish_reason: None while running; "stop" (EOS, stop token or string), "length"
                    (max_new_tokens or max_seq_len), "abort", or "error" (message in `error`)
-    logprobs:      per output token, its logprob (if SamplingParams.logprobs was set)
-    top_logprobs:  per output token, {token_id: logprob} of the top-n (if logprobs > 0)
+    logprobs:      per output token, its logprob (if SamplingParams.logprobs was set; rows of
+                   token_ids, so only this step's while a "delta" request runs)
+    top_logprobs:  per output token, {token_id: logprob} of the top-n (if logprobs > 0; the same)
     num_cached_tokens: prompt tokens served by the prefix cache at (first) admission
     metrics:       arrival / first-token / per-token / finish times
     """
@@ -137,19 +139,25 @@ class Request:
         self.finish_reason, self.error = reason, error
         self.metrics.finished_time = time.perf_counter()
 
-    def output(self, new_token_ids: list[int], delta_text: str | None, has_tokenizer: bool) -> RequestOutput:
-        return RequestOutput(
-            request_id=self.request_id,
-            prompt_token_ids=self.prompt_ids,
-            new_token_ids=new_token_ids,
-            token_ids=self.output_ids[:len(self.output_ids) - self.pending],
-            finished=self.finished,
-            finish_reason=self.finish_reason,
-            error=self.error,
-            text=self.text if has_tokenizer else None,
-            delta_text=delta_text,
-            logprobs=None if self.logprobs is None else list(self.logprobs),
-            top_logprobs=None if self.top_logprobs is None else list(self.top_logprobs),
-            num_cached_tokens=self.num_cached_tokens or 0,
-            metrics=self.metrics,
-        )
+    def output(self, new_token_ids: list[int], delta_text: str | None, has_tokenizer: bool,
+               cumulative: bool = True) -> RequestOutput:
+        """What this step reports. A finished request's output takes its lists as they are (nothing
+        changes them any more); a running one's copies them (cumulative: every token so far, a
+        snapshot) or, cumulative=False, holds only this step's tokens and logprob rows (an engine
+        with output_kind="delta": no per-step copies of ever longer lists, nor their garbage)."""
+        lps, tops = self.logprobs, self.top_logprobs
+        if self.finished:
+            ids = self.output_ids if not self.pending else self.output_ids[:len(self.output_ids) - self.pending]
+        elif cumulative:
+            ids = self.output_ids[:len(self.output_ids) - self.pending]
+            lps = None if lps is None else lps[:]
+            tops = None if tops is None else tops[:]
+        else:  # row k of logprobs belongs to output token k: this step's are those of its new tokens
+            end = len(self.output_ids) - self.pending
+            start = end - len(new_token_ids)
+            ids = new_token_ids
+            lps = None if lps is None else lps[start:end]
+            tops = None if tops is None else tops[start:end]
+        return RequestOutput(self.request_id, self.prompt_ids, new_token_ids, ids, self.finished, self.finish_reason,
+                             self.error, self.text if has_tokenizer else None, delta_text, lps, tops,
+                             self.num_cached_tokens or 0, self.metrics)

@@ -13,6 +13,7 @@ move a step's tokens between the device, the requests and the block manager.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -82,7 +83,9 @@ def complete(engine: "LLMEngine", step: InFlight) -> list[RequestOutput]:
     bm = engine.block_manager
     if step.reqs:
         if step.event is not None:
-            step.event.synchronize()
+            t = time.perf_counter()
+            step.event.synchronize()  # the host waits for the device here (or the device for the host: 0)
+            engine.device_wait_s += time.perf_counter() - t
         tokens = step.host["token_ids"].tolist()
         lps = step.host["logprobs"].tolist() if "logprobs" in step.host else None
         top_ids = step.host["top_token_ids"].tolist() if "top_token_ids" in step.host else None

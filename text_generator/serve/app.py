@@ -29,6 +29,7 @@ from text_generator.serve.engine_client import ENGINE_DEAD, EngineClient, Reques
 from text_generator.serve.engine_worker import ENGINE_FAILURE
 from text_generator.serve.errors import APIError, bad_request
 from text_generator.serve.metrics import ServerMetrics
+from text_generator.serve.profiling import request_trace
 from text_generator.serve.params import for_choices, max_new_tokens, sampling_params
 from text_generator.serve.protocol import (ChatCompletionRequest, CompletionRequest, LoadLoraRequest,
                                            UnloadLoraRequest)
@@ -49,6 +50,7 @@ class ServerState:
     loras: dict[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     token_strs: dict[int, str] = field(default_factory=dict, repr=False)
+    trace: object = field(default_factory=request_trace, repr=False)  # TG_SERVE_TRACE's FILE.http, or None
 
     def adapter_for(self, model: str) -> str | None:
         """The engine adapter a request's "model" names (None: the base model); 404 otherwise."""
@@ -124,6 +126,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        request.state.t_handler = time.perf_counter()
         adapter = state.adapter_for(body.model)
         if body.echo or body.suffix is not None or body.best_of not in (None, body.n):
             field_ = "echo" if body.echo else "suffix" if body.suffix is not None else "best_of"
@@ -136,6 +139,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        request.state.t_handler = time.perf_counter()
         adapter = state.adapter_for(body.model)
         _check_n(body.n)
         if body.tools:
@@ -225,7 +229,10 @@ async def _run(state: ServerState, request: Request, body, adapter: str | None, 
         params += for_choices(sampling_params(body, max_tokens=budget, logprobs=logprobs, defaults=state.defaults),
                               body.n)
     engine_prompts = [ids for ids in prompts for _ in range(body.n)]
+    t_submit = time.perf_counter()
     group = state.engine.submit(engine_prompts, params, adapter)
+    if state.trace is not None:
+        state.trace.record(request.state.t_handler, t_submit, len(engine_prompts))
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     prompt_tokens = sum(map(len, prompts))
     if body.stream:
@@ -305,7 +312,8 @@ async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str,
                 if m.failed:
                     yield R.sse(_error(m).body())
                     continue
-                completion_tokens[i] = m.num_tokens
+                if m.finish is not None:  # (a running request's outputs count this step's tokens only)
+                    completion_tokens[i] = m.num_tokens
                 if not m.text and m.finish is None and not m.rows:
                     continue
                 if chat:

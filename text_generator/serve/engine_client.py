@@ -2,15 +2,22 @@
 
     asyncio handlers                  EngineClient                         engine process
     submit() / RequestGroup.abort() -> cmd pipe (one message per group) -> steps continuously
-    RequestGroup.next() <- asyncio.Queue <- dispatch (event loop) <- reader thread <- out pipe
+    RequestGroup.next() <- asyncio.Queue <- dispatch <- the event loop reads <- out pipe
 
 The engine and the HTTP side no longer share a GIL: JSON, SSE, pydantic and uvicorn's work run
-here while the engine process steps. One reader thread blocks on the out pipe and hands each
-step's batch to the event loop in one call; dispatch rebuilds every request's RequestOutput from
-its deltas (token ids, the engine's delta_text, new logprob rows), records the metrics and feeds
-the request's group. /metrics gauges come from the Stats sent with each batch.
+here while the engine process steps. The event loop itself watches the out pipe (add_reader) and
+reads every step's batch there: no reader thread, so no handing the GIL back and forth between
+it and the loop (each hand-over waits up to sys.getswitchinterval(), 5 ms, while the loop is busy:
+a busy loop fell behind a step of 9 ms and the full pipe then blocked the engine's send).
+dispatch turns every request's news into a RequestOutput as a "delta" engine makes them (a running
+request's: this step's token ids, the engine's delta_text, new logprob rows; its final one: the
+whole output, rebuilt from the deltas), records the metrics and feeds the request's group. /metrics
+gauges come from the Stats sent with each batch. Both pipes are grown to
+/proc/sys/fs/pipe-max-size (1 MiB by default; Linux): a burst of submissions (512 prompts of 256
+tokens are ~700 KB) does not block the loop in write() until the engine drains the pipe between
+two steps, and the engine's send does not wait for a busy loop.
 
-If the engine process dies, the reader sees the pipe close: every live request ends with an
+If the engine process dies, the loop sees the pipe close: every live request ends with an
 ENGINE_DEAD error (503), new submissions get 503 and `alive` turns False (/health answers 503).
 """
 
@@ -123,6 +130,8 @@ class EngineClient:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA or threads
         cmd_recv, self._cmd = ctx.Pipe(duplex=False)
         self._out, out_send = ctx.Pipe(duplex=False)
+        grow_pipe(self._cmd.fileno())
+        grow_pipe(self._out.fileno())
         self.process = ctx.Process(target=engine_worker.main, name="text-generator-engine", daemon=True,
                                    args=(self.args, cmd_recv, out_send, torch.get_num_threads(), self.on_start))
         self.process.start()
@@ -137,22 +146,32 @@ class EngineClient:
             self.process.join(30)
             raise RuntimeError(f"the engine could not start: {payload}")
         self.info = payload
-        threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
         return payload
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The event loop that serves the requests (outputs are dispatched on it)."""
+        """The event loop that serves the requests, from that loop: it reads the engine's
+        messages (outputs, call replies) from now on."""
         self._loop = loop
+        loop.add_reader(self._out.fileno(), self._on_readable)
 
     def stop(self) -> None:
         if self.process is None or self._stopping:
             return
         self._stopping = True
+        self._unwatch()
         try:
             self._send(("stop",))
         except (OSError, ValueError):
             pass
-        self.process.join(30)
+        # read (and drop) what the engine still sends until it exits: a full pipe must not hold it
+        deadline = time.monotonic() + 30
+        while self.process.is_alive() and time.monotonic() < deadline:
+            try:
+                if self._out.poll(0.05):
+                    self._out.recv()
+            except (EOFError, OSError):
+                break
+        self.process.join(max(deadline - time.monotonic(), 0.1))
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(10)
@@ -210,38 +229,50 @@ class EngineClient:
             except (OSError, ValueError):  # the engine process is gone; the reader reports it
                 pass
 
-    # -- the reader thread and the event loop -----------------------------------------------
-    def _read(self) -> None:
-        while True:
-            try:
+    # -- the out pipe, read on the event loop --------------------------------------------------
+    def _on_readable(self) -> None:
+        """The out pipe has data: handle every message that is there, then give the loop back.
+        (recv does not wait: a readable pipe holds a whole message, or the start of one that the
+        engine is writing out right now, without pausing between its parts.)"""
+        try:
+            while self._out.poll():
                 msg = self._out.recv()
-            except (EOFError, OSError):
-                break
-            if msg[0] == "reply":
-                _, call_id, ok, result = msg
-                fut = self._calls.pop(call_id, None)
-                if fut is not None and fut.set_running_or_notify_cancel():
-                    if ok:
-                        fut.set_result(result)
-                    else:
-                        kind, message = result
-                        fut.set_exception({"ValueError": ValueError, "OSError": OSError}.get(kind, RuntimeError)(message))
-            elif self._loop is not None:
-                self._on_loop(self._dispatch, msg[1], msg[2])
+                if msg[0] == "out":
+                    self._dispatch(msg[1], msg[2])
+                elif msg[0] == "reply":
+                    self._reply(*msg[1:])
+        except (EOFError, OSError):  # the engine process is gone
+            self._unwatch()
+            if not self._stopping:
+                # (joined off the loop: the process may take a moment to exit after closing its pipe)
+                threading.Thread(target=self._engine_gone, name="engine-gone", daemon=True).start()
+
+    def _unwatch(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(self._out.fileno())
+            except (ValueError, OSError, RuntimeError):  # closed pipe or loop
+                pass
+
+    def _reply(self, call_id: int, ok: bool, result) -> None:
+        fut = self._calls.pop(call_id, None)
+        if fut is not None and fut.set_running_or_notify_cancel():
+            if ok:
+                fut.set_result(result)
+            else:
+                kind, message = result
+                fut.set_exception({"ValueError": ValueError, "OSError": OSError}.get(kind, RuntimeError)(message))
+
+    def _engine_gone(self) -> None:
         self.process.join(5)
         self.error = f"{ENGINE_DEAD} (exit code {self.process.exitcode})"
-        if not self._stopping:
-            logger.error(self.error)
+        logger.error(self.error)
         for fut in list(self._calls.values()):
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(RuntimeError(self.error))
         self._calls.clear()
-        if self._loop is not None:
-            self._on_loop(self._fail_all, self.error)
-
-    def _on_loop(self, fn, *args) -> None:
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._loop.call_soon_threadsafe(self._fail_all, self.error)
         except RuntimeError:  # the event loop is closed (server shutting down)
             pass
 
@@ -281,14 +312,16 @@ class EngineClient:
                                   None if live.last is None else live.last - group.arrival)
             if rid not in group.unfinished:
                 continue  # aborted by its client: nobody is listening
-            # snapshots: a stream that lags behind reads this step's rows, not a later step's
-            lps = live.logprobs
+            # as a "delta" engine's outputs: a running request's carry this step's tokens and rows only
+            # (what its stream sends; no copies of ever longer lists), the final one everything
+            if finished:
+                ids, lps, tops = live.tokens, live.logprobs, live.top
+            else:
+                ids, lps, tops = new, None if row is None else row[0], None if row is None else row[1]
             group.queue.put_nowait(RequestOutput(
-                request_id=rid, prompt_token_ids=[], new_token_ids=new,
-                token_ids=live.tokens if finished else live.tokens[:], finished=finished,
+                request_id=rid, prompt_token_ids=[], new_token_ids=new, token_ids=ids, finished=finished,
                 finish_reason=reason, error=error, text="".join(live.pieces) if finished else None,
-                delta_text=delta, logprobs=lps if finished or lps is None else lps[:],
-                top_logprobs=live.top if finished or lps is None else live.top[:], num_cached_tokens=num_cached))
+                delta_text=delta, logprobs=lps, top_logprobs=tops, num_cached_tokens=num_cached))
         if m is not None:
             m.on_stats(Stats._make(stats))
 
@@ -299,3 +332,17 @@ class EngineClient:
                 entry.group.queue.put_nowait(RequestOutput(
                     request_id=rid, prompt_token_ids=[], new_token_ids=[], token_ids=entry.tokens, finished=True,
                     finish_reason="error", error=message))
+
+
+def grow_pipe(fd: int) -> None:
+    """Make the pipe behind fd as large as an unprivileged process may (/proc/sys/fs/pipe-max-size,
+    1 MiB by default) instead of 64 KiB; nothing where that cannot be done (not Linux, not a pipe)."""
+    try:
+        import fcntl
+
+        setsize = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # (named in Python >= 3.10 on Linux)
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        fcntl.fcntl(fd, setsize, size)
+    except (ImportError, OSError, ValueError):
+        pass

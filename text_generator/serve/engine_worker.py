@@ -36,7 +36,7 @@ from typing import Callable, NamedTuple
 from loguru import logger
 
 from text_generator.engine.output import describe
-from text_generator.serve.profiling import profiled
+from text_generator.serve.profiling import profiled, step_trace
 
 ENGINE_FAILURE = "engine step failed"  # how the error of a request failed by a crashed step starts
 IDLE_POLL_S = 1.0  # an idle engine wakes this often (under TP: the heartbeat to the other ranks)
@@ -107,6 +107,8 @@ def _new_rows(out) -> tuple[list[float], list[dict]]:
     lps, tops = out.logprobs, out.top_logprobs or []
     end = len(out.token_ids)
     start = end - len(out.new_token_ids)
+    if start == 0 and len(lps) == end == len(tops):  # (a "delta" engine's running output: the rows are its own)
+        return lps, tops
     if start >= 0 and len(lps) >= end and len(tops) >= end:
         return lps[start:end], tops[start:end]
     from text_generator.serve.responses import new_logprobs  # a row without its top entries: the general rule
@@ -124,6 +126,7 @@ class EngineWorker:
         self.send = send
         self._followers: dict[str, list[tuple]] = {}  # leader id -> (rid, ids, params, adapter) waiting
         self._finals: list[Lean] = []  # finals the engine will not report (refused adds, waiting aborts)
+        self.stepped_at = 0.0
 
     def apply(self, cmds: list[tuple]) -> bool:
         """Apply the commands in order; False once a "stop" came."""
@@ -143,7 +146,8 @@ class EngineWorker:
     def busy(self) -> bool:
         return self.engine.has_unfinished() or bool(self._finals)
 
-    def step(self) -> None:
+    def step(self) -> int:
+        """One engine step (if anything is unfinished) and its outputs sent -> how many outputs."""
         outputs = []
         if self.engine.has_unfinished():
             try:
@@ -151,12 +155,14 @@ class EngineWorker:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 logger.exception("engine step failed")
                 outputs = self._fail_all(f"{ENGINE_FAILURE}: {type(e).__name__}: {e}")
+        self.stepped_at = time.perf_counter()  # (before packing and sending: TG_SERVE_TRACE's t_stepped)
         for out in outputs:
             self._release_followers(out.request_id)
         finals, self._finals = self._finals, []
         if self.send is not None:
             waiting = sum(map(len, self._followers.values()))
             self.send(("out", pack(outputs, finals), tuple(engine_stats(self.engine, waiting))))
+        return len(outputs) + len(finals)
 
     # -- commands --------------------------------------------------------------------------
     def _add_group(self, items: list[tuple], adapter: str | None) -> None:
@@ -258,7 +264,8 @@ def build_engine(args):
                        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        enable_prefix_caching=not args.no_prefix_caching, max_seq_len=max_len,
-                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype)
+                       tokenizer=tokenizer, speculative=drafter, kv_cache_dtype=args.kv_cache_dtype,
+                       output_kind="delta")  # pack() sends only each step's news: no per-step copies
     if gen.device.type == "cuda" and not getattr(args, "no_warmup", False):
         from text_generator.serve.warmup import warm_up
 
@@ -333,23 +340,49 @@ def main(args, cmd_conn, out_conn, num_threads: int, on_start: Callable | None =
 
 def _lead(worker: EngineWorker, cmd_conn, broadcast) -> None:
     last_sync = time.monotonic()
+    trace = step_trace()
     while True:
-        cmds = []
-        timeout = 0 if worker.busy else IDLE_POLL_S
-        try:
-            if cmd_conn.poll(timeout):
-                cmds.append(cmd_conn.recv())
-                while cmd_conn.poll():
-                    cmds.append(cmd_conn.recv())
-        except (EOFError, OSError):  # the HTTP process is gone
-            cmds.append(("stop",))
+        t_loop = time.perf_counter()
+        cmds = intake(cmd_conn, 0 if worker.busy else IDLE_POLL_S)
         if broadcast is not None and (cmds or worker.busy or time.monotonic() - last_sync >= IDLE_POLL_S):
             broadcast(cmds)
             last_sync = time.monotonic()
         if not worker.apply(cmds):
             return
-        if worker.busy:
-            worker.step()
+        if trace is None:
+            if worker.busy:
+                worker.step()
+        elif worker.busy:
+            _traced_step(worker, trace, t_loop, sum(len(c[1]) for c in cmds if c[0] == "add"))
+            if not worker.busy:
+                trace.flush()  # idle now: a reader sees the whole pass at once
+
+
+def intake(cmd_conn, timeout: float) -> list[tuple]:
+    """Every command waiting in the pipe (waiting up to timeout seconds for the first): all the
+    submissions that arrived during a step enter the engine together, before the next step, which
+    admits as many as its budget (max_num_seqs, max_num_batched_tokens) allows. A closed pipe (the
+    HTTP process is gone) reads as a "stop"."""
+    cmds = []
+    try:
+        if cmd_conn.poll(timeout):
+            cmds.append(cmd_conn.recv())
+            while cmd_conn.poll():
+                cmds.append(cmd_conn.recv())
+    except (EOFError, OSError):
+        cmds.append(("stop",))
+    return cmds
+
+
+def _traced_step(worker: EngineWorker, trace, t_loop: float, added: int) -> None:
+    engine = worker.engine
+    tokens, wait, gc0 = engine.num_scheduled_tokens, engine.device_wait_s, trace.gc.total
+    running0, cpu0, t_step = len(engine.scheduler.running), time.thread_time(), time.perf_counter()
+    n = worker.step()
+    cpu = time.thread_time() - cpu0  # (includes the packing and the send, as t_sent does)
+    sched = engine.scheduler
+    trace.record(t_loop, added, t_step, worker.stepped_at, time.perf_counter(), len(sched.running), len(sched.waiting), n,
+                 engine.device_wait_s - wait, cpu, trace.gc.total - gc0, engine.num_scheduled_tokens - tokens, running0)
 
 
 def follow(args) -> int:

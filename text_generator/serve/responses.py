@@ -103,8 +103,8 @@ def chat_body(rid: str, model: str, finals: list[RequestOutput], want_logprobs: 
 # -- streams -------------------------------------------------------------------------------
 class Merged(NamedTuple):
     """What one chunk of a stream says of one choice: the text and logprob rows of the outputs merged
-    into it, the OpenAI finish reason and output token count of the latest, and whether it failed
-    (finish_reason "error"; error: its message)."""
+    into it, the OpenAI finish reason and output token count of the latest (the whole output's once it
+    finished), and whether it failed (finish_reason "error"; error: its message)."""
 
     request_id: str
     text: str

@@ -5,9 +5,14 @@ steps of a kind compile their Triton kernels: seconds each, which a client would
 a stall (and a benchmark as throughput). warm_up runs max_num_seqs requests: one with a prompt of a full
 max_num_batched_tokens prefill chunk that then decodes to the end, the others with short prompts
 stopping after 2, 3, ... tokens, so that the running batch passes through every size from
-max_num_seqs down to 1; half of them ask for logprobs. Afterwards nothing of it remains: no request, every block free (the prefix cache
-reset), the speculation counters at zero. Deterministic (token ids from a formula), so that the TP
-ranks, which all run it, step in lockstep.
+max_num_seqs down to 1; half of them ask for logprobs. Then every mixed-step graph bucket a step of
+this engine can replay (model_wrapper/mixed_graph.py: prompt chunks beside decodes, up to
+max_num_batched_tokens tokens and max_num_seqs requests) is captured: which ones a served run meets
+depends on when its requests arrive, and each met for the first time cost a step 0.1-0.2 s (three
+such steps per 512-request pass of bench_serve on an H100, ~3% of it). Afterwards nothing of it
+remains: no request, every block free (the prefix cache reset), the speculation counters at zero.
+Deterministic (token ids from a formula, buckets in a fixed order), so that the TP ranks, which all
+run it, step and capture in lockstep.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ def warm_up(engine) -> int:
         params.append(SamplingParams(temperature=0.0, max_new_tokens=new, ignore_eos=True,
                                      logprobs=1 if i % 2 else None))
     engine.generate(prompts, params, use_tqdm=False)
+    graphs = getattr(getattr(engine.generator, "model_wrapper", None), "graphs", None)
+    if getattr(graphs, "mixed", None) is not None:
+        graphs.mixed.capture(engine.kv_cache, engine.block_size, max_tokens=sched.max_num_batched_tokens,
+                             max_requests=sched.max_num_seqs)
     engine.block_manager.reset_prefix_cache()
     engine.num_draft_tokens = engine.num_accepted_tokens = 0
     return n
