@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from model_wrapper.layers.norm import PendingNorm
 from model_wrapper.parallel import TPGroup
 
 
@@ -167,7 +168,10 @@ class RowParallelLinear(Linear):
 
 
 def _like(x) -> tuple[int, torch.dtype, torch.device]:
-    """(rows, dtype, device) of an input: a tensor, or a QuantizedActivation (its activation dtype)."""
+    """(rows, dtype, device) of an input: a tensor, a layers/norm.PendingNorm (its rows h), or a
+    QuantizedActivation (its activation dtype)."""
+    if isinstance(x, PendingNorm):
+        x = x.h
     if isinstance(x, torch.Tensor):
         return x.shape[0], x.dtype, x.device
     return x.rows, x.dtype, x.q.device

@@ -66,7 +66,8 @@ def test_on_cuda_warm_up_captures_every_mixed_bucket_and_served_steps_capture_no
     want = {mixed.bucket_for(t, b) for b in range(1, 9) for t in range(b, 257)}
     assert set(mixed._graphs) == want
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 200, (int(n),), generator=g).tolist()
+    vocab = gen.vocab_size  # token ids the checkpoint has (160): the engine refuses others
+    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist()
                for n in torch.randint(5, 120, (12,), generator=g)]
     params = SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
 
