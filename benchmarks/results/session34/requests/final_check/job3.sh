@@ -1,0 +1,1 @@
+python3 -m pytest -q -p no:cacheprovider -m cuda --durations=5 tests/model_wrapper/test_fp8_kv_cuda.py tests/model_wrapper/test_moe.py tests/kernels/test_moe_route.py tests/kernels/test_decode_attention.py -k "not mistral" 2>&1 | tail -15
