@@ -65,10 +65,13 @@ def all_logprobs(out: RequestOutput) -> list[tuple[int, float, dict[int, float]]
 
 def _logprob_rows(out: RequestOutput, start: int, end: int):
     lps, tops = out.logprobs or [], out.top_logprobs or []
-    rows = []
-    for k in range(max(start, 0), min(end, len(lps))):
-        rows.append((out.token_ids[k], lps[k], tops[k] if k < len(tops) else {}))
-    return rows
+    start, end = max(start, 0), min(end, len(lps))
+    if end <= start:
+        return []
+    ids = out.token_ids[start:end]
+    if len(tops) >= end:  # (every row has its top logprobs: the usual case, sliced at C speed)
+        return list(zip(ids, lps[start:end], tops[start:end]))
+    return [(ids[k - start], lps[k], tops[k] if k < len(tops) else {}) for k in range(start, end)]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -79,14 +82,15 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 # -- completions ---------------------------------------------------------------------------
 def completion_logprobs(rows, token_str: TokenStr, offset: int = 0) -> dict:
     """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens = [token_str(t) for t, _, _ in rows]
-    offsets = []
-    for s in tokens:
+    tokens, lps, tops, offsets = [], [], [], []
+    for t, lp, top in rows:  # (one pass: this runs for every streamed chunk)
+        s = token_str(t)
+        tokens.append(s)
+        lps.append(lp)
+        tops.append({token_str(i): v for i, v in top.items()})
         offsets.append(offset)
         offset += len(s)
-    return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in rows],
-            "top_logprobs": [{token_str(i): v for i, v in top.items()} for _, _, top in rows],
-            "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 def completion_body(rid: str, model: str, finals: list[RequestOutput], want_logprobs: bool,
@@ -137,6 +141,10 @@ def merge_outputs(outs: list[RequestOutput], want_logprobs: bool) -> list[Merged
     """Consecutive outputs of a stream's requests (arrival order) -> one Merged per request, in order
     of first appearance: delta texts and new logprob rows concatenated, so that the chunks still add
     up to the same text and rows. A failed output gets its own entry after its request's merged text."""
+    if len(outs) == 1 and outs[0].finish_reason != "error":  # (the usual case: a stream that keeps up)
+        o = outs[0]
+        return [Merged(o.request_id, o.delta_text or "", new_logprobs(o) if want_logprobs else [], finish_reason(o),
+                       len(o.token_ids))]
     merged: list[Merged] = []
     open_: dict[str, list] = {}  # request id -> [text pieces, rows, latest output] not yet in `merged`
     order: list[str] = []
