@@ -51,6 +51,8 @@ def parse_args():
     p.add_argument("--cprofile", action="store_true", help="also profile both server processes (a second server)")
     p.add_argument("--only-profile", action="store_true",
                    help="skip the timed rows: one profiled server run (with --cprofile implied)")
+    p.add_argument("--cpu-clock", action="store_true",
+                   help="profile by process CPU time, not wall time (a shared host's waits stay out)")
     p.add_argument("--top", type=int, default=18, help="functions shown per profile")
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--out", default=None, help="write the numbers as JSON here")
@@ -123,7 +125,8 @@ def main() -> None:
             timed_rows(a, path, prompts, warm, clients, res)
         if a.cprofile:
             folder = tempfile.mkdtemp(prefix="tg_serve_profile_")
-            served(a, path, prompts, warm, clients, env={"TG_SERVE_PROFILE": folder})
+            env = {"TG_SERVE_PROFILE": folder, **({"TG_SERVE_PROFILE_CLOCK": "cpu"} if a.cpu_clock else {})}
+            served(a, path, prompts, warm, clients, env=env)
             for name in ("engine", "http"):
                 prof = os.path.join(folder, f"{name}.prof")
                 if os.path.exists(prof):

@@ -43,3 +43,23 @@ def test_a_failure_follows_the_text_that_came_before_it():
     merged = merge_outputs(a + [failed], want_logprobs=False)
     assert [(m.text, m.failed, m.error) for m in merged] == [("hell", False, None),
                                                              ("", True, "engine step failed: boom")]
+
+
+def test_chunk_json_is_what_the_standard_encoder_writes():
+    """responses._json reuses one C encoder: its text must equal json.dumps' with the same settings
+    (the oracle) for every kind of value a chunk carries, and an unencodable value still raises TypeError."""
+    import json
+    import math
+
+    import pytest
+
+    from text_generator.serve.responses import _json
+
+    values = [None, True, 0, -3, 2.5, 1e-320, -0.0, 1e300, math.inf, -math.inf, math.nan, "", "a\u00e9\"\\\n\t\u2028",
+              "\U0001F600 \x00", [], {}, {"content": "hi"}, {"role": "assistant", "content": ""},
+              {"tokens": ["a", " b"], "token_logprobs": [-0.5, -1e-9], "top_logprobs": [{"a": -0.5}, {" b": 0.0}],
+               "text_offset": [0, 1]}, {1: None, 2.5: [True, False], "k": {"n": [[], {}]}}]
+    for v in values:
+        assert _json(v) == json.dumps(v, ensure_ascii=False, separators=(",", ":")), v
+    with pytest.raises(TypeError):
+        _json({"a": object()})

@@ -306,7 +306,7 @@ async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str,
             for i in range(len(group.request_ids)):
                 yield chunks.chat(i, {"role": "assistant", "content": ""}, None, None)
         while not group.done:
-            outs = [await group.next(), *group.drain()]
+            outs = await group.take()
             for m in R.merge_outputs(outs, want_logprobs):
                 i = group.index[m.request_id]
                 if m.failed:

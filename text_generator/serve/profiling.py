@@ -2,7 +2,10 @@
 
 TG_SERVE_PROFILE=DIR: cProfile the server's two processes (benchmarks/profile_serve.py sets it).
 The HTTP process writes DIR/http.prof when uvicorn returns, the engine process DIR/engine.prof when
-its loop ends (`pstats` or snakeviz read them).
+its loop ends (`pstats` or snakeviz read them). TG_SERVE_PROFILE_CLOCK=cpu times them by the process's
+CPU time (time.process_time) instead of the wall clock: on a host with fewer cores than busy processes,
+a wall-clock profile charges the time the process spent off its core to whatever function was running
+(the socket write that woke the client, typically).
 
 TG_SERVE_TRACE=FILE: the engine process writes one CSV line per loop iteration that added requests
 or stepped (StepTrace.FIELDS; times are time.perf_counter(), CLOCK_MONOTONIC on Linux, so they line
@@ -37,7 +40,8 @@ def profiled(name: str, fn: Callable, *args, **kwargs):
     import cProfile
 
     os.makedirs(folder, exist_ok=True)
-    prof = cProfile.Profile()
+    cpu = os.environ.get("TG_SERVE_PROFILE_CLOCK") == "cpu"
+    prof = cProfile.Profile(time.process_time) if cpu else cProfile.Profile()
     try:
         return prof.runcall(fn, *args, **kwargs)
     finally:
