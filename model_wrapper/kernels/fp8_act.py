@@ -64,6 +64,17 @@ def round_to_e4m3(q):
 
 
 @triton.jit
+def _quantize_store(y, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP: tl.constexpr, n,
+                    FMAX: tl.constexpr, AMIN: tl.constexpr):
+    """y [BG, GP] fp32 (already rounded to the activation dtype; zeros outside m): per group row of
+    the tile, scale = max(amax, AMIN) / FMAX and e4m3(clamp(y / scale)) stored at row `row`."""
+    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=1), AMIN), FMAX)
+    tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < n)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(y, s[:, None]), -FMAX), FMAX)
+    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+
+
+@triton.jit
 def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
                      GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
                      FMAX: tl.constexpr, AMIN: tl.constexpr):
@@ -76,15 +87,12 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stri
     m = (j[None, :] < GROUP) & (cols < K)
     x = tl.load(x_ptr + row * stride_x + cols, mask=m & (row < M), other=0.0).to(tl.float32)
     if STATIC:
-        s = tl.load(in_scale_ptr).to(tl.float32)
-        q = tl.math.div_rn(x, s)
-    else:
-        # IEEE divisions (Triton's `/` is approximate on the GPU): the reference's roundings exactly
-        s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
-        tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < K)
-        q = tl.math.div_rn(x, s[:, None])
-    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
-    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+        # IEEE division (Triton's `/` is approximate on the GPU): the reference's rounding exactly
+        q = tl.math.div_rn(x, tl.load(in_scale_ptr).to(tl.float32))
+        q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+        tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
+    else:  # a scale per group, as the fused producers below store it
+        _quantize_store(x, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP, K, FMAX, AMIN)
 
 
 
@@ -128,17 +136,6 @@ def _unit_cols(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- fused into the producers -----------------------------------------------------------------------
-
-
-@triton.jit
-def _quantize_store(y, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP: tl.constexpr, n,
-                    FMAX: tl.constexpr, AMIN: tl.constexpr):
-    """y [BG, GP] fp32 (already rounded to the activation dtype; zeros outside m): per group row of
-    the tile, scale = max(amax, AMIN) / FMAX and e4m3(clamp(y / scale)) stored at row `row`."""
-    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=1), AMIN), FMAX)
-    tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < n)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(y, s[:, None]), -FMAX), FMAX)
-    tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
 
 
 @triton.jit
