@@ -106,6 +106,17 @@ class KernelConfig:
     # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
     moe_fp8_gemv_tile: int = 8192
     moe_fp8_gemv_down_tile: int = 8192
+    # the expert chain of a decode step of up to moe_chain_max_tokens tokens as one kernel (kernels/moe_chain.py: a
+    # program's gate_up rows -> SiLU -> down's matching columns, fp32 partials per group of moe_chain_rows rows summed
+    # by a small second kernel) instead of moe_gemv.py's gate_up and down GEMVs; off: those (the A/B arm)
+    moe_chain: bool = False
+    moe_chain_max_tokens: int = 1
+    moe_chain_rows: int = 16  # intermediate rows a program (a power of 2; FP8: dividing 128): partials I / rows x H
+    moe_chain_block: int = 4  # rows of a loop step: gate and up [block, H] and down's [H, block] in registers
+    moe_fp8_chain_block: int = 8  # (FP8: the same bytes as bf16's 4)
+    moe_chain_tile: int = 32768  # most gate + up weights a loop step holds (2 x block x padded H)
+    moe_chain_warps: int = 8
+    moe_chain_sum_block: int = 16  # columns a program of the partials' sum
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
