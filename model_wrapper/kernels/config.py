@@ -117,6 +117,14 @@ class KernelConfig:
     moe_chain_tile: int = 32768  # most gate + up weights a loop step holds (2 x block x padded H)
     moe_chain_warps: int = 8
     moe_chain_sum_block: int = 16  # columns a program of the partials' sum
+    # FP8 experts' gate_up GEMV with its products on the tensor cores (kernels/moe_fp8_dot.py: the dequantized bf16
+    # weights into an mma with a 16-row x tile whose first row is x, instead of back to fp32 and an FMA each)
+    moe_fp8_dot: bool = False
+    # (sm90 SASS, a loop step: about 5.7 instructions a weight at 32 x 256 / 4 warps, 128 registers, against about 13
+    # a weight in moe_gemv's FP8 gate_up; 16 rows: about 19, the mma operand layout of a 16-row tile)
+    moe_fp8_dot_block_n: int = 32  # gate (and as many up) rows a program
+    moe_fp8_dot_block_k: int = 256  # columns a loop step (whole 128-column scale groups)
+    moe_fp8_dot_warps: int = 4
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

@@ -1,0 +1,106 @@
+"""FP8 experts' gate_up GEMV of a decode step with its products on the tensor cores (KernelConfig.moe_fp8_dot).
+
+    program (pair p = t * k + j, BLOCK_N columns n) of expert e = ids[t, j]:
+        for each chunk of BLOCK_K columns c (a loop):
+            wg, wu = dequant(gate_e[n, c]), dequant(up_e[n, c])          e4m3 * scale -> bf16 (the reference's)
+            acc_g += X16 @ wg^T,  acc_u += X16 @ wu^T                     X16 [16, BLOCK_K]: x[t, c] in row 0, zeros
+        act[p, n] = silu(round(acc_g[0])) * round(acc_u[0])               act [T * k, I], as moe_gemv's gate_up
+
+Why: at one token kernels/moe_gemv.py's FP8 gate_up is instruction-bound, not byte-bound (benchmarks/RESULTS.md,
+session 34: FP8 experts take about as long as bf16's for half the bytes). A weight there costs about five
+instructions: the e4m3 unpack, the conversion to fp32, the scale's product, the rounding to bf16 (the reference
+dequantizes to the model dtype), then back to fp32 and an FMA with x. Here the rounded bf16 weights go to the
+tensor cores as they are (mma of a 16-row x tile whose first row is x): the conversion back and the FMA leave
+the loop, one mma instruction covering a 16 x 8 x 16 block (15 of x's rows are zeros: the tensor cores have
+throughput to spare at one token). The product of two bf16 values is exact in fp32, so only the order of the
+fp32 sum differs from the FMA path (the two agree within fp32 rounding before the rounding to the dtype).
+
+The down GEMV after it is moe_gemv.py's (it reads act after its PDL wait, as it does after moe_gemv's gate_up).
+PDL: as moe_gemv's gate_up (wait for the route kernel, then let down launch, then read ids and the weights).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args
+from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.moe_decode import FP8_GROUP
+from model_wrapper.kernels.moe_gemv import _round_bf16x2
+
+
+@triton.jit
+def _dequant_chunk(w, s_rows, row_ok, k0, K, GROUP: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr,
+                   PACKED: tl.constexpr):
+    """e4m3 w [R, BLOCK_K] (columns k0.., BLOCK_K whole GROUP-column groups) -> the model dtype: times each
+    element's row and group scale (s_rows [R], pointers to the rows' first scale), rounded once (PACKED: two
+    values an instruction, bf16)."""
+    R: tl.constexpr = w.shape[0]
+    NG: tl.constexpr = BLOCK_K // GROUP
+    g = k0 // GROUP + tl.arange(0, NG)
+    s = tl.load(s_rows[:, None] + g[None, :], mask=row_ok[:, None] & (g * GROUP < K)[None, :], other=0.0)
+    v = tl.reshape(w.to(tl.float32), (R, NG, GROUP)) * s[:, :, None]
+    if PACKED:
+        return tl.reshape(_round_bf16x2(v), (R, BLOCK_K))
+    return tl.reshape(v.to(dtype), (R, BLOCK_K))
+
+
+@triton.jit
+def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
+                        stride_sn, stride_act, TOP_K: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr):
+    p = tl.program_id(0)
+    t = p // TOP_K
+    if PDL:
+        gdc_wait()  # the route kernel is complete: ids are final
+        gdc_launch_dependents()
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    dtype = act_ptr.dtype.element_ty
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
+    gate_s = s_ptr + e * stride_se + offs_n * stride_sn
+    first = (tl.arange(0, 16) == 0)[:, None]  # X16's row that holds x
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        k_ok = kk < K
+        m = n_ok[:, None] & k_ok[None, :]
+        wg = tl.load(gate_rows[:, None] + kk[None, :], mask=m, other=0.0)
+        wu = tl.load(gate_rows[:, None] + N * stride_wn + kk[None, :], mask=m, other=0.0)
+        xv = tl.load(x_ptr + t * stride_x + kk, mask=k_ok, other=0.0)
+        x16 = tl.where(first, xv[None, :], 0.0).to(dtype)
+        wg = _dequant_chunk(wg, gate_s, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
+        wu = _dequant_chunk(wu, gate_s + N * stride_sn, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
+        acc_g = tl.dot(x16, tl.trans(wg), acc_g, input_precision=PREC)
+        acc_u = tl.dot(x16, tl.trans(wu), acc_u, input_precision=PREC)
+    g = tl.sum(tl.where(first, acc_g, 0.0), axis=0).to(dtype).to(tl.float32)  # row 0: x's products
+    u = tl.sum(tl.where(first, acc_u, 0.0), axis=0).to(dtype).to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(dtype)
+    tl.store(act_ptr + p * stride_act + offs_n, (silu.to(tl.float32) * u).to(dtype), mask=n_ok)
+
+
+def fp8_dot_fits(hidden: int, cfg: KernelConfig) -> bool:
+    """Whether moe_gemv's FP8 gate_up runs here: cfg.moe_fp8_dot and chunks of whole 128-column scale groups."""
+    bk = cfg.moe_fp8_dot_block_k
+    return cfg.moe_fp8_dot and bk % FP8_GROUP == 0 and bk & (bk - 1) == 0 and cfg.moe_fp8_dot_block_n >= 16
+
+
+def fp8_gate_up_dot(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, scale: torch.Tensor,
+                    act: torch.Tensor, cfg: KernelConfig, pdl: bool) -> None:
+    """act [T * k, I] <- silu(x . gate_e) * (x . up_e) of each pair's expert: x [T, H], ids [T, k] (contiguous),
+    gate_up [E, 2I, H] e4m3 with scale [E, 2I, ceil(H / 128)] float32 (unit-strided groups)."""
+    T, H = x.shape
+    k = ids.shape[1]
+    inter = gate_up.shape[1] // 2
+    block_n = cfg.moe_fp8_dot_block_n
+    packed = cfg.moe_fp8_packed_round and x.is_cuda and x.dtype == torch.bfloat16
+    _gate_up_dot_kernel[(T * k, triton.cdiv(inter, block_n))](
+        x, gate_up, scale, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), scale.stride(0),
+        scale.stride(1), act.stride(0), TOP_K=k, GROUP=FP8_GROUP, BLOCK_N=block_n, BLOCK_K=cfg.moe_fp8_dot_block_k,
+        PDL=pdl, PACKED=packed, PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg.moe_fp8_dot_warps, **launch_args(pdl))
