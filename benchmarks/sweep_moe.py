@@ -164,10 +164,8 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 # (KernelConfig.moe_chain, kernels/moe_chain.py; here up to 4 tokens), its group rows, loop-step rows and warps;
 # bf16 and on e4m3 experts (where FP8 takes the decode path: one token); FP8 gate_up on the tensor cores
 CHAIN = dict(moe_chain=True, moe_chain_max_tokens=4)
-SWITCHES = {"chain": CHAIN, "chain-r32": dict(CHAIN, moe_chain_rows=32), "chain-r8": dict(CHAIN, moe_chain_rows=8),
-            "chain-b8": dict(CHAIN, moe_chain_block=8), "chain-w4": dict(CHAIN, moe_chain_warps=4)}
+SWITCHES = {"chain": CHAIN, "chain-r32": dict(CHAIN, moe_chain_rows=32), "chain-b8": dict(CHAIN, moe_chain_block=8)}
 FP8_SWITCHES = {"chain-fp8": CHAIN, "chain-fp8-b4": dict(CHAIN, moe_fp8_chain_block=4),
-                "chain-fp8-r32": dict(CHAIN, moe_chain_rows=32), "chain-fp8-w4": dict(CHAIN, moe_chain_warps=4),
                 # FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot): rows x columns a step, warps
                 "dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
                 "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128)}
