@@ -25,7 +25,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    (KernelConfig.moe_chain, kernels/moe_chain.py; nochain, nochain-fp8: off); chain-r32 with groups of
                    32 rows (moe_chain_rows), chain-fp8-b4 with FP8 loop steps of 4 rows (moe_fp8_chain_block)
          dot-fp8   new-fp8 with FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot,
-                   kernels/moe_fp8_dot.py; dot-fp8-w2 at 2 warps; nodot-fp8: off)
+                   kernels/moe_fp8_dot.py; dot-fp8-w2 at 2 warps; nodot-fp8: off); dot2-fp8 down's too
+                   (moe_fp8_dot_down, then the k-sum kernel)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
@@ -113,6 +114,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # FP8 gate_up's products on the tensor cores (kernels/moe_fp8_dot.py), on and off
             "dot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True),
             "dot-fp8-w2": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_warps=2),
+            "dot2-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True),
             "nodot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=False),
             # both session 35 switches on
             "both": dataclasses.replace(KernelConfig(), moe_chain=True, gemv_add_norm_router=True),

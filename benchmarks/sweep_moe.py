@@ -168,7 +168,9 @@ SWITCHES = {"chain": CHAIN, "chain-r32": dict(CHAIN, moe_chain_rows=32), "chain-
 FP8_SWITCHES = {"chain-fp8": CHAIN, "chain-fp8-b4": dict(CHAIN, moe_fp8_chain_block=4),
                 # FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot): rows x columns a step, warps
                 "dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
-                "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128)}
+                "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
+                "dot2-fp8": dict(moe_fp8_dot=True, moe_fp8_dot_down=True),
+                "dot2-fp8-d128": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_down_block_k=128)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, tokens=(1, 2, 4)) -> None:

@@ -125,6 +125,10 @@ class KernelConfig:
     moe_fp8_dot_block_n: int = 32  # gate (and as many up) rows a program
     moe_fp8_dot_block_k: int = 256  # columns a loop step (whole 128-column scale groups)
     moe_fp8_dot_warps: int = 4
+    # and FP8 down the same way, one expert a program, the k experts' rows then summed by moe.py's k-sum kernel
+    moe_fp8_dot_down: bool = False
+    moe_fp8_dot_down_block_n: int = 32  # (sm90 SASS, a step: ~7.8 instructions a weight, 152 registers)
+    moe_fp8_dot_down_block_k: int = 256
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

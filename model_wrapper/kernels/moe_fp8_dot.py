@@ -15,8 +15,17 @@ the loop, one mma instruction covering a 16 x 8 x 16 block (15 of x's rows are z
 throughput to spare at one token). The product of two bf16 values is exact in fp32, so only the order of the
 fp32 sum differs from the FMA path (the two agree within fp32 rounding before the rounding to the dtype).
 
-The down GEMV after it is moe_gemv.py's (it reads act after its PDL wait, as it does after moe_gemv's gate_up).
-PDL: as moe_gemv's gate_up (wait for the route kernel, then let down launch, then read ids and the weights).
+The same for down (KernelConfig.moe_fp8_dot_down), one expert a program, and the k experts' rows summed by
+kernels/moe.py's k-sum kernel (fp32, one rounding, as moe_gemv's down sums them in registers):
+
+    program (pair p, BLOCK_N rows n): out[p, n] = round(round(A16 @ dequant(down_e[n, :])^T [0]) * w[p])
+                                      A16: act[p] in row 0, zeros                         out [T * k, H]
+    k-sum:                            y[t, n] = sum_j out[t * k + j, n]                   y [T, H]
+
+PDL: gate_up as moe_gemv's (wait for the route kernel, then let down launch, then read ids and the weights); down
+reads ids, the routing weight and its first chunk of weights before its wait (the route kernel's, complete before
+any gate_up program passed its wait), then each step loads the next chunk before its product (two chunks in
+flight); the k-sum waits for down.
 """
 
 from __future__ import annotations
@@ -84,10 +93,72 @@ def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, s
     tl.store(act_ptr + p * stride_act + offs_n, (silu.to(tl.float32) * u).to(dtype), mask=n_ok)
 
 
+@triton.jit
+def _down_dot_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, stride_act, stride_we, stride_wn,
+                     stride_se, stride_sn, stride_out, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr):
+    p = tl.program_id(0)
+    dtype = out_ptr.dtype.element_ty
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    # before the wait: ids, the routing weight and the first chunk (the route kernel's: module docstring)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    rw = tl.load(rw_ptr + p).to(tl.float32)
+    rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
+    s_rows = s_ptr + e * stride_se + offs_n * stride_sn
+    w = tl.load(rows[:, None] + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    if PDL:
+        gdc_wait()  # gate_up is complete: act is final
+        gdc_launch_dependents()
+    first = (tl.arange(0, 16) == 0)[:, None]
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        nk = kk + BLOCK_K
+        w_next = tl.load(rows[:, None] + nk[None, :], mask=n_ok[:, None] & (nk < K)[None, :], other=0.0)
+        a = tl.load(act_ptr + p * stride_act + kk, mask=kk < K, other=0.0)
+        a16 = tl.where(first, a[None, :], 0.0).to(dtype)
+        wd = _dequant_chunk(w, s_rows, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
+        acc = tl.dot(a16, tl.trans(wd), acc, input_precision=PREC)
+        w = w_next
+    d = tl.sum(tl.where(first, acc, 0.0), axis=0).to(dtype).to(tl.float32)
+    tl.store(out_ptr + p * stride_out + offs_n, (d * rw).to(dtype), mask=n_ok)
+
+
 def fp8_dot_fits(hidden: int, cfg: KernelConfig) -> bool:
     """Whether moe_gemv's FP8 gate_up runs here: cfg.moe_fp8_dot and chunks of whole 128-column scale groups."""
     bk = cfg.moe_fp8_dot_block_k
     return cfg.moe_fp8_dot and bk % FP8_GROUP == 0 and bk & (bk - 1) == 0 and cfg.moe_fp8_dot_block_n >= 16
+
+
+def fp8_down_dot_fits(cfg: KernelConfig) -> bool:
+    """Whether moe_gemv's FP8 down runs here (and the k-sum after it): cfg.moe_fp8_dot_down, whole scale groups."""
+    bk = cfg.moe_fp8_dot_down_block_k
+    return cfg.moe_fp8_dot_down and bk % FP8_GROUP == 0 and bk & (bk - 1) == 0 and cfg.moe_fp8_dot_down_block_n >= 16
+
+
+def fp8_down_dot(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, down: torch.Tensor,
+                 scale: torch.Tensor, cfg: KernelConfig, pdl: bool) -> torch.Tensor:
+    """act [T * k, I], weights / ids [T, k] (contiguous), down [E, H, I] e4m3 with scale [E, H, ceil(I / 128)]
+    -> y [T, H] in act's dtype: each pair's weighted down product, then their sum per token (kernels/moe.py's)."""
+    from model_wrapper.kernels.moe import _sum_k_kernel  # (kernels/moe.py imports moe_gemv, which imports this)
+
+    T, k = ids.shape
+    H, inter = down.shape[1], down.shape[2]
+    out = torch.empty(T * k, H, dtype=act.dtype, device=act.device)
+    y = torch.empty(T, H, dtype=act.dtype, device=act.device)
+    block_n = cfg.moe_fp8_dot_down_block_n
+    packed = cfg.moe_fp8_packed_round and act.is_cuda and act.dtype == torch.bfloat16
+    _down_dot_kernel[(T * k, triton.cdiv(H, block_n))](
+        act, down, scale, ids, weights, out, H, inter, act.stride(0), down.stride(0), down.stride(1), scale.stride(0),
+        scale.stride(1), out.stride(0), GROUP=FP8_GROUP, BLOCK_N=block_n, BLOCK_K=cfg.moe_fp8_dot_down_block_k,
+        PDL=pdl, PACKED=packed, PREC="ieee" if act.dtype == torch.float32 else "tf32",
+        num_warps=cfg.moe_fp8_dot_warps, **launch_args(pdl))
+    block = cfg.moe_sum_block
+    _sum_k_kernel[(T, triton.cdiv(H, block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
+                                              BLOCK_N=block, PDL=pdl, num_warps=4, **launch_args(pdl))
+    return y
 
 
 def fp8_gate_up_dot(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, scale: torch.Tensor,

@@ -141,33 +141,3 @@ def test_chain_graph_replay_follows_new_routing_cuda(fp8):
         want = fused_moe(x2, w2, ids2, gate_up, down, dataclasses.replace(cfg, pdl=False), **scales)
         torch.testing.assert_close(out, want, rtol=0, atol=0)
 
-
-# FP8 experts' gate_up on the tensor cores (KernelConfig.moe_fp8_dot, kernels/moe_fp8_dot.py) in moe_gemv's decode
-# path: chunks of 128 columns (two steps and a partial one at H = 200: the second group partly filled)
-FP8_DOT = dataclasses.replace(GEMV, moe_fp8_dot=True, moe_fp8_dot_block_n=32, moe_fp8_dot_block_k=128)
-
-
-@interpreter_only
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("T,k,routing", [(1, 2, "random"), (3, 3, "random"), (2, 2, "ties")])
-def test_fp8_gate_up_on_tensor_cores_matches_the_fma_gemv(dtype, T, k, routing):
-    x, w, ids, gate_up, down = _case(T, 8, k, 200, 136, dtype, "cpu", routing)
-    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    got = moe_gemv(x, w, ids, gq, dq, FP8_DOT, gate_up_scale=gs, down_scale=ds)
-    _close(got, moe_gemv(x, w, ids, gq, dq, GEMV, gate_up_scale=gs, down_scale=ds), dtype)
-    ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, dtype), dequantize_fp8_blockwise(dq, ds, dtype))
-    _close(got, ref, dtype)
-
-
-@pytest.mark.cuda
-@on_cuda_skip
-@pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("E,k,H,inter", [(128, 8, 2048, 768), (64, 8, 384, 200)])
-@pytest.mark.parametrize("tile", [(32, 256, 4), (64, 128, 4)], ids=str)
-def test_fp8_gate_up_on_tensor_cores_cuda(T, E, k, H, inter, tile):
-    cfg = dataclasses.replace(CHAIN, moe_chain=False, moe_fp8_dot=True, moe_fp8_dot_block_n=tile[0],
-                              moe_fp8_dot_block_k=tile[1], moe_fp8_dot_warps=tile[2])
-    x, w, ids, gate_up, down = _case(T, E, k, H, inter, torch.bfloat16, "cuda")
-    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
-    _cuda_close(got, x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype), dequantize_fp8_blockwise(dq, ds, x.dtype))
