@@ -19,11 +19,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
          lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
          route-rank new with the routing's top-k by the [E, E] rank (KernelConfig.moe_route_sort off)
-         rnorm, rnorm-fp8  new / new-fp8 with the post-attention add + RMSNorm inside the router + routing kernel
-                   (KernelConfig.gemv_add_norm_router on; norouter-norm, norouter-norm-fp8: off)
-         chain, chain-fp8  new / new-fp8 with the one-token expert chain as one kernel and a sum of its partials
-                   (KernelConfig.moe_chain, kernels/moe_chain.py; nochain, nochain-fp8: off); chain-r32 with groups of
-                   32 rows (moe_chain_rows), chain-fp8-b4 with FP8 loop steps of 4 rows (moe_fp8_chain_block)
+         norouter-norm, norouter-norm-fp8  new / new-fp8 with the post-attention add + RMSNorm as a kernel of its own
+                   before the router (KernelConfig.gemv_add_norm_router off; default on: inside the router + routing
+                   kernel; rnorm, rnorm-fp8 name it on)
          dot-fp8   new-fp8 with FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot,
                    kernels/moe_fp8_dot.py; dot-fp8-w2 at 2 warps; nodot-fp8: off); dot2-fp8 down's too
                    (moe_fp8_dot_down, then the k-sum kernel)
@@ -97,10 +95,6 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 35: the post-attention add + RMSNorm in the router + routing kernel, on and off
             "rnorm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=True),
             "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
-            # session 35: the one-token expert chain in one kernel (kernels/moe_chain.py), on and off
-            "chain": dataclasses.replace(KernelConfig(), moe_chain=True),
-            "chain-r32": dataclasses.replace(KernelConfig(), moe_chain=True, moe_chain_rows=32),
-            "nochain": dataclasses.replace(KernelConfig(), moe_chain=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
@@ -108,17 +102,16 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
             "rnorm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=True),
             "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
-            "chain-fp8": dataclasses.replace(KernelConfig(), moe_chain=True),
-            "chain-fp8-b4": dataclasses.replace(KernelConfig(), moe_chain=True, moe_fp8_chain_block=4),
-            "nochain-fp8": dataclasses.replace(KernelConfig(), moe_chain=False),
             # FP8 gate_up's products on the tensor cores (kernels/moe_fp8_dot.py), on and off
             "dot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True),
             "dot-fp8-w2": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_warps=2),
             "dot2-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True),
             "nodot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=False),
-            # both session 35 switches on
-            "both": dataclasses.replace(KernelConfig(), moe_chain=True, gemv_add_norm_router=True),
-            "both-fp8": dataclasses.replace(KernelConfig(), moe_chain=True, gemv_add_norm_router=True)}
+            # the same with Triton's one-value rounding of the dequantized weights (moe_fp8_packed_round off)
+            "dot-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_packed_round=False),
+            "dot2-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
+                                                moe_fp8_packed_round=False),
+}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -17,8 +17,7 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
---switches: only new against SWITCHES / FP8_SWITCHES (session 35: the one-kernel expert chain and its launch
-constants) at --tokens (1-4).
+--switches: only new against SWITCHES / FP8_SWITCHES (session 35: FP8 GEMVs on the tensor cores) at --tokens (1-4).
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
@@ -160,14 +159,11 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
     return counts
 
 
-# the switches of the decode path, A/B against new (--switches). Session 35: the expert chain as one kernel
-# (KernelConfig.moe_chain, kernels/moe_chain.py; here up to 4 tokens), its group rows, loop-step rows and warps;
-# bf16 and on e4m3 experts (where FP8 takes the decode path: one token); FP8 gate_up on the tensor cores
-CHAIN = dict(moe_chain=True, moe_chain_max_tokens=4)
-SWITCHES = {"chain": CHAIN, "chain-r32": dict(CHAIN, moe_chain_rows=32), "chain-b8": dict(CHAIN, moe_chain_block=8)}
-FP8_SWITCHES = {"chain-fp8": CHAIN, "chain-fp8-b4": dict(CHAIN, moe_fp8_chain_block=4),
-                # FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot): rows x columns a step, warps
-                "dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
+# the switches of the decode path, A/B against new (--switches). Session 35: FP8 experts' GEMVs with their products
+# on the tensor cores (KernelConfig.moe_fp8_dot, moe_fp8_dot_down; kernels/moe_fp8_dot.py), their tiles and warps
+# (FP8 takes the decode path at one token); no bf16 switch now
+SWITCHES: dict = {}
+FP8_SWITCHES = {"dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
                 "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
                 "dot2-fp8": dict(moe_fp8_dot=True, moe_fp8_dot_down=True),
                 "dot2-fp8-d128": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_down_block_k=128)}

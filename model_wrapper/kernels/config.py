@@ -44,8 +44,10 @@ class KernelConfig:
     gemv_add_norm_qkv: bool = False
     gemv_add_norm_gate_up: bool = True  # a dense MLP's gate_up after the post-attention norm
     # a sparse MLP's router + routing kernel after the post-attention norm (kernels/moe_route.moe_router_route_norm:
-    # program 0 also writes the normalized rows the experts read), where moe_fused_router takes the step
-    gemv_add_norm_router: bool = False
+    # program 0 also writes the normalized rows the experts read), where moe_fused_router takes the step (H100,
+    # Qwen3-30B-A3B shape, bench_moe.py batch 1, two runs: bf16 3.02 / 3.04 -> 3.00 / 3.00 ms, FP8 experts 2.80 /
+    # 2.78 -> 2.77 / 2.75; logits bit-equal)
+    gemv_add_norm_router: bool = True
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
@@ -106,17 +108,6 @@ class KernelConfig:
     # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
     moe_fp8_gemv_tile: int = 8192
     moe_fp8_gemv_down_tile: int = 8192
-    # the expert chain of a decode step of up to moe_chain_max_tokens tokens as one kernel (kernels/moe_chain.py: a
-    # program's gate_up rows -> SiLU -> down's matching columns, fp32 partials per group of moe_chain_rows rows summed
-    # by a small second kernel) instead of moe_gemv.py's gate_up and down GEMVs; off: those (the A/B arm)
-    moe_chain: bool = False
-    moe_chain_max_tokens: int = 1
-    moe_chain_rows: int = 16  # intermediate rows a program (a power of 2; FP8: dividing 128): partials I / rows x H
-    moe_chain_block: int = 4  # rows of a loop step: gate and up [block, H] and down's [H, block] in registers
-    moe_fp8_chain_block: int = 8  # (FP8: the same bytes as bf16's 4)
-    moe_chain_tile: int = 32768  # most gate + up weights a loop step holds (2 x block x padded H)
-    moe_chain_warps: int = 8
-    moe_chain_sum_block: int = 16  # columns a program of the partials' sum
     # FP8 experts' gate_up GEMV with its products on the tensor cores (kernels/moe_fp8_dot.py: the dequantized bf16
     # weights into an mma with a 16-row x tile whose first row is x, instead of back to fp32 and an FMA each)
     moe_fp8_dot: bool = False

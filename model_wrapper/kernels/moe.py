@@ -2,8 +2,7 @@
 
 Steps of at most KernelConfig.moe_decode_pairs token-expert pairs take the decode path (no sort: a GEMV
 per pair, kernels/moe_gemv.py's register tiles, or kernels/moe_decode.py's K loops where a row does not
-fit a tile or cfg.moe_decode_gemv is off; or, with cfg.moe_chain at one token, kernels/moe_chain.py's one
-kernel for the chain and a sum of its partials). Larger ones sort the pairs per expert on the device and run
+fit a tile or cfg.moe_decode_gemv is off). Larger ones sort the pairs per expert on the device and run
 two grouped GEMMs:
 
     ids [T, k] --moe_align--> pairs [R] (pair p = t * k + j, sorted by expert, each expert's run padded
@@ -39,7 +38,6 @@ from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
-from model_wrapper.kernels.moe_chain import chain_fits, moe_chain
 from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
 
 
@@ -142,8 +140,6 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         return torch.zeros_like(x)
     P = T * k
     if takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None):
-        if chain_fits(T, H, inter, k, cfg, gate_up_scale is not None):
-            return moe_chain(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg, gate_up_scale is not None):
             return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)

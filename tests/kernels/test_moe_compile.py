@@ -29,7 +29,7 @@ def _compile_all() -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
-    from model_wrapper.kernels import moe, moe_align, moe_chain, moe_decode, moe_fp8_dot, moe_gemv, moe_route
+    from model_wrapper.kernels import moe, moe_align, moe_decode, moe_fp8_dot, moe_gemv, moe_route
     from model_wrapper.kernels.config import KernelConfig
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -86,12 +86,6 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed),
                   *gemv_launch)
-        # the one-kernel chain (KernelConfig.moe_chain) and the sum of its partials
-        build(f"chain {dt}", moe_chain._chain_kernel,
-              dict(x_ptr="*bf16", ids_ptr="*i64", part_ptr="*fp32", gu_ptr=weights["w_ptr"], dn_ptr=weights["w_ptr"],
-                   gus_ptr=weights["s_ptr"], dns_ptr=weights["s_ptr"]),
-              dict(TOP_K=8, HP=2048, ROWS=cfg.moe_chain_rows, BLOCK=moe_chain._block(cfg, fp8), FP8=fp8, GROUP=128,
-                   PDL=True, PACKED=fp8, LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8), cfg.moe_chain_warps, 1)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -125,9 +119,6 @@ def _compile_all() -> dict:
           dict(act_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i64", rw_ptr="*bf16", out_ptr="*bf16"),
           dict(GROUP=128, BLOCK_N=cfg.moe_fp8_dot_down_block_n, BLOCK_K=cfg.moe_fp8_dot_down_block_k, PDL=True,
                PACKED=True, PREC="tf32"), cfg.moe_fp8_dot_warps, 1)
-    build("chain sum", moe_chain._chain_sum_kernel, dict(part_ptr="*fp32", rw_ptr="*bf16", y_ptr="*bf16"),
-          dict(TOP_K=8, GP=triton.next_power_of_2(768 // cfg.moe_chain_rows), BLOCK_H=cfg.moe_chain_sum_block,
-               PDL=True), 4, 1)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
     return dict(stacks=stacks, loads=loads)
@@ -140,7 +131,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 34
+    assert len(stacks) == 31
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

@@ -19,10 +19,37 @@ from conftest import dequantize_fp8_blockwise, quantize_fp8_blockwise  # noqa: E
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 from model_wrapper.kernels.moe import fused_moe  # noqa: E402
 from model_wrapper.kernels.moe_gemv import moe_gemv  # noqa: E402
-from model_wrapper.layers.moe import experts_reference  # noqa: E402
-from test_moe_chain import _case, _close, _cuda_close  # noqa: E402
+from model_wrapper.layers.moe import MoESpec, experts_reference, route  # noqa: E402
 
 interpreter_only = pytest.mark.skipif(not INTERPRET, reason="interpreter case")
+
+
+def _case(T, E, k, H, inter, dtype, device, routing="random", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype).to(device)
+    gate_up = (torch.randn(E, 2 * inter, H, generator=g) * H ** -0.5).to(dtype).to(device)
+    down = (torch.randn(E, H, inter, generator=g) * inter ** -0.5).to(dtype).to(device)
+    logits = torch.randn(T, E, generator=g).to(dtype).to(device)
+    if routing == "ties":  # equal logits: every token picks the same experts
+        logits.zero_()
+    weights, ids = route(logits, MoESpec(E, k, inter, norm_topk_prob=True))
+    return x, weights, ids, gate_up, down
+
+
+def _close(got, want, dtype):
+    """Within fp32 rounding of down's sum, then one rounding of the dtype (fp32: 1e-5 relative)."""
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def _cuda_close(got, x, w, ids, gate_up, down):
+    """Bounded by the reference's own bf16 error against float64, with slack for the fp32 sums."""
+    ref = experts_reference(x, w, ids, gate_up, down)
+    exact = experts_reference(x.double(), w.double(), ids, gate_up.double(), down.double())
+    err, ref_err = (got.double() - exact).abs().max(), (ref.double() - exact).abs().max()
+    assert err <= 2 * ref_err + 1e-3, (err, ref_err)
+
+
 FMA = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20, moe_decode_pairs_per_expert=1 << 20,
                    moe_fp8_gemv_tile=1024, moe_fp8_gemv_down_tile=4096)
 SMALL = dict(moe_fp8_dot_block_n=32, moe_fp8_dot_block_k=128, moe_fp8_dot_down_block_n=32,
@@ -56,7 +83,10 @@ CUDA_DOTS = {"both": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down
              "both-no-pdl": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True, pdl=False),
              "gate_up-64x128": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_block_n=64,
                                                    moe_fp8_dot_block_k=128),
-             "down-64": dataclasses.replace(FMA, moe_fp8_dot_down=True, moe_fp8_dot_down_block_n=64)}
+             "down-64": dataclasses.replace(FMA, moe_fp8_dot_down=True, moe_fp8_dot_down_block_n=64),
+             # Triton's one-value rounding of the dequantized weights instead of the packed one
+             "both-unpacked": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True,
+                                                  moe_fp8_packed_round=False)}
 
 
 @pytest.mark.cuda
