@@ -166,7 +166,8 @@ SWITCHES: dict = {}
 FP8_SWITCHES = {"dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
                 "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
                 "dot2-fp8": dict(moe_fp8_dot=True, moe_fp8_dot_down=True),
-                "dot2-fp8-d128": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_down_block_k=128)}
+                "dot2-fp8-d128": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_down_block_k=128),
+                "dot2-fp8-unp": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_packed_round=False)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, tokens=(1, 2, 4)) -> None:
