@@ -24,7 +24,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    kernel; rnorm, rnorm-fp8 name it on)
          dot-fp8   new-fp8 with FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot,
                    kernels/moe_fp8_dot.py; dot-fp8-w2 at 2 warps; nodot-fp8: off); dot2-fp8 down's too
-                   (moe_fp8_dot_down, then the k-sum kernel)
+                   (moe_fp8_dot_down, then the k-sum kernel); -unp: Triton's one-value rounding; -swap: the weights
+                   as the mma's first operand (moe_fp8_dot_swap)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
@@ -111,6 +112,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "dot-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_packed_round=False),
             "dot2-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
                                                 moe_fp8_packed_round=False),
+            # the weights as the mma's first operand (gate_up 64 x 128 tiles: sm90 SASS ~4.4 instructions a weight)
+            "dot2-fp8-swap": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
+                                                 moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
+            "dot2-fp8-swap-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
+                                                     moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64,
+                                                     moe_fp8_dot_block_k=128, moe_fp8_packed_round=False),
 }
 
 QWEN3_30B_A3B = dict(

@@ -163,11 +163,12 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 # on the tensor cores (KernelConfig.moe_fp8_dot, moe_fp8_dot_down; kernels/moe_fp8_dot.py), their tiles and warps
 # (FP8 takes the decode path at one token); no bf16 switch now
 SWITCHES: dict = {}
-FP8_SWITCHES = {"dot-fp8": dict(moe_fp8_dot=True), "dot-fp8-w2": dict(moe_fp8_dot=True, moe_fp8_dot_warps=2),
-                "dot-fp8-n64": dict(moe_fp8_dot=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
-                "dot2-fp8": dict(moe_fp8_dot=True, moe_fp8_dot_down=True),
-                "dot2-fp8-d128": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_down_block_k=128),
-                "dot2-fp8-unp": dict(moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_packed_round=False)}
+DOT2 = dict(moe_fp8_dot=True, moe_fp8_dot_down=True)
+SWAP = dict(DOT2, moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128)
+FP8_SWITCHES = {"dot-fp8": dict(moe_fp8_dot=True), "dot2-fp8": DOT2,
+                "dot2-fp8-unp": dict(DOT2, moe_fp8_packed_round=False), "dot2-fp8-swap": SWAP,
+                "dot2-fp8-swap-unp": dict(SWAP, moe_fp8_packed_round=False),
+                "dot2-fp8-swap-d64": dict(SWAP, moe_fp8_dot_down_block_n=64, moe_fp8_dot_down_block_k=128)}
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, tokens=(1, 2, 4)) -> None:

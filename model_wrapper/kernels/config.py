@@ -116,6 +116,7 @@ class KernelConfig:
     moe_fp8_dot_block_n: int = 32  # gate (and as many up) rows a program
     moe_fp8_dot_block_k: int = 256  # columns a loop step (whole 128-column scale groups)
     moe_fp8_dot_warps: int = 4
+    moe_fp8_dot_swap: bool = False  # the weights as the mma's first operand (x's row then its second)
     # and FP8 down the same way, one expert a program, the k experts' rows then summed by moe.py's k-sum kernel
     moe_fp8_dot_down: bool = False
     moe_fp8_dot_down_block_n: int = 32  # (sm90 SASS, a step: ~7.8 instructions a weight, 152 registers)

@@ -59,7 +59,8 @@ def _dequant_chunk(w, s_rows, row_ok, k0, K, GROUP: tl.constexpr, BLOCK_K: tl.co
 @triton.jit
 def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                         stride_sn, stride_act, TOP_K: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr):
+                        BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr,
+                        SWAP: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -73,8 +74,8 @@ def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, s
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     first = (tl.arange(0, 16) == 0)[:, None]  # X16's row that holds x
     offs_k = tl.arange(0, BLOCK_K)
-    acc_g = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_N, 16) if SWAP else (16, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, 16) if SWAP else (16, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         k_ok = kk < K
@@ -85,10 +86,18 @@ def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, s
         x16 = tl.where(first, xv[None, :], 0.0).to(dtype)
         wg = _dequant_chunk(wg, gate_s, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
         wu = _dequant_chunk(wu, gate_s + N * stride_sn, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
-        acc_g = tl.dot(x16, tl.trans(wg), acc_g, input_precision=PREC)
-        acc_u = tl.dot(x16, tl.trans(wu), acc_u, input_precision=PREC)
-    g = tl.sum(tl.where(first, acc_g, 0.0), axis=0).to(dtype).to(tl.float32)  # row 0: x's products
-    u = tl.sum(tl.where(first, acc_u, 0.0), axis=0).to(dtype).to(tl.float32)
+        if SWAP:  # the weights as the mma's first operand: acc [BLOCK_N, 16], x's products in column 0
+            acc_g = tl.dot(wg, tl.trans(x16), acc_g, input_precision=PREC)
+            acc_u = tl.dot(wu, tl.trans(x16), acc_u, input_precision=PREC)
+        else:
+            acc_g = tl.dot(x16, tl.trans(wg), acc_g, input_precision=PREC)
+            acc_u = tl.dot(x16, tl.trans(wu), acc_u, input_precision=PREC)
+    if SWAP:
+        g = tl.sum(tl.where(tl.trans(first), acc_g, 0.0), axis=1).to(dtype).to(tl.float32)
+        u = tl.sum(tl.where(tl.trans(first), acc_u, 0.0), axis=1).to(dtype).to(tl.float32)
+    else:
+        g = tl.sum(tl.where(first, acc_g, 0.0), axis=0).to(dtype).to(tl.float32)  # row 0: x's products
+        u = tl.sum(tl.where(first, acc_u, 0.0), axis=0).to(dtype).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype)
     tl.store(act_ptr + p * stride_act + offs_n, (silu.to(tl.float32) * u).to(dtype), mask=n_ok)
 
@@ -96,7 +105,8 @@ def _gate_up_dot_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, s
 @triton.jit
 def _down_dot_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, stride_act, stride_we, stride_wn,
                      stride_se, stride_sn, stride_out, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr):
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, PREC: tl.constexpr,
+                     SWAP: tl.constexpr):
     p = tl.program_id(0)
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -112,7 +122,7 @@ def _down_dot_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, stri
         gdc_wait()  # gate_up is complete: act is final
         gdc_launch_dependents()
     first = (tl.arange(0, 16) == 0)[:, None]
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, 16) if SWAP else (16, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         nk = kk + BLOCK_K
@@ -120,9 +130,15 @@ def _down_dot_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, stri
         a = tl.load(act_ptr + p * stride_act + kk, mask=kk < K, other=0.0)
         a16 = tl.where(first, a[None, :], 0.0).to(dtype)
         wd = _dequant_chunk(w, s_rows, n_ok, k0, K, GROUP, BLOCK_K, dtype, PACKED)
-        acc = tl.dot(a16, tl.trans(wd), acc, input_precision=PREC)
+        if SWAP:
+            acc = tl.dot(wd, tl.trans(a16), acc, input_precision=PREC)
+        else:
+            acc = tl.dot(a16, tl.trans(wd), acc, input_precision=PREC)
         w = w_next
-    d = tl.sum(tl.where(first, acc, 0.0), axis=0).to(dtype).to(tl.float32)
+    if SWAP:
+        d = tl.sum(tl.where(tl.trans(first), acc, 0.0), axis=1).to(dtype).to(tl.float32)
+    else:
+        d = tl.sum(tl.where(first, acc, 0.0), axis=0).to(dtype).to(tl.float32)
     tl.store(out_ptr + p * stride_out + offs_n, (d * rw).to(dtype), mask=n_ok)
 
 
@@ -153,7 +169,7 @@ def fp8_down_dot(act: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, do
     _down_dot_kernel[(T * k, triton.cdiv(H, block_n))](
         act, down, scale, ids, weights, out, H, inter, act.stride(0), down.stride(0), down.stride(1), scale.stride(0),
         scale.stride(1), out.stride(0), GROUP=FP8_GROUP, BLOCK_N=block_n, BLOCK_K=cfg.moe_fp8_dot_down_block_k,
-        PDL=pdl, PACKED=packed, PREC="ieee" if act.dtype == torch.float32 else "tf32",
+        PDL=pdl, PACKED=packed, PREC="ieee" if act.dtype == torch.float32 else "tf32", SWAP=cfg.moe_fp8_dot_swap,
         num_warps=cfg.moe_fp8_dot_warps, **launch_args(pdl))
     block = cfg.moe_sum_block
     _sum_k_kernel[(T, triton.cdiv(H, block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
@@ -173,5 +189,5 @@ def fp8_gate_up_dot(x: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, s
     _gate_up_dot_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, scale, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), scale.stride(0),
         scale.stride(1), act.stride(0), TOP_K=k, GROUP=FP8_GROUP, BLOCK_N=block_n, BLOCK_K=cfg.moe_fp8_dot_block_k,
-        PDL=pdl, PACKED=packed, PREC="ieee" if x.dtype == torch.float32 else "tf32",
+        PDL=pdl, PACKED=packed, PREC="ieee" if x.dtype == torch.float32 else "tf32", SWAP=cfg.moe_fp8_dot_swap,
         num_warps=cfg.moe_fp8_dot_warps, **launch_args(pdl))

@@ -114,11 +114,11 @@ def _compile_all() -> dict:
     build("fp8 gate_up dot", moe_fp8_dot._gate_up_dot_kernel,
           dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i64", act_ptr="*bf16"),
           dict(TOP_K=8, GROUP=128, BLOCK_N=cfg.moe_fp8_dot_block_n, BLOCK_K=cfg.moe_fp8_dot_block_k, PDL=True,
-               PACKED=True, PREC="tf32"), cfg.moe_fp8_dot_warps, 1)
+               PACKED=True, PREC="tf32", SWAP=cfg.moe_fp8_dot_swap), cfg.moe_fp8_dot_warps, 1)
     build("fp8 down dot", moe_fp8_dot._down_dot_kernel,
           dict(act_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i64", rw_ptr="*bf16", out_ptr="*bf16"),
           dict(GROUP=128, BLOCK_N=cfg.moe_fp8_dot_down_block_n, BLOCK_K=cfg.moe_fp8_dot_down_block_k, PDL=True,
-               PACKED=True, PREC="tf32"), cfg.moe_fp8_dot_warps, 1)
+               PACKED=True, PREC="tf32", SWAP=cfg.moe_fp8_dot_swap), cfg.moe_fp8_dot_warps, 1)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
     return dict(stacks=stacks, loads=loads)

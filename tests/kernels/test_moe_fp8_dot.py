@@ -56,7 +56,8 @@ SMALL = dict(moe_fp8_dot_block_n=32, moe_fp8_dot_block_k=128, moe_fp8_dot_down_b
              moe_fp8_dot_down_block_k=128)
 DOTS = {"gate_up": dataclasses.replace(FMA, moe_fp8_dot=True, **SMALL),
         "down": dataclasses.replace(FMA, moe_fp8_dot_down=True, **SMALL),
-        "both": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True, **SMALL)}
+        "both": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True, **SMALL),
+        "both-swap": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_swap=True, **SMALL)}
 
 
 def _fp8(x, w, ids, gate_up, down):
@@ -86,7 +87,11 @@ CUDA_DOTS = {"both": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down
              "down-64": dataclasses.replace(FMA, moe_fp8_dot_down=True, moe_fp8_dot_down_block_n=64),
              # Triton's one-value rounding of the dequantized weights instead of the packed one
              "both-unpacked": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True,
-                                                  moe_fp8_packed_round=False)}
+                                                  moe_fp8_packed_round=False),
+             # the weights as the mma's first operand
+             "both-swap": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True, moe_fp8_dot_swap=True),
+             "both-swap-unpacked": dataclasses.replace(FMA, moe_fp8_dot=True, moe_fp8_dot_down=True,
+                                                       moe_fp8_dot_swap=True, moe_fp8_packed_round=False)}
 
 
 @pytest.mark.cuda
