@@ -21,11 +21,7 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          route-rank new with the routing's top-k by the [E, E] rank (KernelConfig.moe_route_sort off)
          norouter-norm, norouter-norm-fp8  new / new-fp8 with the post-attention add + RMSNorm as a kernel of its own
                    before the router (KernelConfig.gemv_add_norm_router off; default on: inside the router + routing
-                   kernel; rnorm, rnorm-fp8 name it on)
-         dot-fp8   new-fp8 with FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot,
-                   kernels/moe_fp8_dot.py; dot-fp8-w2 at 2 warps; nodot-fp8: off); dot2-fp8 down's too
-                   (moe_fp8_dot_down, then the k-sum kernel); -unp: Triton's one-value rounding; -swap: the weights
-                   as the mma's first operand (moe_fp8_dot_swap)
+                   kernel)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
@@ -93,32 +89,14 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # [E, E] rank instead of the bitonic top-k
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
-            # session 35: the post-attention add + RMSNorm in the router + routing kernel, on and off
-            "rnorm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=True),
+            # session 35: the post-attention add + RMSNorm as its own kernel before the router (default: inside it)
             "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),
             "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
-            "rnorm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=True),
-            "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
-            # FP8 gate_up's products on the tensor cores (kernels/moe_fp8_dot.py), on and off
-            "dot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True),
-            "dot-fp8-w2": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_warps=2),
-            "dot2-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True),
-            "nodot-fp8": dataclasses.replace(KernelConfig(), moe_fp8_dot=False),
-            # the same with Triton's one-value rounding of the dequantized weights (moe_fp8_packed_round off)
-            "dot-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_packed_round=False),
-            "dot2-fp8-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
-                                                moe_fp8_packed_round=False),
-            # the weights as the mma's first operand (gate_up 64 x 128 tiles: sm90 SASS ~4.4 instructions a weight)
-            "dot2-fp8-swap": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
-                                                 moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128),
-            "dot2-fp8-swap-unp": dataclasses.replace(KernelConfig(), moe_fp8_dot=True, moe_fp8_dot_down=True,
-                                                     moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64,
-                                                     moe_fp8_dot_block_k=128, moe_fp8_packed_round=False),
-}
+            "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -17,7 +17,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
---switches: only new against SWITCHES / FP8_SWITCHES (session 35: FP8 GEMVs on the tensor cores) at --tokens (1-4).
+--switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order; FP8: the rounding
+and the tiles' size) at 1-4 tokens.
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
@@ -159,25 +160,23 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
     return counts
 
 
-# the switches of the decode path, A/B against new (--switches). Session 35: FP8 experts' GEMVs with their products
-# on the tensor cores (KernelConfig.moe_fp8_dot, moe_fp8_dot_down; kernels/moe_fp8_dot.py), their tiles and warps
-# (FP8 takes the decode path at one token); no bf16 switch now
-SWITCHES: dict = {}
-DOT2 = dict(moe_fp8_dot=True, moe_fp8_dot_down=True)
-SWAP = dict(DOT2, moe_fp8_dot_swap=True, moe_fp8_dot_block_n=64, moe_fp8_dot_block_k=128)
-FP8_SWITCHES = {"dot-fp8": dict(moe_fp8_dot=True), "dot2-fp8": DOT2,
-                "dot2-fp8-unp": dict(DOT2, moe_fp8_packed_round=False), "dot2-fp8-swap": SWAP,
-                "dot2-fp8-swap-unp": dict(SWAP, moe_fp8_packed_round=False),
-                "dot2-fp8-swap-d64": dict(SWAP, moe_fp8_dot_down_block_n=64, moe_fp8_dot_down_block_k=128)}
+# session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
+# loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
+SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False)}
+FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False),
+                "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
+                "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
+                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}
 
 
-def switch_sweep(rows: list, bw: float, g: torch.Generator, tokens=(1, 2, 4)) -> None:
-    """new against each of SWITCHES at `tokens` tokens, and on e4m3 experts where they take the decode path against
-    FP8_SWITCHES, twice in turn (the second round shows the spread), the same layers and floors as decode_sweep."""
+def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
+    """new against each of SWITCHES at 1, 2 and 4 tokens, and on e4m3 experts where they take the decode path against
+    FP8_SWITCHES, twice in turn (the
+    second round shows the spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
     new = KernelConfig()
-    for T in tokens:
+    for T in (1, 2, 4):
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
         cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()]
         if takes_decode_path(T * K, E, new, fp8=True):
@@ -218,14 +217,13 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/moe_sweep.json")
     ap.add_argument("--prefill", action="store_true", help="also the grouped-GEMM tiles at 128-4096 tokens")
     ap.add_argument("--switches", action="store_true", help="only the decode path's switches against new, 1-4 tokens")
-    ap.add_argument("--tokens", default="1,2,4", help="--switches: the token counts")
     args = ap.parse_args()
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     if args.switches:
-        switch_sweep(rows, bw, g, tuple(int(t) for t in args.tokens.split(",")))
+        switch_sweep(rows, bw, g)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows),

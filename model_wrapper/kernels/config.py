@@ -45,8 +45,8 @@ class KernelConfig:
     gemv_add_norm_gate_up: bool = True  # a dense MLP's gate_up after the post-attention norm
     # a sparse MLP's router + routing kernel after the post-attention norm (kernels/moe_route.moe_router_route_norm:
     # program 0 also writes the normalized rows the experts read), where moe_fused_router takes the step (H100,
-    # Qwen3-30B-A3B shape, bench_moe.py batch 1, two runs: bf16 3.02 / 3.04 -> 3.00 / 3.00 ms, FP8 experts 2.80 /
-    # 2.78 -> 2.77 / 2.75; logits bit-equal)
+    # Qwen3-30B-A3B shape, bench_moe.py batch 1, three runs: bf16 3.02 / 3.04 / 3.06 -> 3.00 / 3.00 / 2.99 ms, FP8
+    # experts 2.80 / 2.78 / 2.81 -> 2.77 / 2.75 / 2.76; logits bit-equal)
     gemv_add_norm_router: bool = True
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
@@ -108,19 +108,6 @@ class KernelConfig:
     # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
     moe_fp8_gemv_tile: int = 8192
     moe_fp8_gemv_down_tile: int = 8192
-    # FP8 experts' gate_up GEMV with its products on the tensor cores (kernels/moe_fp8_dot.py: the dequantized bf16
-    # weights into an mma with a 16-row x tile whose first row is x, instead of back to fp32 and an FMA each)
-    moe_fp8_dot: bool = False
-    # (sm90 SASS, a loop step: about 5.7 instructions a weight at 32 x 256 / 4 warps, 128 registers, against about 13
-    # a weight in moe_gemv's FP8 gate_up; 16 rows: about 19, the mma operand layout of a 16-row tile)
-    moe_fp8_dot_block_n: int = 32  # gate (and as many up) rows a program
-    moe_fp8_dot_block_k: int = 256  # columns a loop step (whole 128-column scale groups)
-    moe_fp8_dot_warps: int = 4
-    moe_fp8_dot_swap: bool = False  # the weights as the mma's first operand (x's row then its second)
-    # and FP8 down the same way, one expert a program, the k experts' rows then summed by moe.py's k-sum kernel
-    moe_fp8_dot_down: bool = False
-    moe_fp8_dot_down_block_n: int = 32  # (sm90 SASS, a step: ~7.8 instructions a weight, 152 registers)
-    moe_fp8_dot_down_block_k: int = 256
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

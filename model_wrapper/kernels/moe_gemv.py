@@ -178,20 +178,12 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     pdl = uses_pdl(x.device, cfg)
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
-    # (imported here: moe_fp8_dot imports this module)
-    from model_wrapper.kernels.moe_fp8_dot import fp8_dot_fits, fp8_down_dot, fp8_down_dot_fits, fp8_gate_up_dot
-
-    if fp8 and fp8_dot_fits(H, cfg):  # FP8 gate_up's products on the tensor cores (KernelConfig.moe_fp8_dot)
-        fp8_gate_up_dot(x, ids, gate_up, s, act, cfg, pdl)
-    else:
-        _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
-            x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn,
-            act.stride(0), TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
-            LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed,
-            num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+    _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
+        x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
+        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, num_warps=cfg.moe_gemv_warps,
+        **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
-    if fp8 and fp8_down_dot_fits(cfg):  # FP8 down's products on the tensor cores, then the k-sum
-        return fp8_down_dot(act, rw, ids, down, s, cfg, pdl)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
