@@ -19,6 +19,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
          lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
          route-rank new with the routing's top-k by the [E, E] rank (KernelConfig.moe_route_sort off)
+         norouter-norm, norouter-norm-fp8  new / new-fp8 with the post-attention add + RMSNorm as a kernel of its own
+                   before the router (KernelConfig.gemv_add_norm_router off; default on: inside the router + routing
+                   kernel)
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
@@ -86,11 +89,14 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # [E, E] rank instead of the bitonic top-k
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
+            # session 35: the post-attention add + RMSNorm as its own kernel before the router (default: inside it)
+            "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),
-            "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384)}
+            "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
+            "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -43,6 +43,11 @@ class KernelConfig:
     # qkv after the input norm: off (8B bf16 even, FP8 -0.6% beside gate_up's; Qwen3-30B-A3B +2-3%)
     gemv_add_norm_qkv: bool = False
     gemv_add_norm_gate_up: bool = True  # a dense MLP's gate_up after the post-attention norm
+    # a sparse MLP's router + routing kernel after the post-attention norm (kernels/moe_route.moe_router_route_norm:
+    # program 0 also writes the normalized rows the experts read), where moe_fused_router takes the step (H100,
+    # Qwen3-30B-A3B shape, bench_moe.py batch 1, three runs: bf16 3.02 / 3.04 / 3.06 -> 3.00 / 3.00 / 2.99 ms, FP8
+    # experts 2.80 / 2.78 / 2.81 -> 2.77 / 2.75 / 2.76; logits bit-equal)
+    gemv_add_norm_router: bool = True
 
     # skinny tensor-core GEMM (kernels/gemm.py), sm90: steps of gemv_max_tokens + 1 .. this many
     skinny_max_tokens: int = 64  # at 64 tokens qkv and o are even with cuBLAS
@@ -207,7 +212,7 @@ class KernelConfig:
 
     def adds_norm(self, tokens: int, consumer: str) -> bool:
         """Whether a step of `tokens` tokens runs the residual add + RMSNorm inside the GEMV of `consumer`
-        ("qkv" or "gate_up"): gemv_add_norm, its token bound and the consumer's switch."""
+        ("qkv", "gate_up" or "router"): gemv_add_norm, its token bound and the consumer's switch."""
         return self.gemv_add_norm and 0 < tokens <= self.gemv_add_norm_max_tokens and getattr(
             self, f"gemv_add_norm_{consumer}")
 

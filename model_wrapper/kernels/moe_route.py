@@ -29,6 +29,11 @@ tokens (KernelConfig.moe_fused_router, up to gemv_max_tokens):
     every token from the logits the others wrote, as the routing kernel does.
 
 Its weight rows are loaded before its PDL wait (they stream in while the norm before drains).
+With add_norm (moe_router_route_norm; KernelConfig.gemv_add_norm_router) that norm is its prologue, as in
+kernels/gemv.py: every program normalizes the rows from h and the residual (kernels/norm.add_rms_norm_row,
+the standalone kernel's arithmetic), and program 0 writes h + residual and the normalized rows out of place
+for the experts after it (they read x after their PDL wait, when this kernel is complete); no program of the
+launch reads what program 0 writes, so none can see a half-written row.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.norm import add_rms_norm_row
 
 
 @triton.jit
@@ -92,21 +98,31 @@ def _route_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_l, TOP_K: tl.constexpr, 
 
 
 @triton.jit
-def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, E, H, stride_x, stride_g, stride_l,
-                         M: tl.constexpr, HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
-                         KP: tl.constexpr, EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
-                         SORT: tl.constexpr):
+def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, r_ptr, nw_ptr, ro_ptr, xn_ptr, eps, E, H,
+                         stride_x, stride_g, stride_l, stride_r, stride_ro, stride_xn, M: tl.constexpr,
+                         HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+                         EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
+                         NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.arange(0, HP)
     live = rows < E
     g = tl.load(g_ptr + rows[:, None].to(tl.int64) * stride_g + cols[None, :], mask=live[:, None] & (cols < H)[None, :],
                 other=0.0)
+    if NORM:  # x is h: the rows are nw * RMSNorm(h + r) (module docstring)
+        nw = tl.load(nw_ptr + cols, mask=cols < H, other=0.0)
     if PDL:
         gdc_launch_dependents()
-        gdc_wait()  # the norm that wrote x is complete
+        gdc_wait()  # the kernel that wrote x (the norm, or with NORM the one that wrote h) is complete
     dtype = logits_ptr.dtype.element_ty
+    first = tl.program_id(0) == 0
     for m in tl.static_range(M):
-        x = tl.load(x_ptr + m * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
+        if NORM:
+            xn = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, H, eps,
+                                  first, True)
+            tl.store(xn_ptr + m * stride_xn + cols, xn, mask=(cols < H) & first)
+            x = xn.to(tl.float32)
+        else:
+            x = tl.load(x_ptr + m * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
         acc = tl.sum(g.to(tl.float32) * x[None, :], axis=1)
         tl.store(logits_ptr + m * stride_l + rows, acc.to(dtype), mask=live)
     # every thread's logits stored (barrier), then the count with release (cumulative over the barrier):
@@ -142,6 +158,27 @@ def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_
                      cfg: KernelConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, H], the router's weight gate [E, H] -> (weights [T, top_k], ids [T, top_k] int64, logits [T, E] in
     x's dtype): moe_route(x @ gate^T) in one launch, for the steps router_route_fits accepts."""
+    return _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, None)[:3]
+
+
+def moe_router_route_norm(h: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,
+                          add_norm: tuple, cfg: KernelConfig = DEFAULT,
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The residual add + RMSNorm and the router in one launch. add_norm = (residual [T, H], norm_weight [H], eps,
+    residual_out [T, H]) (layers/norm.PendingNorm.add_norm) -> (weights [T, top_k], ids [T, top_k] int64, the
+    normalized rows xn [T, H] in h's dtype), where xn = norm_weight * RMSNorm(h + residual) (kernels/norm.py's
+    arithmetic) is what moe_router_route routes, and residual_out <- h + residual; h and residual unchanged."""
+    residual, _, _, residual_out = add_norm
+    for name, t in (("residual", residual), ("residual_out", residual_out)):
+        if t.shape != h.shape or t.dtype != h.dtype or t.stride(-1) != 1:
+            raise ValueError(f"moe_router_route_norm: {name} must be a [T, H] = {list(h.shape)} {h.dtype} tensor "
+                             f"with unit column stride, got {list(t.shape)} {t.dtype} strides {t.stride()}")
+    w, ids, _, xn = _router_route(h, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm)
+    return w, ids, xn
+
+
+def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm):
+    """-> (weights, ids, logits, the normalized rows or None): the launch of moe_router_route(_norm)."""
     T, H = x.shape
     E = gate.shape[0]
     if not 0 < top_k <= E:
@@ -152,12 +189,15 @@ def moe_router_route(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_
     hp = triton.next_power_of_2(H)
     block_e = min(triton.next_power_of_2(E), max(1, cfg.gemv_tile // hp))
     pdl = uses_pdl(x.device, cfg)
+    # without a norm the add_norm pointers are placeholders the kernel never reads (NORM=False)
+    r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
+    xn = torch.empty_like(x) if add_norm is not None else x
     _router_route_kernel[(triton.cdiv(E, block_e),)](
-        x, gate, logits, weights, ids, _count(x.device), E, H, x.stride(0), gate.stride(0), logits.stride(0), M=T,
-        HP=hp, BLOCK_E=block_e, TOP_K=top_k, KP=max(2, triton.next_power_of_2(top_k)),
-        EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob, PDL=pdl, SORT=cfg.moe_route_sort,
-        num_warps=cfg.gemv_warps, **launch_args(pdl))
-    return weights, ids, logits
+        x, gate, logits, weights, ids, _count(x.device), r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
+        logits.stride(0), r.stride(0), r_out.stride(0), xn.stride(0), M=T, HP=hp, BLOCK_E=block_e, TOP_K=top_k,
+        KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob,
+        PDL=pdl, SORT=cfg.moe_route_sort, NORM=add_norm is not None, num_warps=cfg.gemv_warps, **launch_args(pdl))
+    return weights, ids, logits, (xn if add_norm is not None else None)
 
 
 def moe_route(logits: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,

@@ -85,6 +85,10 @@ class TorchKernels:
         projection (a model projection: self.linear), then moe_route (a MoESpec)."""
         return self.moe_route(self.linear(x, gate_weight), spec)
 
+    def router_takes_norm(self, x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
+        """Whether moe_router_norm takes a layers/norm.PendingNorm for rows like x: never here."""
+        return False
+
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
         """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
         down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert).
@@ -231,6 +235,24 @@ class FlashInferKernels(TorchKernels):
                                              self.config)
                 return w, ids
         return super().moe_router(x, gate_weight, spec)
+
+    def router_takes_norm(self, x, gate_weight):
+        """config.adds_norm(router) where moe_router runs the router and the routing in one kernel."""
+        cfg = self.config
+        if self._triton is None or not (cfg.moe_fused_route and cfg.adds_norm(x.shape[0], "router")):
+            return False
+        from model_wrapper.kernels.moe_route import router_route_fits
+
+        return router_route_fits(x, gate_weight, cfg)
+
+    def moe_router_norm(self, x: PendingNorm, gate_weight, spec):
+        """moe_router of a PendingNorm (router_takes_norm said so): the residual add + RMSNorm, the router's
+        projection and the routing in one kernel (kernels/moe_route.moe_router_route_norm) -> (weights [T, k],
+        ids [T, k], the normalized rows [T, H] for the experts)."""
+        from model_wrapper.kernels.moe_route import moe_router_route_norm
+
+        return moe_router_route_norm(x.h, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
+                                     x.add_norm(), self.config)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else

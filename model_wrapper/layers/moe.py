@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_wrapper.layers.norm import PendingNorm
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -130,14 +132,23 @@ class SparseMoE(nn.Module):
             self.shared_expert = SharedExpert(hidden_size, spec.shared_intermediate_size)
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
 
-    def forward(self, x: torch.Tensor, batch, kernels, scale=None, fuse_tail: bool = False):
-        """x [T, H] (the post-attention norm's output) -> ([T, H], None). Under tensor parallelism
-        the ranks' partial sums (their intermediate slices) are all-reduced once."""
+    def takes_norm(self, h: torch.Tensor, kernels) -> bool:
+        """Whether the router's kernel takes the norm before it (a layers/norm.PendingNorm) at rows like h
+        (KernelConfig.gemv_add_norm_router where the router and the routing are one kernel)."""
+        return kernels.router_takes_norm(h, self.gate.weight)
+
+    def forward(self, x, batch, kernels, scale=None, fuse_tail: bool = False):
+        """x [T, H] (the post-attention norm's output, or a PendingNorm where takes_norm said so: the router's
+        kernel normalizes the rows and writes them for the experts) -> ([T, H], None). Under tensor
+        parallelism the ranks' partial sums (their intermediate slices) are all-reduced once."""
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
-        # kernels.moe_router: the router's projection (a model projection: the GEMV at 1-2 tokens on CUDA) and
-        # the routing (on CUDA one kernel, kernels/moe_route.py; at 1-2 tokens both in one), then the experts
-        weights, ids = kernels.moe_router(x, self.gate.weight, self.spec)
+        if isinstance(x, PendingNorm):
+            weights, ids, x = kernels.moe_router_norm(x, self.gate.weight, self.spec)
+        else:
+            # kernels.moe_router: the router's projection (a model projection: the GEMV at 1-2 tokens on CUDA) and
+            # the routing (on CUDA one kernel, kernels/moe_route.py; at 1-2 tokens both in one), then the experts
+            weights, ids = kernels.moe_router(x, self.gate.weight, self.spec)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)

@@ -37,9 +37,10 @@ def _compile_all() -> dict:
     stacks, loads = {}, {}
 
     def build(name, fn, pointers, constexprs, num_warps, num_stages):
-        sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
+        sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
+               for n in fn.arg_names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                   if n not in constexprs and (n in pointers or n.startswith("stride") or n in ("N", "K"))}
+                   if n not in constexprs and (n in pointers or n.startswith("stride") or n in ("N", "K", "I", "H"))}
         kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
                                                                                 num_stages=num_stages))
@@ -98,12 +99,14 @@ def _compile_all() -> dict:
         tag = " sort" if sort else ""
         build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
               dict(TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True, SORT=sort), cfg.moe_route_warps, 1)
-        for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route)
-            build(f"router + route x{m}{tag}", moe_route._router_route_kernel,
-                  dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
-                       count_ptr="*i32"),
-                  dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
-                       SORT=sort), cfg.gemv_warps, 1)
+        for m in (1, 2):  # the router's projection and the routing in one (moe_route.moe_router_route); with the
+            # sort also with the add + RMSNorm prologue (moe_route.moe_router_route_norm)
+            for norm in (False, True) if sort else (False,):
+                build(f"router + route x{m}{tag}{' norm' if norm else ''}", moe_route._router_route_kernel,
+                      dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
+                           count_ptr="*i32", r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16", xn_ptr="*bf16"),
+                      dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
+                           SORT=sort, NORM=norm), cfg.gemv_warps, 1)
     pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
     build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk, PDL=True), 4, 3)
     build("align scatter", moe_align._scatter_kernel, pointers,
@@ -120,7 +123,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 27
+    assert len(stacks) == 29
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

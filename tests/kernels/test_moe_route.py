@@ -121,3 +121,47 @@ def test_router_projection_and_routing_in_one_kernel(T, E, H, k, tile, topk):
         torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=1e-6)
     assert not router_route_fits(x, gate, KernelConfig(moe_fused_router=False))
     assert not router_route_fits(torch.randn(KernelConfig().gemv_max_tokens + 1, H).to(DEVICE), gate, cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16] if DEVICE == "cpu" else [torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("T,E,H,k", [(1, 128, 256, 8), (2, 60, 96, 4)])
+@pytest.mark.parametrize("tile", [16384, 512])
+def test_router_with_add_norm_is_the_norm_then_the_router(dtype, T, E, H, k, tile):
+    """moe_router_route_norm = add_rms_norm (kernels/norm.py, in place on copies), then moe_router_route: the
+    normalized rows it returns (program 0 writes them for the experts) and the new residual equal the standalone
+    kernel's, h and the residual are unchanged, and the routing is that of the unfused rows (the same experts and
+    weights; under the interpreter the same operations, so bit-equal; on CUDA the sum of squares may reduce in
+    another order: rows within a rounding, routing checked on its own rows). One program or several (tile 512),
+    hidden not a power of two, a second launch (the count reset)."""
+    from model_wrapper.kernels.moe_route import moe_router_route, moe_router_route_norm
+    from model_wrapper.kernels.norm import add_rms_norm
+
+    g = torch.Generator().manual_seed(T * 10 + E)
+    cfg = KernelConfig(gemv_tile=tile)
+    for _ in range(2):
+        h, r = (torch.randn(T, H, generator=g).to(DEVICE, dtype) for _ in range(2))
+        nw = (1 + 0.1 * torch.randn(H, generator=g)).to(DEVICE, dtype)
+        gate = (torch.randn(E, H, generator=g) / H**0.5).to(DEVICE, dtype)
+        h0, r0 = h.clone(), r.clone()
+        r_out = torch.empty_like(r)
+        w, ids, xn = moe_router_route_norm(h, gate, k, True, False, (r, nw, 1e-6, r_out), cfg)
+        want_x, want_r = h.clone(), r.clone()
+        add_rms_norm(want_x, want_r, nw, 1e-6)
+        assert torch.equal(r_out, want_r) and torch.equal(h, h0) and torch.equal(r, r0)
+        if DEVICE == "cpu":
+            assert torch.equal(xn, want_x)
+        else:
+            torch.testing.assert_close(xn.float(), want_x.float(), rtol=2 ** -7, atol=1e-2)
+        want_w, want_ids, _ = moe_router_route(xn, gate, k, True, False, cfg)
+        assert torch.equal(ids, want_ids) and torch.equal(w, want_w)
+
+
+def test_router_with_add_norm_refuses_a_misshapen_residual():
+    from model_wrapper.kernels.moe_route import moe_router_route_norm
+
+    h = torch.zeros(1, 64, device=DEVICE)
+    gate = torch.zeros(8, 64, device=DEVICE)
+    r_out = torch.empty_like(h)
+    with pytest.raises(ValueError, match=r"residual must be a \[T, H\] = \[1, 64\]"):
+        moe_router_route_norm(h, gate, 2, True, False, (torch.zeros(2, 64, device=DEVICE), h[0], 1e-6, r_out))
