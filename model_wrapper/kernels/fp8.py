@@ -54,7 +54,7 @@ from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wai
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
     _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3, silu_and_mul_fp8)
-from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
+from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_max_tokens, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
@@ -386,7 +386,7 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
     K = weight.shape[1]
     if dtype not in (torch.bfloat16, torch.float16):
         return "reference"
-    if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
+    if M <= gemv_max_tokens(K, cfg) and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
         return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"

@@ -25,25 +25,65 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.norm import add_rms_norm_row
 
 
+def pow2_parts(n: int, most: int = 3) -> tuple | None:
+    """n as the sum of at most `most` powers of 2, largest first (its set bits: 14336 = 8192 + 4096
+    + 2048), or None (more set bits, or n < 1). A GEMV row held as such segments has no padded
+    columns (a power-of-2 tile of 16384 columns for 14336 leaves 1/8 of the registers and threads idle)."""
+    parts = tuple(1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1) if n > 0 else ()
+    return parts if 0 < len(parts) <= most else None
+
+
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_o, stride_r,
-                 stride_ro, K: tl.constexpr, KP: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
-    # SILU: W is gate_up [2N, K]; output column n is silu(x @ W[n]) * (x @ W[N + n]), each product
-    # rounded to the output dtype first (as the unfused GEMM, then silu_and_mul)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, KP)
-    live = rows < N
+def _seg_load(w_ptr, rows, live, N, stride_w, K: tl.constexpr, C0: tl.constexpr, NS: tl.constexpr,
+              SILU: tl.constexpr):
+    """The rows' columns [C0, C0 + NS) -> w, wu [BLOCK_N, NS] (wu: the up rows with SILU, else w);
+    columns at or past K (the padded layout) load zeros."""
+    cols = C0 + tl.arange(0, NS)
     wm = live[:, None] & (cols < K)[None, :]
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
     w = tl.load(w_rows, mask=wm, other=0.0)
+    wu = w
     if SILU:
         wu = tl.load(w_rows + N * stride_w, mask=wm, other=0.0)
+    return w, wu
+
+
+@triton.jit
+def _seg_dots(x_row, w, wu, K: tl.constexpr, C0: tl.constexpr, NS: tl.constexpr, SILU: tl.constexpr):
+    """One token's x over columns [C0, C0 + NS) times a segment's rows -> gate (or only) and up sums
+    [BLOCK_N] fp32 (up: the gate's again without SILU)."""
+    cols = C0 + tl.arange(0, NS)
+    x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    up = acc
+    if SILU:
+        up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+    return acc, up
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_o, stride_r,
+                 stride_ro, K: tl.constexpr, KP: tl.constexpr, KP1: tl.constexpr, KP2: tl.constexpr, M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr,
+                 PDL: tl.constexpr):
+    # A row is up to three segments of KP, KP1, KP2 columns (powers of 2; KP1 / KP2 0: absent).
+    # Unpadded (gemv_segments) they add up to K; padded: one segment, K padded to a power of 2,
+    # the columns past K masked. NORM: one segment (the prologue normalizes the row as one tile).
+    # SILU: W is gate_up [2N, K]; output column n is silu(x @ W[n]) * (x @ W[N + n]), each product
+    # rounded to the output dtype first (as the unfused GEMM, then silu_and_mul)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = rows < N
+    w0, wu0 = _seg_load(w_ptr, rows, live, N, stride_w, K, 0, KP, SILU)
+    if KP1:
+        w1, wu1 = _seg_load(w_ptr, rows, live, N, stride_w, K, KP, KP1, SILU)
+    if KP2:
+        w2, wu2 = _seg_load(w_ptr, rows, live, N, stride_w, K, KP + KP1, KP2, SILU)
     if HAS_BIAS:
         b = tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)
         if SILU:
             bu = tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)
     if NORM:  # NORM: x is h; the operand is nw * RMSNorm(h + r) (module docstring)
+        cols = tl.arange(0, KP)
         nw = tl.load(nw_ptr + cols, mask=cols < K, other=0.0)
     if PDL:
         gdc_launch_dependents()
@@ -53,13 +93,23 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stri
         if NORM:
             x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
                                  tl.program_id(0) == 0, True).to(tl.float32)
+            acc = tl.sum(w0.to(tl.float32) * x[None, :], axis=1)
+            up = acc
+            if SILU:
+                up = tl.sum(wu0.to(tl.float32) * x[None, :], axis=1)
         else:
-            x = tl.load(x_ptr + m * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
-        acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            acc, up = _seg_dots(x_ptr + m * stride_x, w0, wu0, K, 0, KP, SILU)
+            if KP1:
+                a1, u1 = _seg_dots(x_ptr + m * stride_x, w1, wu1, K, KP, KP1, SILU)
+                acc += a1
+                up += u1
+            if KP2:
+                a2, u2 = _seg_dots(x_ptr + m * stride_x, w2, wu2, K, KP + KP1, KP2, SILU)
+                acc += a2
+                up += u2
         if HAS_BIAS:
             acc += b
         if SILU:
-            up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
             if HAS_BIAS:
                 up += bu
             acc = silu_mul(acc.to(dtype), up.to(dtype))
@@ -74,6 +124,17 @@ def gemv_fits(x: torch.Tensor, weight: torch.Tensor, cfg: KernelConfig = DEFAULT
             and weight.stride(-1) == 1 and x.shape[1] == weight.shape[1] <= cfg.gemv_max_k)
 
 
+def gemv_plan(K: int, silu: bool, norm: bool = False, cfg: KernelConfig = DEFAULT) -> dict:
+    """The kernel's KP, KP1, KP2 (a row's segments, gemv_segments and no norm prologue: K's set bits
+    when at most three; else K padded to a power of 2) and BLOCK_N (gemv_tile weights over a held
+    row, gate and up rows counted, a power of 2 at least 1)."""
+    segs = pow2_parts(K) if cfg.gemv_segments and not norm else None
+    segs = tuple(segs or (triton.next_power_of_2(K),)) + (0, 0)
+    held = sum(segs[:3]) * (2 if silu else 1)
+    return dict(KP=segs[0], KP1=segs[1], KP2=segs[2],
+                BLOCK_N=triton.next_power_of_2(max(1, cfg.gemv_tile // held) + 1) // 2)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu: bool = False,
          cfg: KernelConfig = DEFAULT, add_norm: tuple | None = None) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T (+ bias [N]) -> [T, N] in x's dtype (fp32 sums, one rounding);
@@ -85,12 +146,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     T, K = x.shape
     N = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
-    kp = triton.next_power_of_2(K)
-    block_n = max(1, cfg.gemv_tile // kp // (2 if silu else 1))  # weights a program holds: gemv_tile
+    plan = gemv_plan(K, silu, add_norm is not None, cfg)
     pdl = uses_pdl(x.device, cfg)
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
+    _gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"]),)](
         x, weight, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
-        out.stride(0), r.stride(0), r_out.stride(0), K=K, KP=kp, M=T, BLOCK_N=block_n, HAS_BIAS=bias is not None,
-        SILU=silu, NORM=add_norm is not None, PDL=pdl, num_warps=cfg.gemv_warps, **launch_args(pdl))
+        out.stride(0), r.stride(0), r_out.stride(0), K=K, M=T, HAS_BIAS=bias is not None, SILU=silu,
+        NORM=add_norm is not None, PDL=pdl, num_warps=cfg.gemv_warps, **plan, **launch_args(pdl))
     return out

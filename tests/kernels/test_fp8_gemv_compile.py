@@ -5,7 +5,8 @@ The interpreter (test_fp8_kernels.py) runs the kernel's arithmetic but not the c
 large for the registers, or a layout that splits a thread's 16 e4m3 bytes into narrower loads, shows
 only as time on a GPU. Here the kernel is compiled ahead of time as fp8_gemv launches it for the
 Llama-3-8B projections (qkv, o, gate_up with its SiLU epilogue, down; block scales of 128 and one
-scale a row; qkv and gate_up also with the add + RMSNorm prologue, add_norm) at 1 and 2 tokens under the
+scale a row; qkv and gate_up also with the add + RMSNorm prologue, add_norm; down also with its rows as
+power-of-2 segments, fp8_gemv_segments) at 1 and 2 tokens under the
 default KernelConfig (pointers and strides divisible by
 16, as Triton specializes them at launch), with the ptxas that ships with Triton; cuobjdump reads
 back its stack (spilled registers) and its SASS the widths of its global loads. In a child process: in this one the kernel may already be an interpreted function.
@@ -25,6 +26,7 @@ from sm90_compile import ROOT, run_child
 SHAPES = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
           "down": (4096, 14336, False)}
 NORMED = ("qkv", "gate_up")  # the projections after a norm: compiled with the add_norm prologue too
+SEGMENTED = ("down",)  # K = 14336: compiled with its rows as power-of-2 segments (fp8_gemv_segments) too
 
 
 def _compile_all() -> dict:
@@ -42,11 +44,14 @@ def _compile_all() -> dict:
     cfg = KernelConfig()
     for name, (N, K, silu) in SHAPES.items():
         for group in (128, K):
-            for M, norm in ((m, nm) for m in range(1, cfg.fp8_gemv_max_tokens + 1) for nm in ((False, True) if name in NORMED else (False,))):
-                ch = fp8_gemv.gemv_chunk(K, group, cfg.fp8_gemv_chunk)
-                constexprs = dict(K=K, GROUP=group, CH=ch, NCH=triton.next_power_of_2(K // ch), M=M,
-                                  BLOCK_N=fp8_gemv.gemv_block_n(M, K, group, silu, cfg), HAS_BIAS=False,
-                                  SILU=silu, NORM=norm, PDL=True)
+            cases = [(m, nm, False) for m in range(1, cfg.fp8_gemv_max_tokens + 1)
+                     for nm in ((False, True) if name in NORMED else (False,))]
+            if name in SEGMENTED:
+                cases += [(m, False, True) for m in range(1, cfg.fp8_gemv_max_tokens + 1)]
+            for M, norm, segments in cases:
+                plan = fp8_gemv.gemv_plan(M, K, group, silu, norm, KernelConfig(fp8_gemv_segments=segments))
+                warps = plan.pop("num_warps")
+                constexprs = dict(K=K, GROUP=group, M=M, HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True, **plan)
                 pointers = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
                                 r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16")
                 sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
@@ -55,7 +60,7 @@ def _compile_all() -> dict:
                            if n in pointers or n.startswith("stride")}
                 kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
                                         target=GPUTarget("cuda", 90, 32),
-                                        options=dict(num_warps=cfg.fp8_gemv_warps, num_stages=1))
+                                        options=dict(num_warps=warps, num_stages=1))
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(kernel.asm["cubin"])
                     f.flush()
@@ -67,13 +72,16 @@ def _compile_all() -> dict:
                 for op in re.findall(r"\b(LDG\.E[.\w]*)", sass):
                     loads[op] = loads.get(op, 0) + 1
                 case = f"{name} group={'row' if group == K else group} M={M}{' +norm' if norm else ''}"
-                out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads)
+                case += " segments" if segments else ""
+                regs = re.search(r"REG:(\d+)", usage)
+                out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads,
+                                 regs=int(regs.group(1)) if regs else None)
     return out
 
 
 def test_fp8_gemv_compiles_for_sm90_without_spills_and_with_16_byte_weight_loads():
     built = run_child(__file__)
-    assert len(built) == (len(SHAPES) + len(NORMED)) * 2 * 2, sorted(built)
+    assert len(built) == (len(SHAPES) + len(NORMED) + len(SEGMENTED)) * 2 * 2, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
     assert not spilled, spilled
     for case, r in built.items():

@@ -78,3 +78,30 @@ def test_gemv_matches_the_product(dt):
     assert not triton_ops.gemv_fits(torch.randn(3, 64, device="cuda", dtype=dt), w)  # more tokens: cuBLAS
     other = torch.float16 if dt != torch.float16 else torch.bfloat16
     assert not triton_ops.gemv_fits(torch.randn(1, 64, device="cuda", dtype=other), w)
+
+
+def test_rows_held_as_power_of_2_segments():
+    """gemv_segments: a row of K columns held as K's set bits (at most three: 14336 = 8192 + 4096 +
+    2048; 1792 = 1024 + 512 + 256) instead of K padded to a power of 2, with a bias and the SiLU
+    epilogue: still the float64 product; K with more set bits, and the add + RMSNorm prologue, keep
+    the padded tile. The segments' sums add in another order than the padded tile's (fp32 rounding)."""
+    from model_wrapper.kernels.gemv import gemv_plan, pow2_parts
+
+    assert pow2_parts(14336) == (8192, 4096, 2048) and pow2_parts(4096) == (4096,) and pow2_parts(1000) is None
+    seg = KernelConfig(gemv_segments=True, gemv_tile=4096, gemv_warps=4)
+    assert gemv_plan(14336, False, cfg=seg) == dict(KP=8192, KP1=4096, KP2=2048, BLOCK_N=1)
+    assert gemv_plan(14336, False, cfg=KernelConfig())["KP"] == 16384
+    assert gemv_plan(14336, False, norm=True, cfg=seg)["KP"] == 16384
+    assert gemv_plan(1000, False, cfg=seg) == dict(KP=1024, KP1=0, KP2=0, BLOCK_N=4)
+    g = torch.Generator().manual_seed(5)
+    for T, N, K, bias, silu in ((1, 9, 1792, True, False), (2, 6, 1792, False, True), (1, 5, 1000, True, False)):
+        w = (torch.randn((2 if silu else 1) * N, K, generator=g) / K**0.5).to(DEVICE, torch.float32)
+        b = torch.randn(w.shape[0], generator=g).to(DEVICE, torch.float32) if bias else None
+        x = torch.randn(T, K, generator=g).to(DEVICE, torch.float32)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        if silu:
+            gate, up = want.chunk(2, dim=-1)
+            want = torch.nn.functional.silu(gate) * up
+        got = tops.gemv(x, w, b, silu=silu, cfg=seg)
+        assert got.shape == (T, N)
+        assert rel_err(got.double(), want) < TOL[torch.float32], (T, N, K)
