@@ -10,6 +10,7 @@ tokens, against the copy bandwidth.
 
     source .gpu/device-setup.sh && python3 benchmarks/ab_gemv.py > benchmarks/results/gemv.log
     python3 benchmarks/ab_gemv.py --per-projection   # each projection alone under KernelConfig variants
+    python benchmarks/ab_gemv.py --per-projection --smoke   # CPU, Triton's interpreter, shapes / 64
 
 writes gemv.json and gemv.png (--per-projection: gemv_projections.json) to benchmarks/results (or to
 $OUT when OUT is set).
@@ -24,6 +25,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--smoke" in sys.argv:  # Triton's interpreter, set up before any kernel is defined
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import triton_interpret  # noqa: F401
 from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper.kernels.gemv import gemv
@@ -141,34 +145,37 @@ GEMV_VARIANTS = {"default": {}, "seg": dict(gemv_segments=True), "t8k": dict(gem
                  "seg t32k": dict(gemv_segments=True, gemv_tile=32768)}
 
 
-def per_projection(out: str, tokens=(1, 2)) -> None:
+def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:
     """Each projection alone (PER_PROJECTION: Llama-3-8B's four, Qwen3-30B-A3B's qkv and o; bf16) through
     the GEMV under each of GEMV_VARIANTS' KernelConfig overrides, us a call in a graph of calls rotating
     over > 256 MB of weight copies (bench_fp8_gemm.time_calls; consecutive calls overlap through PDL as a
     step's projections do), x the floor (weight + x + y bytes over the copy bandwidth); each result
-    against the fp32 product. Writes gemv_projections.json."""
+    against the fp32 product. Writes gemv_projections.json. smoke: on the CPU under Triton's interpreter,
+    shapes / 64 in fp16 (a check that the script runs)."""
     from benchmarks.bench_fp8_gemm import ROTATE_BYTES, time_calls
     from model_wrapper.kernels.config import KernelConfig
 
-    bw = copy_bandwidth("cuda")
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
-           "variants": GEMV_VARIANTS, "rows": []}
+    device, dt = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
+    bw = copy_bandwidth(device)
+    res = {"device": "cpu (interpreter)" if smoke else torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "copy_bandwidth_TBps": bw / 1e12, "variants": GEMV_VARIANTS, "rows": []}
     print(f"{res['device']}: copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     for shape, (N, K, silu) in PER_PROJECTION.items():
-        copies = max(2, -(-ROTATE_BYTES // (N * K * 2)))
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(copies)]
+        N, K = (N // 64, K // 64) if smoke else (N, K)
+        copies = 2 if smoke else max(2, -(-ROTATE_BYTES // (N * K * 2)))
+        ws = [torch.randn(N, K, device=device, dtype=dt) / K**0.5 for _ in range(copies)]
         for T in tokens:
-            x = torch.randn(T, K, device="cuda", dtype=torch.bfloat16)
+            x = torch.randn(T, K, device=device, dtype=dt)
             want = x.float() @ ws[0].float().t()
             if silu:
-                gate, up = want.to(torch.bfloat16).float().chunk(2, dim=-1)
+                gate, up = want.to(dt).float().chunk(2, dim=-1)
                 want = torch.nn.functional.silu(gate) * up
             n_out = N // 2 if silu else N
             floor = (N * K + T * K + T * n_out) * 2 / bw
             for name, over in GEMV_VARIANTS.items():
                 cfg = dataclasses.replace(KernelConfig(), **over)
                 fn = (lambda c: lambda i: gemv(x, ws[i], silu=silu, cfg=c))(cfg)
-                sec = time_calls(torch, fn, copies, "cuda")
+                sec = time_calls(torch, fn, copies, device)
                 err = float((fn(0).float() - want).abs().max() / want.abs().max())
                 row = dict(shape=shape, N=N, K=K, tokens=T, variant=name, us=sec * 1e6, floor_us=floor * 1e6,
                            x_floor=sec / floor, max_rel_err=err)
@@ -189,7 +196,7 @@ def per_projection(out: str, tokens=(1, 2)) -> None:
 def main():
     out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     if "--per-projection" in sys.argv:
-        per_projection(out)
+        per_projection(out, smoke="--smoke" in sys.argv)
         return
     gen = random_text_generator(LLAMA3_8B, device="cuda")
     mw = gen.model_wrapper
