@@ -13,7 +13,8 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
 
   M <= fp8_gemv_max_tokens     "gemv"       weight-only (kernels/fp8_gemv.py): a program holds whole
                                             e4m3 rows in registers, fp32 sums per 16-column chunk,
-                                            times its group's scale; x stays in its dtype
+                                            times its group's scale; x stays in its dtype (rows wider
+                                            than fp8_gemv_wide_k: M <= fp8_gemv_wide_max_tokens)
   M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
                                             tensor-core products per K step, scaled per group in fp32
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
@@ -54,7 +55,8 @@ from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wai
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
     _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3, silu_and_mul_fp8)
-from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_max_tokens, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
+from model_wrapper.kernels.fp8_gemv import (  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
+    fp8_gemv, gemv_max_tokens, gemv_padded_k)
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 

@@ -1,4 +1,4 @@
-"""The weight-only FP8 (e4m3) GEMV of decode steps of 1..cfg.fp8_gemv_max_tokens tokens:
+"""The weight-only FP8 (e4m3) GEMV of decode steps of 1..cfg.fp8_gemv_max_tokens tokens (gemv_max_tokens):
 y = x @ W^T (+ b) with W = float(weight) * weight_scale per output row and group of `group`
 K-columns (kernels/fp8_reference.py states the arithmetic), x unquantized.
 
@@ -17,6 +17,13 @@ four projections at 1 token 85.0 us against 87.5 (floor 75.0), at 2 tokens 124.6
 e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f32). Moving the
 bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
 f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
+
+Rows of K columns that are not a power of 2 (down: K = 14336): by default the chunks are padded to a
+power of 2 (1024 chunks of 16 for 896: 2048 columns of masked loads, 181 sm90 registers a thread, 2
+programs an SM). fp8_gemv_segments holds such a row as up to three power-of-2 segments of chunks
+(512 + 256 + 128; K / CH's set bits), each its own tile loaded before the PDL wait, their sums added
+after it (127 registers; the sum over a row's chunks then runs in another order: fp32 rounding). Rows
+wider than fp8_gemv_wide_k take their own chunk, tile, warps and token bound (fp8_gemv_wide_*).
 
 add_norm: the residual add + RMSNorm before the projection in the prologue, as kernels/gemv.py
 does it (every program normalizes the rows from h and the residual, program 0 writes h + residual

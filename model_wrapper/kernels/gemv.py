@@ -6,6 +6,10 @@ then waits for the kernel that wrote x (PDL), so the weights of the next project
 while the one before drains (benchmarks/ab_gemv.py: at 1-2 tokens near the copy bandwidth,
 ahead of cuBLAS). fp32 sums, one rounding.
 
+gemv_segments: a row of K columns held as up to three power-of-2 segments (K's set bits, 14336 =
+8192 + 4096 + 2048) instead of one tile of K padded to a power of 2 (16384: 1/8 of the threads hold
+only masked-out columns); each segment loaded before the PDL wait, their sums added after it.
+
 add_norm (KernelConfig.gemv_add_norm): x is the previous block's output h and the GEMV's operand
 is weight * RMSNorm(h + residual), computed in the prologue by every program (its K columns of
 h and residual, 2 x 8 KB at hidden 4096, from L2) with kernels/norm.add_rms_norm_row, the
