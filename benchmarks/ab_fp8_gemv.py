@@ -56,8 +56,7 @@ def new_variants(M: int, smoke: bool) -> dict:
     seg = dict(fp8_gemv_segments=True)
     out = {"default": {}, "seg": seg}
     if M == 1:
-        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t8k w4": dict(fp8_gemv_tile=8192),
-                    "t32k w8": dict(fp8_gemv_warps=8), "t64k w8": dict(fp8_gemv_tile=65536, fp8_gemv_warps=8)})
+        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t8k w4": dict(fp8_gemv_tile=8192)})
         wide = {"ch32": dict(fp8_gemv_wide_chunk=32), "t16k": dict(fp8_gemv_wide_tile=16384),
                 "t64k": dict(fp8_gemv_wide_tile=65536), "w8": dict(fp8_gemv_wide_warps=8),
                 "t64k w8": dict(fp8_gemv_wide_tile=65536, fp8_gemv_wide_warps=8),

@@ -9,7 +9,7 @@ lm_head (15.0 GB), back to back in one graph, through cuBLAS and through the GEM
 tokens, against the copy bandwidth.
 
     source .gpu/device-setup.sh && python3 benchmarks/ab_gemv.py > benchmarks/results/gemv.log
-    python3 benchmarks/ab_gemv.py --per-projection   # each projection alone under KernelConfig variants
+    python3 benchmarks/ab_gemv.py --per-projection [--tokens 1,2]   # each projection alone, KernelConfig variants
     python benchmarks/ab_gemv.py --per-projection --smoke   # CPU, Triton's interpreter, shapes / 64
 
 writes gemv.json and gemv.png (--per-projection: gemv_projections.json) to benchmarks/results (or to
@@ -141,8 +141,7 @@ def projections_ms(mw, T, linear) -> float:
 PER_PROJECTION = {"8B qkv": (6144, 4096, False), "8B o": (4096, 4096, False), "8B gate_up+silu": (28672, 4096, True),
                   "8B down": (4096, 14336, False), "30B-A3B qkv": (5120, 2048, False), "30B-A3B o": (2048, 4096, False)}
 GEMV_VARIANTS = {"default": {}, "seg": dict(gemv_segments=True), "t8k": dict(gemv_tile=8192),
-                 "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4),
-                 "seg t32k": dict(gemv_segments=True, gemv_tile=32768)}
+                 "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4)}
 
 
 def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:
@@ -196,7 +195,8 @@ def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:
 def main():
     out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     if "--per-projection" in sys.argv:
-        per_projection(out, smoke="--smoke" in sys.argv)
+        tokens = sys.argv[sys.argv.index("--tokens") + 1] if "--tokens" in sys.argv else "1,2"
+        per_projection(out, tuple(int(t) for t in tokens.split(",")), smoke="--smoke" in sys.argv)
         return
     gen = random_text_generator(LLAMA3_8B, device="cuda")
     mw = gen.model_wrapper
