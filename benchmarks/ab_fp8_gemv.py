@@ -48,7 +48,8 @@ def new_variants(M: int, smoke: bool) -> dict:
     """name -> KernelConfig overrides of the new kernel swept at M tokens (a compile each). "default"
     is KernelConfig's own; fp8_gemv_tile counts weights x tokens ("t32k" holds 16k weights at 2
     tokens). "seg": rows as power-of-2 segments (fp8_gemv_segments: down's 14336 columns unpadded);
-    "wide ...": down's own chunk / tile / warps (fp8_gemv_wide_*, rows wider than 8192)."""
+    "wide ...": down's own chunk / tile / warps (fp8_gemv_wide_*, rows wider than 8192); "r2 t16k": programs
+    of two row blocks of 16k weights in turn (fp8_gemv_rounds / fp8_gemv_wide_rounds)."""
     if smoke:
         return {"default": {}, "t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
                 "seg t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_segments=True,
@@ -56,16 +57,22 @@ def new_variants(M: int, smoke: bool) -> dict:
     seg = dict(fp8_gemv_segments=True)
     out = {"default": {}, "seg": seg}
     if M == 1:
-        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t8k w4": dict(fp8_gemv_tile=8192)})
+        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t8k w4": dict(fp8_gemv_tile=8192),
+                    "r2 t16k": dict(fp8_gemv_rounds=2, fp8_gemv_tile=16384),
+                    "r4 t8k": dict(fp8_gemv_rounds=4, fp8_gemv_tile=8192)})
         wide = {"ch32": dict(fp8_gemv_wide_chunk=32), "t16k": dict(fp8_gemv_wide_tile=16384),
                 "t64k": dict(fp8_gemv_wide_tile=65536), "w8": dict(fp8_gemv_wide_warps=8),
+                "r2 t16k": dict(fp8_gemv_wide_rounds=2, fp8_gemv_wide_tile=16384),
+                "r4 t8k": dict(fp8_gemv_wide_rounds=4, fp8_gemv_wide_tile=8192),
                 "t64k w8": dict(fp8_gemv_wide_tile=65536, fp8_gemv_wide_warps=8),
                 "ch32 t64k w8": dict(fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536, fp8_gemv_wide_warps=8)}
     else:
-        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t64k w4": dict(fp8_gemv_tile=65536)})
+        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t64k w4": dict(fp8_gemv_tile=65536),
+                    "r2 t16k": dict(fp8_gemv_rounds=2, fp8_gemv_tile=16384)})
         wide = {"t64k": dict(fp8_gemv_wide_tile=65536), "t128k w8": dict(fp8_gemv_wide_tile=131072,
                                                                            fp8_gemv_wide_warps=8),
-                "w8": dict(fp8_gemv_wide_warps=8), "ch32 t64k": dict(fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536)}
+                "w8": dict(fp8_gemv_wide_warps=8), "ch32 t64k": dict(fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536),
+                "r2 t32k": dict(fp8_gemv_wide_rounds=2, fp8_gemv_wide_tile=32768)}
     out.update({f"seg wide {k}": {**seg, **v} for k, v in wide.items()})
     return out
 

@@ -165,6 +165,11 @@ class KernelConfig:
     fp8_gemv_wide_tile: int = 32768
     fp8_gemv_wide_warps: int = 4
     fp8_gemv_wide_max_tokens: int = 2
+    # row blocks a program takes in turn (fp8_gemv_tile weights each), the next block's loads issued before
+    # the products of the one before: after the PDL wait a program's loads stream while it computes (its
+    # registers hold two blocks; 1: one block, all of it loaded before the wait). Not with add_norm.
+    fp8_gemv_rounds: int = 1
+    fp8_gemv_wide_rounds: int = 1
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
     fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:

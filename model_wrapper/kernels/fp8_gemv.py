@@ -25,6 +25,11 @@ programs an SM). fp8_gemv_segments holds such a row as up to three power-of-2 se
 after it (127 registers; the sum over a row's chunks then runs in another order: fp32 rounding). Rows
 wider than fp8_gemv_wide_k take their own chunk, tile, warps and token bound (fp8_gemv_wide_*).
 
+fp8_gemv_rounds (fp8_gemv_wide_rounds): a program takes that many blocks of BLOCK_N rows in turn,
+issuing block j + 1's loads before block j's products, so that after the PDL wait its loads keep
+streaming while it computes (with one block, every resident program computes at once after the
+wait and none loads); its registers hold two blocks. Not with add_norm (one block).
+
 add_norm: the residual add + RMSNorm before the projection in the prologue, as kernels/gemv.py
 does it (every program normalizes the rows from h and the residual, program 0 writes h + residual
 out of place); the sum of squares runs over the [chunks, CH] layout of x here.
@@ -117,28 +122,24 @@ def _seg_dots(x_row, w, wu, s, su, K: tl.constexpr, C0: tl.constexpr, NS: tl.con
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_s,
-                     stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
-                     NCH: tl.constexpr, NCH1: tl.constexpr, NCH2: tl.constexpr, M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr,
-                     PDL: tl.constexpr):
-    # A row is up to three segments of NCH, NCH1, NCH2 chunks (powers of 2; NCH1 / NCH2 0: absent) of
-    # CH columns. Unpadded (gemv_segments): they add up to K / CH. Padded: one segment, K / CH chunks
-    # padded to a power of 2, the chunks past K masked. CH divides K and the group, so a chunk is all
-    # in or all out (the mask is constant along it: 16-byte loads) and has one scale. Rows past N read
-    # row 0 and are not stored. SILU as in kernels/gemv.py: gate rows [0, N), up rows [N, 2N) of the
-    # weight, scales and bias. NORM: one segment (the prologue normalizes the row as one tile).
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    live = rows < N
-    safe = tl.where(live, rows, 0).to(tl.int64)
+def _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K: tl.constexpr, GROUP: tl.constexpr,
+                CH: tl.constexpr, NCH: tl.constexpr, NCH1: tl.constexpr, NCH2: tl.constexpr, SILU: tl.constexpr,
+                HAS_BIAS: tl.constexpr):
+    """Everything a block of rows reads before its products: each segment's weights and group scales
+    (_seg_load; 0.0 for an absent segment), the rows' scales without groups, and the bias (0.0 where
+    absent). Rows past N read row 0 (they are not stored)."""
     PER_GROUP: tl.constexpr = GROUP < K
+    safe = tl.where(rows < N, rows, 0).to(tl.int64)
     w0, wu0, s0, su0 = _seg_load(w_ptr, s_ptr, safe, N, stride_w, stride_s, K, GROUP, 0, NCH, CH, SILU, PER_GROUP)
+    w1, wu1, s1, su1 = 0.0, 0.0, 0.0, 0.0
     if NCH1:
         w1, wu1, s1, su1 = _seg_load(w_ptr, s_ptr, safe, N, stride_w, stride_s, K, GROUP, NCH, NCH1, CH, SILU,
                                      PER_GROUP)
+    w2, wu2, s2, su2 = 0.0, 0.0, 0.0, 0.0
     if NCH2:
         w2, wu2, s2, su2 = _seg_load(w_ptr, s_ptr, safe, N, stride_w, stride_s, K, GROUP, NCH + NCH1, NCH2, CH,
                                      SILU, PER_GROUP)
+    s, su, b, bu = 0.0, 0.0, 0.0, 0.0
     if not PER_GROUP:  # one scale a row
         s = tl.load(s_ptr + safe * stride_s)
         if SILU:
@@ -147,17 +148,23 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
         b = tl.load(b_ptr + safe).to(tl.float32)
         if SILU:
             bu = tl.load(b_ptr + N + safe).to(tl.float32)
-    if NORM:  # x is h; the operand is nw * RMSNorm(h + r) (module docstring)
-        ch, cols = _seg_cols(0, NCH, CH)
-        nw = tl.load(nw_ptr + cols, mask=(ch * CH < K)[:, None], other=0.0)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    return w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu
+
+
+@triton.jit
+def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro,
+               w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu, K: tl.constexpr,
+               GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, NCH1: tl.constexpr, NCH2: tl.constexpr,
+               M: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R):
+    """A block's products with each of the M tokens' x (NORM: nw * RMSNorm(x + r), h + r stored to
+    ro where STORE_R), its scales, bias and SiLU epilogue, stored to its rows of o."""
+    PER_GROUP: tl.constexpr = GROUP < K
     dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
         if NORM:
+            ch, cols = _seg_cols(0, NCH, CH)
             xn = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K,
-                                  eps, tl.program_id(0) == 0, False).to(tl.float32)[:, None, :]
+                                  eps, STORE_R, False).to(tl.float32)[:, None, :]
             acc = _row_dots(w0, xn, s0, PER_GROUP)
             up = acc
             if SILU:
@@ -183,7 +190,45 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
             if HAS_BIAS:
                 up += bu
             acc = silu_mul(acc.to(dtype), up.to(dtype))
-        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=rows < N)
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_s,
+                     stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
+                     NCH: tl.constexpr, NCH1: tl.constexpr, NCH2: tl.constexpr, M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                     NORM: tl.constexpr, PDL: tl.constexpr):
+    # A row is up to three segments of NCH, NCH1, NCH2 chunks (powers of 2; NCH1 / NCH2 0: absent) of
+    # CH columns. Unpadded (gemv_segments): they add up to K / CH. Padded: one segment, K / CH chunks
+    # padded to a power of 2, the chunks past K masked. CH divides K and the group, so a chunk is all
+    # in or all out (the mask is constant along it: 16-byte loads) and has one scale. SILU as in
+    # kernels/gemv.py: gate rows [0, N), up rows [N, 2N) of the weight, scales and bias. NORM: one
+    # segment (the prologue normalizes the row as one tile). A program takes ROUNDS blocks of BLOCK_N
+    # rows in turn: block j + 1's loads are issued before block j's products (registers: two blocks),
+    # so that after the PDL wait its loads stream while it computes; the first block loads before it.
+    first = tl.program_id(0) * ROUNDS * BLOCK_N
+    rows = first + tl.arange(0, BLOCK_N)
+    blk = _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K, GROUP, CH, NCH, NCH1, NCH2, SILU,
+                      HAS_BIAS)
+    nw = 0.0
+    if NORM:  # x is h; the operand is nw * RMSNorm(h + r) (module docstring)
+        ch, cols = _seg_cols(0, NCH, CH)
+        nw = tl.load(nw_ptr + cols, mask=(ch * CH < K)[:, None], other=0.0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    for j in tl.static_range(ROUNDS):
+        nxt = blk
+        if j + 1 < ROUNDS:
+            nxt = _block_load(w_ptr, s_ptr, b_ptr, rows + BLOCK_N, N, stride_w, stride_s, K, GROUP, CH, NCH, NCH1,
+                              NCH2, SILU, HAS_BIAS)
+        w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu = blk
+        _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro,
+                   w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu, K, GROUP, CH, NCH, NCH1, NCH2,
+                   M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0))
+        blk = nxt
+        rows += BLOCK_N
 
 
 def gemv_chunk(K: int, group: int, most: int = 16) -> int:
@@ -229,6 +274,7 @@ def gemv_plan(M: int, K: int, group: int, silu: bool, norm: bool = False, cfg: K
     per_row = sum(segs) * ch * (2 if silu else 1) * max(M, 1)
     block_n = triton.next_power_of_2(max(1, tile // per_row) + 1) // 2
     return dict(CH=ch, NCH=segs[0], NCH1=segs[1], NCH2=segs[2], BLOCK_N=block_n,
+                ROUNDS=1 if norm else (cfg.fp8_gemv_wide_rounds if wide else cfg.fp8_gemv_rounds),
                 num_warps=cfg.fp8_gemv_wide_warps if wide else cfg.fp8_gemv_warps)
 
 
@@ -245,7 +291,7 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
     plan = gemv_plan(M, K, group, silu, add_norm is not None, cfg)
     pdl = uses_pdl(x.device, cfg)
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
-    _fp8_gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"]),)](
+    _fp8_gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"] * plan["ROUNDS"]),)](
         x, weight, weight_scale, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), M=M,
         HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None, PDL=pdl, **plan, **launch_args(pdl))

@@ -6,9 +6,8 @@ large for the registers, or a layout that splits a thread's 16 e4m3 bytes into n
 only as time on a GPU. Here the kernel is compiled ahead of time as fp8_gemv launches it for the
 Llama-3-8B projections (qkv, o, gate_up with its SiLU epilogue, down; block scales of 128 and one
 scale a row; qkv and gate_up also with the add + RMSNorm prologue, add_norm; down also with its rows as
-power-of-2 segments, fp8_gemv_segments) at 1 and 2 tokens under the
-default KernelConfig (pointers and strides divisible by
-16, as Triton specializes them at launch), with the ptxas that ships with Triton; cuobjdump reads
+power-of-2 segments, fp8_gemv_segments; qkv and down with two row blocks a program, VARIANTS) at 1 and 2
+tokens under the default KernelConfig (pointers and strides divisible by 16, as Triton specializes them at launch), with the ptxas that ships with Triton; cuobjdump reads
 back its stack (spilled registers) and its SASS the widths of its global loads. In a child process: in this one the kernel may already be an interpreted function.
 """
 
@@ -23,10 +22,17 @@ import tempfile
 
 from sm90_compile import ROOT, run_child
 
+sys.path.insert(0, ROOT)
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
           "down": (4096, 14336, False)}
 NORMED = ("qkv", "gate_up")  # the projections after a norm: compiled with the add_norm prologue too
-SEGMENTED = ("down",)  # K = 14336: compiled with its rows as power-of-2 segments (fp8_gemv_segments) too
+# also compiled under these configs: down (K = 14336) with its rows as power-of-2 segments (fp8_gemv_segments);
+# programs that take two row blocks in turn (fp8_gemv_rounds: registers for two)
+VARIANTS = {"qkv": {"rounds": KernelConfig(fp8_gemv_rounds=2, fp8_gemv_tile=16384)},
+            "down": {"segments": KernelConfig(fp8_gemv_segments=True),
+                     "rounds": KernelConfig(fp8_gemv_segments=True, fp8_gemv_wide_rounds=2, fp8_gemv_wide_tile=16384)}}
 
 
 def _compile_all() -> dict:
@@ -44,12 +50,11 @@ def _compile_all() -> dict:
     cfg = KernelConfig()
     for name, (N, K, silu) in SHAPES.items():
         for group in (128, K):
-            cases = [(m, nm, False) for m in range(1, cfg.fp8_gemv_max_tokens + 1)
-                     for nm in ((False, True) if name in NORMED else (False,))]
-            if name in SEGMENTED:
-                cases += [(m, False, True) for m in range(1, cfg.fp8_gemv_max_tokens + 1)]
-            for M, norm, segments in cases:
-                plan = fp8_gemv.gemv_plan(M, K, group, silu, norm, KernelConfig(fp8_gemv_segments=segments))
+            tokens = range(1, cfg.fp8_gemv_max_tokens + 1)
+            cases = [(m, nm, "") for m in tokens for nm in ((False, True) if name in NORMED else (False,))]
+            cases += [(m, False, variant) for m in tokens for variant in VARIANTS.get(name, ())]
+            for M, norm, variant in cases:
+                plan = fp8_gemv.gemv_plan(M, K, group, silu, norm, VARIANTS[name][variant] if variant else cfg)
                 warps = plan.pop("num_warps")
                 constexprs = dict(K=K, GROUP=group, M=M, HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True, **plan)
                 pointers = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
@@ -72,7 +77,7 @@ def _compile_all() -> dict:
                 for op in re.findall(r"\b(LDG\.E[.\w]*)", sass):
                     loads[op] = loads.get(op, 0) + 1
                 case = f"{name} group={'row' if group == K else group} M={M}{' +norm' if norm else ''}"
-                case += " segments" if segments else ""
+                case += f" {variant}" if variant else ""
                 regs = re.search(r"REG:(\d+)", usage)
                 out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads,
                                  regs=int(regs.group(1)) if regs else None)
@@ -81,7 +86,7 @@ def _compile_all() -> dict:
 
 def test_fp8_gemv_compiles_for_sm90_without_spills_and_with_16_byte_weight_loads():
     built = run_child(__file__)
-    assert len(built) == (len(SHAPES) + len(NORMED) + len(SEGMENTED)) * 2 * 2, sorted(built)
+    assert len(built) == (len(SHAPES) + len(NORMED) + sum(map(len, VARIANTS.values()))) * 2 * 2, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
     assert not spilled, spilled
     for case, r in built.items():

@@ -143,6 +143,7 @@ GEMV_CONFIGS = {"default": KernelConfig(),
                 "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
                 "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8),
                 "segments": KernelConfig(fp8_gemv_segments=True, fp8_gemv_tile=4096),
+                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=2048, fp8_gemv_segments=True),
                 "segments-wide": KernelConfig(fp8_gemv_segments=True, fp8_gemv_wide_k=512, fp8_gemv_wide_chunk=32,
                                               fp8_gemv_wide_tile=8192, fp8_gemv_wide_warps=2)}
 
@@ -155,7 +156,8 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
     of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
     over [gate | up] rows and scales; under several chunks and tiles of the kernel, and rows held as
     power-of-2 segments (K = 1792: 112 chunks of 16 = 64 + 32 + 16; 448 / 16 = 16 + 8 + 4; the
-    other K have more set bits and stay padded), also with the wide-row values."""
+    other K have more set bits and stay padded), also with the wide-row values, and programs that take
+    three row blocks in turn (fp8_gemv_rounds; the last program's blocks partly or wholly past N)."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
                                           (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),
@@ -372,18 +374,24 @@ def test_fp8_gemv_plan_holds_rows_without_padding_and_wide_rows_apart():
     """fp8_gemv's launch plan: Llama-3-8B's down (K = 14336) held padded (1024 chunks of 16) by
     default, as 512 + 256 + 128 chunks with fp8_gemv_segments, padded again with the norm prologue;
     rows wider than fp8_gemv_wide_k take the wide chunk / tile / warps and token bound (fp8.path_for
-    sends a 2-token step over such rows to the skinny kernel when that bound is 1)."""
+    sends a 2-token step over such rows to the skinny kernel when that bound is 1); row blocks a program
+    (ROUNDS) from fp8_gemv_rounds / fp8_gemv_wide_rounds, one with the norm prologue."""
     from model_wrapper.kernels import fp8_gemv
 
     plan = fp8_gemv.gemv_plan
-    assert plan(1, 14336, 128, False) == dict(CH=16, NCH=1024, NCH1=0, NCH2=0, BLOCK_N=2, num_warps=4)
+    assert plan(1, 14336, 128, False) == dict(CH=16, NCH=1024, NCH1=0, NCH2=0, BLOCK_N=2, ROUNDS=1,
+                                                 num_warps=4)
     seg = KernelConfig(fp8_gemv_segments=True)
-    assert plan(1, 14336, 128, False, cfg=seg) == dict(CH=16, NCH=512, NCH1=256, NCH2=128, BLOCK_N=2, num_warps=4)
+    assert plan(1, 14336, 128, False, cfg=seg) == dict(CH=16, NCH=512, NCH1=256, NCH2=128, BLOCK_N=2,
+                                                          ROUNDS=1, num_warps=4)
     assert plan(1, 14336, 128, False, norm=True, cfg=seg)["NCH"] == 1024
-    assert plan(1, 4096, 128, True, cfg=seg) == dict(CH=16, NCH=256, NCH1=0, NCH2=0, BLOCK_N=4, num_warps=4)
+    assert plan(1, 4096, 128, True, cfg=seg) == dict(CH=16, NCH=256, NCH1=0, NCH2=0, BLOCK_N=4, ROUNDS=1,
+                                                      num_warps=4)
     wide = KernelConfig(fp8_gemv_segments=True, fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536,
-                        fp8_gemv_wide_warps=8, fp8_gemv_wide_max_tokens=1)
-    assert plan(2, 14336, 128, False, cfg=wide) == dict(CH=32, NCH=256, NCH1=128, NCH2=64, BLOCK_N=2, num_warps=8)
+                        fp8_gemv_wide_warps=8, fp8_gemv_wide_max_tokens=1, fp8_gemv_wide_rounds=2)
+    assert plan(2, 14336, 128, False, cfg=wide) == dict(CH=32, NCH=256, NCH1=128, NCH2=64, BLOCK_N=2, ROUNDS=2,
+                                                        num_warps=8)
+    assert plan(1, 14336, 128, False, norm=True, cfg=wide)["ROUNDS"] == 1  # (the prologue: one block)
     assert plan(2, 4096, 128, False, cfg=wide)["CH"] == 16
     w, s = make_weight(16, 14336, 128, torch.Generator().manual_seed(3))
     assert fp8.path_for(2, torch.bfloat16, w.device, w, s, 128, wide) == "skinny"
