@@ -32,6 +32,9 @@ class KernelConfig:
     # instead of one tile of K padded to a power of 2 (down's 16384: 1/8 of the threads idle); not with the
     # add + RMSNorm prologue (it normalizes the row as one tile). False: the padded tile (the A/B arm)
     gemv_segments: bool = False
+    # row blocks a program takes in turn (gemv_tile weights each), the next block's loads issued before the
+    # products of the one before (registers: two blocks); 1: one block, loaded before the PDL wait. Not with add_norm
+    gemv_rounds: int = 1
 
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)

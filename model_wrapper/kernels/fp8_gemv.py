@@ -48,6 +48,13 @@ from model_wrapper.kernels.norm import add_rms_norm_row
 
 
 @triton.jit
+def _loads_fence():
+    """A CTA-scope fence: ptxas issues every load before it ahead of it (without it, it sinks the next
+    block's loads into the products of the one before; kernels/moe_gemv.py found the same). CUDA only."""
+    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _chunk_sums(w, x):
     """[chunks, rows, CH] e4m3 times x [chunks, 1, CH] fp32 -> [chunks, rows] fp32."""
     return tl.sum(w.to(tl.float32) * x, axis=2)
@@ -198,7 +205,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
                      stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
                      NCH: tl.constexpr, NCH1: tl.constexpr, NCH2: tl.constexpr, M: tl.constexpr,
                      BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                     NORM: tl.constexpr, PDL: tl.constexpr):
+                     NORM: tl.constexpr, PDL: tl.constexpr, FENCE: tl.constexpr):
     # A row is up to three segments of NCH, NCH1, NCH2 chunks (powers of 2; NCH1 / NCH2 0: absent) of
     # CH columns. Unpadded (gemv_segments): they add up to K / CH. Padded: one segment, K / CH chunks
     # padded to a power of 2, the chunks past K masked. CH divides K and the group, so a chunk is all
@@ -207,6 +214,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
     # segment (the prologue normalizes the row as one tile). A program takes ROUNDS blocks of BLOCK_N
     # rows in turn: block j + 1's loads are issued before block j's products (registers: two blocks),
     # so that after the PDL wait its loads stream while it computes; the first block loads before it.
+    # FENCE (CUDA): a fence after those loads keeps them ahead of the products.
     first = tl.program_id(0) * ROUNDS * BLOCK_N
     rows = first + tl.arange(0, BLOCK_N)
     blk = _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K, GROUP, CH, NCH, NCH1, NCH2, SILU,
@@ -223,6 +231,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
         if j + 1 < ROUNDS:
             nxt = _block_load(w_ptr, s_ptr, b_ptr, rows + BLOCK_N, N, stride_w, stride_s, K, GROUP, CH, NCH, NCH1,
                               NCH2, SILU, HAS_BIAS)
+            if FENCE:
+                _loads_fence()
         w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu = blk
         _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro,
                    w0, wu0, s0, su0, w1, wu1, s1, su1, w2, wu2, s2, su2, s, su, b, bu, K, GROUP, CH, NCH, NCH1, NCH2,
@@ -294,5 +304,6 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
     _fp8_gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"] * plan["ROUNDS"]),)](
         x, weight, weight_scale, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), M=M,
-        HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None, PDL=pdl, **plan, **launch_args(pdl))
+        HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None, PDL=pdl,
+        FENCE=x.is_cuda and plan["ROUNDS"] > 1, **plan, **launch_args(pdl))
     return out

@@ -56,7 +56,8 @@ def _compile_all() -> dict:
             for M, norm, variant in cases:
                 plan = fp8_gemv.gemv_plan(M, K, group, silu, norm, VARIANTS[name][variant] if variant else cfg)
                 warps = plan.pop("num_warps")
-                constexprs = dict(K=K, GROUP=group, M=M, HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True, **plan)
+                constexprs = dict(K=K, GROUP=group, M=M, HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True,
+                                  FENCE=plan["ROUNDS"] > 1, **plan)
                 pointers = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
                                 r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16")
                 sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")

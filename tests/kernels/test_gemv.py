@@ -89,10 +89,10 @@ def test_rows_held_as_power_of_2_segments():
 
     assert pow2_parts(14336) == (8192, 4096, 2048) and pow2_parts(4096) == (4096,) and pow2_parts(1000) is None
     seg = KernelConfig(gemv_segments=True, gemv_tile=4096, gemv_warps=4)
-    assert gemv_plan(14336, False, cfg=seg) == dict(KP=8192, KP1=4096, KP2=2048, BLOCK_N=1)
+    assert gemv_plan(14336, False, cfg=seg) == dict(KP=8192, KP1=4096, KP2=2048, BLOCK_N=1, ROUNDS=1)
     assert gemv_plan(14336, False, cfg=KernelConfig())["KP"] == 16384
     assert gemv_plan(14336, False, norm=True, cfg=seg)["KP"] == 16384
-    assert gemv_plan(1000, False, cfg=seg) == dict(KP=1024, KP1=0, KP2=0, BLOCK_N=4)
+    assert gemv_plan(1000, False, cfg=seg) == dict(KP=1024, KP1=0, KP2=0, BLOCK_N=4, ROUNDS=1)
     g = torch.Generator().manual_seed(5)
     for T, N, K, bias, silu in ((1, 9, 1792, True, False), (2, 6, 1792, False, True), (1, 5, 1000, True, False)):
         w = (torch.randn((2 if silu else 1) * N, K, generator=g) / K**0.5).to(DEVICE, torch.float32)
@@ -103,5 +103,27 @@ def test_rows_held_as_power_of_2_segments():
             gate, up = want.chunk(2, dim=-1)
             want = torch.nn.functional.silu(gate) * up
         got = tops.gemv(x, w, b, silu=silu, cfg=seg)
+        assert got.shape == (T, N)
+        assert rel_err(got.double(), want) < TOL[torch.float32], (T, N, K)
+
+
+def test_programs_of_several_row_blocks():
+    """gemv_rounds: a program takes row blocks in turn (the next block's loads before the products of
+    the one before), the last program's blocks partly or wholly past N; with a bias, the SiLU epilogue
+    and segments: still the float64 product; one block with the norm prologue."""
+    from model_wrapper.kernels.gemv import gemv_plan
+
+    cfg = KernelConfig(gemv_rounds=3, gemv_tile=1024, gemv_warps=4, gemv_segments=True)
+    assert gemv_plan(448, False, cfg=cfg)["ROUNDS"] == 3 and gemv_plan(448, False, norm=True, cfg=cfg)["ROUNDS"] == 1
+    g = torch.Generator().manual_seed(6)
+    for T, N, K, bias, silu in ((1, 11, 448, True, False), (2, 7, 448, False, True), (2, 25, 300, True, True)):
+        w = (torch.randn((2 if silu else 1) * N, K, generator=g) / K**0.5).to(DEVICE, torch.float32)
+        b = torch.randn(w.shape[0], generator=g).to(DEVICE, torch.float32) if bias else None
+        x = torch.randn(T, K, generator=g).to(DEVICE, torch.float32)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        if silu:
+            gate, up = want.chunk(2, dim=-1)
+            want = torch.nn.functional.silu(gate) * up
+        got = tops.gemv(x, w, b, silu=silu, cfg=cfg)
         assert got.shape == (T, N)
         assert rel_err(got.double(), want) < TOL[torch.float32], (T, N, K)

@@ -5,7 +5,7 @@ The prologue holds the norm weight's row beside the weights' tile and reduces h 
 in every program: the interpreter (test_norm_prologue.py) checks its arithmetic, not whether the
 registers still hold the tile. Each case is compiled ahead of time as gemv launches it for the
 Llama-3-8B projections that follow a norm (qkv; gate_up with its SiLU epilogue; and down, K = 14336,
-padded and as power-of-2 segments, gemv_segments) at 1 and 2 tokens
+padded and as power-of-2 segments, gemv_segments; qkv and down with two row blocks a program) at 1 and 2 tokens
 under the default KernelConfig, with the ptxas that ships with Triton; cuobjdump reads back its stack
 (spilled registers). In a child process: in this one the kernel may already be an interpreted function.
 """
@@ -21,8 +21,15 @@ import tempfile
 
 from sm90_compile import ROOT, compile_sm90, run_child
 
+sys.path.insert(0, ROOT)
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096, False), "gate_up": (28672, 4096, True), "down": (4096, 14336, False)}
-SEGMENTED = ("down",)  # also compiled with its rows as power-of-2 segments (gemv_segments)
+# also compiled under these configs: down with its rows as power-of-2 segments (gemv_segments); programs of
+# two row blocks in turn (gemv_rounds: registers for two)
+VARIANTS = {"qkv": {"rounds": KernelConfig(gemv_rounds=2, gemv_tile=8192)},
+            "down": {"segments": KernelConfig(gemv_segments=True),
+                     "rounds": KernelConfig(gemv_segments=True, gemv_rounds=2)}}
 
 
 def _compile_all() -> dict:
@@ -48,14 +55,13 @@ def _compile_all() -> dict:
                     ro_ptr="*bf16")
     for name, (N, K, silu) in SHAPES.items():
         for M in range(1, cfg.gemv_max_tokens + 1):
-            for add_norm, segments in ((False, False), (True, False), (False, True)):
-                if segments and name not in SEGMENTED:
-                    continue
-                plan = gemv.gemv_plan(K, silu, add_norm, KernelConfig(gemv_segments=segments))
-                constexprs = dict(K=K, M=M, HAS_BIAS=False, SILU=silu, NORM=add_norm, PDL=True, **plan)
+            for add_norm, variant in [(False, ""), (True, "")] + [(False, v) for v in VARIANTS.get(name, ())]:
+                plan = gemv.gemv_plan(K, silu, add_norm, VARIANTS[name][variant] if variant else cfg)
+                constexprs = dict(K=K, M=M, HAS_BIAS=False, SILU=silu, NORM=add_norm, PDL=True,
+                                  FENCE=plan["ROUNDS"] > 1, **plan)
                 kernel = compile_sm90(gemv._gemv_kernel, pointers, constexprs, ("eps",), num_warps=cfg.gemv_warps,
                                       num_stages=1)
-                out[f"{name} M={M}{' +norm' if add_norm else ''}{' segments' if segments else ''}"] = stack(kernel)
+                out[f"{name} M={M}{' +norm' if add_norm else ''}{' ' + variant if variant else ''}"] = stack(kernel)
     kernel = compile_sm90(norm._add_rms_norm_kernel, dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16"),
                           dict(BLOCK=4096, PDL=True), ("eps",), num_warps=8, num_stages=1)
     out["add_rms_norm"] = stack(kernel)
@@ -64,7 +70,7 @@ def _compile_all() -> dict:
 
 def test_gemv_compiles_for_sm90_without_spills_with_and_without_the_norm_prologue():
     built = run_child(__file__, "cuobjdump")
-    assert len(built) == (len(SHAPES) * 2 + len(SEGMENTED)) * 2 + 1, sorted(built)
+    assert len(built) == (len(SHAPES) * 2 + sum(map(len, VARIANTS.values()))) * 2 + 1, sorted(built)
     assert {case: s for case, s in built.items() if s} == {}
 
 
