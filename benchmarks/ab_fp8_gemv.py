@@ -7,9 +7,9 @@ the dequantized weight, and the floor of the bytes each must read.
     python benchmarks/ab_fp8_gemv.py --smoke --out /tmp/ab   # CPU, Triton's interpreter, tiny shapes
 
 Shapes as a decode step runs them: qkv 6144x4096, o 4096x4096, gate_up 28672x4096 with its SiLU
-epilogue, down 4096x14336. Rows named by KernelConfig overrides (new_variants: "default", tiles and
-warps, "seg" = rows as power-of-2 segments, "seg wide ..." = down's own chunk / tile / warps; the
-session-32 kernel with --old; session 33 also timed a "bits" conversion since removed, RESULTS.md). Each
+epilogue, down 4096x14336. Rows named by KernelConfig overrides (new_variants: "default", tiles,
+warps and chunks; the session-32 kernel with --old; session 33 also timed a "bits" conversion since
+removed, RESULTS.md). Each
 time is bench_fp8_gemm's: the median CUDA-graph replay of calls rotating over weight copies of
 > 256 MB together (no L2 reuse), per call; consecutive calls in the graph overlap through PDL as
 a decode step's projections do. floor = (e4m3 weight + scales + x + y bytes) / the copy bandwidth
@@ -47,33 +47,17 @@ TOKENS = (1, 2, 4)
 def new_variants(M: int, smoke: bool) -> dict:
     """name -> KernelConfig overrides of the new kernel swept at M tokens (a compile each). "default"
     is KernelConfig's own; fp8_gemv_tile counts weights x tokens ("t32k" holds 16k weights at 2
-    tokens). "seg": rows as power-of-2 segments (fp8_gemv_segments: down's 14336 columns unpadded);
-    "wide ...": down's own chunk / tile / warps (fp8_gemv_wide_*, rows wider than 8192); "r2 t16k": programs
-    of two row blocks of 16k weights in turn (fp8_gemv_rounds / fp8_gemv_wide_rounds)."""
+    tokens). (Session 35 also timed rows held as power-of-2 segments and down's own chunk / tile /
+    warps: benchmarks/RESULTS.md.)"""
     if smoke:
         return {"default": {}, "t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
-                "seg t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_segments=True,
-                                   fp8_gemv_wide_k=256, fp8_gemv_wide_tile=2048, fp8_gemv_wide_chunk=32)}
-    seg = dict(fp8_gemv_segments=True)
-    out = {"default": {}, "seg": seg}
+                "t1k w2 ch8": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_chunk=8)}
+    out = {"default": {}, "t16k w4": dict(fp8_gemv_tile=16384)}
     if M == 1:
-        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t8k w4": dict(fp8_gemv_tile=8192),
-                    "r2 t16k": dict(fp8_gemv_rounds=2, fp8_gemv_tile=16384),
-                    "r4 t8k": dict(fp8_gemv_rounds=4, fp8_gemv_tile=8192)})
-        wide = {"ch32": dict(fp8_gemv_wide_chunk=32), "t16k": dict(fp8_gemv_wide_tile=16384),
-                "t64k": dict(fp8_gemv_wide_tile=65536), "w8": dict(fp8_gemv_wide_warps=8),
-                "r2 t16k": dict(fp8_gemv_wide_rounds=2, fp8_gemv_wide_tile=16384),
-                "r4 t8k": dict(fp8_gemv_wide_rounds=4, fp8_gemv_wide_tile=8192),
-                "t64k w8": dict(fp8_gemv_wide_tile=65536, fp8_gemv_wide_warps=8),
-                "ch32 t64k w8": dict(fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536, fp8_gemv_wide_warps=8)}
+        out.update({"t8k w4": dict(fp8_gemv_tile=8192), "t32k w8": dict(fp8_gemv_warps=8),
+                    "t32k w4 ch32": dict(fp8_gemv_chunk=32)})
     else:
-        out.update({"t16k w4": dict(fp8_gemv_tile=16384), "t64k w4": dict(fp8_gemv_tile=65536),
-                    "r2 t16k": dict(fp8_gemv_rounds=2, fp8_gemv_tile=16384)})
-        wide = {"t64k": dict(fp8_gemv_wide_tile=65536), "t128k w8": dict(fp8_gemv_wide_tile=131072,
-                                                                           fp8_gemv_wide_warps=8),
-                "w8": dict(fp8_gemv_wide_warps=8), "ch32 t64k": dict(fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536),
-                "r2 t32k": dict(fp8_gemv_wide_rounds=2, fp8_gemv_wide_tile=32768)}
-    out.update({f"seg wide {k}": {**seg, **v} for k, v in wide.items()})
+        out.update({"t64k w4": dict(fp8_gemv_tile=65536)})
     return out
 
 
@@ -128,15 +112,10 @@ def main():
             if M <= 2 and args.old:  # (its path's bound)
                 variants["old (session 32)"] = lambda i: old_fp8_gemv(x, ws[i], ss[i], group, silu)
             for name, over in new_variants(M, args.smoke).items():
-                if name.startswith("seg wide") and K <= dataclasses.replace(base, **over).fp8_gemv_wide_k:
-                    continue  # (the same kernel as "seg" on rows this narrow)
                 c = dataclasses.replace(base, **over)
                 variants[name] = (lambda c: lambda i: fp8.fp8_gemv(x, ws[i], ss[i], group, silu=silu, cfg=c))(c)
             variants["skinny"] = lambda i: fp8.fp8_skinny(x, ws[i], ss[i], group, silu=silu, cfg=base)
             variants["bf16"] = (lambda i: bf16["silu"](x, wb[i])) if silu else (lambda i: bf16["linear"](x, wb[i]))
-            if M <= base.gemv_max_tokens and not args.smoke:  # the bf16 GEMV with its rows as segments
-                b16 = bf16_projections(device, dataclasses.replace(base, gemv_segments=True))
-                variants["bf16 seg"] = (lambda f: (lambda i: f(x, wb[i])))(b16["silu"] if silu else b16["linear"])
             for name, fn in variants.items():
                 try:
                     sec = time_calls(torch, fn, len(ws), device)

@@ -140,9 +140,7 @@ def projections_ms(mw, T, linear) -> float:
 
 PER_PROJECTION = {"8B qkv": (6144, 4096, False), "8B o": (4096, 4096, False), "8B gate_up+silu": (28672, 4096, True),
                   "8B down": (4096, 14336, False), "30B-A3B qkv": (5120, 2048, False), "30B-A3B o": (2048, 4096, False)}
-GEMV_VARIANTS = {"default": {}, "seg": dict(gemv_segments=True), "t8k": dict(gemv_tile=8192),
-                 "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4), "r2 t8k": dict(gemv_rounds=2, gemv_tile=8192),
-                 "seg r2": dict(gemv_segments=True, gemv_rounds=2), "r4 t4k": dict(gemv_rounds=4, gemv_tile=4096)}
+GEMV_VARIANTS = {"default": {}, "t8k": dict(gemv_tile=8192), "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4)}
 
 
 def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:

@@ -28,13 +28,6 @@ class KernelConfig:
     gemv_tile: int = 16384  # weights a program holds in registers (8k / 32k within noise)
     gemv_warps: int = 8
     gemv_max_k: int = 32768  # widest row a program holds; wider rows go to cuBLAS
-    # a row of K columns held as up to three power-of-2 segments (K's set bits: 14336 = 8192 + 4096 + 2048)
-    # instead of one tile of K padded to a power of 2 (down's 16384: 1/8 of the threads idle); not with the
-    # add + RMSNorm prologue (it normalizes the row as one tile). False: the padded tile (the A/B arm)
-    gemv_segments: bool = False
-    # row blocks a program takes in turn (gemv_tile weights each), the next block's loads issued before the
-    # products of the one before (registers: two blocks); 1: one block, loaded before the PDL wait. Not with add_norm
-    gemv_rounds: int = 1
 
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
@@ -158,21 +151,10 @@ class KernelConfig:
     fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
-    # a row as up to three power-of-2 segments of chunks (down: 14336 / 16 = 512 + 256 + 128 chunks) instead
-    # of K / chunk chunks padded to a power of 2 (1024: 2048 padded columns); not with the add_norm prologue
-    fp8_gemv_segments: bool = False
-    # rows wider than fp8_gemv_wide_k (down: K = 14336 against 4096 elsewhere) take their own chunk, tile,
-    # warps and token bound (beyond it: the skinny kernel)
+    # rows wider than fp8_gemv_wide_k (down, K = 14336) take the GEMV up to fp8_gemv_wide_max_tokens tokens, the
+    # skinny kernel beyond (H100, ab_fp8_gemv.py, 8B down at 2 tokens: GEMV 47.4 us, skinny 37.3; at 1: 24.5 / 37.9)
     fp8_gemv_wide_k: int = 8192
-    fp8_gemv_wide_chunk: int = 16
-    fp8_gemv_wide_tile: int = 32768
-    fp8_gemv_wide_warps: int = 4
     fp8_gemv_wide_max_tokens: int = 2
-    # row blocks a program takes in turn (fp8_gemv_tile weights each), the next block's loads issued before
-    # the products of the one before: after the PDL wait a program's loads stream while it computes (its
-    # registers hold two blocks; 1: one block, all of it loaded before the wait). Not with add_norm.
-    fp8_gemv_rounds: int = 1
-    fp8_gemv_wide_rounds: int = 1
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
     fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:
@@ -237,8 +219,6 @@ class KernelConfig:
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")
-        for name in ("fp8_gemv_chunk", "fp8_gemv_wide_chunk"):
-            got = getattr(self, name)
-            if got < 1 or got & (got - 1):
-                raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.{name}: expected a power of 2, "
-                                     f"got {got!r}")
+        if self.fp8_gemv_chunk < 1 or self.fp8_gemv_chunk & (self.fp8_gemv_chunk - 1):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_chunk: expected a power of 2, "
+                                 f"got {self.fp8_gemv_chunk!r}")

@@ -6,14 +6,6 @@ then waits for the kernel that wrote x (PDL), so the weights of the next project
 while the one before drains (benchmarks/ab_gemv.py: at 1-2 tokens near the copy bandwidth,
 ahead of cuBLAS). fp32 sums, one rounding.
 
-gemv_segments: a row of K columns held as up to three power-of-2 segments (K's set bits, 14336 =
-8192 + 4096 + 2048) instead of one tile of K padded to a power of 2 (16384: 1/8 of the threads hold
-only masked-out columns); each segment loaded before the PDL wait, their sums added after it.
-
-gemv_rounds: a program takes that many blocks of BLOCK_N rows in turn, issuing block j + 1's loads
-before block j's products, so that after the PDL wait its loads keep streaming while it computes;
-its registers hold two blocks. Not with add_norm (one block).
-
 add_norm (KernelConfig.gemv_add_norm): x is the previous block's output h and the GEMV's operand
 is weight * RMSNorm(h + residual), computed in the prologue by every program (its K columns of
 h and residual, 2 x 8 KB at hidden 4096, from L2) with kernels/norm.add_rms_norm_row, the
@@ -33,136 +25,45 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.norm import add_rms_norm_row
 
 
-def pow2_parts(n: int, most: int = 3) -> tuple | None:
-    """n as the sum of at most `most` powers of 2, largest first (its set bits: 14336 = 8192 + 4096
-    + 2048), or None (more set bits, or n < 1). A GEMV row held as such segments has no padded
-    columns (a power-of-2 tile of 16384 columns for 14336 leaves 1/8 of the registers and threads idle)."""
-    parts = tuple(1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1) if n > 0 else ()
-    return parts if 0 < len(parts) <= most else None
-
-
 @triton.jit
-def _loads_fence():
-    """A CTA-scope fence: ptxas issues every load before it ahead of it (without it, it sinks the next
-    block's loads into the products of the one before; kernels/moe_gemv.py found the same). CUDA only."""
-    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _seg_load(w_ptr, rows, live, N, stride_w, K: tl.constexpr, C0: tl.constexpr, NS: tl.constexpr,
-              SILU: tl.constexpr):
-    """The rows' columns [C0, C0 + NS) -> w, wu [BLOCK_N, NS] (wu: the up rows with SILU, else w);
-    columns at or past K (the padded layout) load zeros."""
-    cols = C0 + tl.arange(0, NS)
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_o, stride_r,
+                 stride_ro, K: tl.constexpr, KP: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    # SILU: W is gate_up [2N, K]; output column n is silu(x @ W[n]) * (x @ W[N + n]), each product
+    # rounded to the output dtype first (as the unfused GEMM, then silu_and_mul)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, KP)
+    live = rows < N
     wm = live[:, None] & (cols < K)[None, :]
     w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
     w = tl.load(w_rows, mask=wm, other=0.0)
-    wu = w
     if SILU:
         wu = tl.load(w_rows + N * stride_w, mask=wm, other=0.0)
-    return w, wu
-
-
-@triton.jit
-def _seg_dots(x_row, w, wu, K: tl.constexpr, C0: tl.constexpr, NS: tl.constexpr, SILU: tl.constexpr):
-    """One token's x over columns [C0, C0 + NS) times a segment's rows -> gate (or only) and up sums
-    [BLOCK_N] fp32 (up: the gate's again without SILU)."""
-    cols = C0 + tl.arange(0, NS)
-    x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    up = acc
-    if SILU:
-        up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
-    return acc, up
-
-
-@triton.jit
-def _block_load(w_ptr, b_ptr, rows, N, stride_w, K: tl.constexpr, KP: tl.constexpr, KP1: tl.constexpr,
-                KP2: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Everything a block of rows reads before its products: each segment's weights (_seg_load; 0.0
-    for an absent segment) and the bias (0.0 where absent)."""
-    live = rows < N
-    w0, wu0 = _seg_load(w_ptr, rows, live, N, stride_w, K, 0, KP, SILU)
-    w1, wu1, w2, wu2, b, bu = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    if KP1:
-        w1, wu1 = _seg_load(w_ptr, rows, live, N, stride_w, K, KP, KP1, SILU)
-    if KP2:
-        w2, wu2 = _seg_load(w_ptr, rows, live, N, stride_w, K, KP + KP1, KP2, SILU)
     if HAS_BIAS:
         b = tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)
         if SILU:
             bu = tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)
-    return w0, wu0, w1, wu1, w2, wu2, b, bu
-
-
-@triton.jit
-def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w0, wu0, w1,
-               wu1, w2, wu2, b, bu, K: tl.constexpr, KP: tl.constexpr, KP1: tl.constexpr, KP2: tl.constexpr,
-               M: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R):
-    """A block's products with each of the M tokens' x (NORM: nw * RMSNorm(x + r), h + r stored to ro
-    where STORE_R), its bias and SiLU epilogue, stored to its rows of o."""
-    dtype = o_ptr.dtype.element_ty
-    for m in tl.static_range(M):
-        if NORM:
-            cols = tl.arange(0, KP)
-            x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
-                                 STORE_R, True).to(tl.float32)
-            acc = tl.sum(w0.to(tl.float32) * x[None, :], axis=1)
-            up = acc
-            if SILU:
-                up = tl.sum(wu0.to(tl.float32) * x[None, :], axis=1)
-        else:
-            acc, up = _seg_dots(x_ptr + m * stride_x, w0, wu0, K, 0, KP, SILU)
-            if KP1:
-                a1, u1 = _seg_dots(x_ptr + m * stride_x, w1, wu1, K, KP, KP1, SILU)
-                acc += a1
-                up += u1
-            if KP2:
-                a2, u2 = _seg_dots(x_ptr + m * stride_x, w2, wu2, K, KP + KP1, KP2, SILU)
-                acc += a2
-                up += u2
-        if HAS_BIAS:
-            acc += b
-        if SILU:
-            if HAS_BIAS:
-                up += bu
-            acc = silu_mul(acc.to(dtype), up.to(dtype))
-        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=rows < N)
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_o, stride_r,
-                 stride_ro, K: tl.constexpr, KP: tl.constexpr, KP1: tl.constexpr, KP2: tl.constexpr, M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                 NORM: tl.constexpr, PDL: tl.constexpr, FENCE: tl.constexpr):
-    # A row is up to three segments of KP, KP1, KP2 columns (powers of 2; KP1 / KP2 0: absent).
-    # Unpadded (gemv_segments) they add up to K; padded: one segment, K padded to a power of 2,
-    # the columns past K masked. NORM: one segment (the prologue normalizes the row as one tile).
-    # SILU: W is gate_up [2N, K]; output column n is silu(x @ W[n]) * (x @ W[N + n]), each product
-    # rounded to the output dtype first (as the unfused GEMM, then silu_and_mul). A program takes
-    # ROUNDS blocks of BLOCK_N rows in turn, block j + 1's loads issued before block j's products
-    # (FENCE, CUDA: a fence after them keeps them there).
-    rows = tl.program_id(0) * ROUNDS * BLOCK_N + tl.arange(0, BLOCK_N)
-    blk = _block_load(w_ptr, b_ptr, rows, N, stride_w, K, KP, KP1, KP2, SILU, HAS_BIAS)
-    nw = 0.0
     if NORM:  # NORM: x is h; the operand is nw * RMSNorm(h + r) (module docstring)
-        cols = tl.arange(0, KP)
         nw = tl.load(nw_ptr + cols, mask=cols < K, other=0.0)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete
-    for j in tl.static_range(ROUNDS):
-        nxt = blk
-        if j + 1 < ROUNDS:
-            nxt = _block_load(w_ptr, b_ptr, rows + BLOCK_N, N, stride_w, K, KP, KP1, KP2, SILU, HAS_BIAS)
-            if FENCE:
-                _loads_fence()
-        w0, wu0, w1, wu1, w2, wu2, b, bu = blk
-        _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w0, wu0,
-                   w1, wu1, w2, wu2, b, bu, K, KP, KP1, KP2, M, HAS_BIAS, SILU, NORM,
-                   (tl.program_id(0) == 0) & (j == 0))
-        blk = nxt
-        rows += BLOCK_N
+    dtype = o_ptr.dtype.element_ty
+    for m in tl.static_range(M):
+        if NORM:
+            x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
+                                 tl.program_id(0) == 0, True).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + m * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if HAS_BIAS:
+            acc += b
+        if SILU:
+            up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+            if HAS_BIAS:
+                up += bu
+            acc = silu_mul(acc.to(dtype), up.to(dtype))
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
 
 
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor, cfg: KernelConfig = DEFAULT) -> bool:
@@ -171,18 +72,6 @@ def gemv_fits(x: torch.Tensor, weight: torch.Tensor, cfg: KernelConfig = DEFAULT
     return (x.dim() == 2 and 0 < x.shape[0] <= cfg.gemv_max_tokens and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and x.stride(-1) == 1
             and weight.stride(-1) == 1 and x.shape[1] == weight.shape[1] <= cfg.gemv_max_k)
-
-
-def gemv_plan(K: int, silu: bool, norm: bool = False, cfg: KernelConfig = DEFAULT) -> dict:
-    """The kernel's KP, KP1, KP2 (a row's segments, gemv_segments and no norm prologue: K's set bits
-    when at most three; else K padded to a power of 2), BLOCK_N (gemv_tile weights over a held row,
-    gate and up rows counted, a power of 2 at least 1) and ROUNDS (gemv_rounds; 1 with the norm)."""
-    segs = pow2_parts(K) if cfg.gemv_segments and not norm else None
-    segs = tuple(segs or (triton.next_power_of_2(K),)) + (0, 0)
-    held = sum(segs[:3]) * (2 if silu else 1)
-    return dict(KP=segs[0], KP1=segs[1], KP2=segs[2],
-                BLOCK_N=triton.next_power_of_2(max(1, cfg.gemv_tile // held) + 1) // 2,
-                ROUNDS=1 if norm else cfg.gemv_rounds)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu: bool = False,
@@ -196,12 +85,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     T, K = x.shape
     N = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
-    plan = gemv_plan(K, silu, add_norm is not None, cfg)
+    kp = triton.next_power_of_2(K)
+    block_n = max(1, cfg.gemv_tile // kp // (2 if silu else 1))  # weights a program holds: gemv_tile
     pdl = uses_pdl(x.device, cfg)
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
-    _gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"] * plan["ROUNDS"]),)](
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
-        out.stride(0), r.stride(0), r_out.stride(0), K=K, M=T, HAS_BIAS=bias is not None, SILU=silu,
-        NORM=add_norm is not None, PDL=pdl, FENCE=x.is_cuda and plan["ROUNDS"] > 1, num_warps=cfg.gemv_warps, **plan,
-        **launch_args(pdl))
+        out.stride(0), r.stride(0), r_out.stride(0), K=K, KP=kp, M=T, BLOCK_N=block_n, HAS_BIAS=bias is not None,
+        SILU=silu, NORM=add_norm is not None, PDL=pdl, num_warps=cfg.gemv_warps, **launch_args(pdl))
     return out

@@ -141,11 +141,7 @@ def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
 
 GEMV_CONFIGS = {"default": KernelConfig(),
                 "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
-                "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8),
-                "segments": KernelConfig(fp8_gemv_segments=True, fp8_gemv_tile=4096),
-                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=2048, fp8_gemv_segments=True),
-                "segments-wide": KernelConfig(fp8_gemv_segments=True, fp8_gemv_wide_k=512, fp8_gemv_wide_chunk=32,
-                                              fp8_gemv_wide_tile=8192, fp8_gemv_wide_warps=2)}
+                "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8)}
 
 
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS.values(), ids=GEMV_CONFIGS.keys())
@@ -154,15 +150,11 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
     """The "gemv" path (one to four tokens): x unquantized, W dequantized per row and group; groups
     of 128 with K not a multiple of 128 (nor of 16), one group a row, groups of 32 and 48 (chunks
     of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
-    over [gate | up] rows and scales; under several chunks and tiles of the kernel, and rows held as
-    power-of-2 segments (K = 1792: 112 chunks of 16 = 64 + 32 + 16; 448 / 16 = 16 + 8 + 4; the
-    other K have more set bits and stay padded), also with the wide-row values, and programs that take
-    three row blocks in turn (fp8_gemv_rounds; the last program's blocks partly or wholly past N)."""
+    over [gate | up] rows and scales; under several chunks and tiles of the kernel."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
                                           (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),
-                                          (4, 5, 392, 392, True, False), (3, 24, 480, 48, False, True),
-                                          (1, 7, 1792, 128, True, False), (2, 10, 448, 64, False, True)):
+                                          (4, 5, 392, 392, True, False), (3, 24, 480, 48, False, True)):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
@@ -236,7 +228,8 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM, beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
-    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
+    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere; rows wider
+    than fp8_gemv_wide_k take the GEMV up to fp8_gemv_wide_max_tokens tokens. Off CUDA
     fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
     quantized beyond."""
     g = torch.Generator().manual_seed(4)
@@ -252,6 +245,9 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
     assert path(1, dtype=torch.float32) == "reference"
     assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
+    wide = KernelConfig(fp8_gemv_wide_k=128, fp8_gemv_wide_max_tokens=1)  # rows of 256 count as wide (down's bound)
+    assert [path(M, wide) for M in (1, 2, 3)] == ["gemv", "skinny", "skinny"]
+    assert [path(M, KernelConfig(fp8_gemv_wide_max_tokens=1)) for M in (1, 2)] == ["gemv", "gemv"]  # 256 <= 8192
     for M in (2, big + 1):
         x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
         assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
@@ -368,32 +364,3 @@ def test_fp8_weight_only_paths_hold_to_bf16_gemv_error():
             blas = F.linear(x, wb)
             got = fp8.fp8_linear(x, w, s, 128)
             assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + 1e-3, (M, N, K)
-
-
-def test_fp8_gemv_plan_holds_rows_without_padding_and_wide_rows_apart():
-    """fp8_gemv's launch plan: Llama-3-8B's down (K = 14336) held padded (1024 chunks of 16) by
-    default, as 512 + 256 + 128 chunks with fp8_gemv_segments, padded again with the norm prologue;
-    rows wider than fp8_gemv_wide_k take the wide chunk / tile / warps and token bound (fp8.path_for
-    sends a 2-token step over such rows to the skinny kernel when that bound is 1); row blocks a program
-    (ROUNDS) from fp8_gemv_rounds / fp8_gemv_wide_rounds, one with the norm prologue."""
-    from model_wrapper.kernels import fp8_gemv
-
-    plan = fp8_gemv.gemv_plan
-    assert plan(1, 14336, 128, False) == dict(CH=16, NCH=1024, NCH1=0, NCH2=0, BLOCK_N=2, ROUNDS=1,
-                                                 num_warps=4)
-    seg = KernelConfig(fp8_gemv_segments=True)
-    assert plan(1, 14336, 128, False, cfg=seg) == dict(CH=16, NCH=512, NCH1=256, NCH2=128, BLOCK_N=2,
-                                                          ROUNDS=1, num_warps=4)
-    assert plan(1, 14336, 128, False, norm=True, cfg=seg)["NCH"] == 1024
-    assert plan(1, 4096, 128, True, cfg=seg) == dict(CH=16, NCH=256, NCH1=0, NCH2=0, BLOCK_N=4, ROUNDS=1,
-                                                      num_warps=4)
-    wide = KernelConfig(fp8_gemv_segments=True, fp8_gemv_wide_chunk=32, fp8_gemv_wide_tile=65536,
-                        fp8_gemv_wide_warps=8, fp8_gemv_wide_max_tokens=1, fp8_gemv_wide_rounds=2)
-    assert plan(2, 14336, 128, False, cfg=wide) == dict(CH=32, NCH=256, NCH1=128, NCH2=64, BLOCK_N=2, ROUNDS=2,
-                                                        num_warps=8)
-    assert plan(1, 14336, 128, False, norm=True, cfg=wide)["ROUNDS"] == 1  # (the prologue: one block)
-    assert plan(2, 4096, 128, False, cfg=wide)["CH"] == 16
-    w, s = make_weight(16, 14336, 128, torch.Generator().manual_seed(3))
-    assert fp8.path_for(2, torch.bfloat16, w.device, w, s, 128, wide) == "skinny"
-    assert fp8.path_for(1, torch.bfloat16, w.device, w, s, 128, wide) == "gemv"
-    assert fp8.path_for(2, torch.bfloat16, w.device, w, s, 128, seg) == "gemv"
