@@ -180,6 +180,13 @@ class KernelConfig:
     # that produces the activation (kernels/fp8_act.py: residual add + RMSNorm before qkv / gate_up,
     # SiLU-and-mul before down) instead of a quantize kernel per linear; off: the unfused A/B baseline
     fp8_fused_act_quant: bool = True
+    # the same on the row-wise "scaled_mm" path (one weight scale a row: compressed-tensors' channel / tensor
+    # strategies with dynamic activations): the producers quantize per token (one group of K columns) for
+    # qkv / gate_up (the norm, hidden a power of 2 up to 16k) and down (SiLU-and-mul, a row of up to 16k)
+    fp8_fused_act_quant_per_token: bool = False
+    # cuBLASLt's fast accumulation on the row-wise / per-tensor torch._scaled_mm path (prefill and mixed steps;
+    # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator
+    fp8_fast_accum: bool = False
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
