@@ -140,7 +140,8 @@ def projections_ms(mw, T, linear) -> float:
 
 PER_PROJECTION = {"8B qkv": (6144, 4096, False), "8B o": (4096, 4096, False), "8B gate_up+silu": (28672, 4096, True),
                   "8B down": (4096, 14336, False), "30B-A3B qkv": (5120, 2048, False), "30B-A3B o": (2048, 4096, False)}
-GEMV_VARIANTS = {"default": {}, "t8k": dict(gemv_tile=8192), "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4)}
+GEMV_VARIANTS = {"default": {}, "t8k": dict(gemv_tile=8192), "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4),
+                 "r2": dict(gemv_rounds=2), "r4": dict(gemv_rounds=4)}  # (rounds: 1 token, K <= 8192)
 
 
 def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:

@@ -28,6 +28,13 @@ class KernelConfig:
     gemv_tile: int = 16384  # weights a program holds in registers (8k / 32k within noise)
     gemv_warps: int = 8
     gemv_max_k: int = 32768  # widest row a program holds; wider rows go to cuBLAS
+    # row blocks a program takes in turn (its tile split into that many; the next block's loads issued before
+    # the products of the one before), at steps of up to gemv_rounds_max_tokens tokens over rows of up to
+    # gemv_rounds_max_k columns (qkv / o: down and 2-token steps lost, ab_gemv / ab_fp8_gemv); not with add_norm.
+    # bf16: gemv_rounds, FP8: fp8_gemv_rounds. 1: one block, all of it loaded before the PDL wait
+    gemv_rounds: int = 1
+    gemv_rounds_max_tokens: int = 1
+    gemv_rounds_max_k: int = 8192
 
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
@@ -154,6 +161,7 @@ class KernelConfig:
     # rows wider than fp8_gemv_wide_k (down, K = 14336) take the GEMV up to fp8_gemv_wide_max_tokens tokens, the
     # skinny kernel beyond (H100, ab_fp8_gemv.py, 8B down at 2 tokens: GEMV 47.4 us, skinny 37.3; at 1: 24.5 / 37.9)
     fp8_gemv_wide_k: int = 8192
+    fp8_gemv_rounds: int = 1  # (gemv_rounds of the FP8 GEMV, same bounds)
     fp8_gemv_wide_max_tokens: int = 2
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
