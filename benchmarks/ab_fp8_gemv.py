@@ -47,8 +47,8 @@ TOKENS = (1, 2, 4)
 def new_variants(M: int, smoke: bool) -> dict:
     """name -> KernelConfig overrides of the new kernel swept at M tokens (a compile each). "default"
     is KernelConfig's own; fp8_gemv_tile counts weights x tokens ("t32k" holds 16k weights at 2
-    tokens); "r2" / "r4": the tile as 2 / 4 row blocks a program takes in turn (fp8_gemv_rounds; at
-    1 token, rows of up to 8192). (Session 35 also timed rows held as power-of-2 segments and down's
+    tokens); "r1" / "r4": the tile as 1 / 4 row blocks a program takes in turn (fp8_gemv_rounds, by
+    default 2; at 1 token, rows of up to 8192). (Session 35 also timed rows held as power-of-2 segments and down's
     own chunk / tile / warps: benchmarks/RESULTS.md.)"""
     if smoke:
         return {"default": {}, "t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
@@ -56,7 +56,7 @@ def new_variants(M: int, smoke: bool) -> dict:
     out = {"default": {}, "t16k w4": dict(fp8_gemv_tile=16384)}
     if M == 1:
         out.update({"t8k w4": dict(fp8_gemv_tile=8192), "t32k w8": dict(fp8_gemv_warps=8),
-                    "t32k w4 ch32": dict(fp8_gemv_chunk=32), "r2": dict(fp8_gemv_rounds=2),
+                    "t32k w4 ch32": dict(fp8_gemv_chunk=32), "r1": dict(fp8_gemv_rounds=1),
                     "r4": dict(fp8_gemv_rounds=4)})
     else:
         out.update({"t64k w4": dict(fp8_gemv_tile=65536)})

@@ -13,8 +13,7 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
 
   M <= fp8_gemv_max_tokens     "gemv"       weight-only (kernels/fp8_gemv.py): a program holds whole
                                             e4m3 rows in registers, fp32 sums per 16-column chunk,
-                                            times its group's scale; x stays in its dtype (rows wider
-                                            than fp8_gemv_wide_k: M <= fp8_gemv_wide_max_tokens)
+                                            times its group's scale; x stays in its dtype
   M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
                                             tensor-core products per K step, scaled per group in fp32
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
@@ -56,8 +55,7 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
     MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
     silu_and_mul_fp8)
-from model_wrapper.kernels.fp8_gemv import (  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
-    fp8_gemv, gemv_max_tokens, gemv_padded_k)
+from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
@@ -406,7 +404,7 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
     K = weight.shape[1]
     if dtype not in (torch.bfloat16, torch.float16):
         return "reference"
-    if M <= gemv_max_tokens(K, cfg) and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
+    if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
         return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"

@@ -166,12 +166,6 @@ def gemv_chunk(K: int, group: int, most: int = 16) -> int:
     return step
 
 
-def gemv_max_tokens(K: int, cfg: KernelConfig = DEFAULT) -> int:
-    """The most tokens a step may have for this GEMV on rows of K columns: fp8_gemv_max_tokens, and
-    for rows wider than fp8_gemv_wide_k (down) fp8_gemv_wide_max_tokens (beyond: the skinny kernel)."""
-    return cfg.fp8_gemv_wide_max_tokens if K > cfg.fp8_gemv_wide_k else cfg.fp8_gemv_max_tokens
-
-
 def gemv_padded_k(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
     """A row as a program holds it: K / chunk chunks padded to a power of 2, times the chunk."""
     ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)

@@ -245,7 +245,7 @@ def test_rowwise_linears_take_the_per_token_activation_as_the_unfused_one():
     from model_wrapper.kernels.fp8_reference import dequantize_fp8_weight
 
     dev = "cuda"
-    on = KernelConfig(fp8_fused_act_quant_per_token=True)
+    on = KernelConfig(fp8_fused_act_quant_per_token=True, fp8_fast_accum=False)
     g = torch.Generator(device=dev).manual_seed(2)
     H, inter, M = 4096, 14336, 40
 
@@ -259,7 +259,7 @@ def test_rowwise_linears_take_the_per_token_activation_as_the_unfused_one():
     if fp8.path_for(M, bf16, cuda, *down, inter, on) != "scaled_mm":
         pytest.skip("no row-wise torch._scaled_mm path on this GPU")
     assert group(M, bf16, cuda, *gate_up, None, on) == H and group(M, bf16, cuda, *down, None, on) == inter
-    assert group(M, bf16, cuda, *down, None, KernelConfig()) is None  # the switch off
+    assert group(M, bf16, cuda, *down, None, KernelConfig(fp8_fused_act_quant_per_token=False)) is None
     assert group(on.fp8_skinny_max_tokens, bf16, cuda, *down, None, on) is None  # a weight-only step
     x = torch.randn(M, H, device=dev, dtype=bf16)
     r = torch.randn(M, H, device=dev, dtype=bf16)
@@ -286,10 +286,11 @@ def test_rowwise_linears_take_the_per_token_activation_as_the_unfused_one():
 def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoint_dir, tmp_path, monkeypatch,
                                                                        fast_accum):
     """A tiny per-channel ("channel_dynamic") FP8 Llama on CUDA, eager, hidden 512 / intermediate 1024,
-    with fp8_fused_act_quant_per_token (and fp8_fast_accum): its prefill steps run the fused norm and
-    SiLU kernels with one group a token (counted; each call's e4m3 values and scales the reference
+    with fp8_fused_act_quant_per_token (and fp8_fast_accum; the defaults: both): its prefill steps run
+    the fused norm and SiLU kernels with one group a token (counted; each call's e4m3 values and scales the reference
     quantization of its rows), and the logits stay within the FP8 bounds of transformers on the
-    dequantized weights as closely as with both switches off (standalone per-token quantize kernels)."""
+    dequantized weights as closely as with both switches off (standalone per-token quantize kernels, exact
+    accumulation)."""
     from conftest import make_checkpoint
     from fp8_checkpoints import write_fp8
     from model_wrapper.kernels import KernelConfig, fp8
@@ -320,6 +321,7 @@ def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoi
     layers = len(gen.model_wrapper.model.model.layers)
     assert set(calls) == {512, 1024} and calls[512] >= 2 * 2 * layers and calls[1024] >= 2 * layers, calls
     calls.clear()
-    _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False)
+    off = KernelConfig(fp8_fused_act_quant_per_token=False, fp8_fast_accum=False)
+    _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=off)
     assert not calls
     assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)

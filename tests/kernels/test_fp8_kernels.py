@@ -230,8 +230,7 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM, beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
-    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere; rows wider
-    than fp8_gemv_wide_k take the GEMV up to fp8_gemv_wide_max_tokens tokens. Off CUDA
+    a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
     fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
     quantized beyond."""
     g = torch.Generator().manual_seed(4)
@@ -247,9 +246,6 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
     assert path(1, dtype=torch.float32) == "reference"
     assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
-    wide = KernelConfig(fp8_gemv_wide_k=128, fp8_gemv_wide_max_tokens=1)  # rows of 256 count as wide (down's bound)
-    assert [path(M, wide) for M in (1, 2, 3)] == ["gemv", "skinny", "skinny"]
-    assert [path(M, KernelConfig(fp8_gemv_wide_max_tokens=1)) for M in (1, 2)] == ["gemv", "gemv"]  # 256 <= 8192
     for M in (2, big + 1):
         x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
         assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
