@@ -21,8 +21,9 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
-Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant
-off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py); --prefill-only runs it
+Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant and
+fp8_fused_act_quant_per_token off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py);
+--prefill-only runs it
 alone, --profile-prefill adds each model's top CUDA kernels of one step.
 Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
 its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's, and
@@ -324,7 +325,8 @@ def main():
     tr = timed(stepr, iters=n, device=dev, repeats=reps)
     # A/B: the activation quantization as a kernel per linear (before kernels/fp8_act.py's fusion) first,
     # so that a failure of the fused path still leaves the baseline
-    gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_fused_act_quant=False))
+    gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_fused_act_quant=False,
+                                                             fp8_fused_act_quant_per_token=False))
     t8_unfused = timed(step8, iters=n, device=dev, repeats=reps)
     profiles = {"fp8_unfused": top_kernels(step8)} if args.profile_prefill and dev == "cuda" else {}
     gen8.model_wrapper.set_kernel_config(base_cfg)
