@@ -7,9 +7,9 @@ the dequantized weight, and the floor of the bytes each must read.
     python benchmarks/ab_fp8_gemv.py --smoke --out /tmp/ab   # CPU, Triton's interpreter, tiny shapes
 
 Shapes as a decode step runs them: qkv 6144x4096, o 4096x4096, gate_up 28672x4096 with its SiLU
-epilogue, down 4096x14336. "new" rows sweep KernelConfig's fp8_gemv_tile x fp8_gemv_warps with the
-compiler's e4m3 conversion, plus 32-column chunks at one tile (a narrower grid at 2 and 4 tokens;
-session 33 also timed a "bits" conversion since removed, RESULTS.md). Each
+epilogue, down 4096x14336. Rows named by KernelConfig overrides (new_variants: "default", tiles,
+warps and chunks; the session-32 kernel with --old; session 33 also timed a "bits" conversion since
+removed, RESULTS.md). Each
 time is bench_fp8_gemm's: the median CUDA-graph replay of calls rotating over weight copies of
 > 256 MB together (no L2 reuse), per call; consecutive calls in the graph overlap through PDL as
 a decode step's projections do. floor = (e4m3 weight + scales + x + y bytes) / the copy bandwidth
@@ -45,16 +45,21 @@ TOKENS = (1, 2, 4)
 
 
 def new_variants(M: int, smoke: bool) -> dict:
-    """name -> KernelConfig overrides of the new kernel swept at M tokens (a compile each; the grid
-    narrows with M). fp8_gemv_tile counts weights x tokens: "t32k" holds 16k weights at 2 tokens."""
+    """name -> KernelConfig overrides of the new kernel swept at M tokens (a compile each). "default"
+    is KernelConfig's own; fp8_gemv_tile counts weights x tokens ("t32k" holds 16k weights at 2
+    tokens); "r1" / "r4": the tile as 1 / 4 row blocks a program takes in turn (fp8_gemv_rounds, by
+    default 2; at 1 token, rows of up to 8192). (Session 35 also timed rows held as power-of-2 segments and down's
+    own chunk / tile / warps: benchmarks/RESULTS.md.)"""
     if smoke:
-        return {"new t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
-                "new t1k w2 ch8": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_chunk=8)}
-    grid = {1: [(t, w) for t in (8192, 16384, 32768) for w in (4, 8)] + [(65536, 8)],
-            2: [(16384, 8), (32768, 4), (32768, 8), (65536, 8)], 4: [(32768, 4), (32768, 8), (65536, 8)]}
-    out = {f"new t{t // 1024}k w{w}": dict(fp8_gemv_tile=t, fp8_gemv_warps=w) for t, w in grid.get(M, grid[4])}
+        return {"default": {}, "t1k w2": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2),
+                "t1k w2 ch8": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_chunk=8)}
+    out = {"default": {}, "t16k w4": dict(fp8_gemv_tile=16384)}
     if M == 1:
-        out["new t32k w4 ch32"] = dict(fp8_gemv_tile=32768, fp8_gemv_warps=4, fp8_gemv_chunk=32)
+        out.update({"t8k w4": dict(fp8_gemv_tile=8192), "t32k w8": dict(fp8_gemv_warps=8),
+                    "t32k w4 ch32": dict(fp8_gemv_chunk=32), "r1": dict(fp8_gemv_rounds=1),
+                    "r4": dict(fp8_gemv_rounds=4)})
+    else:
+        out.update({"t64k w4": dict(fp8_gemv_tile=65536)})
     return out
 
 
@@ -63,6 +68,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(HERE, "benchmarks", "results")))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--old", action="store_true", help="also the session-32 kernel")
+    ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("ab_fp8_gemv needs a CUDA GPU (or --smoke)")
@@ -75,6 +82,8 @@ def main():
     device = "cpu" if args.smoke else "cuda"
     dt = torch.float16 if args.smoke else torch.bfloat16
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes:
+        shapes = {k: shapes[k] for k in args.shapes.split(",")}  # (in that order)
     tokens = [int(t) for t in args.tokens.split(",")]
     base = KernelConfig()
     bw = copy_bandwidth(device)
@@ -102,7 +111,7 @@ def main():
                 want = torch.nn.functional.silu(gate) * up
             floor_s = (N * K + N * kg * 4 + M * K * 2 + M * n_out * 2) / bw
             variants = {}
-            if M <= 2:  # (its path's bound)
+            if M <= 2 and args.old:  # (its path's bound)
                 variants["old (session 32)"] = lambda i: old_fp8_gemv(x, ws[i], ss[i], group, silu)
             for name, over in new_variants(M, args.smoke).items():
                 c = dataclasses.replace(base, **over)

@@ -9,8 +9,11 @@ lm_head (15.0 GB), back to back in one graph, through cuBLAS and through the GEM
 tokens, against the copy bandwidth.
 
     source .gpu/device-setup.sh && python3 benchmarks/ab_gemv.py > benchmarks/results/gemv.log
+    python3 benchmarks/ab_gemv.py --per-projection [--tokens 1,2]   # each projection alone, KernelConfig variants
+    python benchmarks/ab_gemv.py --per-projection --smoke   # CPU, Triton's interpreter, shapes / 64
 
-writes gemv.json and gemv.png to benchmarks/results (or to $OUT when OUT is set).
+writes gemv.json and gemv.png (--per-projection: gemv_projections.json) to benchmarks/results (or to
+$OUT when OUT is set).
 """
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--smoke" in sys.argv:  # Triton's interpreter, set up before any kernel is defined
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import triton_interpret  # noqa: F401
 from benchmarks.bench_forward import copy_bandwidth, decode_step, timed
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator
 from model_wrapper.kernels.gemv import gemv
@@ -132,8 +138,66 @@ def projections_ms(mw, T, linear) -> float:
     return graph_ms(run)
 
 
+PER_PROJECTION = {"8B qkv": (6144, 4096, False), "8B o": (4096, 4096, False), "8B gate_up+silu": (28672, 4096, True),
+                  "8B down": (4096, 14336, False), "30B-A3B qkv": (5120, 2048, False), "30B-A3B o": (2048, 4096, False)}
+GEMV_VARIANTS = {"default": {}, "t8k": dict(gemv_tile=8192), "t32k": dict(gemv_tile=32768), "w4": dict(gemv_warps=4),
+                 "r2": dict(gemv_rounds=2), "r4": dict(gemv_rounds=4)}  # (rounds: 1 token, K <= 8192)
+
+
+def per_projection(out: str, tokens=(1, 2), smoke: bool = False) -> None:
+    """Each projection alone (PER_PROJECTION: Llama-3-8B's four, Qwen3-30B-A3B's qkv and o; bf16) through
+    the GEMV under each of GEMV_VARIANTS' KernelConfig overrides, us a call in a graph of calls rotating
+    over > 256 MB of weight copies (bench_fp8_gemm.time_calls; consecutive calls overlap through PDL as a
+    step's projections do), x the floor (weight + x + y bytes over the copy bandwidth); each result
+    against the fp32 product. Writes gemv_projections.json. smoke: on the CPU under Triton's interpreter,
+    shapes / 64 in fp16 (a check that the script runs)."""
+    from benchmarks.bench_fp8_gemm import ROTATE_BYTES, time_calls
+    from model_wrapper.kernels.config import KernelConfig
+
+    device, dt = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
+    bw = copy_bandwidth(device)
+    res = {"device": "cpu (interpreter)" if smoke else torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "copy_bandwidth_TBps": bw / 1e12, "variants": GEMV_VARIANTS, "rows": []}
+    print(f"{res['device']}: copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    for shape, (N, K, silu) in PER_PROJECTION.items():
+        N, K = (N // 64, K // 64) if smoke else (N, K)
+        copies = 2 if smoke else max(2, -(-ROTATE_BYTES // (N * K * 2)))
+        ws = [torch.randn(N, K, device=device, dtype=dt) / K**0.5 for _ in range(copies)]
+        for T in tokens:
+            x = torch.randn(T, K, device=device, dtype=dt)
+            want = x.float() @ ws[0].float().t()
+            if silu:
+                gate, up = want.to(dt).float().chunk(2, dim=-1)
+                want = torch.nn.functional.silu(gate) * up
+            n_out = N // 2 if silu else N
+            floor = (N * K + T * K + T * n_out) * 2 / bw
+            for name, over in GEMV_VARIANTS.items():
+                cfg = dataclasses.replace(KernelConfig(), **over)
+                fn = (lambda c: lambda i: gemv(x, ws[i], silu=silu, cfg=c))(cfg)
+                sec = time_calls(torch, fn, copies, device)
+                err = float((fn(0).float() - want).abs().max() / want.abs().max())
+                row = dict(shape=shape, N=N, K=K, tokens=T, variant=name, us=sec * 1e6, floor_us=floor * 1e6,
+                           x_floor=sec / floor, max_rel_err=err)
+                res["rows"].append(row)
+                print(f"{shape:16s} T={T} {name:14s} {row['us']:8.2f} us  x{row['x_floor']:5.3f}  err {err:.1e}",
+                      flush=True)
+        del ws
+    for T in tokens:
+        for shapes, label in ((list(PER_PROJECTION)[:4], "8B layer"), (list(PER_PROJECTION)[4:], "30B-A3B qkv+o")):
+            sums = {v: sum(r["us"] for r in res["rows"] if r["tokens"] == T and r["variant"] == v
+                           and r["shape"] in shapes) for v in GEMV_VARIANTS}
+            print(f"T={T} {label}: " + "  ".join(f"{v} {us:.2f}" for v, us in sums.items()), flush=True)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gemv_projections.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     out = os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    if "--per-projection" in sys.argv:
+        tokens = sys.argv[sys.argv.index("--tokens") + 1] if "--tokens" in sys.argv else "1,2"
+        per_projection(out, tuple(int(t) for t in tokens.split(",")), smoke="--smoke" in sys.argv)
+        return
     gen = random_text_generator(LLAMA3_8B, device="cuda")
     mw = gen.model_wrapper
     kernels = mw.kernels

@@ -21,8 +21,9 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
-Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant
-off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py); --prefill-only runs it
+Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant and
+fp8_fused_act_quant_per_token off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py);
+--prefill-only runs it
 alone, --profile-prefill adds each model's top CUDA kernels of one step.
 Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
 its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's, and
@@ -33,6 +34,12 @@ its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the
     python3 benchmarks/bench_fp8.py --decode-only --batches 1,2 --configs bf16,fp8 \
         --fp8-variants '{"addnorm": {"gemv_add_norm": true}}' \
         --bf16-variants '{"addnorm": {"gemv_add_norm": true}}' --out $OUT
+
+--prefill-variants adds FP8 prefill rows (part 3) under other KernelConfig values, and their accuracy
+(part 1) where it runs; e.g. accuracy and prefill alone (no decode rows, no engine), per-channel scales:
+
+    python3 benchmarks/bench_fp8.py --kind channel --configs none --skip-engine --acc-tokens 2048 \
+        --prefill-variants '{"fast": {"fp8_fast_accum": true}, "pertoken": {"fp8_fused_act_quant_per_token": true}}'
 """
 
 from __future__ import annotations
@@ -206,6 +213,9 @@ def main():
                     help="with the prefill rows: each model's top CUDA kernels of one step (torch.profiler)")
     ap.add_argument("--fp8-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more FP8-weight decode rows ("fp8[name]")')
+    ap.add_argument("--prefill-variants", default=None,
+                    help='JSON {name: {KernelConfig field: value}}: more FP8 prefill rows ("fp8[name]"), and their '
+                         'accuracy where the accuracy part runs (e.g. fp8_fast_accum, fp8_fused_act_quant_per_token)')
     ap.add_argument("--bf16-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more bf16 decode rows ("bf16[name]")')
     args = ap.parse_args()
@@ -245,6 +255,9 @@ def main():
     variants = json.loads(args.fp8_variants) if args.fp8_variants else {}
     if variants:
         res["fp8_variants"] = variants
+    prefill_variants = json.loads(args.prefill_variants) if args.prefill_variants else {}
+    if prefill_variants:
+        res["prefill_variants"] = prefill_variants
     bf16_variants = json.loads(args.bf16_variants) if args.bf16_variants else {}
     if bf16_variants:
         res["bf16_variants"] = bf16_variants
@@ -261,6 +274,10 @@ def main():
         g32 = fp32_copy(genr, gen8, cfg, dev)
         acc = accuracy({"fp8": gen8, "bf16": genr}, g32, cfg, args.acc_tokens if not args.tiny else 128)
         acc["fp8_vs_bf16"] = accuracy({"fp8": gen8}, genr, cfg, args.acc_tokens if not args.tiny else 128)["fp8"]
+        for vname, over in prefill_variants.items():  # the same prompts under each variant's config
+            gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))
+            acc[f"fp8[{vname}]"] = accuracy({"fp8": gen8}, g32, cfg, args.acc_tokens if not args.tiny else 128)["fp8"]
+        gen8.model_wrapper.set_kernel_config(base_cfg)
         res["accuracy"] = acc
         print("accuracy (reference: fp32 on the dequantized weights)", acc, flush=True)
         del g32
@@ -308,7 +325,8 @@ def main():
     tr = timed(stepr, iters=n, device=dev, repeats=reps)
     # A/B: the activation quantization as a kernel per linear (before kernels/fp8_act.py's fusion) first,
     # so that a failure of the fused path still leaves the baseline
-    gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_fused_act_quant=False))
+    gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_fused_act_quant=False,
+                                                             fp8_fused_act_quant_per_token=False))
     t8_unfused = timed(step8, iters=n, device=dev, repeats=reps)
     profiles = {"fp8_unfused": top_kernels(step8)} if args.profile_prefill and dev == "cuda" else {}
     gen8.model_wrapper.set_kernel_config(base_cfg)
@@ -321,6 +339,17 @@ def main():
         t8 = float("nan")
     print(f"prefill {T_pre} tokens ms: bf16 {tr * 1e3:.2f}, FP8 {t8 * 1e3:.2f} (fused quantization), "
           f"FP8 unfused {t8_unfused * 1e3:.2f}", flush=True)
+    t8_variants = {}
+    for vname, over in prefill_variants.items():  # then the bf16 and default rows again (the same run's spread)
+        gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))
+        t8_variants[vname] = timed(step8, iters=n, device=dev, repeats=reps) * 1e3
+        print(f"prefill {T_pre} tokens ms: FP8[{vname}] {t8_variants[vname]:.2f} ({tr * 1e3 / t8_variants[vname]:.3f}x "
+              f"bf16)", flush=True)
+    gen8.model_wrapper.set_kernel_config(base_cfg)
+    if prefill_variants:
+        tr2, t82 = timed(stepr, iters=n, device=dev, repeats=reps), timed(step8, iters=n, device=dev, repeats=reps)
+        t8_variants.update({"bf16 again": tr2 * 1e3, "default again": t82 * 1e3})
+        print(f"prefill {T_pre} tokens ms, again: bf16 {tr2 * 1e3:.2f}, FP8 {t82 * 1e3:.2f}", flush=True)
     if profiles:
         profiles["bf16"] = top_kernels(stepr)
         for name, rows in profiles.items():
@@ -337,7 +366,7 @@ def main():
         chain_blk = fp8_gemm_chain(cfg, T_pre, dev, n, blocks=True) if works else chain_blk
     res["prefill"] = dict(tokens=T_pre, fp8_ms=t8 * 1e3, bf16_ms=tr * 1e3, speedup_vs_bf16=tr / t8,
                           fp8_unfused_quant_ms=t8_unfused * 1e3, unfused_speedup_vs_bf16=tr / t8_unfused,
-                          top_kernels=profiles,
+                          top_kernels=profiles, variants_ms=t8_variants,
                           fp8_gemm_chain_ms=chain_fp8 * 1e3, fp8_block_gemm_chain_ms=chain_blk * 1e3,
                           bf16_gemm_chain_ms=chain_bf16 * 1e3, ratio_to_fp8_chain=t8 / chain_fp8)
     print("prefill", res["prefill"], flush=True)

@@ -85,6 +85,8 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # the residual add + RMSNorm inside the qkv GEMV at 1 token (session 34; off by default)
             "addnorm-qkv": dataclasses.replace(KernelConfig(), gemv_add_norm=True, gemv_add_norm_qkv=True),
             "noaddnorm": dataclasses.replace(KernelConfig(), gemv_add_norm=False),
+            # the dense GEMVs (qkv, o) at 1 token as 2 row blocks a program in turn (session 35)
+            "gemv-r2": dataclasses.replace(KernelConfig(), gemv_rounds=2),
             # session 34's switches: the gate_up GEMV's loads in ptxas's order (session 33's kernel); the routing's
             # [E, E] rank instead of the bitonic top-k
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
@@ -96,7 +98,8 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),
             "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
-            "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False)}
+            "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
+            "gemv-r2-fp8": dataclasses.replace(KernelConfig(), gemv_rounds=2)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -28,6 +28,15 @@ class KernelConfig:
     gemv_tile: int = 16384  # weights a program holds in registers (8k / 32k within noise)
     gemv_warps: int = 8
     gemv_max_k: int = 32768  # widest row a program holds; wider rows go to cuBLAS
+    # row blocks a program takes in turn (its tile split into that many; the next block's loads issued before
+    # the products of the one before), at steps of up to gemv_rounds_max_tokens tokens over rows of up to
+    # gemv_rounds_max_k columns (qkv / o: down and 2-token steps lost, ab_gemv / ab_fp8_gemv); not with add_norm.
+    # bf16: gemv_rounds, FP8: fp8_gemv_rounds. 1: one block, all of it loaded before the PDL wait. bf16 stays at 1:
+    # per call qkv / o -6 / -10% (Qwen3-30B-A3B o -24%), but the steps even (H100, 8B batch 1: 5.290 / 5.311 ms
+    # against 5.366 / 5.285; Qwen3-30B-A3B, 16 layers, batch 1: 1.419 against 1.413)
+    gemv_rounds: int = 1
+    gemv_rounds_max_tokens: int = 1
+    gemv_rounds_max_k: int = 8192
 
     # add_rms_norm (kernels/norm.py): steps of up to this many tokens, those that run gemv or the
     # skinny GEMM next (it lets them launch at once; FlashInfer's norm only when it ends)
@@ -156,6 +165,9 @@ class KernelConfig:
     fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
+    # gemv_rounds of the FP8 GEMV (same bounds): 2 blocks of 16k (H100, bench_fp8.py --decode-only, two rows each,
+    # 8B batch 1: 3.349 / 3.353 ms against 3.365 / 3.380 with 1; per call qkv 11.13 -> 10.73 us, o 7.64 -> 6.81)
+    fp8_gemv_rounds: int = 2
     fp8_skinny_max_tokens: int = 16  # beyond, this kernel loses to bf16 (o at 64 tokens: 29.6 against 14.9 us, H100)
     fp8_skinny_block_k: int = 256  # K step; with groups it holds block_k // group sub-steps of one scale a row
     fp8_skinny_dequant: bool = True  # scale the e4m3 tile in registers, one product a K step (16 tokens, H100:
@@ -181,6 +193,18 @@ class KernelConfig:
     # that produces the activation (kernels/fp8_act.py: residual add + RMSNorm before qkv / gate_up,
     # SiLU-and-mul before down) instead of a quantize kernel per linear; off: the unfused A/B baseline
     fp8_fused_act_quant: bool = True
+    # the same on the row-wise "scaled_mm" path (one weight scale a row: compressed-tensors' channel / tensor
+    # strategies with dynamic activations): the producers quantize per token (one group of K columns) for
+    # qkv / gate_up (the norm, hidden a power of 2 up to 16k) and down (SiLU-and-mul, a row of up to 16k)
+    # (H100, bench_fp8.py --kind channel, Llama-3-8B shape, 4k prefill: 68.16 ms against 71.12 / 71.45; the same
+    # e4m3 operands as the standalone quantize kernel's)
+    fp8_fused_act_quant_per_token: bool = True
+    # cuBLASLt's fast accumulation on the row-wise / per-tensor torch._scaled_mm path (prefill and mixed steps;
+    # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator
+    # (same run: 66.58 ms alone, 63.36 with the per-token fusion = 1.54x bf16's 97.57; top-1 / mean KL against
+    # fp32 on the dequantized weights 0.2207 / 0.2005 against 0.2256 / 0.1999 with both off, bf16 0.876 / 0.0027;
+    # a GEMM's max rel. error at K = 14336: 1.3e-4 -> 7.4e-3, bf16 output rounding alone 2-4e-3)
+    fp8_fast_accum: bool = True
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)

@@ -53,7 +53,8 @@ from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
-    _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3, silu_and_mul_fp8)
+    MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
+    silu_and_mul_fp8)
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
@@ -257,15 +258,25 @@ def fp8_gemm(x, weight, weight_scale, group, bias=None, input_scale=None, cfg: K
     return out
 
 
-def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None) -> torch.Tensor:
+def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
     """The "scaled_mm" path (KG == 1): x quantized per token (or with input_scale), then
     torch._scaled_mm with scale_a [M, 1] and the weight's row scales as scale_b [1, N]; the bias
-    added after (the row-wise kernels' bias support varies by torch version) -> [M, N] bf16."""
+    added after (the row-wise kernels' bias support varies by torch version) -> [M, N] bf16.
+    cfg.fp8_fast_accum: cuBLASLt's fast accumulation (_rowwise_mm)."""
     M, K = x.shape
-    N = weight.shape[0]
     a, a_s = _quantize(_unit_cols(x), K, input_scale)
+    return _rowwise_mm(a, a_s, M, weight, weight_scale, bias, x.dtype, cfg)
+
+
+def _rowwise_mm(a, a_s, M, weight, weight_scale, bias, out_dtype, cfg: KernelConfig) -> torch.Tensor:
+    """e4m3 a [M', K] (rows M.. dropped) times weight^T with scale_a [M', 1] and the weight's row scales.
+    cfg.fp8_fast_accum: use_fast_accum (Hopper's FP8 tensor cores then keep the running sum in their
+    own narrower accumulator between K steps instead of promoting it to fp32 every few steps)."""
+    N = weight.shape[0]
+    if a.shape[0] != M:
+        a, a_s = a[:M], a_s[:M]
     y = torch._scaled_mm(a, weight.t(), scale_a=a_s.contiguous(), scale_b=weight_scale.reshape(1, N).contiguous(),
-                         out_dtype=x.dtype)
+                         out_dtype=out_dtype, use_fast_accum=cfg.fp8_fast_accum)
     return y if bias is None else y.add_(bias)
 
 
@@ -284,14 +295,21 @@ def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
 
 
 def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_scale: torch.Tensor | None,
-                         bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The "scaled_mm_block" GEMM of an activation its producer quantized (kernels/fp8_act.py):
-    act.q [Mp, K] e4m3, act.scale [Mp, K / 128] (stride(0) == 1) -> [act.rows, N] in act.dtype."""
-    if act.group != 128 or block_scale is None:
-        raise ValueError(f"fp8_linear_quantized: the block-scaled GEMM takes 128-column activation groups and a "
-                         f"weight with 128 x 128 block scales, got group {act.group} and block scales "
-                         f"{None if block_scale is None else tuple(block_scale.shape)}")
-    return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype)
+                         bias: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
+                         cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """The GEMM of an activation its producer quantized (kernels/fp8_act.py), act.q [Mp, K] e4m3 ->
+    [act.rows, N] in act.dtype: "scaled_mm_block" for act.scale [Mp, K / 128] (stride(0) == 1) and
+    a weight with 128 x 128 block_scale; "scaled_mm" for act.scale [Mp, 1] (one scale a token,
+    group K) and weight_scale [N, 1] (one a row)."""
+    K = act.q.shape[1]
+    if act.group == 128 and block_scale is not None:
+        return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype)
+    if act.group == K and weight_scale is not None and weight_scale.shape[1] == 1:
+        return _rowwise_mm(act.q, act.scale, act.rows, weight, weight_scale, bias, act.dtype, cfg)
+    raise ValueError(f"fp8_linear_quantized: expected 128-column activation groups and a weight with 128 x 128 "
+                     f"block scales, or one group a token (group {K}) and one weight scale a row; got group "
+                     f"{act.group}, block scales {None if block_scale is None else tuple(block_scale.shape)}, "
+                     f"weight scales {None if weight_scale is None else tuple(weight_scale.shape)}")
 
 
 def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype) -> torch.Tensor:
@@ -411,6 +429,24 @@ def takes_quantized_input(M: int, dtype: torch.dtype, device: torch.device, weig
     return path_for(M, dtype, device, weight, weight_scale, 128, cfg, block_scale=block_scale) == "scaled_mm_block"
 
 
+def quantized_input_group(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                          weight_scale: torch.Tensor, block_scale: torch.Tensor | None,
+                          cfg: KernelConfig = DEFAULT) -> int | None:
+    """The column group by which the kernel producing an M-row input may quantize it for this
+    linear (a QuantizedActivation, which fp8_linear multiplies as it comes), or None: 128 where
+    takes_quantized_input (the block-scaled GEMM); K (one scale a token) where the step runs the
+    row-wise "scaled_mm" path (one weight scale a row, dynamic activations) and
+    cfg.fp8_fused_act_quant_per_token is on, for rows a producer's program holds whole
+    (fp8_act.MAX_NORM_COLS)."""
+    if takes_quantized_input(M, dtype, device, weight, weight_scale, block_scale, cfg):
+        return 128
+    K = weight.shape[1]
+    if (not cfg.fp8_fused_act_quant_per_token or device.type != "cuda" or M <= cfg.fp8_skinny_max_tokens
+            or weight_scale.shape[1] != 1 or triton.next_power_of_2(K) > MAX_NORM_COLS):
+        return None
+    return K if path_for(M, dtype, device, weight, weight_scale, K, cfg) == "scaled_mm" else None
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
                cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -420,8 +456,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
     (same quantization)."""
-    if isinstance(x, QuantizedActivation):  # quantized by its producer (takes_quantized_input said so)
-        return fp8_linear_quantized(x, weight, block_scale, bias)
+    if isinstance(x, QuantizedActivation):  # quantized by its producer (quantized_input_group said so)
+        return fp8_linear_quantized(x, weight, block_scale, bias, weight_scale, cfg)
     if input_scale is not None:
         block_scale = None  # static activations: one scale, not per token and group
     path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
@@ -433,7 +469,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if path == "skinny":
         return fp8_skinny(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "scaled_mm":
-        return fp8_scaled_mm(x, weight, weight_scale, bias, input_scale)
+        return fp8_scaled_mm(x, weight, weight_scale, bias, input_scale, cfg)
     if path == "gemm":
         return fp8_gemm(x, weight, weight_scale, group, bias, input_scale, cfg)
     weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens

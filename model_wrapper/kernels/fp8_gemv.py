@@ -18,6 +18,10 @@ e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f3
 bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
 f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
 
+Rounds (KernelConfig.fp8_gemv_rounds, bounded as kernels/gemv.py's gemv_rounds): a program takes its
+tile as that many blocks of rows in turn, the next block's loads issued before the products of the one
+before, as the bf16 GEMV does.
+
 add_norm: the residual add + RMSNorm before the projection in the prologue, as kernels/gemv.py
 does it (every program normalizes the rows from h and the residual, program 0 writes h + residual
 out of place); the sum of squares runs over the [chunks, CH] layout of x here.
@@ -31,6 +35,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.gemv import _loads_fence, gemv_rounds
 from model_wrapper.kernels.norm import add_rms_norm_row
 
 
@@ -53,17 +58,12 @@ def _row_dots(w, x, s, PER_GROUP: tl.constexpr):
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_s,
-                     stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
-                     NCH: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
-    # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
-    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
-    # Rows past N read row 0 and are not stored. SILU as in kernels/gemv.py: gate rows [0, N), up
-    # rows [N, 2N) of the weight, scales and bias.
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    live = rows < N
-    safe = tl.where(live, rows, 0).to(tl.int64)
+def _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K: tl.constexpr, GROUP: tl.constexpr,
+                CH: tl.constexpr, NCH: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """What a block of rows reads before its products: w, wu [NCH, BLOCK_N, CH] e4m3 (wu: the up rows
+    with SILU, else w), their scales s, su ([NCH, BLOCK_N] a chunk's group scale, or [BLOCK_N] one a
+    row) and the bias b, bu (0.0 where absent). Rows past N read row 0 (they are not stored)."""
+    safe = tl.where(rows < N, rows, 0).to(tl.int64)
     ch = tl.arange(0, NCH)
     cols = ch[:, None] * CH + tl.arange(0, CH)[None, :]  # [NCH, CH]
     ch_ok = ch * CH < K
@@ -72,14 +72,16 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
     w_at = w_ptr + safe[None, :, None] * stride_w + cols[:, None, :]
     if NCH * CH == K:
         w = tl.load(w_at)
+        wu = w
         if SILU:
             wu = tl.load(w_at + N * stride_w)
     else:
         w = tl.load(w_at, mask=ch_ok[:, None, None], other=0.0)
+        wu = w
         if SILU:
             wu = tl.load(w_at + N * stride_w, mask=ch_ok[:, None, None], other=0.0)
-    PER_GROUP: tl.constexpr = GROUP < K
-    if PER_GROUP:  # the scale of each chunk's group: [NCH, BLOCK_N]
+    su, b, bu = 0.0, 0.0, 0.0
+    if GROUP < K:  # the scale of each chunk's group: [NCH, BLOCK_N]
         s_at = s_ptr + safe[None, :] * stride_s + (ch * CH // GROUP)[:, None]
         s = tl.load(s_at, mask=ch_ok[:, None], other=0.0)
         if SILU:
@@ -92,18 +94,25 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
         b = tl.load(b_ptr + safe).to(tl.float32)
         if SILU:
             bu = tl.load(b_ptr + N + safe).to(tl.float32)
-    if NORM:  # x is h; the operand is nw * RMSNorm(h + r) (module docstring)
-        nw = tl.load(nw_ptr + cols, mask=ch_ok[:, None], other=0.0)
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    return w, wu, s, su, b, bu
+
+
+@triton.jit
+def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s, su,
+               b, bu, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
+               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R):
+    """A block's products with each of the M tokens' x (NORM: nw * RMSNorm(x + r), with h + r stored to
+    ro where STORE_R), scaled, its bias and SiLU epilogue, stored to its rows of o."""
+    PER_GROUP: tl.constexpr = GROUP < K
+    ch = tl.arange(0, NCH)
+    cols = ch[:, None] * CH + tl.arange(0, CH)[None, :]  # [NCH, CH]
     dtype = o_ptr.dtype.element_ty
     for m in tl.static_range(M):
         if NORM:
             x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
-                                 tl.program_id(0) == 0, False).to(tl.float32)[:, None, :]
+                                 STORE_R, False).to(tl.float32)[:, None, :]
         else:
-            x = tl.load(x_ptr + m * stride_x + cols, mask=ch_ok[:, None], other=0.0).to(tl.float32)[:, None, :]
+            x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0).to(tl.float32)[:, None, :]
         acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b
@@ -112,7 +121,40 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
             if HAS_BIAS:
                 up += bu
             acc = silu_mul(acc.to(dtype), up.to(dtype))
-        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=live)
+        tl.store(o_ptr + m * stride_o + rows, acc.to(dtype), mask=rows < N)
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stride_x, stride_w, stride_s,
+                     stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
+                     NCH: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
+                     FENCE: tl.constexpr):
+    # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
+    # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
+    # SILU as in kernels/gemv.py: gate rows [0, N), up rows [N, 2N) of the weight, scales and bias.
+    # A program takes ROUNDS blocks of BLOCK_N rows in turn, as kernels/gemv.py's (FENCE likewise).
+    rows = tl.program_id(0) * ROUNDS * BLOCK_N + tl.arange(0, BLOCK_N)
+    blk = _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K, GROUP, CH, NCH, SILU, HAS_BIAS)
+    nw = 0.0
+    if NORM:  # x is h; the operand is nw * RMSNorm(h + r) (module docstring)
+        ch = tl.arange(0, NCH)
+        nw = tl.load(nw_ptr + ch[:, None] * CH + tl.arange(0, CH)[None, :], mask=(ch * CH < K)[:, None], other=0.0)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    for j in tl.static_range(ROUNDS):
+        nxt = blk
+        if j + 1 < ROUNDS:
+            nxt = _block_load(w_ptr, s_ptr, b_ptr, rows + BLOCK_N, N, stride_w, stride_s, K, GROUP, CH, NCH, SILU,
+                              HAS_BIAS)
+            if FENCE:
+                _loads_fence()
+        w, wu, s, su, b, bu = blk
+        _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s,
+                   su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0))
+        blk = nxt
+        rows += BLOCK_N
 
 
 def gemv_chunk(K: int, group: int, most: int = 16) -> int:
@@ -130,12 +172,12 @@ def gemv_padded_k(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
     return triton.next_power_of_2(K // ch) * ch
 
 
-def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT) -> int:
-    """Rows a program holds: cfg.fp8_gemv_tile weight-tokens (rows x padded row x tokens; gate_up's
-    rows count twice, gate and up), a power of 2, at least 1. Per token: each token's x and sums
-    take registers beside the weights' (at 2 tokens a full tile spilled on sm90)."""
+def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT, rounds: int = 1) -> int:
+    """Rows of a block: cfg.fp8_gemv_tile weight-tokens (rows x padded row x tokens; gate_up's rows
+    count twice, gate and up) split into `rounds` blocks, a power of 2, at least 1. Per token: each
+    token's x and sums take registers beside the weights' (at 2 tokens a full tile spilled on sm90)."""
     per_row = gemv_padded_k(K, group, cfg) * (2 if silu else 1) * max(M, 1)
-    return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // per_row) + 1) // 2
+    return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // rounds // per_row) + 1) // 2
 
 
 def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT,
@@ -150,12 +192,13 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
         return out
     ch = gemv_chunk(K, group, cfg.fp8_gemv_chunk)
     nch = triton.next_power_of_2(K // ch)
-    block_n = gemv_block_n(M, K, group, silu, cfg)
+    rounds = gemv_rounds(M, K, add_norm is not None, cfg.fp8_gemv_rounds, cfg)
+    block_n = gemv_block_n(M, K, group, silu, cfg, rounds)
     pdl = uses_pdl(x.device, cfg)
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
-    _fp8_gemv_kernel[(triton.cdiv(N, block_n),)](
+    _fp8_gemv_kernel[(triton.cdiv(N, block_n * rounds),)](
         x, weight, weight_scale, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), CH=ch,
-        NCH=nch, M=M, BLOCK_N=block_n, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None, PDL=pdl,
-        num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
+        NCH=nch, M=M, BLOCK_N=block_n, ROUNDS=rounds, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None,
+        PDL=pdl, FENCE=x.is_cuda and rounds > 1, num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
     return out

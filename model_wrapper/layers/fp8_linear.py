@@ -74,7 +74,8 @@ class Fp8Method:
             return _kernels(x.h).fp8_gemv(x.h, linear.weight, linear.weight_scale, self.group, bias,
                                          cfg=kernels.config, add_norm=x.add_norm())
         if isinstance(x, QuantizedActivation):
-            return _fp8().fp8_linear_quantized(x, linear.weight, self.block_scale(linear), bias)
+            return _fp8().fp8_linear_quantized(x, linear.weight, self.block_scale(linear), bias, linear.weight_scale,
+                                               kernels.config)
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
@@ -106,17 +107,18 @@ class Fp8Method:
 
     def input_quant(self, linear: nn.Module, rows: int, dtype: torch.dtype, device: torch.device,
                     kernels) -> int | None:
-        """128 where this linear, for an input of `rows` tokens in dtype on device, takes the
-        block-scaled GEMM of activations quantized per token and 128 columns (kernels/fp8.py
-        takes_quantized_input: CUDA, block format, prefill sizes): the kernel producing the input
-        may then hand over a QuantizedActivation (kernels/fp8_act.py); else None."""
+        """The column group by which the kernel producing this linear's input of `rows` tokens (dtype,
+        on device) may quantize it (a QuantizedActivation, kernels/fp8_act.py), or None: 128 for the
+        block-scaled GEMM (block format), the input width for the row-wise one (one weight scale a
+        row, KernelConfig.fp8_fused_act_quant_per_token); CUDA, prefill sizes, dynamic activations
+        (kernels/fp8.py quantized_input_group)."""
         if device.type != "cuda" or self.static:
             return None
         fp8 = _fp8()
-        if fp8 is None or not fp8.takes_quantized_input(rows, dtype, device, linear.weight, linear.weight_scale,
-                                                        self.block_scale(linear), kernels.config):
+        if fp8 is None:
             return None
-        return 128
+        return fp8.quantized_input_group(rows, dtype, device, linear.weight, linear.weight_scale,
+                                         self.block_scale(linear), kernels.config)
 
     def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
         """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1

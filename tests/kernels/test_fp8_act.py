@@ -101,6 +101,33 @@ def test_silu_quantization_is_the_reference_quantizer_of_silu_and_mul(dtype):
         assert torch.equal(plain.q.view(torch.uint8), act.q.view(torch.uint8)) and torch.equal(plain.scale, act.scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_per_token_quantization_in_the_producers_is_the_standalone_quantizer(dtype):
+    """One group a row (group = the width: the row-wise "scaled_mm" path's per-token activations,
+    KernelConfig.fp8_fused_act_quant_per_token): the norm's (widths a power of 2) and SiLU-and-mul's
+    (widths 448 = 14336 / 32 and 300, padded to one tile) q and scales [Mp, 1] equal the standalone
+    per-token quantize kernel's (_quantize(x, K): what fp8_scaled_mm runs on the unfused rows) and
+    quantize_fp8_reference's, bit for bit."""
+    g = torch.Generator().manual_seed(13)
+    for M, n in ((1, 256), (17, 512)):
+        x = torch.randn(M, n, generator=g).to(DEVICE, dtype)
+        r = torch.randn(M, n, generator=g).to(DEVICE, dtype)
+        w = (torch.rand(n, generator=g) + 0.5).to(DEVICE, dtype)
+        assert fp8_act.norm_fp8_fits(x, n)
+        act = fp8_act.add_rms_norm_fp8(x, r, w, 1e-5, n, write_x=True)
+        check_layout(act, M, n, n)
+        q, s = fp8_act._quantize(act.x, n, None)
+        assert torch.equal(act.q[:M].view(torch.uint8), q.view(torch.uint8)) and torch.equal(act.scale[:M], s)
+        assert_is_reference_quantization(act, act.x, n)
+    for M, n in ((3, 448), (18, 300)):
+        gu = torch.randn(M, 2 * n, generator=g).to(DEVICE, dtype)
+        act = fp8_act.silu_and_mul_fp8(gu, n, write_x=True)
+        check_layout(act, M, n, n)
+        q, s = fp8_act._quantize(act.x, n, None)
+        assert torch.equal(act.q[:M].view(torch.uint8), q.view(torch.uint8)) and torch.equal(act.scale[:M], s)
+        assert_is_reference_quantization(act, act.x, n)
+
+
 def test_norm_fits_whole_rows_of_power_of_two_groups():
     x = torch.zeros(2, 4096, dtype=torch.bfloat16)
     assert fp8_act.norm_fp8_fits(x, 128)
@@ -201,4 +228,100 @@ def test_fp8_model_prefill_hands_exact_fused_activations_to_its_linears(checkpoi
     _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False,
                                               kernel_config=KernelConfig(fp8_fused_act_quant=False))
     assert calls == {"norm": 0, "silu": 0}
+    assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+def test_rowwise_linears_take_the_per_token_activation_as_the_unfused_one():
+    """On the row-wise "scaled_mm" path (one weight scale a row; 17+ tokens), with
+    fp8_fused_act_quant_per_token: quantized_input_group asks for one group a token (K) where the
+    switch is on, the step is a prefill size and the row fits a producer's program; fp8_linear of the
+    norm's per-token QuantizedActivation equals fp8_linear of the rows it wrote (the same quantized
+    operand and GEMM: bit for bit), and gate_up with quant_group = down's K, then down, equals
+    gate_up, silu_and_mul, down. fp8_fast_accum: the product stays within 2e-2 (relative, max) of
+    the float64 product of the same e4m3 operands and scales. Llama-3-8B's widths, 40 tokens."""
+    from model_wrapper.kernels import KernelConfig, fp8
+    from model_wrapper.kernels.fp8_reference import dequantize_fp8_weight
+
+    dev = "cuda"
+    on = KernelConfig(fp8_fused_act_quant_per_token=True, fp8_fast_accum=False)
+    g = torch.Generator(device=dev).manual_seed(2)
+    H, inter, M = 4096, 14336, 40
+
+    def weight(N, K):
+        w = (torch.randn(N, K, device=dev, generator=g) * 64).clamp(-448, 448).to(E4M3)
+        return w, torch.rand(N, 1, device=dev, generator=g) * 1e-3 + 1e-4
+
+    gate_up, down = weight(2 * inter, H), weight(H, inter)
+    group = fp8.quantized_input_group
+    bf16, cuda = torch.bfloat16, torch.device(dev)
+    if fp8.path_for(M, bf16, cuda, *down, inter, on) != "scaled_mm":
+        pytest.skip("no row-wise torch._scaled_mm path on this GPU")
+    assert group(M, bf16, cuda, *gate_up, None, on) == H and group(M, bf16, cuda, *down, None, on) == inter
+    assert group(M, bf16, cuda, *down, None, KernelConfig(fp8_fused_act_quant_per_token=False)) is None
+    assert group(on.fp8_skinny_max_tokens, bf16, cuda, *down, None, on) is None  # a weight-only step
+    x = torch.randn(M, H, device=dev, dtype=bf16)
+    r = torch.randn(M, H, device=dev, dtype=bf16)
+    nw = torch.rand(H, device=dev, dtype=bf16) + 0.5
+    act = fp8_act.add_rms_norm_fp8(x, r, nw, 1e-5, H, write_x=True)
+    assert_is_reference_quantization(act, act.x, H)
+    w, s = gate_up
+    fused = fp8.fp8_gate_up_silu(act, w, s, H, cfg=on, quant_group=inter)
+    plain = fp8.fp8_gate_up_silu(act.x, w, s, H, cfg=on)
+    assert isinstance(fused, type(act)) and fused.rows == M and fused.scale.shape[1] == 1
+    assert_is_reference_quantization(fused, plain, inter)
+    y_fused = fp8.fp8_linear(fused, *down, inter, cfg=on)
+    y_plain = fp8.fp8_linear(plain, *down, inter, cfg=on)
+    assert y_fused.shape == (M, H) and torch.equal(y_fused, y_plain)
+    fast = fp8.fp8_linear(fused, *down, inter, cfg=KernelConfig(fp8_fast_accum=True))
+    want = fused.dequantize().double() @ dequantize_fp8_weight(*down, inter, torch.float32).double().t()
+    assert rel_err(fast.double(), want) < 2e-2
+    assert rel_err(y_fused.double(), want) < TOL[bf16]
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["exact-accum", "fast-accum"])
+def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoint_dir, tmp_path, monkeypatch,
+                                                                       fast_accum):
+    """A tiny per-channel ("channel_dynamic") FP8 Llama on CUDA, eager, hidden 512 / intermediate 1024,
+    with fp8_fused_act_quant_per_token (and fp8_fast_accum; the defaults: both): its prefill steps run
+    the fused norm and SiLU kernels with one group a token (counted; each call's e4m3 values and scales the reference
+    quantization of its rows), and the logits stay within the FP8 bounds of transformers on the
+    dequantized weights as closely as with both switches off (standalone per-token quantize kernels, exact
+    accumulation)."""
+    from conftest import make_checkpoint
+    from fp8_checkpoints import write_fp8
+    from model_wrapper.kernels import KernelConfig, fp8
+    from test_fp8_checkpoint import _cuda_vs_reference
+
+    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                          num_key_value_heads=2)
+    fp8_dir, deq, _ = write_fp8(src, tmp_path, "channel_dynamic")
+    calls = {512: 0, 1024: 0}
+    norm, silu = fp8_act.add_rms_norm_fp8, fp8_act.silu_and_mul_fp8
+
+    def observed_norm(x, residual, weight, eps, group, write_x=False):
+        act = norm(x, residual, weight, eps, group, write_x=True)
+        assert_is_reference_quantization(act, act.x, group)
+        calls[group] = calls.get(group, 0) + 1
+        return act
+
+    def observed_silu(gate_up, group, write_x=False):
+        act = silu(gate_up, group, write_x=True)
+        assert_is_reference_quantization(act, act.x, group)
+        calls[group] = calls.get(group, 0) + 1
+        return act
+
+    monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", observed_norm)
+    monkeypatch.setattr(fp8, "silu_and_mul_fp8", observed_silu)
+    cfg = KernelConfig(fp8_fused_act_quant_per_token=True, fp8_fast_accum=fast_accum)
+    gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=cfg)
+    layers = len(gen.model_wrapper.model.model.layers)
+    assert set(calls) == {512, 1024} and calls[512] >= 2 * 2 * layers and calls[1024] >= 2 * layers, calls
+    calls.clear()
+    off = KernelConfig(fp8_fused_act_quant_per_token=False, fp8_fast_accum=False)
+    _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=off)
+    assert not calls
     assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)

@@ -5,7 +5,8 @@ The interpreter (test_fp8_kernels.py) runs the kernel's arithmetic but not the c
 large for the registers, or a layout that splits a thread's 16 e4m3 bytes into narrower loads, shows
 only as time on a GPU. Here the kernel is compiled ahead of time as fp8_gemv launches it for the
 Llama-3-8B projections (qkv, o, gate_up with its SiLU epilogue, down; block scales of 128 and one
-scale a row; qkv and gate_up also with the add + RMSNorm prologue, add_norm) at 1 and 2 tokens under the
+scale a row; qkv and gate_up also with the add + RMSNorm prologue, add_norm; qkv and o at 1 token also
+with one row block a program, the fp8_gemv_rounds A/B arm) at 1 and 2 tokens under the
 default KernelConfig (pointers and strides divisible by
 16, as Triton specializes them at launch), with the ptxas that ships with Triton; cuobjdump reads
 back its stack (spilled registers) and its SASS the widths of its global loads. In a child process: in this one the kernel may already be an interpreted function.
@@ -25,6 +26,7 @@ from sm90_compile import ROOT, run_child
 SHAPES = {"qkv": (6144, 4096, False), "o": (4096, 4096, False), "gate_up": (28672, 4096, True),
           "down": (4096, 14336, False)}
 NORMED = ("qkv", "gate_up")  # the projections after a norm: compiled with the add_norm prologue too
+ROUNDED = ("qkv", "o")  # at 1 token by default two row blocks a program (fp8_gemv_rounds); also compiled with one
 
 
 def _compile_all() -> dict:
@@ -42,11 +44,15 @@ def _compile_all() -> dict:
     cfg = KernelConfig()
     for name, (N, K, silu) in SHAPES.items():
         for group in (128, K):
-            for M, norm in ((m, nm) for m in range(1, cfg.fp8_gemv_max_tokens + 1) for nm in ((False, True) if name in NORMED else (False,))):
+            cases = [(m, nm, fp8_gemv.gemv_rounds(m, K, nm, cfg.fp8_gemv_rounds, cfg))
+                     for m in range(1, cfg.fp8_gemv_max_tokens + 1)
+                     for nm in ((False, True) if name in NORMED else (False,))]
+            cases += [(1, False, 1)] if name in ROUNDED else []  # one row block a program (fp8_gemv_rounds 1)
+            for M, norm, rounds in cases:
                 ch = fp8_gemv.gemv_chunk(K, group, cfg.fp8_gemv_chunk)
                 constexprs = dict(K=K, GROUP=group, CH=ch, NCH=triton.next_power_of_2(K // ch), M=M,
-                                  BLOCK_N=fp8_gemv.gemv_block_n(M, K, group, silu, cfg), HAS_BIAS=False,
-                                  SILU=silu, NORM=norm, PDL=True)
+                                  BLOCK_N=fp8_gemv.gemv_block_n(M, K, group, silu, cfg, rounds), ROUNDS=rounds,
+                                  HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True, FENCE=rounds > 1)
                 pointers = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
                                 r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16")
                 sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
@@ -67,13 +73,14 @@ def _compile_all() -> dict:
                 for op in re.findall(r"\b(LDG\.E[.\w]*)", sass):
                     loads[op] = loads.get(op, 0) + 1
                 case = f"{name} group={'row' if group == K else group} M={M}{' +norm' if norm else ''}"
+                case += " one block" if name in ROUNDED and M == 1 and not norm and rounds == 1 else ""
                 out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads)
     return out
 
 
 def test_fp8_gemv_compiles_for_sm90_without_spills_and_with_16_byte_weight_loads():
     built = run_child(__file__)
-    assert len(built) == (len(SHAPES) + len(NORMED)) * 2 * 2, sorted(built)
+    assert len(built) == (len(SHAPES) + len(NORMED)) * 2 * 2 + len(ROUNDED) * 2, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
     assert not spilled, spilled
     for case, r in built.items():

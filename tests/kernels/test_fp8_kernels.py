@@ -141,7 +141,8 @@ def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
 
 GEMV_CONFIGS = {"default": KernelConfig(),
                 "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
-                "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8)}
+                "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8),
+                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4)}
 
 
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS.values(), ids=GEMV_CONFIGS.keys())
@@ -150,7 +151,8 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
     """The "gemv" path (one to four tokens): x unquantized, W dequantized per row and group; groups
     of 128 with K not a multiple of 128 (nor of 16), one group a row, groups of 32 and 48 (chunks
     of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
-    over [gate | up] rows and scales; under several chunks and tiles of the kernel."""
+    over [gate | up] rows and scales; under several chunks and tiles of the kernel, and programs of
+    three row blocks taken in turn (fp8_gemv_rounds; rows of up to 8192, at 1-4 tokens here)."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
                                           (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),

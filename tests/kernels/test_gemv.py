@@ -78,3 +78,31 @@ def test_gemv_matches_the_product(dt):
     assert not triton_ops.gemv_fits(torch.randn(3, 64, device="cuda", dtype=dt), w)  # more tokens: cuBLAS
     other = torch.float16 if dt != torch.float16 else torch.bfloat16
     assert not triton_ops.gemv_fits(torch.randn(1, 64, device="cuda", dtype=other), w)
+
+
+def test_programs_of_several_row_blocks():
+    """gemv_rounds: a program takes its tile as several row blocks in turn (the next block's loads
+    before the products of the one before), the last program's blocks partly or wholly past N; with
+    a bias and the SiLU epilogue, one and two tokens: still the float64 product. The plan: rounds
+    only within gemv_rounds_max_tokens / gemv_rounds_max_k and without the norm prologue, the tile
+    split among them."""
+    from model_wrapper.kernels.gemv import gemv_plan
+
+    cfg = KernelConfig(gemv_rounds=3, gemv_tile=3072, gemv_warps=4, gemv_rounds_max_tokens=2)
+    assert gemv_plan(1, 448, False, cfg=cfg) == dict(KP=512, ROUNDS=3, BLOCK_N=2)
+    assert gemv_plan(1, 448, False, norm=True, cfg=cfg)["ROUNDS"] == 1
+    assert gemv_plan(3, 448, False, cfg=cfg)["ROUNDS"] == 1  # past gemv_rounds_max_tokens
+    assert gemv_plan(1, 16384, False, cfg=cfg)["ROUNDS"] == 1  # past gemv_rounds_max_k
+    assert gemv_plan(1, 4096, False) == dict(KP=4096, ROUNDS=1, BLOCK_N=4)  # the default: one block
+    g = torch.Generator().manual_seed(6)
+    for T, N, K, bias, silu in ((1, 11, 448, True, False), (2, 7, 448, False, True), (2, 25, 300, True, True)):
+        w = (torch.randn((2 if silu else 1) * N, K, generator=g) / K**0.5).to(DEVICE, torch.float32)
+        b = torch.randn(w.shape[0], generator=g).to(DEVICE, torch.float32) if bias else None
+        x = torch.randn(T, K, generator=g).to(DEVICE, torch.float32)
+        want = x.double() @ w.double().t() + (b.double() if bias else 0)
+        if silu:
+            gate, up = want.chunk(2, dim=-1)
+            want = torch.nn.functional.silu(gate) * up
+        got = tops.gemv(x, w, b, silu=silu, cfg=cfg)
+        assert got.shape == (T, N)
+        assert rel_err(got.double(), want) < TOL[torch.float32], (T, N, K)

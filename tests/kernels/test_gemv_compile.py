@@ -4,7 +4,8 @@ without its add + RMSNorm prologue (add_norm), on a machine without a GPU.
 The prologue holds the norm weight's row beside the weights' tile and reduces h + residual over the row
 in every program: the interpreter (test_norm_prologue.py) checks its arithmetic, not whether the
 registers still hold the tile. Each case is compiled ahead of time as gemv launches it for the
-Llama-3-8B projections that follow a norm (qkv; gate_up with its SiLU epilogue) at 1 and 2 tokens
+Llama-3-8B projections that follow a norm (qkv; gate_up with its SiLU epilogue) at 1 and 2 tokens, and
+without the norm as two row blocks a program at 1 token (gemv_rounds)
 under the default KernelConfig, with the ptxas that ships with Triton; cuobjdump reads back its stack
 (spilled registers). In a child process: in this one the kernel may already be an interpreted function.
 """
@@ -20,7 +21,12 @@ import tempfile
 
 from sm90_compile import ROOT, compile_sm90, run_child
 
+sys.path.insert(0, ROOT)
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+
 SHAPES = {"qkv": (6144, 4096, False), "gate_up": (28672, 4096, True)}
+# also compiled with two row blocks a program (gemv_rounds; at 1 token: gemv_rounds_max_tokens)
+ROUNDS = KernelConfig(gemv_rounds=2)
 
 
 def _compile_all() -> dict:
@@ -45,14 +51,16 @@ def _compile_all() -> dict:
     pointers = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", o_ptr="*bf16", r_ptr="*bf16", nw_ptr="*bf16",
                     ro_ptr="*bf16")
     for name, (N, K, silu) in SHAPES.items():
-        kp = triton.next_power_of_2(K)
         for M in range(1, cfg.gemv_max_tokens + 1):
-            for add_norm in (False, True):
-                constexprs = dict(K=K, KP=kp, M=M, BLOCK_N=max(1, cfg.gemv_tile // kp // (2 if silu else 1)),
-                                  HAS_BIAS=False, SILU=silu, NORM=add_norm, PDL=True)
+            for add_norm, c in ((False, cfg), (True, cfg), (False, ROUNDS)):
+                plan = gemv.gemv_plan(M, K, silu, add_norm, c)
+                if c is ROUNDS and plan["ROUNDS"] == 1:
+                    continue
+                constexprs = dict(K=K, M=M, HAS_BIAS=False, SILU=silu, NORM=add_norm, PDL=True,
+                                  FENCE=plan["ROUNDS"] > 1, **plan)
                 kernel = compile_sm90(gemv._gemv_kernel, pointers, constexprs, ("eps",), num_warps=cfg.gemv_warps,
                                       num_stages=1)
-                out[f"{name} M={M}{' +norm' if add_norm else ''}"] = stack(kernel)
+                out[f"{name} M={M}{' +norm' if add_norm else ''}{' rounds' if c is ROUNDS else ''}"] = stack(kernel)
     kernel = compile_sm90(norm._add_rms_norm_kernel, dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16"),
                           dict(BLOCK=4096, PDL=True), ("eps",), num_warps=8, num_stages=1)
     out["add_rms_norm"] = stack(kernel)
@@ -61,7 +69,7 @@ def _compile_all() -> dict:
 
 def test_gemv_compiles_for_sm90_without_spills_with_and_without_the_norm_prologue():
     built = run_child(__file__, "cuobjdump")
-    assert len(built) == len(SHAPES) * 2 * 2 + 1, sorted(built)
+    assert len(built) == len(SHAPES) * (2 * 2 + 1) + 1, sorted(built)
     assert {case: s for case, s in built.items() if s} == {}
 
 
