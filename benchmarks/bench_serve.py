@@ -269,18 +269,102 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
 
 
 def read_trace(path: str) -> list[tuple]:
-    """A StepTrace CSV (text_generator/serve/profiling.py) -> its rows as tuples of numbers."""
+    """A trace CSV (text_generator/serve/profiling.py: StepTrace, RequestTrace, OutTrace) -> its rows as
+    tuples, numbers as floats (other fields, such as a response id, as strings); a line being written
+    (fewer fields than the header) is left out."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        lines = f.read().splitlines()[1:]
+        lines = f.read().splitlines()
+    if not lines:
+        return []
+    width = len(lines[0].split(","))
     rows = []
-    for line in lines:
-        try:
-            rows.append(tuple(float(x) for x in line.split(",")))
-        except ValueError:  # a line being written
+    for line in lines[1:]:
+        fields = line.split(",")
+        if len(fields) != width:
             continue
+        rows.append(tuple(_field(x) for x in fields))
     return rows
+
+
+def _field(x: str):
+    try:
+        return float(x)
+    except ValueError:
+        return x
+
+
+def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], requests: list[tuple], end: float) -> dict:
+    """Where a served pass's last tokens wait after the engine's last step, from the three traces and the
+    clients' receive times (all time.perf_counter(), one clock):
+
+        engine step ends -> its outputs packed and sent -> the HTTP process reads them (out pipe, FILE.out;
+        pipe_ms: each step's, paired by its step count) -> a stream takes its request's final output (take_ms) -> its last
+        chunk is handed to uvicorn (write_ms) -> the client has parsed it (client_ms: socket + the openai
+        client) -> the client's stream is closed (close_ms)
+
+    per request (its final output; p50 / p99 / max over the pass), and for the pass's tail the time of the
+    last of each after the engine's last step ended (last_*_ms). steps: StepTrace rows of the pass; outs:
+    OutTrace rows; http: RequestTrace rows of the pass; requests: the clients' (id, sent, first token, last
+    token, closed); end: the last stream's close."""
+    if not steps:
+        return {}
+    # from the end of the engine's step (its outputs then packed, pickled and written: the send's end can
+    # come after the reader has the message, which it reads while it is written)
+    stepped = {int(r[13]): r[3] for r in steps if len(r) > 13}  # step count -> the engine's step ended
+    pipe = [o[0] - stepped[int(o[1])] for o in outs if int(o[1]) in stepped]
+    e_last = steps[-1][3]
+    by_id = {r[7]: r for r in http if len(r) > 7}
+    take, write, client, close = [], [], [], []
+    last = dict(final=[], written=[], client=[])
+    for rid, _sent, _first, tok, closed in requests:
+        h = by_id.get(rid)
+        if h is None or tok is None:
+            continue
+        t_final, t_taken, t_written = h[3], h[4], h[5]
+        take.append(t_taken - t_final)
+        write.append(t_written - t_taken)
+        client.append(tok - t_written)
+        close.append(closed - tok)
+        last["final"].append(t_final)
+        last["written"].append(t_written)
+        last["client"].append(tok)
+
+    def dist(xs):
+        xs = sorted(xs)
+        return [round(1e3 * percentile(xs, 50), 3), round(1e3 * percentile(xs, 99), 3), round(1e3 * xs[-1], 3)] \
+            if xs else None
+
+    res = dict(pipe_ms=dist(pipe), take_ms=dist(take), write_ms=dist(write), client_ms=dist(client),
+               close_ms=dist(close), matched_requests=len(take), last_step_pipe_ms=None)
+    reads = [o[0] for o in outs if len(steps[-1]) > 13 and int(o[1]) == int(steps[-1][13])]
+    if reads:
+        res["last_step_pipe_ms"] = 1e3 * (min(reads) - e_last)
+    for k, v in last.items():
+        res[f"last_{k}_ms"] = 1e3 * (max(v) - e_last) if v else None
+    res["last_closed_ms"] = 1e3 * (end - e_last)
+    return res
+
+
+def tail_line(t: dict | None) -> str:
+    """tail_split's numbers, one line."""
+    if not t:
+        return "-"
+
+    def d(k):
+        v = t.get(k)
+        return "?" if not v else f"{v[0]:.1f} / {v[1]:.1f} / {v[2]:.1f}"
+
+    def ms(k):
+        v = t.get(k)
+        return "?" if v is None else f"{v:.1f}"
+
+    return (f"after the engine's last step: HTTP read it +{ms('last_step_pipe_ms')} ms, had every final output "
+            f"+{ms('last_final_ms')}, wrote the last one +{ms('last_written_ms')}, last token at a client "
+            f"+{ms('last_client_ms')}, last stream closed +{ms('last_closed_ms')} ms; per step / request (ms, p50 / "
+            f"p99 / max): pipe {d('pipe_ms')}, final taken {d('take_ms')}, written {d('write_ms')}, at the client "
+            f"{d('client_ms')}, closed {d('close_ms')} ({t.get('matched_requests')} requests)")
 
 
 def phase_line(ph: dict | None) -> str:
@@ -303,23 +387,45 @@ def phase_line(ph: dict | None) -> str:
     return qs + extra
 
 
-async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
+async def _client_part(port: int, jobs, output_len: int, t_start: float, warm: bool) -> dict:
     """One client process's share of a load: jobs = [(prompt, delay after t_start)], streamed with the
-    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time and own CPU seconds."""
-    from openai import AsyncOpenAI
+    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time, own CPU seconds and per
+    request (response id, sent, first token, last token, stream closed).
 
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    ttft, itl, tokens, chunks, starts, times = [], [], [0], [0], [], []
+    Before t_start (outside the timed window) the process builds its client and its request bodies and,
+    with `warm`, opens one keep-alive connection per request (GET /v1/models, all at once): what a load
+    generator sets up is not the server's cost. The requests go out through the client's generic
+    `post` with those bodies, so that the openai client's per-call transform of the parameters (~5 ms
+    for a 256-token prompt on the helper CPU: 64 requests held the process's first send back ~350 ms)
+    stays out of the window; the chunks are parsed by the openai client as ever (AsyncStream[Completion])."""
+    import importlib
 
-    async def one(prompt, delay):
+    from openai import AsyncOpenAI, AsyncStream, DefaultAsyncHttpxClient
+    from openai.types import Completion
+
+    # (the HTTP library the openai client is built on: httpx, or its fork httpx2 in recent releases)
+    httpx = importlib.import_module(DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+    # idle keep-alive connections are dropped after 4 s here, before uvicorn closes its side (5 s)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=len(jobs) + 1, keepalive_expiry=4.0)
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600,
+                         http_client=DefaultAsyncHttpxClient(limits=limits, timeout=3600))
+    bodies = [dict(model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
+                   stream_options={"include_usage": True}, ignore_eos=True) for prompt, _ in jobs]
+    if warm:
+        await asyncio.gather(*(client.models.list() for _ in jobs))
+    pool = getattr(getattr(getattr(client, "_client", None), "_transport", None), "_pool", None)
+    connections = len(pool.connections) if pool is not None else -1  # (httpx / httpcore internals: -1 unknown)
+    ready = time.perf_counter()
+    ttft, itl, tokens, chunks, times, reqs = [], [], [0], [0], [], []
+
+    async def one(body, delay):
         await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
         start = time.perf_counter()
-        starts.append(start)
-        last = None
-        stream = await client.completions.create(
-            model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        first = last = rid = None
+        stream = await client.post("/completions", body=body, cast_to=Completion, stream=True,
+                                   stream_cls=AsyncStream[Completion])
         async for chunk in stream:
+            rid = chunk.id
             if chunk.usage is not None:
                 tokens[0] += chunk.usage.completion_tokens
             if not chunk.choices or chunk.choices[0].logprobs is None:
@@ -328,22 +434,25 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
             chunks[0] += 1
             now = time.perf_counter()
             times.extend([now] * n)
-            if last is None:
+            if first is None:
+                first = now
                 ttft.append(now - start)
             elif n:
                 itl.extend([(now - last) / n] * n)
             last = now
+        reqs.append((rid, start, first, last, time.perf_counter()))
 
     cpu0 = time.process_time()
-    await asyncio.gather(*(one(p, d) for p, d in jobs))
+    await asyncio.gather(*(one(b, d) for b, (_, d) in zip(bodies, jobs)))
     end = time.perf_counter()
+    cpu = time.process_time() - cpu0
     await client.close()
-    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
-                cpu=time.process_time() - cpu0, times=times)
+    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(r[1] for r in reqs), end=end,
+                cpu=cpu, times=times, requests=reqs, ready=ready, connections=connections)
 
 
-def _client_process(port, jobs, output_len, t_start) -> dict:
-    return asyncio.run(_client_part(port, jobs, output_len, t_start))
+def _client_process(port, jobs, output_len, t_start, warm) -> dict:
+    return asyncio.run(_client_part(port, jobs, output_len, t_start, warm))
 
 
 def _warm_client() -> None:
@@ -381,12 +490,16 @@ class ClientPool:
                 t += rng.expovariate(rate)
         jobs = list(zip(prompts, delays))
         shares = [jobs[i::self.procs] for i in range(self.procs)]
-        t_start = time.perf_counter() + (0.5 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
+        # all at once: every process opens its keep-alive connections first and all start together at
+        # t_start (CLOCK_MONOTONIC: one clock for all processes); at a rate, connections open as they go
+        # (a request minutes later would find its idle connection closed by the server)
+        warm = not rate
+        t_start = time.perf_counter() + (2.0 if warm else 0.5 if self.pool else 0.0)
         if self.pool is None:
-            parts = [_client_process(port, shares[0], output_len, t_start)]
+            parts = [_client_process(port, shares[0], output_len, t_start, warm)]
         else:
             parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
-                                       [t_start] * self.procs))
+                                       [t_start] * self.procs, [warm] * self.procs))
         seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
                     sum(p["tokens"] for p in parts), seconds, [t for p in parts for t in p["times"]])
@@ -394,6 +507,10 @@ class ClientPool:
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
         res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
+        res["requests"] = [r for p in parts for r in p["requests"]]  # (measure() takes it out)
+        if warm:  # the set-up's margin before the start (negative: a process was late) and its connections
+            res["client_ready_ms_before_start"] = 1e3 * (t_start - max(p["ready"] for p in parts))
+            res["client_connections"] = sum(p["connections"] for p in parts)
         return res
 
     def close(self) -> None:
@@ -478,6 +595,7 @@ class Server:
         before = {k: cpu_seconds(p) for k, p in pids.items() if p}
         steps = self.engine_steps()
         res = clients.load(self.port, prompts, output_len, rate, seed)
+        requests = res.pop("requests")
         for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         if steps is not None:
@@ -496,6 +614,8 @@ class Server:
                 # with the openai client, opening their connections), which the client clock counts
                 res["server_clock_seconds"] = end - min(r[0] for r in http)
                 res["server_clock_tokens_per_s"] = res["output_tokens"] / res["server_clock_seconds"]
+            steps = [r for r in read_trace(self.trace) if begin <= r[2] <= end]
+            res["tail"] = tail_split(steps, read_trace(self.trace + ".out"), http, requests, end)
         return res
 
     def engine_steps(self) -> int | None:
@@ -547,6 +667,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
             sc = srv[-1]["server_clock_tokens_per_s"]
             print(f"  on the server's clock (from the first request in its hands): server {sc:.0f} tok/s "
                   f"({srv[-1]['server_clock_seconds']:.2f} s): ratio {sc / e:.3f}", flush=True)
+        if "tail" in srv[-1]:
+            print(f"  tail: {tail_line(srv[-1]['tail'])}", flush=True)
         if "phases" in eng[-1]:
             print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
                   f"{phase_line(srv[-1].get('phases'))}", flush=True)
