@@ -307,7 +307,8 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
     per request (its final output; p50 / p99 / max over the pass), and for the pass's tail the time of the
     last of each after the engine's last step ended (last_*_ms). steps: StepTrace rows of the pass; outs:
     OutTrace rows; http: RequestTrace rows of the pass; requests: the clients' (id, sent, first token, last
-    token, closed); end: the last stream's close."""
+    token, closed, client process); end: the last stream's close. client_ms_p50_by_process: the median
+    lag of each load-generator process (one process behind the others: its own pace)."""
     if not steps:
         return {}
     # from the end of the engine's step (its outputs then packed, pickled and written: the send's end can
@@ -317,8 +318,9 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
     e_last = steps[-1][3]
     by_id = {r[7]: r for r in http if len(r) > 7}
     take, write, client, close = [], [], [], []
+    by_proc: dict[int, list] = {}
     last = dict(final=[], written=[], client=[])
-    for rid, _sent, _first, tok, closed in requests:
+    for rid, _sent, _first, tok, closed, proc in requests:
         h = by_id.get(rid)
         if h is None or tok is None:
             continue
@@ -326,6 +328,7 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
         take.append(t_taken - t_final)
         write.append(t_written - t_taken)
         client.append(tok - t_written)
+        by_proc.setdefault(proc, []).append(tok - t_written)
         close.append(closed - tok)
         last["final"].append(t_final)
         last["written"].append(t_written)
@@ -337,7 +340,8 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
             if xs else None
 
     res = dict(pipe_ms=dist(pipe), take_ms=dist(take), write_ms=dist(write), client_ms=dist(client),
-               close_ms=dist(close), matched_requests=len(take), last_step_pipe_ms=None)
+               close_ms=dist(close), matched_requests=len(take), last_step_pipe_ms=None,
+               client_ms_p50_by_process=[round(1e3 * percentile(v, 50), 2) for _, v in sorted(by_proc.items())])
     reads = [o[0] for o in outs if len(steps[-1]) > 13 and int(o[1]) == int(steps[-1][13])]
     if reads:
         res["last_step_pipe_ms"] = 1e3 * (min(reads) - e_last)
@@ -364,7 +368,8 @@ def tail_line(t: dict | None) -> str:
             f"+{ms('last_final_ms')}, wrote the last one +{ms('last_written_ms')}, last token at a client "
             f"+{ms('last_client_ms')}, last stream closed +{ms('last_closed_ms')} ms; per step / request (ms, p50 / "
             f"p99 / max): pipe {d('pipe_ms')}, final taken {d('take_ms')}, written {d('write_ms')}, at the client "
-            f"{d('client_ms')}, closed {d('close_ms')} ({t.get('matched_requests')} requests)")
+            f"{d('client_ms')}, closed {d('close_ms')} ({t.get('matched_requests')} requests); at the client, median "
+            f"by process {t.get('client_ms_p50_by_process')}")
 
 
 def phase_line(ph: dict | None) -> str:
@@ -507,7 +512,7 @@ class ClientPool:
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
         res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
-        res["requests"] = [r for p in parts for r in p["requests"]]  # (measure() takes it out)
+        res["requests"] = [(*r, i) for i, p in enumerate(parts) for r in p["requests"]]  # (measure() takes it out)
         if warm:  # the set-up's margin before the start (negative: a process was late) and its connections
             res["client_ready_ms_before_start"] = 1e3 * (t_start - max(p["ready"] for p in parts))
             res["client_connections"] = sum(p["connections"] for p in parts)
@@ -741,6 +746,8 @@ def main() -> None:
                num_blocks=a.num_blocks, cpu_count=os.cpu_count(), client_procs=a.client_procs,
                server_threads=a.server_threads, repeats=a.repeats,
                request="greedy, ignore_eos, logprobs=1, streamed (server) / LLMEngine.generate (engine)")
+    res["uvicorn"] = uvicorn_stack()
+    print(f"uvicorn: {res['uvicorn']}", flush=True)
     print(f"{os.cpu_count()} cores, {a.client_procs} client processes, server threads "
           f"{a.server_threads or 'inherited'}, {a.repeats} interleaved pairs of {a.num_prompts} requests, "
           f"{a.num_blocks} KV blocks per side", flush=True)
@@ -782,6 +789,17 @@ def main() -> None:
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     plot(res, a.out + ".png")
+
+
+def uvicorn_stack() -> dict:
+    """What `serve`'s uvicorn runs on here (its defaults, --http auto / --loop auto): the httptools C parser
+    when importable (else h11, pure Python), uvloop when importable (else asyncio's loop)."""
+    import importlib.util
+
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    return dict(http=AutoHTTPProtocol.__name__, loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+                httptools=bool(importlib.util.find_spec("httptools")))
 
 
 def plot(res, path):
