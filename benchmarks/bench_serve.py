@@ -36,12 +36,21 @@ per quarter of the pass its steps, wall ms per step, ms inside LLMEngine.step (o
 ms of loop work around it (intake: commands read and applied; send: outputs packed and sent), CPU and GC-pause
 ms per step and the mean running batch; the server's passes add when the engine had added the last request and
 the gaps before the first step and after the last one, and the HTTP process's first handler and submissions.
-The server's passes are timed on the client clock (first request sent to last token received) and, with the
+The load generator's set-up is not the server's cost: before a saturation pass every client process builds
+its openai client and its request bodies and opens one keep-alive connection per request (GET /v1/models,
+all at once); all processes then start on one clock (t_start, 2 s after the pass is handed out:
+client_ready_ms_before_start says by how much they were ready, client_connections how many connections
+were open). The requests go out through the openai client's generic `post` with the pre-built bodies (the
+per-call transform of a 256-token prompt in `completions.create` cost ~5 ms, which held each process's first
+send back ~350 ms when it sat inside the window); the chunks are parsed by the openai client as ever. The
+server's own work on the burst (~0.7 ms a request in uvicorn, FastAPI and pydantic) stays in the window.
+The server's passes are timed on the client clock (the start to the last token received) and, with the
 trace, also on the server's clock: from the first request in the server's hands (its handler began) to the
-last token at its client. The difference is the load generator's own start: the openai client builds its
-64 requests per process and opens 512 connections before the first one arrives (on the CPU, pre-built
-requests on open connections reach a handler within 1-13 ms of being sent, benchmarks/burst_admission.py;
-through 8 openai-client processes the first handler began 742 ms after the first send). Writes benchmarks/results/serve.json, serve.png and
+last token at its client. With the trace the server's passes also get `tail` (tail_split): from the engine's
+last step to the HTTP process reading its outputs, its streams taking and writing them, the clients parsing
+them and closing their streams (the HTTP process's per-request and per-message trace lines, the clients'
+receive times, paired by response id), per request and for the pass's last ones. uvicorn's HTTP parser and
+loop (httptools or h11, uvloop or asyncio) are recorded as "uvicorn". Writes benchmarks/results/serve.json, serve.png and
 serve_trace.json (every step of every timed pass; serve_tiny.* with --tiny).
 """
 
