@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -381,6 +382,17 @@ def tail_line(t: dict | None) -> str:
             f"by process {t.get('client_ms_p50_by_process')}")
 
 
+def client_line(row: dict) -> str:
+    """A served pass's load generator and HTTP process, one line."""
+    g = row.get
+    return (f"clients: busiest {g('client_cpu_pct', float('nan')):.0f}% CPU, GC {g('client_gc_ms', float('nan')):.0f} ms "
+            f"(longest pause {g('client_gc_max_pause_ms', float('nan')):.1f} ms), set-up ready "
+            f"{g('client_ready_ms_before_start', float('nan')):.0f} ms before the start with "
+            f"{g('client_connections', '?')} connections; HTTP process {g('http_cpu_pct', float('nan')):.0f}% CPU, "
+            f"engine process {g('engine_proc_cpu_pct', float('nan')):.0f}%; {g('tokens_per_chunk', float('nan')):.3f} "
+            f"tokens a chunk; ITL p50 / p99 {g('itl_ms_p50', float('nan')):.2f} / {g('itl_ms_p99', float('nan')):.1f} ms")
+
+
 def phase_line(ph: dict | None) -> str:
     """The quarters' ms per step and their split (step / loop / device wait), one line."""
     if not ph or not ph.get("quarters"):
@@ -456,13 +468,27 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float, warm: b
             last = now
         reqs.append((rid, start, first, last, time.perf_counter()))
 
+    pauses: list[float] = []  # the garbage collector's pauses in the window (a pause holds every stream back)
+    gc_start = [0.0]
+
+    def on_gc(phase, _info):
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - gc_start[0])
+
+    gc.callbacks.append(on_gc)
     cpu0 = time.process_time()
-    await asyncio.gather(*(one(b, d) for b, (_, d) in zip(bodies, jobs)))
+    try:
+        await asyncio.gather(*(one(b, d) for b, (_, d) in zip(bodies, jobs)))
+    finally:
+        gc.callbacks.remove(on_gc)
     end = time.perf_counter()
     cpu = time.process_time() - cpu0
     await client.close()
     return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(r[1] for r in reqs), end=end,
-                cpu=cpu, times=times, requests=reqs, ready=ready, connections=connections)
+                cpu=cpu, times=times, requests=reqs, ready=ready, connections=connections,
+                gc_s=sum(pauses), gc_max_s=max(pauses, default=0.0))
 
 
 def _client_process(port, jobs, output_len, t_start, warm) -> dict:
@@ -522,6 +548,8 @@ class ClientPool:
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
         res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
         res["requests"] = [(*r, i) for i, p in enumerate(parts) for r in p["requests"]]  # (measure() takes it out)
+        res["client_gc_ms"] = max(1e3 * p["gc_s"] for p in parts)  # the process that paused longest, in all
+        res["client_gc_max_pause_ms"] = max(1e3 * p["gc_max_s"] for p in parts)
         if warm:  # the set-up's margin before the start (negative: a process was late) and its connections
             res["client_ready_ms_before_start"] = 1e3 * (t_start - max(p["ready"] for p in parts))
             res["client_connections"] = sum(p["connections"] for p in parts)
@@ -683,6 +711,7 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
                   f"({srv[-1]['server_clock_seconds']:.2f} s): ratio {sc / e:.3f}", flush=True)
         if "tail" in srv[-1]:
             print(f"  tail: {tail_line(srv[-1]['tail'])}", flush=True)
+        print(f"  {client_line(srv[-1])}", flush=True)
         if "phases" in eng[-1]:
             print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
                   f"{phase_line(srv[-1].get('phases'))}", flush=True)
