@@ -216,6 +216,11 @@ def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, 
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt=[5, 10**6], max_tokens=2)
     assert_error(e, "prompt", "TG_INVALID_REQUEST")
+    for bad in ([-1, 5], [[5, 6], [7, 10**6]]):  # a negative id; an id out of range in a batch's second prompt
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt=bad, max_tokens=2)
+        assert_error(e, "prompt", "TG_INVALID_REQUEST")
+        assert str(-1 if bad[0] == -1 else 10**6) in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
     assert_error(e, "messages", "TG_INVALID_REQUEST")
