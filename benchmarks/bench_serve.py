@@ -657,7 +657,16 @@ class Server:
                 res["server_clock_seconds"] = end - min(r[0] for r in http)
                 res["server_clock_tokens_per_s"] = res["output_tokens"] / res["server_clock_seconds"]
             steps = [r for r in read_trace(self.trace) if begin <= r[2] <= end]
-            res["tail"] = tail_split(steps, read_trace(self.trace + ".out"), http, requests, end)
+            outs = [o for o in read_trace(self.trace + ".out") if begin <= o[0] <= end + 1.0]
+            res["tail"] = tail_split(steps, outs, http, requests, end)
+            # every out-pipe message's read (s from the pass's start, engine step, outputs) and every request's
+            # times (HTTP: handler, submitted, final read, taken, written; client: sent, first and last token,
+            # closed; s from the start): to the trace file, beside the steps
+            res["phases"]["http_reads"] = [(round(o[0] - begin, 6), int(o[1]), int(o[2])) for o in outs]
+            by_id = {r[7]: r for r in http if len(r) > 7}
+            res["phases"]["requests"] = [
+                [round(t - begin, 6) if isinstance(t, float) else None for t in (*by_id[q[0]][:2], *by_id[q[0]][3:6], *q[1:5])]
+                + [q[5]] for q in requests if q[0] in by_id]
         return res
 
     def engine_steps(self) -> int | None:
@@ -699,7 +708,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         for side, row in (("engine", eng[-1]), ("server", srv[-1])) + ((("engine_paced", paced[-1]),) if arrivals else ()):
             if "phases" in row:  # every step of the pass, to a file of its own (not the JSON of results)
                 traces.append(dict(pair=i, side=side, seconds=row["phases"]["seconds"], fields=TRACE_FIELDS,
-                                   steps=row["phases"].pop("steps")))
+                                   steps=row["phases"].pop("steps"), http_reads=row["phases"].pop("http_reads", None),
+                                   requests=row["phases"].pop("requests", None), request_fields=REQUEST_FIELDS))
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
@@ -733,6 +743,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
     return median_run(eng), median_run(srv), cost
 
 
+REQUEST_FIELDS = ("http handler", "http submitted", "http final read", "http final taken", "http last written",
+                  "client sent", "client first token", "client last token", "client closed", "client process")
 TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
                 "running", "waiting", "added", "outputs", "tokens", "running_before")
 
