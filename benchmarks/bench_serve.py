@@ -735,10 +735,10 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
             print(f"  engine with the server's arrivals: {p_:.0f} tok/s ({paced[-1]['seconds']:.1f} s), {step_line(paced[-1])}: "
                   f"ratio to the engine {p_ / e:.3f}, server / it {s_ / p_:.3f}\n  its quarters: "
                   f"{phase_line(paced[-1]['phases'])}", flush=True)
-    if traces:
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out + "_trace.json", "w") as f:
-            json.dump(traces, f)
+        if traces:  # (after every pair: a run cut short by a time limit still leaves its pairs' traces)
+            os.makedirs(os.path.dirname(a.out), exist_ok=True)
+            with open(a.out + "_trace.json", "w") as f:
+                json.dump(traces, f)
     cost = http_cost(eng, srv)
     if paced:  # how much of the cost the admission pattern alone explains (no HTTP in that row)
         ratios = sorted(p["output_tokens_per_s"] / e["output_tokens_per_s"] for e, p in zip(eng, paced))
