@@ -18,10 +18,15 @@ tokens/s; the HTTP cost is 1 - the median ratio, reported with every pass and th
 pass adds all requests at t = 0 (LLMEngine.generate); the served pass sends them all at once.
 Then Poisson arrivals at each --rates (server only).
 
-The load generator must not be what it measures: the openai client spends about 100-200 us of Python per
-SSE chunk, so one process tops out near 5,000-10,000 chunks/s. --client-procs processes (default 8 on
-CUDA: the GPU host has 16 cores, one each for the engine and the HTTP process) share the requests
-round-robin, each with its own event loop. Every served row reports client_cpu_pct (the busiest client
+The load generator must not be what it measures: the openai client spends about 200-250 us of Python per
+SSE chunk, so one process parses at most ~4,000-5,000 chunks/s: ~60 streams at one token per 15 ms step.
+--client-procs processes share the requests round-robin, each with its own event loop. The default on CUDA
+gives each process at most 32 requests (16 processes for 512): a process's requests reach the server
+together, so the engine (first come, first admitted) runs a process's whole share in the same wave of
+max-num-seqs streams; with 64 a process (8 processes, session 35) parsed 64 streams at once, fell up to
+0.4 s behind the server's writes and set the end of the pass. The clients are niced below the server and
+only the processes of the running wave are busy, so 16 fit the GPU host's 16 cores beside the server's two
+processes. Every served row reports client_cpu_pct (the busiest client
 process: near 100 means the client set the pace), http_cpu_pct and engine_proc_cpu_pct (the server's
 two processes, from /proc), and tokens_per_chunk (above 1 where the server sent a stream's queued tokens
 as one chunk because it, or its client, was behind). (engine_proc_cpu_pct near 100 does not by itself mean
@@ -93,7 +98,7 @@ def parse_args():
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks of each side (default: 1.25 x max-num-seqs full-length sequences)")
     p.add_argument("--client-procs", type=int, default=None,
-                   help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
+                   help="load-generator processes (default on CUDA: one per 32 requests, at least 8; 1 on the CPU)")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved timed pairs (engine pass, server pass), each on fresh prompts")
     p.add_argument("--server-threads", type=int, default=None,
@@ -112,7 +117,7 @@ def parse_args():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.client_procs is None:
-        a.client_procs = 8 if a.device != "cpu" else 1
+        a.client_procs = max(8, -(-a.num_prompts // 32)) if a.device != "cpu" else 1
     a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
     a.max_model_len = a.input_len + a.output_len + 16
     if a.num_blocks is None:  # every running sequence at full length, and a quarter more for the prefix cache
@@ -323,8 +328,17 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
         return {}
     # from the end of the engine's step (its outputs then packed, pickled and written: the send's end can
     # come after the reader has the message, which it reads while it is written)
-    stepped = {int(r[13]): r[3] for r in steps if len(r) > 13}  # step count -> the engine's step ended
-    pipe = [o[0] - stepped[int(o[1])] for o in outs if int(o[1]) in stepped]
+    # one message per loop iteration that stepped; an iteration that only reported (the engine's step
+    # count unchanged) repeats its count: rows and messages are paired by count and order within it
+    stepped: dict[int, list[float]] = {}
+    for r in steps:
+        if len(r) > 13:
+            stepped.setdefault(int(r[13]), []).append(r[3])
+    read: dict[int, list[float]] = {}
+    for o in outs:
+        read.setdefault(int(o[1]), []).append(o[0])
+    pairs = {c: list(zip(ts, read.get(c, ()))) for c, ts in stepped.items()}
+    pipe = [t_read - t_end for ps in pairs.values() for t_end, t_read in ps]
     e_last = steps[-1][3]
     by_id = {r[7]: r for r in http if len(r) > 7}
     take, write, client, close = [], [], [], []
@@ -352,9 +366,9 @@ def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], request
     res = dict(pipe_ms=dist(pipe), take_ms=dist(take), write_ms=dist(write), client_ms=dist(client),
                close_ms=dist(close), matched_requests=len(take), last_step_pipe_ms=None,
                client_ms_p50_by_process=[round(1e3 * percentile(v, 50), 2) for _, v in sorted(by_proc.items())])
-    reads = [o[0] for o in outs if len(steps[-1]) > 13 and int(o[1]) == int(steps[-1][13])]
-    if reads:
-        res["last_step_pipe_ms"] = 1e3 * (min(reads) - e_last)
+    last_pairs = pairs.get(int(steps[-1][13]), []) if len(steps[-1]) > 13 else []
+    if last_pairs:
+        res["last_step_pipe_ms"] = 1e3 * (last_pairs[-1][1] - e_last)
     for k, v in last.items():
         res[f"last_{k}_ms"] = 1e3 * (max(v) - e_last) if v else None
     res["last_closed_ms"] = 1e3 * (end - e_last)
