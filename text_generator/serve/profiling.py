@@ -24,14 +24,16 @@ With TG_SERVE_TRACE=FILE the HTTP process also writes
   the HTTP process read its last final output from the out pipe, when its stream took that output from
   its group, when the stream's last content chunk and its `[DONE]` had been handed to the server (the
   generator resumed after yielding them: uvicorn has written them to the socket, or buffered them if the
-  client does not read), and the response id (what the client sees as the chunks' "id");
+  client does not read), and the response id (what the client sees as the chunks' "id"); a request
+  answered in one body has its taken, written and done times all at the moment its body was built;
 - FILE.out: one line per out-pipe message (OutTrace.FIELDS): when the HTTP process read it and the
-  engine step count it carries (Stats.steps), so that a reader pairs it with the step's send in FILE.
+  engine step count it carries (Stats.steps), so that a reader pairs it with its step in FILE (the
+  run-ahead engine's last iteration only collects the last outputs: its count repeats the step before).
 Together with the client's own receive times they split a served pass's tail: engine -> pipe -> HTTP
 process -> socket -> client.
 
-Unset (the default), these cost nothing: `profiled` calls the function directly, `step_trace` and
-`request_trace` are None.
+Unset (the default), these cost nothing: `profiled` calls the function directly, `step_trace`,
+`request_trace` and `out_trace` are None.
 """
 
 from __future__ import annotations
