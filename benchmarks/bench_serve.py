@@ -548,7 +548,7 @@ class ClientPool:
             if rate:
                 t += rng.expovariate(rate)
         jobs = list(zip(prompts, delays))
-        shares = [jobs[i::self.procs] for i in range(self.procs)]
+        shares = [share for share in (jobs[i::self.procs] for i in range(self.procs)) if share]
         # all at once: every process opens its keep-alive connections first and all start together at
         # t_start (CLOCK_MONOTONIC: one clock for all processes); at a rate, connections open as they go
         # (a request minutes later would find its idle connection closed by the server)
@@ -557,8 +557,8 @@ class ClientPool:
         if self.pool is None:
             parts = [_client_process(port, shares[0], output_len, t_start, warm)]
         else:
-            parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
-                                       [t_start] * self.procs, [warm] * self.procs))
+            n = len(shares)
+            parts = list(self.pool.map(_client_process, [port] * n, shares, [output_len] * n, [t_start] * n, [warm] * n))
         seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
                     sum(p["tokens"] for p in parts), seconds, [t for p in parts for t in p["times"]])
