@@ -4,6 +4,11 @@ driven directly with the same requests, in one run, their timed passes interleav
     python3 benchmarks/bench_serve.py                 # GPU: Llama-3-8B shape, bf16, random weights
     python3 benchmarks/bench_serve.py --tiny --device cpu
 
+Budget: `--num-prompts 512 --repeats 3 --rates --no-paced` on one H100 of a 16-core job takes about 4-5 minutes:
+the server's start 95-115 s (model load and the start-up pass's graph captures, beside the engine row's own), the
+untimed first passes, then ~30 s a pair (two ~8 s passes, the clients' set-up, the trace reads); give it 300 s.
+The rates rows add ~70 s per rate at 8/s (512 requests).
+
 Load: --num-prompts random prompts of --input-len token ids, each generating exactly --output-len tokens
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
 demo byte tokenizer the random checkpoint carries decodes most ids to no text).
