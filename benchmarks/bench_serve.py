@@ -4,6 +4,11 @@ driven directly with the same requests, in one run, their timed passes interleav
     python3 benchmarks/bench_serve.py                 # GPU: Llama-3-8B shape, bf16, random weights
     python3 benchmarks/bench_serve.py --tiny --device cpu
 
+Budget: `--num-prompts 512 --repeats 3 --rates --no-paced` on one H100 of a 16-core job takes about 4-5 minutes:
+the server's start 95-115 s (model load and the start-up pass's graph captures, beside the engine row's own), the
+untimed first passes, then ~30 s a pair (two ~8 s passes, the clients' set-up, the trace reads); give it 300 s.
+The rates rows add ~70 s per rate at 8/s (512 requests).
+
 Load: --num-prompts random prompts of --input-len token ids, each generating exactly --output-len tokens
 greedily (EOS ignored) with logprobs=1 (so that every step's token reaches the client as a chunk: the
 demo byte tokenizer the random checkpoint carries decodes most ids to no text).
@@ -18,10 +23,15 @@ tokens/s; the HTTP cost is 1 - the median ratio, reported with every pass and th
 pass adds all requests at t = 0 (LLMEngine.generate); the served pass sends them all at once.
 Then Poisson arrivals at each --rates (server only).
 
-The load generator must not be what it measures: the openai client spends about 100-200 us of Python per
-SSE chunk, so one process tops out near 5,000-10,000 chunks/s. --client-procs processes (default 8 on
-CUDA: the GPU host has 16 cores, one each for the engine and the HTTP process) share the requests
-round-robin, each with its own event loop. Every served row reports client_cpu_pct (the busiest client
+The load generator must not be what it measures: the openai client spends about 200-250 us of Python per
+SSE chunk, so one process parses at most ~4,000-5,000 chunks/s: ~60 streams at one token per 15 ms step.
+--client-procs processes share the requests round-robin, each with its own event loop. The default on CUDA
+gives each process at most 32 requests (16 processes for 512): a process's requests reach the server
+together, so the engine (first come, first admitted) runs a process's whole share in the same wave of
+max-num-seqs streams; with 64 a process (8 processes, session 35) parsed 64 streams at once, fell up to
+0.4 s behind the server's writes and set the end of the pass. The clients are niced below the server and
+only the processes of the running wave are busy, so 16 fit the GPU host's 16 cores beside the server's two
+processes. Every served row reports client_cpu_pct (the busiest client
 process: near 100 means the client set the pace), http_cpu_pct and engine_proc_cpu_pct (the server's
 two processes, from /proc), and tokens_per_chunk (above 1 where the server sent a stream's queued tokens
 as one chunk because it, or its client, was behind). (engine_proc_cpu_pct near 100 does not by itself mean
@@ -36,12 +46,21 @@ per quarter of the pass its steps, wall ms per step, ms inside LLMEngine.step (o
 ms of loop work around it (intake: commands read and applied; send: outputs packed and sent), CPU and GC-pause
 ms per step and the mean running batch; the server's passes add when the engine had added the last request and
 the gaps before the first step and after the last one, and the HTTP process's first handler and submissions.
-The server's passes are timed on the client clock (first request sent to last token received) and, with the
+The load generator's set-up is not the server's cost: before a saturation pass every client process builds
+its openai client and its request bodies and opens one keep-alive connection per request (GET /v1/models,
+all at once); all processes then start on one clock (t_start, 2 s after the pass is handed out:
+client_ready_ms_before_start says by how much they were ready, client_connections how many connections
+were open). The requests go out through the openai client's generic `post` with the pre-built bodies (the
+per-call transform of a 256-token prompt in `completions.create` cost ~5 ms, which held each process's first
+send back ~350 ms when it sat inside the window); the chunks are parsed by the openai client as ever. The
+server's own work on the burst (~0.7 ms a request in uvicorn, FastAPI and pydantic) stays in the window.
+The server's passes are timed on the client clock (the start to the last token received) and, with the
 trace, also on the server's clock: from the first request in the server's hands (its handler began) to the
-last token at its client. The difference is the load generator's own start: the openai client builds its
-64 requests per process and opens 512 connections before the first one arrives (on the CPU, pre-built
-requests on open connections reach a handler within 1-13 ms of being sent, benchmarks/burst_admission.py;
-through 8 openai-client processes the first handler began 742 ms after the first send). Writes benchmarks/results/serve.json, serve.png and
+last token at its client. With the trace the server's passes also get `tail` (tail_split): from the engine's
+last step to the HTTP process reading its outputs, its streams taking and writing them, the clients parsing
+them and closing their streams (the HTTP process's per-request and per-message trace lines, the clients'
+receive times, paired by response id), per request and for the pass's last ones. uvicorn's HTTP parser and
+loop (httptools or h11, uvloop or asyncio) are recorded as "uvicorn". Writes benchmarks/results/serve.json, serve.png and
 serve_trace.json (every step of every timed pass; serve_tiny.* with --tiny).
 """
 
@@ -49,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -83,7 +103,7 @@ def parse_args():
     p.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks of each side (default: 1.25 x max-num-seqs full-length sequences)")
     p.add_argument("--client-procs", type=int, default=None,
-                   help="load-generator processes (default 8 on CUDA, 1 on the CPU)")
+                   help="load-generator processes (default on CUDA: one per 32 requests, at least 8; 1 on the CPU)")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved timed pairs (engine pass, server pass), each on fresh prompts")
     p.add_argument("--server-threads", type=int, default=None,
@@ -102,7 +122,7 @@ def parse_args():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.client_procs is None:
-        a.client_procs = 8 if a.device != "cpu" else 1
+        a.client_procs = max(8, -(-a.num_prompts // 32)) if a.device != "cpu" else 1
     a.out = a.out or os.path.join(ROOT, "benchmarks", "results", "serve_tiny" if a.tiny else "serve")
     a.max_model_len = a.input_len + a.output_len + 16
     if a.num_blocks is None:  # every running sequence at full length, and a quarter more for the prefix cache
@@ -269,18 +289,127 @@ def phases(trace: list[tuple], begin: float, end: float) -> dict:
 
 
 def read_trace(path: str) -> list[tuple]:
-    """A StepTrace CSV (text_generator/serve/profiling.py) -> its rows as tuples of numbers."""
+    """A trace CSV (text_generator/serve/profiling.py: StepTrace, RequestTrace, OutTrace) -> its rows as
+    tuples, numbers as floats (other fields, such as a response id, as strings); a line being written
+    (fewer fields than the header) is left out."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        lines = f.read().splitlines()[1:]
+        lines = f.read().splitlines()
+    if not lines:
+        return []
+    width = len(lines[0].split(","))
     rows = []
-    for line in lines:
-        try:
-            rows.append(tuple(float(x) for x in line.split(",")))
-        except ValueError:  # a line being written
+    for line in lines[1:]:
+        fields = line.split(",")
+        if len(fields) != width:
             continue
+        rows.append(tuple(_field(x) for x in fields))
     return rows
+
+
+def _field(x: str):
+    try:
+        return float(x)
+    except ValueError:
+        return x
+
+
+def tail_split(steps: list[tuple], outs: list[tuple], http: list[tuple], requests: list[tuple], end: float) -> dict:
+    """Where a served pass's last tokens wait after the engine's last step, from the three traces and the
+    clients' receive times (all time.perf_counter(), one clock):
+
+        engine step ends -> its outputs packed and sent -> the HTTP process reads them (out pipe, FILE.out;
+        pipe_ms: each step's, paired by its step count) -> a stream takes its request's final output (take_ms) -> its last
+        chunk is handed to uvicorn (write_ms) -> the client has parsed it (client_ms: socket + the openai
+        client) -> the client's stream is closed (close_ms)
+
+    per request (its final output; p50 / p99 / max over the pass), and for the pass's tail the time of the
+    last of each after the engine's last step ended (last_*_ms). steps: StepTrace rows of the pass; outs:
+    OutTrace rows; http: RequestTrace rows of the pass; requests: the clients' (id, sent, first token, last
+    token, closed, client process); end: the last stream's close. client_ms_p50_by_process: the median
+    lag of each load-generator process (one process behind the others: its own pace)."""
+    if not steps:
+        return {}
+    # from the end of the engine's step (its outputs then packed, pickled and written: the send's end can
+    # come after the reader has the message, which it reads while it is written)
+    # one message per loop iteration that stepped; an iteration that only reported (the engine's step
+    # count unchanged) repeats its count: rows and messages are paired by count and order within it
+    stepped: dict[int, list[float]] = {}
+    for r in steps:
+        if len(r) > 13:
+            stepped.setdefault(int(r[13]), []).append(r[3])
+    read: dict[int, list[float]] = {}
+    for o in outs:
+        read.setdefault(int(o[1]), []).append(o[0])
+    pairs = {c: list(zip(ts, read.get(c, ()))) for c, ts in stepped.items()}
+    pipe = [t_read - t_end for ps in pairs.values() for t_end, t_read in ps]
+    e_last = steps[-1][3]
+    by_id = {r[7]: r for r in http if len(r) > 7}
+    take, write, client, close = [], [], [], []
+    by_proc: dict[int, list] = {}
+    last = dict(final=[], written=[], client=[])
+    for rid, _sent, _first, tok, closed, proc in requests:
+        h = by_id.get(rid)
+        if h is None or tok is None:
+            continue
+        t_final, t_taken, t_written = h[3], h[4], h[5]
+        take.append(t_taken - t_final)
+        write.append(t_written - t_taken)
+        client.append(tok - t_written)
+        by_proc.setdefault(proc, []).append(tok - t_written)
+        close.append(closed - tok)
+        last["final"].append(t_final)
+        last["written"].append(t_written)
+        last["client"].append(tok)
+
+    def dist(xs):
+        xs = sorted(xs)
+        return [round(1e3 * percentile(xs, 50), 3), round(1e3 * percentile(xs, 99), 3), round(1e3 * xs[-1], 3)] \
+            if xs else None
+
+    res = dict(pipe_ms=dist(pipe), take_ms=dist(take), write_ms=dist(write), client_ms=dist(client),
+               close_ms=dist(close), matched_requests=len(take), last_step_pipe_ms=None,
+               client_ms_p50_by_process=[round(1e3 * percentile(v, 50), 2) for _, v in sorted(by_proc.items())])
+    last_pairs = pairs.get(int(steps[-1][13]), []) if len(steps[-1]) > 13 else []
+    if last_pairs:
+        res["last_step_pipe_ms"] = 1e3 * (last_pairs[-1][1] - e_last)
+    for k, v in last.items():
+        res[f"last_{k}_ms"] = 1e3 * (max(v) - e_last) if v else None
+    res["last_closed_ms"] = 1e3 * (end - e_last)
+    return res
+
+
+def tail_line(t: dict | None) -> str:
+    """tail_split's numbers, one line."""
+    if not t:
+        return "-"
+
+    def d(k):
+        v = t.get(k)
+        return "?" if not v else f"{v[0]:.1f} / {v[1]:.1f} / {v[2]:.1f}"
+
+    def ms(k):
+        v = t.get(k)
+        return "?" if v is None else f"{v:.1f}"
+
+    return (f"after the engine's last step: HTTP read it +{ms('last_step_pipe_ms')} ms, had every final output "
+            f"+{ms('last_final_ms')}, wrote the last one +{ms('last_written_ms')}, last token at a client "
+            f"+{ms('last_client_ms')}, last stream closed +{ms('last_closed_ms')} ms; per step / request (ms, p50 / "
+            f"p99 / max): pipe {d('pipe_ms')}, final taken {d('take_ms')}, written {d('write_ms')}, at the client "
+            f"{d('client_ms')}, closed {d('close_ms')} ({t.get('matched_requests')} requests); at the client, median "
+            f"by process {t.get('client_ms_p50_by_process')}")
+
+
+def client_line(row: dict) -> str:
+    """A served pass's load generator and HTTP process, one line."""
+    g = row.get
+    return (f"clients: busiest {g('client_cpu_pct', float('nan')):.0f}% CPU, GC {g('client_gc_ms', float('nan')):.0f} ms "
+            f"(longest pause {g('client_gc_max_pause_ms', float('nan')):.1f} ms), set-up ready "
+            f"{g('client_ready_ms_before_start', float('nan')):.0f} ms before the start with "
+            f"{g('client_connections', '?')} connections; HTTP process {g('http_cpu_pct', float('nan')):.0f}% CPU, "
+            f"engine process {g('engine_proc_cpu_pct', float('nan')):.0f}%; {g('tokens_per_chunk', float('nan')):.3f} "
+            f"tokens a chunk; ITL p50 / p99 {g('itl_ms_p50', float('nan')):.2f} / {g('itl_ms_p99', float('nan')):.1f} ms")
 
 
 def phase_line(ph: dict | None) -> str:
@@ -303,23 +432,49 @@ def phase_line(ph: dict | None) -> str:
     return qs + extra
 
 
-async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict:
+async def _client_part(port: int, jobs, output_len: int, t_start: float, warm: bool) -> dict:
     """One client process's share of a load: jobs = [(prompt, delay after t_start)], streamed with the
-    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time and own CPU seconds."""
-    from openai import AsyncOpenAI
+    openai AsyncOpenAI client -> its TTFTs, per-token ITLs, output tokens, end time, own CPU seconds and per
+    request (response id, sent, first token, last token, stream closed).
 
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600)
-    ttft, itl, tokens, chunks, starts, times = [], [], [0], [0], [], []
+    Before t_start (outside the timed window) the process builds its client and its request bodies and,
+    with `warm`, opens one keep-alive connection per request (GET /v1/models, all at once): what a load
+    generator sets up is not the server's cost. The requests go out through the client's generic
+    `post` with those bodies, so that the openai client's per-call transform of the parameters (~5 ms
+    for a 256-token prompt on the helper CPU: 64 requests held the process's first send back ~350 ms)
+    stays out of the window; the chunks are parsed by the openai client as ever (AsyncStream[Completion])."""
+    import importlib
 
-    async def one(prompt, delay):
+    from openai import AsyncOpenAI, AsyncStream, DefaultAsyncHttpxClient
+    from openai.types import Completion
+
+    # (the HTTP library the openai client is built on: httpx, or its fork httpx2 in recent releases)
+    httpx = importlib.import_module(DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+    # idle keep-alive connections are dropped after 4 s here, before uvicorn closes its side (5 s)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=len(jobs) + 1, keepalive_expiry=4.0)
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=3600,
+                         http_client=DefaultAsyncHttpxClient(limits=limits, timeout=3600))
+    bodies = [dict(model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
+                   stream_options={"include_usage": True}, ignore_eos=True) for prompt, _ in jobs]
+    if warm:
+        await asyncio.gather(*(client.models.list() for _ in jobs))
+    # what the set-up built (the openai client, httpx, pydantic's schemas, the bodies) lives through the pass:
+    # out of the collector's sight, a full collection in the window does not walk it (the server does the same)
+    gc.collect()
+    gc.freeze()
+    pool = getattr(getattr(getattr(client, "_client", None), "_transport", None), "_pool", None)
+    connections = len(pool.connections) if pool is not None else -1  # (httpx / httpcore internals: -1 unknown)
+    ready = time.perf_counter()
+    ttft, itl, tokens, chunks, times, reqs = [], [], [0], [0], [], []
+
+    async def one(body, delay):
         await asyncio.sleep(max(t_start + delay - time.perf_counter(), 0.0))
         start = time.perf_counter()
-        starts.append(start)
-        last = None
-        stream = await client.completions.create(
-            model="m", prompt=prompt, max_tokens=output_len, temperature=0.0, logprobs=1, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        first = last = rid = None
+        stream = await client.post("/completions", body=body, cast_to=Completion, stream=True,
+                                   stream_cls=AsyncStream[Completion])
         async for chunk in stream:
+            rid = chunk.id
             if chunk.usage is not None:
                 tokens[0] += chunk.usage.completion_tokens
             if not chunk.choices or chunk.choices[0].logprobs is None:
@@ -328,22 +483,40 @@ async def _client_part(port: int, jobs, output_len: int, t_start: float) -> dict
             chunks[0] += 1
             now = time.perf_counter()
             times.extend([now] * n)
-            if last is None:
+            if first is None:
+                first = now
                 ttft.append(now - start)
             elif n:
                 itl.extend([(now - last) / n] * n)
             last = now
+        reqs.append((rid, start, first, last, time.perf_counter()))
 
+    pauses: list[float] = []  # the garbage collector's pauses in the window (a pause holds every stream back)
+    gc_start = [0.0]
+
+    def on_gc(phase, _info):
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - gc_start[0])
+
+    gc.callbacks.append(on_gc)
     cpu0 = time.process_time()
-    await asyncio.gather(*(one(p, d) for p, d in jobs))
+    try:
+        await asyncio.gather(*(one(b, d) for b, (_, d) in zip(bodies, jobs)))
+    finally:
+        gc.callbacks.remove(on_gc)
     end = time.perf_counter()
+    cpu = time.process_time() - cpu0
+    gc.unfreeze()  # (the process serves the next pass: its next set-up is frozen afresh)
     await client.close()
-    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(starts), end=end,
-                cpu=time.process_time() - cpu0, times=times)
+    return dict(ttft=ttft, itl=itl, tokens=tokens[0], chunks=chunks[0], first=min(r[1] for r in reqs), end=end,
+                cpu=cpu, times=times, requests=reqs, ready=ready, connections=connections,
+                gc_s=sum(pauses), gc_max_s=max(pauses, default=0.0))
 
 
-def _client_process(port, jobs, output_len, t_start) -> dict:
-    return asyncio.run(_client_part(port, jobs, output_len, t_start))
+def _client_process(port, jobs, output_len, t_start, warm) -> dict:
+    return asyncio.run(_client_part(port, jobs, output_len, t_start, warm))
 
 
 def _warm_client() -> None:
@@ -380,13 +553,17 @@ class ClientPool:
             if rate:
                 t += rng.expovariate(rate)
         jobs = list(zip(prompts, delays))
-        shares = [jobs[i::self.procs] for i in range(self.procs)]
-        t_start = time.perf_counter() + (0.5 if self.pool else 0.0)  # CLOCK_MONOTONIC: one clock for all processes
+        shares = [share for share in (jobs[i::self.procs] for i in range(self.procs)) if share]
+        # all at once: every process opens its keep-alive connections first and all start together at
+        # t_start (CLOCK_MONOTONIC: one clock for all processes); at a rate, connections open as they go
+        # (a request minutes later would find its idle connection closed by the server)
+        warm = not rate
+        t_start = time.perf_counter() + (2.0 if warm else 0.5 if self.pool else 0.0)
         if self.pool is None:
-            parts = [_client_process(port, shares[0], output_len, t_start)]
+            parts = [_client_process(port, shares[0], output_len, t_start, warm)]
         else:
-            parts = list(self.pool.map(_client_process, [port] * self.procs, shares, [output_len] * self.procs,
-                                       [t_start] * self.procs))
+            n = len(shares)
+            parts = list(self.pool.map(_client_process, [port] * n, shares, [output_len] * n, [t_start] * n, [warm] * n))
         seconds = max(p["end"] for p in parts) - min(p["first"] for p in parts)  # first request sent to last token
         res = stats([x for p in parts for x in p["ttft"]], [x for p in parts for x in p["itl"]],
                     sum(p["tokens"] for p in parts), seconds, [t for p in parts for t in p["times"]])
@@ -394,6 +571,12 @@ class ClientPool:
         res["client_procs"] = self.procs
         res["client_cpu_pct"] = 100 * max(p["cpu"] for p in parts) / seconds
         res["t_begin"], res["t_end"] = min(p["first"] for p in parts), max(p["end"] for p in parts)
+        res["requests"] = [(*r, i) for i, p in enumerate(parts) for r in p["requests"]]  # (measure() takes it out)
+        res["client_gc_ms"] = max(1e3 * p["gc_s"] for p in parts)  # the process that paused longest, in all
+        res["client_gc_max_pause_ms"] = max(1e3 * p["gc_max_s"] for p in parts)
+        if warm:  # the set-up's margin before the start (negative: a process was late) and its connections
+            res["client_ready_ms_before_start"] = 1e3 * (t_start - max(p["ready"] for p in parts))
+            res["client_connections"] = sum(p["connections"] for p in parts)
         return res
 
     def close(self) -> None:
@@ -478,6 +661,7 @@ class Server:
         before = {k: cpu_seconds(p) for k, p in pids.items() if p}
         steps = self.engine_steps()
         res = clients.load(self.port, prompts, output_len, rate, seed)
+        requests = res.pop("requests")
         for k, c in before.items():  # (idle while the client processes get their jobs: divided by the run's time)
             res[f"{k}_cpu_pct"] = 100 * (cpu_seconds(pids[k]) - c) / res["seconds"]
         if steps is not None:
@@ -496,6 +680,17 @@ class Server:
                 # with the openai client, opening their connections), which the client clock counts
                 res["server_clock_seconds"] = end - min(r[0] for r in http)
                 res["server_clock_tokens_per_s"] = res["output_tokens"] / res["server_clock_seconds"]
+            steps = [r for r in read_trace(self.trace) if begin <= r[2] <= end]
+            outs = [o for o in read_trace(self.trace + ".out") if begin <= o[0] <= end + 1.0]
+            res["tail"] = tail_split(steps, outs, http, requests, end)
+            # every out-pipe message's read (s from the pass's start, engine step, outputs) and every request's
+            # times (HTTP: handler, submitted, final read, taken, written; client: sent, first and last token,
+            # closed; s from the start): to the trace file, beside the steps
+            res["phases"]["http_reads"] = [(round(o[0] - begin, 6), int(o[1]), int(o[2])) for o in outs]
+            by_id = {r[7]: r for r in http if len(r) > 7}
+            res["phases"]["requests"] = [
+                [round(t - begin, 6) if isinstance(t, float) else None for t in (*by_id[q[0]][:2], *by_id[q[0]][3:6], *q[1:5])]
+                + [q[5]] for q in requests if q[0] in by_id]
         return res
 
     def engine_steps(self) -> int | None:
@@ -537,7 +732,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
         for side, row in (("engine", eng[-1]), ("server", srv[-1])) + ((("engine_paced", paced[-1]),) if arrivals else ()):
             if "phases" in row:  # every step of the pass, to a file of its own (not the JSON of results)
                 traces.append(dict(pair=i, side=side, seconds=row["phases"]["seconds"], fields=TRACE_FIELDS,
-                                   steps=row["phases"].pop("steps")))
+                                   steps=row["phases"].pop("steps"), http_reads=row["phases"].pop("http_reads", None),
+                                   requests=row["phases"].pop("requests", None), request_fields=REQUEST_FIELDS))
         e, s_ = eng[-1]["output_tokens_per_s"], srv[-1]["output_tokens_per_s"]
         print(f"pair {i}: engine {e:.0f} tok/s ({eng[-1]['seconds']:.1f} s), server {s_:.0f} tok/s "
               f"({srv[-1]['seconds']:.1f} s): ratio {s_ / e:.3f}; steady (middle half) engine "
@@ -547,6 +743,9 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
             sc = srv[-1]["server_clock_tokens_per_s"]
             print(f"  on the server's clock (from the first request in its hands): server {sc:.0f} tok/s "
                   f"({srv[-1]['server_clock_seconds']:.2f} s): ratio {sc / e:.3f}", flush=True)
+        if "tail" in srv[-1]:
+            print(f"  tail: {tail_line(srv[-1]['tail'])}", flush=True)
+        print(f"  {client_line(srv[-1])}", flush=True)
         if "phases" in eng[-1]:
             print(f"  engine quarters: {phase_line(eng[-1]['phases'])}\n  server quarters: "
                   f"{phase_line(srv[-1].get('phases'))}", flush=True)
@@ -555,10 +754,10 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
             print(f"  engine with the server's arrivals: {p_:.0f} tok/s ({paced[-1]['seconds']:.1f} s), {step_line(paced[-1])}: "
                   f"ratio to the engine {p_ / e:.3f}, server / it {s_ / p_:.3f}\n  its quarters: "
                   f"{phase_line(paced[-1]['phases'])}", flush=True)
-    if traces:
-        os.makedirs(os.path.dirname(a.out), exist_ok=True)
-        with open(a.out + "_trace.json", "w") as f:
-            json.dump(traces, f)
+        if traces:  # (after every pair: a run cut short by a time limit still leaves its pairs' traces)
+            os.makedirs(os.path.dirname(a.out), exist_ok=True)
+            with open(a.out + "_trace.json", "w") as f:
+                json.dump(traces, f)
     cost = http_cost(eng, srv)
     if paced:  # how much of the cost the admission pattern alone explains (no HTTP in that row)
         ratios = sorted(p["output_tokens_per_s"] / e["output_tokens_per_s"] for e, p in zip(eng, paced))
@@ -568,6 +767,8 @@ def interleaved(a, engine: EngineRow, server: Server, clients: ClientPool, passe
     return median_run(eng), median_run(srv), cost
 
 
+REQUEST_FIELDS = ("http handler", "http submitted", "http final read", "http final taken", "http last written",
+                  "client sent", "client first token", "client last token", "client closed", "client process")
 TRACE_FIELDS = ("t (s from the pass's start)", "step_s", "intake_s", "send_s", "device_wait_s", "cpu_s", "gc_s",
                 "running", "waiting", "added", "outputs", "tokens", "running_before")
 
@@ -619,6 +820,8 @@ def main() -> None:
                num_blocks=a.num_blocks, cpu_count=os.cpu_count(), client_procs=a.client_procs,
                server_threads=a.server_threads, repeats=a.repeats,
                request="greedy, ignore_eos, logprobs=1, streamed (server) / LLMEngine.generate (engine)")
+    res["uvicorn"] = uvicorn_stack()
+    print(f"uvicorn: {res['uvicorn']}", flush=True)
     print(f"{os.cpu_count()} cores, {a.client_procs} client processes, server threads "
           f"{a.server_threads or 'inherited'}, {a.repeats} interleaved pairs of {a.num_prompts} requests, "
           f"{a.num_blocks} KV blocks per side", flush=True)
@@ -660,6 +863,17 @@ def main() -> None:
     with open(a.out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     plot(res, a.out + ".png")
+
+
+def uvicorn_stack() -> dict:
+    """What `serve`'s uvicorn runs on here (its defaults, --http auto / --loop auto): the httptools C parser
+    when importable (else h11, pure Python), uvloop when importable (else asyncio's loop)."""
+    import importlib.util
+
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    return dict(http=AutoHTTPProtocol.__name__, loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+                httptools=bool(importlib.util.find_spec("httptools")))
 
 
 def plot(res, path):

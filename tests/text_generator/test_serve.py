@@ -216,6 +216,11 @@ def test_too_long_prompts_and_bad_parameters_are_400_and_change_nothing(client, 
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt=[5, 10**6], max_tokens=2)
     assert_error(e, "prompt", "TG_INVALID_REQUEST")
+    for bad in ([-1, 5], [[5, 6], [7, 10**6]]):  # a negative id; an id out of range in a batch's second prompt
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny", prompt=bad, max_tokens=2)
+        assert_error(e, "prompt", "TG_INVALID_REQUEST")
+        assert str(-1 if bad[0] == -1 else 10**6) in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
     assert_error(e, "messages", "TG_INVALID_REQUEST")
@@ -818,3 +823,44 @@ def test_the_step_trace_records_every_step_of_the_engine_loop(ckpt, oracle, one_
     for r in rows:
         t = [float(r[k]) for k in ("t_loop", "t_step", "t_stepped", "t_sent")]
         assert t == sorted(t)
+
+
+def test_the_http_trace_times_each_request_from_its_handler_to_its_last_write(ckpt, one_thread, tmp_path, monkeypatch):
+    """TG_SERVE_TRACE on a whole server: the HTTP process writes a line per request when it ends, under
+    the id its client saw in the chunks, with its times in the order they happen (handler, submission,
+    final output read from the pipe, taken by its stream, last chunk written, [DONE] written), and a line
+    per out-pipe message that names an engine step of the engine process's own trace, read after that
+    step ended."""
+    import csv
+
+    from text_generator.serve.profiling import OutTrace, RequestTrace
+
+    path = tmp_path / "steps.csv"
+    monkeypatch.setenv("TG_SERVE_TRACE", str(path))
+    s = Server([ckpt[0], "--device", "cpu", "--served-model-name", "tiny", "--max-model-len", "64",
+                "--block-size", "4", "--max-num-seqs", "4"])
+    try:
+        client = s.client()
+        stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        ids = {chunk.id for chunk in stream}
+        plain = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=3, temperature=0)
+        s.wait_idle()
+    finally:
+        s.close()
+    with open(f"{path}.http") as f:
+        reqs = list(csv.DictReader(f))
+    assert list(reqs[0]) == list(RequestTrace.FIELDS)
+    assert [r["id"] for r in reqs] == [*ids, plain.id] and len(ids) == 1
+    for r in reqs:
+        t = [float(r[k]) for k in ("t_handler", "t_submit", "t_final", "t_taken", "t_written", "t_done")]
+        assert t == sorted(t) and int(r["engine_requests"]) == 1
+    with open(path) as f:
+        stepped = {int(r["steps"]): float(r["t_stepped"]) for r in csv.DictReader(f)}
+    with open(f"{path}.out") as f:
+        outs = list(csv.DictReader(f))
+    assert list(outs[0]) == list(OutTrace.FIELDS)
+    assert sorted(int(o["steps"]) for o in outs) == sorted(stepped)  # a message per step, every step
+    assert sum(int(o["outputs"]) for o in outs) == 5 + 3  # one output per token (the last one is final)
+    for o in outs:
+        assert float(o["t_read"]) >= stepped[int(o["steps"])]

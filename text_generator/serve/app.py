@@ -74,8 +74,8 @@ class ServerState:
     def check_ids(self, ids: list[int], param: str) -> list[int]:
         if not ids:
             raise bad_request(f"{param}: expected at least one token, got none", param)
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
+        if min(ids) < 0 or max(ids) >= self.vocab_size:  # (C-speed scans: this runs for every request of a burst)
+            bad = next(t for t in ids if not 0 <= t < self.vocab_size)
             raise bad_request(f"{param}: expected token ids in [0, {self.vocab_size}), got {bad}", param)
         return ids
 
@@ -199,7 +199,7 @@ def _completion_prompts(prompt) -> list:
         return [prompt]
     if not prompt:
         raise bad_request("prompt: expected a string, token ids or a non-empty list of them, got []", "prompt")
-    if all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt[0], int):  # (pydantic has made the list one kind: ids, strings or lists of ids)
         return [list(prompt)]
     return list(prompt)
 
@@ -231,15 +231,18 @@ async def _run(state: ServerState, request: Request, body, adapter: str | None, 
     engine_prompts = [ids for ids in prompts for _ in range(body.n)]
     t_submit = time.perf_counter()
     group = state.engine.submit(engine_prompts, params, adapter)
-    if state.trace is not None:
-        state.trace.record(request.state.t_handler, t_submit, len(engine_prompts))
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    # TG_SERVE_TRACE: the request's line (profiling.RequestTrace) is written when it ends
+    times = None if state.trace is None else (request.state.t_handler, t_submit, len(engine_prompts))
     prompt_tokens = sum(map(len, prompts))
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(_stream(state, group, rid, body.model, chat, logprobs is not None, include_usage,
-                                         prompt_tokens), media_type="text/event-stream")
+                                         prompt_tokens, times), media_type="text/event-stream")
     finals = await _collect(group, request)
+    if times is not None:
+        now = time.perf_counter()
+        state.trace.record(*times, group.t_put, now, now, now, rid)
     if finals is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     _raise_errors(finals)
@@ -292,21 +295,26 @@ def _raise_errors(finals) -> None:
 
 
 async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str, chat: bool, want_logprobs: bool,
-                  include_usage: bool, prompt_tokens: int):
+                  include_usage: bool, prompt_tokens: int, times: tuple | None = None):
     """SSE: one chunk per choice per step that brings text (or ends it), then usage, then [DONE].
     A stream that is behind its engine requests (the HTTP process or the client slower than the
     engine's steps) sends everything that has queued up for a choice as one chunk: its text and
     logprob rows concatenated (R.merge_outputs), so that the cost per chunk is paid per catch-up,
-    not per token. Cancelled when the client disconnects: `finally` aborts what is still running."""
+    not per token. Cancelled when the client disconnects: `finally` aborts what is still running.
+    times: (handler start, submission, engine requests) when TG_SERVE_TRACE is on: the request's
+    trace line is written at the end (the last take and write times, profiling.RequestTrace)."""
     completion_tokens = [0] * len(group.request_ids)
     offsets = [0] * len(group.request_ids)
     chunks = R.ChunkWriter(rid, model, chat)
+    t_taken = t_written = t_done = float("nan")
     try:
         if chat:  # the role comes first, once per choice
             for i in range(len(group.request_ids)):
                 yield chunks.chat(i, {"role": "assistant", "content": ""}, None, None)
         while not group.done:
             outs = await group.take()
+            if times is not None:
+                t_taken = time.perf_counter()
             for m in R.merge_outputs(outs, want_logprobs):
                 i = group.index[m.request_id]
                 if m.failed:
@@ -323,8 +331,14 @@ async def _stream(state: ServerState, group: RequestGroup, rid: str, model: str,
                     lp = R.completion_logprobs(m.rows, state.token_str, offsets[i]) if want_logprobs else None
                     yield chunks.completion(i, m.text, m.finish, lp)
                 offsets[i] += len(m.text)
+            if times is not None:  # (resumed: the server has taken this take's chunks)
+                t_written = time.perf_counter()
         if include_usage:
             yield chunks.usage(prompt_tokens, sum(completion_tokens))
         yield R.sse("[DONE]")
+        if times is not None:
+            t_done = time.perf_counter()
     finally:
         group.abort()
+        if times is not None:
+            state.trace.record(*times, group.t_put, t_taken, t_written, t_done, rid)

@@ -40,6 +40,7 @@ from text_generator.sampling import SamplingParams
 from text_generator.serve.engine_worker import Stats
 from text_generator.serve.errors import APIError
 from text_generator.serve.metrics import ServerMetrics
+from text_generator.serve.profiling import out_trace
 
 ENGINE_DEAD = "the engine process died"  # how the error of a request cut off by a dead engine starts
 
@@ -57,6 +58,7 @@ class RequestGroup:
         self.request_ids = request_ids
         self.index = {rid: i for i, rid in enumerate(request_ids)}
         self.arrival = time.perf_counter()
+        self.t_put = float("nan")  # when the HTTP process last read one of its outputs (TG_SERVE_TRACE)
         self.unfinished = set(request_ids)
         self._outs: collections.deque[RequestOutput] = collections.deque()
         self._waiter: asyncio.Future | None = None
@@ -140,6 +142,7 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self.process = None
+        self.trace = out_trace()  # TG_SERVE_TRACE's FILE.out, or None
 
     # -- life cycle -----------------------------------------------------------------------------
     def start(self) -> dict:
@@ -320,6 +323,7 @@ class EngineClient:
                 live.logprobs += row[0]
                 live.top += row[1]
             group = live.group
+            group.t_put = now
             if m is not None and new:
                 m.on_tokens(now - (live.last if live.last is not None else group.arrival), len(new),
                             first=live.last is None)
@@ -346,6 +350,10 @@ class EngineClient:
                 delta_text=delta, logprobs=lps, top_logprobs=tops, num_cached_tokens=num_cached))
         if m is not None:
             m.on_stats(Stats._make(stats))
+        if self.trace is not None:
+            self.trace.record(now, stats[-1], len(rids))
+            if not self._live:
+                self.trace.flush()
 
     def _fail_all(self, message: str) -> None:
         live, self._live = self._live, {}

@@ -382,7 +382,8 @@ def _traced_step(worker: EngineWorker, trace, t_loop: float, added: int) -> None
     cpu = time.thread_time() - cpu0  # (includes the packing and the send, as t_sent does)
     sched = engine.scheduler
     trace.record(t_loop, added, t_step, worker.stepped_at, time.perf_counter(), len(sched.running), len(sched.waiting), n,
-                 engine.device_wait_s - wait, cpu, trace.gc.total - gc0, engine.num_scheduled_tokens - tokens, running0)
+                 engine.device_wait_s - wait, cpu, trace.gc.total - gc0, engine.num_scheduled_tokens - tokens, running0,
+                 engine.num_steps)
 
 
 def follow(args) -> int:

@@ -14,14 +14,26 @@ engine's step began and ended, when its outputs were sent, the batch after the s
 step waited for the device (LLMEngine.device_wait_s), and from the step's start to its send the
 thread's CPU seconds (wall time well above CPU plus device wait: the process was off its core) and
 the garbage collector's pauses (GcClock), and the tokens the step scheduled (LLMEngine.num_scheduled_tokens:
-more than the batch running before it means prompt chunks). benchmarks/bench_serve.py reads it.
+more than the batch running before it means prompt chunks), and the engine's step count after it
+(LLMEngine.num_steps: the key that pairs a step with its message in FILE.out). benchmarks/bench_serve.py
+reads it.
 
-With TG_SERVE_TRACE=FILE the HTTP process also writes FILE.http: one line per submitted HTTP request
-(RequestTrace.FIELDS): when its handler began (the body read and parsed) and when it began to send its
-engine requests into the command pipe.
+With TG_SERVE_TRACE=FILE the HTTP process also writes
+- FILE.http: one line per submitted HTTP request when it ends (RequestTrace.FIELDS): when its handler
+  began (the body read and parsed), when it began to send its engine requests into the command pipe, when
+  the HTTP process read its last final output from the out pipe, when its stream took that output from
+  its group, when the stream's last content chunk and its `[DONE]` had been handed to the server (the
+  generator resumed after yielding them: uvicorn has written them to the socket, or buffered them if the
+  client does not read), and the response id (what the client sees as the chunks' "id"); a request
+  answered in one body has its taken, written and done times all at the moment its body was built;
+- FILE.out: one line per out-pipe message (OutTrace.FIELDS): when the HTTP process read it and the
+  engine step count it carries (Stats.steps), so that a reader pairs it with its step in FILE (the
+  run-ahead engine's last iteration only collects the last outputs: its count repeats the step before).
+Together with the client's own receive times they split a served pass's tail: engine -> pipe -> HTTP
+process -> socket -> client.
 
-Unset (the default), these cost nothing: `profiled` calls the function directly, `step_trace` and
-`request_trace` are None.
+Unset (the default), these cost nothing: `profiled` calls the function directly, `step_trace`,
+`request_trace` and `out_trace` are None.
 """
 
 from __future__ import annotations
@@ -53,7 +65,7 @@ class StepTrace:
     whenever the engine goes idle (so that a reader sees a finished pass)."""
 
     FIELDS = ("t_loop", "added", "t_step", "t_stepped", "t_sent", "running", "waiting", "outputs", "device_wait",
-              "step_cpu", "gc", "tokens", "running_before")
+              "step_cpu", "gc", "tokens", "running_before", "steps")
 
     def __init__(self, path: str):
         self.gc = GcClock()
@@ -74,24 +86,56 @@ class StepTrace:
 
 
 class RequestTrace:
-    """The HTTP process's side of TG_SERVE_TRACE: a line per submitted request, flushed at once (a
-    burst's last requests must reach the file without a later one)."""
+    """The HTTP process's side of TG_SERVE_TRACE: a line per submitted request when it ends, flushed at
+    once (a burst's last requests must reach the file without a later one). Times are
+    time.perf_counter(); one not reached (a client that went away first) is nan."""
 
-    FIELDS = ("t_handler", "t_submit", "engine_requests")
+    FIELDS = ("t_handler", "t_submit", "engine_requests", "t_final", "t_taken", "t_written", "t_done", "id")
 
     def __init__(self, path: str):
         self.file = open(path, "a", buffering=1)
         if self.file.tell() == 0:
             self.file.write(",".join(self.FIELDS) + "\n")
 
-    def record(self, t_handler: float, t_submit: float, n: int) -> None:
-        self.file.write(f"{t_handler!r},{t_submit!r},{n}\n")
+    def record(self, t_handler: float, t_submit: float, n: int, t_final: float, t_taken: float, t_written: float,
+               t_done: float, rid: str) -> None:
+        self.file.write(f"{t_handler!r},{t_submit!r},{n},{t_final!r},{t_taken!r},{t_written!r},{t_done!r},{rid}\n")
+
+
+class OutTrace:
+    """The HTTP process's out-pipe messages (TG_SERVE_TRACE's FILE.out): when each was read, and the
+    engine step it reports. Buffered (a line per step): flushed every 0.2 s and whenever no request is
+    left live (the end of a pass: a reader sees all of it)."""
+
+    FIELDS = ("t_read", "steps", "outputs")
+
+    def __init__(self, path: str):
+        self.file = open(path, "a", buffering=1 << 16)
+        if self.file.tell() == 0:
+            self.file.write(",".join(self.FIELDS) + "\n")
+        self.flushed = time.perf_counter()
+
+    def record(self, t_read: float, steps: int, outputs: int) -> None:
+        self.file.write(f"{t_read!r},{steps},{outputs}\n")
+        if t_read - self.flushed > 0.2:
+            self.file.flush()
+            self.flushed = t_read
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.flushed = time.perf_counter()
 
 
 def request_trace() -> RequestTrace | None:
     """The HTTP process's RequestTrace when TG_SERVE_TRACE names a file (FILE.http), else None."""
     path = os.environ.get("TG_SERVE_TRACE")
     return RequestTrace(path + ".http") if path else None
+
+
+def out_trace() -> OutTrace | None:
+    """The HTTP process's OutTrace when TG_SERVE_TRACE names a file (FILE.out), else None."""
+    path = os.environ.get("TG_SERVE_TRACE")
+    return OutTrace(path + ".out") if path else None
 
 
 def step_trace() -> StepTrace | None:
