@@ -183,6 +183,13 @@ class KernelConfig:
     # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
     # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
     decode_attention_pdl_max_batch: int = 2
+    # RoPE (+ Qwen3's q / k norms) and the K/V store inside the Triton decode attention kernel at decode steps of
+    # 1..this many requests (graphs, and eager steps whose decode runs that kernel: e4m3 caches), one kernel a
+    # layer fewer (kernels/decode_attention.rope_paged_decode_attention); 0: rope_store_kv, then attention
+    decode_rope_attention_max_batch: int = 0
+    # each KV split of the Triton decode kernel takes at least this many keys (0: an even share of the context):
+    # a short context then runs on fewer splits, the rest empty (the graphs fix the split count by batch only)
+    decode_split_min_keys: int = 0
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

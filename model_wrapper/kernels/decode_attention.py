@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args
+from model_wrapper.kernels.kv_store import _to_cache
 
 
 @triton.jit
@@ -105,13 +106,74 @@ def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _rope_q(row, heads, row_ok, pos_ptr, cs_ptr, qn_ptr, r, qk_eps, stride_cs, D: tl.constexpr,
+            GROUP_PAD: tl.constexpr, QK_NORM: tl.constexpr):
+    """The program's q heads [GROUP_PAD, D] from the unrotated qkv row `row`: (q_norm,) RoPE at the
+    token's position, element for element the arithmetic of kv_store._rope_store_kernel (halves
+    apart, each half's sum of squares apart), the halves then put side by side."""
+    dtype = row.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * stride_cs + half)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)[None, :]
+    base = row + heads[:, None] * D
+    x1 = tl.load(base + half[None, :], mask=row_ok[:, None], other=0.0)
+    x2 = tl.load(base + D // 2 + half[None, :], mask=row_ok[:, None], other=0.0)
+    if QK_NORM:
+        w1 = tl.load(qn_ptr + half).to(tl.float32)[None, :]
+        w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)[None, :]
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        rs = tl.math.rsqrt((tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / D + qk_eps)[:, None]
+        x1 = (w1 * (a1 * rs).to(dtype).to(tl.float32)).to(dtype)
+        x2 = (w2 * (a2 * rs).to(dtype).to(tl.float32)).to(dtype)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    o1, o2 = (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+    return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (GROUP_PAD, D))
+
+
+@triton.jit
+def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pos_ptr, cs_ptr, slot_ptr, kn_ptr, r, qk_eps,
+                    stride_cs, D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
+    """KV head h of the new token from the unrotated qkv row: k (k_norm,) rotated, k and v written at the
+    token's cache slot (-1: nothing) as kv_store._rope_store_kernel writes them (the same arithmetic)."""
+    dtype = row.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    full = tl.arange(0, D)
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * stride_cs + half)
+    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
+    kbase = row + (HQ + h) * D
+    x1 = tl.load(kbase + half)
+    x2 = tl.load(kbase + D // 2 + half)
+    v = tl.load(row + (HQ + KVH + h) * D + full)
+    if QK_NORM:
+        w1 = tl.load(kn_ptr + half).to(tl.float32)
+        w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        rs = tl.math.rsqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / D + qk_eps)
+        x1 = (w1 * (a1 * rs).to(dtype).to(tl.float32)).to(dtype)
+        x2 = (w2 * (a2 * rs).to(dtype).to(tl.float32)).to(dtype)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    o1, o2 = (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+    slot = tl.load(slot_ptr + r).to(tl.int64)
+    if slot >= 0:
+        cache = slot * (KVH * D) + h * D
+        cdt = kc_ptr.dtype.element_ty
+        tl.store(kc_ptr + cache + half, _to_cache(o1, ks_ptr, FP8, cdt))
+        tl.store(kc_ptr + cache + D // 2 + half, _to_cache(o2, ks_ptr, FP8, cdt))
+        tl.store(vc_ptr + cache + full, _to_cache(v, vs_ptr, FP8, cdt))
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
-                   ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
-                   stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                   ks_ptr, vs_ptr, scale_log2, window, min_chunk, stride_qt, stride_qh, stride_kb, stride_kt,
+                   stride_ot, stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ,
+                   PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
+    # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_store_new
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
         gdc_wait()
@@ -124,7 +186,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     lo = 0
     if window > 0:
         lo = tl.maximum(L - window, 0)
-    chunk = tl.cdiv(tl.cdiv(L - lo, SPLITS), BLOCK_N) * BLOCK_N
+    # min_chunk (a multiple of BLOCK_N, or 0): short contexts on fewer splits, the others empty
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(L - lo, SPLITS), BLOCK_N) * BLOCK_N, min_chunk)
     start = lo + s * chunk
     end = tl.minimum(start + chunk, L)
 
@@ -132,8 +195,16 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     d = tl.arange(0, D)
     heads = h * GROUP + rows
     row_ok = rows < GROUP
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    if ROPE:
+        row = q_ptr + r.to(tl.int64) * stride_qt
+        q = _rope_q(row, heads, row_ok, pos_ptr, cs_ptr, qn_ptr, r, qk_eps, stride_cs, D, GROUP_PAD, QK_NORM)
+        if (start <= L - 1) & (L - 1 < end):  # this split holds the new token: it writes (and then reads) its K/V
+            _rope_store_new(row, HQ, h, tl.num_programs(1), k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, cs_ptr,
+                            slot_ptr, kn_ptr, r, qk_eps, stride_cs, D, FP8, QK_NORM)
+        tl.debug_barrier()  # the stores above are visible to every thread of the program before the loop reads
+    else:
+        q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -261,7 +332,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, min_split_keys: int = 0) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -270,7 +341,48 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
-    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype)."""
+    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype).
+    min_split_keys: each split takes at least this many keys (rounded up to block_n; 0: an even share),
+    so that a short context runs on fewer splits and the rest are empty (KernelConfig.decode_split_min_keys)."""
+    return _launch(q, None, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
+                   block_n, num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys)
+
+
+def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                                slots: torch.Tensor, num_heads: int, num_kv_heads: int, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                                kv_last_page_len: torch.Tensor, scale: float, *, qk_norm=None,
+                                window: int | None = None, splits: int = 1, k_scale: torch.Tensor | None = None,
+                                v_scale: torch.Tensor | None = None, pdl: bool = False, min_split_keys: int = 0,
+                                **launch) -> torch.Tensor:
+    """kv_store.rope_store_kv and paged_decode_attention in one launch, for one token per request:
+    qkv [B, (H + 2 KVH) * D] (the projection's rows, unrotated, rows contiguous; left as they are),
+    positions [B], slots [B] (-1: nothing stored), cos_sin_cache float32 [P, D] (cos half, then sin
+    half), qk_norm (q_norm weight [D], k_norm weight [D], eps) or None -> [B, H, D].
+
+    Every program rotates (and normalises) its own q heads; the one program a (request, KV head)
+    whose split holds the new key (position L - 1 of the page metadata, which must be `slots`' row)
+    rotates that head's k, writes k and v at the slot (e4m3: / k_scale, / v_scale, as the store
+    kernel) and, after a barrier, reads them back in its loop as every other key: no other program
+    reads that row. The same values as rope_store_kv, then paged_decode_attention (other keywords:
+    theirs)."""
+    B = qkv.shape[0]
+    D = k_cache.shape[-1]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D or qkv.stride(1) != 1:
+        raise ValueError(f"rope_paged_decode_attention: qkv must be [B, {(num_heads + 2 * num_kv_heads) * D}] with "
+                         f"contiguous rows, got {tuple(qkv.shape)} strides {qkv.stride()}")
+    q = qkv[:, : num_heads * D].view(B, num_heads, D)
+    qn, kn, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
+    rope = (positions, cos_sin_cache, slots, qn, kn, float(eps), cos_sin_cache.stride(0), qk_norm is not None)
+    return _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
+                   launch.get("block_n"), launch.get("num_warps"), launch.get("num_stages"), launch.get("maxnreg"),
+                   k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys)
+
+
+def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits, block_n,
+            num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys):
+    """The decode kernel (and the split merge) over q [B, H, D]; rope: None, or the fused RoPE + store's
+    (positions, cos_sin_cache, slots, q_norm w, k_norm w, eps, cos_sin stride, QK_NORM) with q a view of qkv."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -298,15 +410,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
     if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
         math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
+    pos, cs, slots, qn, kn, eps, stride_cs, qk_norm = rope if rope is not None else (
+        kv_indptr, kv_indptr, kv_indptr, kv_indptr, kv_indptr, 0.0, 0, False)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
-        scale * math.log2(math.e), 0 if window is None else window,
+        scale * math.log2(math.e), 0 if window is None else window, -(-min_split_keys // block_n) * block_n,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        pos, cs, slots, qn, kn, eps, stride_cs, H,
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, num_warps=num_warps, num_stages=num_stages,
-        **cap, **launch_args(pdl))
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, ROPE=rope is not None, QK_NORM=qk_norm,
+        num_warps=num_warps, num_stages=num_stages, **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
