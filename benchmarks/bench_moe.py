@@ -87,14 +87,20 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
             # the attention half (session 35): RoPE + q / k norms + the K/V store inside the decode attention kernel
-            # at batch 1-2; the KV splits' least keys (short contexts on fewer splits)
+            # at batch 1-2; the KV splits' least keys (short contexts on fewer splits); the page metadata (and the
+            # fused RoPE's inputs) read before the PDL wait
             "rope-attn": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2),
             "ms128": dataclasses.replace(KernelConfig(), decode_split_min_keys=128),
             "ms512": dataclasses.replace(KernelConfig(), decode_split_min_keys=512),
             "rope-attn-ms128": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
                                                    decode_split_min_keys=128),
+            "early": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True),
+            "rope-early": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
+                                              decode_attention_early_meta=True),
             "new-fp8": KernelConfig(),
-            "rope-attn-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            "rope-attn-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2),
+            "rope-early-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
+                                                  decode_attention_early_meta=True), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),

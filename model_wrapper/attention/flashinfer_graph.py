@@ -189,12 +189,13 @@ class GraphAttention(AttentionBackend):
 
     def _triton_args(self, layer: int, q: torch.Tensor) -> dict:
         """The Triton decode kernel's keywords from the config: the layer's scales (read through their pointers
-        by the kernel), PDL at small batches, the split's least keys."""
+        by the kernel), PDL at small batches (the metadata read before its wait where set), the split's least keys."""
         from model_wrapper.kernels.common import uses_pdl
 
         ks, vs = self.kv_store.layer_scales(layer)
         cfg = self.kv_store.config
         return dict(k_scale=ks, v_scale=vs, min_split_keys=cfg.decode_split_min_keys,
+                    early_meta=cfg.decode_attention_early_meta,
                     pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch and uses_pdl(q.device, cfg))
 
     def fuses_rope_attention(self, num_tokens: int) -> bool:

@@ -190,6 +190,10 @@ class KernelConfig:
     # each KV split of the Triton decode kernel takes at least this many keys (0: an even share of the context):
     # a short context then runs on fewer splits, the rest empty (the graphs fix the split count by batch only)
     decode_split_min_keys: int = 0
+    # under PDL (decode_attention_pdl_max_batch) the decode kernel reads the page metadata (and the fused RoPE's
+    # positions, slots, table rows and norm weights) before its wait for the kernel before: host-written inputs
+    # that no kernel of the step writes, off the chain of dependent loads after the wait
+    decode_attention_early_meta: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -106,56 +106,69 @@ def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _rope_q(row, heads, row_ok, pos_ptr, cs_ptr, qn_ptr, r, qk_eps, stride_cs, D: tl.constexpr,
-            GROUP_PAD: tl.constexpr, QK_NORM: tl.constexpr):
-    """The program's q heads [GROUP_PAD, D] from the unrotated qkv row `row`: (q_norm,) RoPE at the
-    token's position, element for element the arithmetic of kv_store._rope_store_kernel (halves
-    apart, each half's sum of squares apart), the halves then put side by side."""
-    dtype = row.dtype.element_ty
-    half = tl.arange(0, D // 2)
-    pos = tl.load(pos_ptr + r).to(tl.int64)
-    cos = tl.load(cs_ptr + pos * stride_cs + half)[None, :]
-    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)[None, :]
-    base = row + heads[:, None] * D
-    x1 = tl.load(base + half[None, :], mask=row_ok[:, None], other=0.0)
-    x2 = tl.load(base + D // 2 + half[None, :], mask=row_ok[:, None], other=0.0)
+def _qk_norm_rope(x1, x2, w1, w2, cos, sin, qk_eps, AXIS: tl.constexpr, D: tl.constexpr, QK_NORM: tl.constexpr):
+    """Heads as halves x1, x2 (of qkv's dtype; heads along the other axis than AXIS, the halves' elements
+    along AXIS): (the RMSNorm with weight halves w1, w2,) then RoPE with cos / sin halves (float32): element
+    for element the arithmetic of kv_store._rope_store_kernel, each half's sum of squares apart."""
+    dtype = x1.dtype
     if QK_NORM:
-        w1 = tl.load(qn_ptr + half).to(tl.float32)[None, :]
-        w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)[None, :]
         a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        rs = tl.math.rsqrt((tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / D + qk_eps)[:, None]
+        rs = tl.math.rsqrt((tl.sum(a1 * a1, axis=AXIS) + tl.sum(a2 * a2, axis=AXIS)) / D + qk_eps)
+        if AXIS == 1:
+            rs = rs[:, None]
         x1 = (w1 * (a1 * rs).to(dtype).to(tl.float32)).to(dtype)
         x2 = (w2 * (a2 * rs).to(dtype).to(tl.float32)).to(dtype)
     a, b = x1.to(tl.float32), x2.to(tl.float32)
-    o1, o2 = (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+    return (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
+
+
+@triton.jit
+def _rope_inputs(pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, r, stride_cs, D: tl.constexpr, QK_NORM: tl.constexpr):
+    """What the fused RoPE + store reads besides qkv (none of it written by this step's kernels, so it may be
+    read before the PDL wait): cos, sin halves [D / 2] float32 at the token's position, its cache slot, and
+    the q / k norm weights' halves (float32; ones without QK_NORM, unused)."""
+    half = tl.arange(0, D // 2)
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    cos = tl.load(cs_ptr + pos * stride_cs + half)
+    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
+    slot = tl.load(slot_ptr + r).to(tl.int64)
+    wq1 = tl.full([D // 2], 1.0, tl.float32)
+    wq2 = wq1
+    wk1 = wq1
+    wk2 = wq1
+    if QK_NORM:
+        wq1 = tl.load(qn_ptr + half).to(tl.float32)
+        wq2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
+        wk1 = tl.load(kn_ptr + half).to(tl.float32)
+        wk2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
+    return cos, sin, slot, wq1, wq2, wk1, wk2
+
+
+@triton.jit
+def _rope_q(row, heads, row_ok, cos, sin, w1, w2, qk_eps, D: tl.constexpr, GROUP_PAD: tl.constexpr,
+            QK_NORM: tl.constexpr):
+    """The program's q heads [GROUP_PAD, D] from the unrotated qkv row `row`: (q_norm,) RoPE, the halves
+    then put side by side."""
+    half = tl.arange(0, D // 2)
+    base = row + heads[:, None] * D
+    x1 = tl.load(base + half[None, :], mask=row_ok[:, None], other=0.0)
+    x2 = tl.load(base + D // 2 + half[None, :], mask=row_ok[:, None], other=0.0)
+    o1, o2 = _qk_norm_rope(x1, x2, w1[None, :], w2[None, :], cos[None, :], sin[None, :], qk_eps, 1, D, QK_NORM)
     return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (GROUP_PAD, D))
 
 
 @triton.jit
-def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, pos_ptr, cs_ptr, slot_ptr, kn_ptr, r, qk_eps,
-                    stride_cs, D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
+def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos, sin, slot, w1, w2, qk_eps,
+                    D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
     """KV head h of the new token from the unrotated qkv row: k (k_norm,) rotated, k and v written at the
     token's cache slot (-1: nothing) as kv_store._rope_store_kernel writes them (the same arithmetic)."""
-    dtype = row.dtype.element_ty
     half = tl.arange(0, D // 2)
     full = tl.arange(0, D)
-    pos = tl.load(pos_ptr + r).to(tl.int64)
-    cos = tl.load(cs_ptr + pos * stride_cs + half)
-    sin = tl.load(cs_ptr + pos * stride_cs + D // 2 + half)
     kbase = row + (HQ + h) * D
     x1 = tl.load(kbase + half)
     x2 = tl.load(kbase + D // 2 + half)
     v = tl.load(row + (HQ + KVH + h) * D + full)
-    if QK_NORM:
-        w1 = tl.load(kn_ptr + half).to(tl.float32)
-        w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
-        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        rs = tl.math.rsqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / D + qk_eps)
-        x1 = (w1 * (a1 * rs).to(dtype).to(tl.float32)).to(dtype)
-        x2 = (w2 * (a2 * rs).to(dtype).to(tl.float32)).to(dtype)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    o1, o2 = (a * cos - b * sin).to(dtype), (b * cos + a * sin).to(dtype)
-    slot = tl.load(slot_ptr + r).to(tl.int64)
+    o1, o2 = _qk_norm_rope(x1, x2, w1, w2, cos, sin, qk_eps, 0, D, QK_NORM)
     if slot >= 0:
         cache = slot * (KVH * D) + h * D
         cdt = kc_ptr.dtype.element_ty
@@ -170,13 +183,17 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
                    stride_ot, stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ,
                    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
+                   EARLY: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_store_new
+    # EARLY (with PDL): the page metadata (and the fused RoPE's positions, table rows, slots, norm weights) read
+    # before the wait: no kernel of the step writes them (the host's copies precede the step's first kernel)
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
-        gdc_wait()
+        if not EARLY:
+            gdc_wait()
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -196,11 +213,16 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     heads = h * GROUP + rows
     row_ok = rows < GROUP
     if ROPE:
+        cos, sin, slot, wq1, wq2, wk1, wk2 = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, r, stride_cs, D,
+                                                          QK_NORM)
+    if PDL and EARLY:
+        gdc_wait()
+    if ROPE:
         row = q_ptr + r.to(tl.int64) * stride_qt
-        q = _rope_q(row, heads, row_ok, pos_ptr, cs_ptr, qn_ptr, r, qk_eps, stride_cs, D, GROUP_PAD, QK_NORM)
+        q = _rope_q(row, heads, row_ok, cos, sin, wq1, wq2, qk_eps, D, GROUP_PAD, QK_NORM)
         if (start <= L - 1) & (L - 1 < end):  # this split holds the new token: it writes (and then reads) its K/V
-            _rope_store_new(row, HQ, h, tl.num_programs(1), k_ptr, v_ptr, ks_ptr, vs_ptr, pos_ptr, cs_ptr,
-                            slot_ptr, kn_ptr, r, qk_eps, stride_cs, D, FP8, QK_NORM)
+            _rope_store_new(row, HQ, h, tl.num_programs(1), k_ptr, v_ptr, ks_ptr, vs_ptr, cos, sin, slot, wk1, wk2,
+                            qk_eps, D, FP8, QK_NORM)
         tl.debug_barrier()  # the stores above are visible to every thread of the program before the loop reads
     else:
         q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
@@ -332,7 +354,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False, min_split_keys: int = 0) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, min_split_keys: int = 0,
+                           early_meta: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -343,9 +366,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
     dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype).
     min_split_keys: each split takes at least this many keys (rounded up to block_n; 0: an even share),
-    so that a short context runs on fewer splits and the rest are empty (KernelConfig.decode_split_min_keys)."""
+    so that a short context runs on fewer splits and the rest are empty (KernelConfig.decode_split_min_keys).
+    early_meta (with pdl): the page metadata read before the wait for the kernel before
+    (KernelConfig.decode_attention_early_meta): it must not be written by the kernels of the step."""
     return _launch(q, None, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
-                   block_n, num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys)
+                   block_n, num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta)
 
 
 def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -354,7 +379,7 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
                                 kv_last_page_len: torch.Tensor, scale: float, *, qk_norm=None,
                                 window: int | None = None, splits: int = 1, k_scale: torch.Tensor | None = None,
                                 v_scale: torch.Tensor | None = None, pdl: bool = False, min_split_keys: int = 0,
-                                **launch) -> torch.Tensor:
+                                early_meta: bool = False, **launch) -> torch.Tensor:
     """kv_store.rope_store_kv and paged_decode_attention in one launch, for one token per request:
     qkv [B, (H + 2 KVH) * D] (the projection's rows, unrotated, rows contiguous; left as they are),
     positions [B], slots [B] (-1: nothing stored), cos_sin_cache float32 [P, D] (cos half, then sin
@@ -365,7 +390,7 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
     rotates that head's k, writes k and v at the slot (e4m3: / k_scale, / v_scale, as the store
     kernel) and, after a barrier, reads them back in its loop as every other key: no other program
     reads that row. The same values as rope_store_kv, then paged_decode_attention (other keywords:
-    theirs)."""
+    theirs; early_meta also reads positions, slots, the table and the norm weights before the PDL wait)."""
     B = qkv.shape[0]
     D = k_cache.shape[-1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D or qkv.stride(1) != 1:
@@ -376,11 +401,11 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
     rope = (positions, cos_sin_cache, slots, qn, kn, float(eps), cos_sin_cache.stride(0), qk_norm is not None)
     return _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
                    launch.get("block_n"), launch.get("num_warps"), launch.get("num_stages"), launch.get("maxnreg"),
-                   k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys)
+                   k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys, early_meta)
 
 
 def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits, block_n,
-            num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys):
+            num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta):
     """The decode kernel (and the split merge) over q [B, H, D]; rope: None, or the fused RoPE + store's
     (positions, cos_sin_cache, slots, q_norm w, k_norm w, eps, cos_sin stride, QK_NORM) with q a view of qkv."""
     B, H, D = q.shape
@@ -421,6 +446,7 @@ def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, 
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, ROPE=rope is not None, QK_NORM=qk_norm,
+        EARLY=pdl and early_meta,
         num_warps=num_warps, num_stages=num_stages, **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
