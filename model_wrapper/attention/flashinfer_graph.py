@@ -195,7 +195,7 @@ class GraphAttention(AttentionBackend):
         ks, vs = self.kv_store.layer_scales(layer)
         cfg = self.kv_store.config
         return dict(k_scale=ks, v_scale=vs, min_split_keys=cfg.decode_split_min_keys,
-                    early_meta=cfg.decode_attention_early_meta,
+                    early_meta=cfg.decode_attention_early_meta, prefetch=cfg.decode_attention_prefetch,
                     pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch and uses_pdl(q.device, cfg))
 
     def fuses_rope_attention(self, num_tokens: int) -> bool:

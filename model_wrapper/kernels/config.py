@@ -194,6 +194,8 @@ class KernelConfig:
     # positions, slots, table rows and norm weights) before its wait for the kernel before: host-written inputs
     # that no kernel of the step writes, off the chain of dependent loads after the wait
     decode_attention_early_meta: bool = False
+    # with it, each program's first tile of K / V prefetched into L2 before the wait as well (prefetch.global.L2)
+    decode_attention_prefetch: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -178,18 +178,36 @@ def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos, sin, s
 
 
 @triton.jit
+def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, kv_head, PAGE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, D: tl.constexpr, PF_LINES: tl.constexpr):
+    """Into L2 (prefetch.global.L2, a hint nothing waits for): the K and V rows of the split's first BLOCK_N keys,
+    PF_LINES 128-byte lines a row; keys past the split's end prefetch the cache's first row instead."""
+    t = start + tl.arange(0, BLOCK_N)
+    ok = t < end
+    page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
+    off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
+    lines = (off[:, None] + (tl.arange(0, PF_LINES) * (D // PF_LINES))[None, :]) * ok[:, None]
+    for base in tl.static_range(2):
+        ptr = k_ptr if base == 0 else v_ptr
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [(ptr + lines).to(tl.int64)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, min_chunk, stride_qt, stride_qh, stride_kb, stride_kt,
                    stride_ot, stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ,
                    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   EARLY: tl.constexpr):
+                   EARLY: tl.constexpr, PF_LINES: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_store_new
     # EARLY (with PDL): the page metadata (and the fused RoPE's positions, table rows, slots, norm weights) read
-    # before the wait: no kernel of the step writes them (the host's copies precede the step's first kernel)
+    # before the wait: no kernel of the step writes them (the host's copies precede the step's first kernel);
+    # PF_LINES > 0 (with EARLY): the split's first tile of K / V prefetched into L2 before the wait too (the new
+    # key's row, written after, is read from L2 anyway: a prefetch only warms lines)
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
         if not EARLY:
@@ -216,6 +234,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         cos, sin, slot, wq1, wq2, wk1, wk2 = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, r, stride_cs, D,
                                                           QK_NORM)
     if PDL and EARLY:
+        if PF_LINES > 0:
+            _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, h * D, PAGE, BLOCK_N,
+                                 D, PF_LINES)
         gdc_wait()
     if ROPE:
         row = q_ptr + r.to(tl.int64) * stride_qt
@@ -355,7 +376,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            fp8_math: str | None = None, pdl: bool = False, min_split_keys: int = 0,
-                           early_meta: bool = False) -> torch.Tensor:
+                           early_meta: bool = False, prefetch: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -368,9 +389,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     min_split_keys: each split takes at least this many keys (rounded up to block_n; 0: an even share),
     so that a short context runs on fewer splits and the rest are empty (KernelConfig.decode_split_min_keys).
     early_meta (with pdl): the page metadata read before the wait for the kernel before
-    (KernelConfig.decode_attention_early_meta): it must not be written by the kernels of the step."""
+    (KernelConfig.decode_attention_early_meta): it must not be written by the kernels of the step. prefetch
+    (with both; KernelConfig.decode_attention_prefetch): each program's first tile of K / V into L2 before it too."""
     return _launch(q, None, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
-                   block_n, num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta)
+                   block_n, num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta,
+                   prefetch)
 
 
 def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -379,7 +402,7 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
                                 kv_last_page_len: torch.Tensor, scale: float, *, qk_norm=None,
                                 window: int | None = None, splits: int = 1, k_scale: torch.Tensor | None = None,
                                 v_scale: torch.Tensor | None = None, pdl: bool = False, min_split_keys: int = 0,
-                                early_meta: bool = False, **launch) -> torch.Tensor:
+                                early_meta: bool = False, prefetch: bool = False, **launch) -> torch.Tensor:
     """kv_store.rope_store_kv and paged_decode_attention in one launch, for one token per request:
     qkv [B, (H + 2 KVH) * D] (the projection's rows, unrotated, rows contiguous; left as they are),
     positions [B], slots [B] (-1: nothing stored), cos_sin_cache float32 [P, D] (cos half, then sin
@@ -401,11 +424,11 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
     rope = (positions, cos_sin_cache, slots, qn, kn, float(eps), cos_sin_cache.stride(0), qk_norm is not None)
     return _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
                    launch.get("block_n"), launch.get("num_warps"), launch.get("num_stages"), launch.get("maxnreg"),
-                   k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys, early_meta)
+                   k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys, early_meta, prefetch)
 
 
 def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits, block_n,
-            num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta):
+            num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta, prefetch):
     """The decode kernel (and the split merge) over q [B, H, D]; rope: None, or the fused RoPE + store's
     (positions, cos_sin_cache, slots, q_norm w, k_norm w, eps, cos_sin stride, QK_NORM) with q a view of qkv."""
     B, H, D = q.shape
@@ -435,6 +458,10 @@ def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, 
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
     if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
         math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
+    # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter)
+    pf_lines = 0
+    if pdl and early_meta and prefetch and os.environ.get("TRITON_INTERPRET") != "1":
+        pf_lines = max(1, D * k_cache.element_size() // 128)
     pos, cs, slots, qn, kn, eps, stride_cs, qk_norm = rope if rope is not None else (
         kv_indptr, kv_indptr, kv_indptr, kv_indptr, kv_indptr, 0.0, 0, False)
     _decode_kernel[(B, KVH, splits)](
@@ -446,7 +473,7 @@ def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, 
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, ROPE=rope is not None, QK_NORM=qk_norm,
-        EARLY=pdl and early_meta,
+        EARLY=pdl and early_meta, PF_LINES=pf_lines,
         num_warps=num_warps, num_stages=num_stages, **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,

@@ -157,12 +157,13 @@ def test_fused_groups_and_min_split_keys(heads, kv_heads):
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("kv", ["16-bit", "e4m3"])
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("early", ["wait first", "early", "early+prefetch"])
 def test_fused_under_pdl_equals_the_unfused_launches(kv, batch, early):
     """Launched as a programmatic dependent (the graphs' launch at batch 1-2), the split merge too; early: the
-    metadata (and the RoPE inputs) read before the wait, in both launches."""
+    metadata (and the RoPE inputs) read before the wait, in both launches (+ the first K / V tile prefetched)."""
     got, caches, want, ref_caches, *_ = run_both(LENS[-batch:], 32, 4, seed=batch, kv_dtype=FP8 if kv == "e4m3" else None,
-                                                 qk_norm=True, splits=16, pdl=True, early_meta=early)
+                                                 qk_norm=True, splits=16, pdl=True, early_meta=early != "wait first",
+                                                 prefetch=early == "early+prefetch")
     for c, rc in zip(caches, ref_caches):
         assert torch.equal(bits(c), bits(rc))
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
