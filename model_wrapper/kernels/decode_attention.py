@@ -158,10 +158,12 @@ def _rope_q(row, heads, row_ok, cos, sin, w1, w2, qk_eps, D: tl.constexpr, GROUP
 
 
 @triton.jit
-def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos, sin, slot, w1, w2, qk_eps,
-                    D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
-    """KV head h of the new token from the unrotated qkv row: k (k_norm,) rotated, k and v written at the
-    token's cache slot (-1: nothing) as kv_store._rope_store_kernel writes them (the same arithmetic)."""
+def _rope_kv_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos, sin, slot, w1, w2, qk_eps, STORE,
+                 D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
+    """KV head h of the new token from the unrotated qkv row: k (k_norm,) rotated -> (k, v) [D] as the cache
+    holds them (e4m3: their bytes as uint8), the arithmetic of kv_store._rope_store_kernel; where STORE, also
+    written at the token's cache slot as that kernel writes them (for later steps: this launch reads the
+    returned rows instead, _with_new_row)."""
     half = tl.arange(0, D // 2)
     full = tl.arange(0, D)
     kbase = row + (HQ + h) * D
@@ -169,12 +171,27 @@ def _rope_store_new(row, HQ, h, KVH, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos, sin, s
     x2 = tl.load(kbase + D // 2 + half)
     v = tl.load(row + (HQ + KVH + h) * D + full)
     o1, o2 = _qk_norm_rope(x1, x2, w1, w2, cos, sin, qk_eps, 0, D, QK_NORM)
-    if slot >= 0:
+    cdt = kc_ptr.dtype.element_ty
+    k1, k2, vc = _to_cache(o1, ks_ptr, FP8, cdt), _to_cache(o2, ks_ptr, FP8, cdt), _to_cache(v, vs_ptr, FP8, cdt)
+    if STORE:
         cache = slot * (KVH * D) + h * D
-        cdt = kc_ptr.dtype.element_ty
-        tl.store(kc_ptr + cache + half, _to_cache(o1, ks_ptr, FP8, cdt))
-        tl.store(kc_ptr + cache + D // 2 + half, _to_cache(o2, ks_ptr, FP8, cdt))
-        tl.store(vc_ptr + cache + full, _to_cache(v, vs_ptr, FP8, cdt))
+        tl.store(kc_ptr + cache + half, k1)
+        tl.store(kc_ptr + cache + D // 2 + half, k2)
+        tl.store(vc_ptr + cache + full, vc)
+    if FP8:  # (a select of e4m3 values by their bytes)
+        k1, k2, vc = k1.to(tl.uint8, bitcast=True), k2.to(tl.uint8, bitcast=True), vc.to(tl.uint8, bitcast=True)
+    return tl.reshape(tl.permute(tl.join(k1, k2), (1, 0)), (D,)), vc
+
+
+@triton.jit
+def _with_new_row(x, new, is_new, FP8: tl.constexpr):
+    """A loaded K or V tile [BLOCK_N, D] with the rows where is_new [BLOCK_N] replaced by new [D] (uint8 bytes
+    where FP8)."""
+    if FP8:
+        y = tl.where(is_new[:, None], new[None, :], x.to(tl.uint8, bitcast=True)).to(x.dtype, bitcast=True)
+    else:
+        y = tl.where(is_new[:, None], new[None, :], x)
+    return y
 
 
 @triton.jit
@@ -203,11 +220,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
                    EARLY: tl.constexpr, PF_LINES: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
-    # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_store_new
+    # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_kv_new
     # EARLY (with PDL): the page metadata (and the fused RoPE's positions, table rows, slots, norm weights) read
     # before the wait: no kernel of the step writes them (the host's copies precede the step's first kernel);
     # PF_LINES > 0 (with EARLY): the split's first tile of K / V prefetched into L2 before the wait too (the new
-    # key's row, written after, is read from L2 anyway: a prefetch only warms lines)
+    # key's row is taken from registers, not from what was loaded)
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
         if not EARLY:
@@ -241,10 +258,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     if ROPE:
         row = q_ptr + r.to(tl.int64) * stride_qt
         q = _rope_q(row, heads, row_ok, cos, sin, wq1, wq2, qk_eps, D, GROUP_PAD, QK_NORM)
-        if (start <= L - 1) & (L - 1 < end):  # this split holds the new token: it writes (and then reads) its K/V
-            _rope_store_new(row, HQ, h, tl.num_programs(1), k_ptr, v_ptr, ks_ptr, vs_ptr, cos, sin, slot, wk1, wk2,
-                            qk_eps, D, FP8, QK_NORM)
-        tl.debug_barrier()  # the stores above are visible to every thread of the program before the loop reads
+        # the split that holds the new key (L - 1) stores its K / V for later steps; in this launch every program
+        # takes that row from registers (no read of what it wrote: no ordering of a store and a load needed)
+        new_key = tl.where(slot >= 0, L - 1, -1)  # slot -1 (padding): the row as the cache holds it
+        k_new, v_new = _rope_kv_new(row, HQ, h, tl.num_programs(1), k_ptr, v_ptr, ks_ptr, vs_ptr, cos, sin, slot,
+                                    wk1, wk2, qk_eps, (start <= L - 1) & (L - 1 < end) & (slot >= 0), D, FP8,
+                                    QK_NORM)
     else:
         q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
@@ -268,6 +287,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        if ROPE:
+            k = _with_new_row(k, k_new, t == new_key, FP8)
+            v = _with_new_row(v, v_new, t == new_key, FP8)
         if MATH >= 2:
             k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
         elif FP8:
@@ -408,11 +430,11 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
     positions [B], slots [B] (-1: nothing stored), cos_sin_cache float32 [P, D] (cos half, then sin
     half), qk_norm (q_norm weight [D], k_norm weight [D], eps) or None -> [B, H, D].
 
-    Every program rotates (and normalises) its own q heads; the one program a (request, KV head)
-    whose split holds the new key (position L - 1 of the page metadata, which must be `slots`' row)
-    rotates that head's k, writes k and v at the slot (e4m3: / k_scale, / v_scale, as the store
-    kernel) and, after a barrier, reads them back in its loop as every other key: no other program
-    reads that row. The same values as rope_store_kv, then paged_decode_attention (other keywords:
+    Every program rotates (and normalises) its own q heads and its KV head's new k; the one program
+    a (request, KV head) whose split holds the new key (position L - 1 of the page metadata, which
+    must be `slots`' row) writes k and v at the slot (e4m3: / k_scale, / v_scale, as the store
+    kernel) for later steps, and uses them from registers in place of that row of its tile (so no
+    program reads what this launch writes). The same values as rope_store_kv, then paged_decode_attention (other keywords:
     theirs; early_meta also reads positions, slots, the table and the norm weights before the PDL wait)."""
     B = qkv.shape[0]
     D = k_cache.shape[-1]

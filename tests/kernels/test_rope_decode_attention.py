@@ -3,7 +3,9 @@
 kernels/kv_store.rope_store_kv on a copy of qkv and the caches, then paged_decode_attention over
 the rotated q. The same arithmetic on the same values: the caches bit-equal, the outputs bit-equal
 under Triton's interpreter (on CUDA within a rounding: the q norm's sums may be ordered apart), and
-both against a direct float64 softmax over the rotated keys (an oracle of neither kernel).
+both against a direct float64 softmax over the rotated keys (an oracle of neither kernel). The new key's
+row is taken from registers in the fused launch: a stale row in the cache must not show (padding rows,
+slot -1, read the cache's row, as the unfused launches do).
 
 Without a GPU under Triton's interpreter in fp16 (tests/triton_interpret.py); on CUDA in bf16 with
 pages of 16 and head_dim 128 (`pytest -m cuda`), Llama (GQA 4) and Qwen3 (q / k norms, GQA 8) shapes.
@@ -167,6 +169,47 @@ def test_fused_under_pdl_equals_the_unfused_launches(kv, batch, early):
     for c, rc in zip(caches, ref_caches):
         assert torch.equal(bits(c), bits(rc))
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch: sm90+ GPUs")
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
+def test_fused_repeated_under_pdl_is_deterministic(qk_norm):
+    """Qwen3-30B-A3B's heads at batch 1, 512 keys, the other keys zero (as a fresh cache) and the new key's row
+    holding another token's K / V before every call (a stale row): 200 calls under PDL, each the first's output
+    bit for bit, and the unfused launches' within a rounding (bit-equal without q / k norms)."""
+    heads, kv_heads, n = 32, 4, 512
+    k, v, tables, indptr, indices, last, slots, qkv = setup([n], heads, kv_heads, 3, DTYPE)
+    k.zero_()
+    v.zero_()
+    stale = torch.randn(kv_heads, D, generator=torch.Generator().manual_seed(9)).to(DTYPE)
+    s0 = int(slots[0])
+    k.view(-1, kv_heads, D)[s0] = stale
+    v.view(-1, kv_heads, D)[s0] = -stale
+    table = rope_table(n + 8).to(DEVICE)
+    g = torch.Generator().manual_seed(10)
+    norm = ((1 + 0.5 * torch.randn(D, generator=g)).to(DEVICE, DTYPE), (1 + 0.5 * torch.randn(D, generator=g)).to(
+        DEVICE, DTYPE), 1e-6) if qk_norm else None
+    meta = [x.to(DEVICE) for x in (indptr, indices, last)]
+    pos, sl, x = torch.tensor([n - 1], device=DEVICE), slots.to(DEVICE), qkv.to(DEVICE)
+    kd, vd = k.to(DEVICE), v.to(DEVICE)
+    outs = []
+    for i in range(200):
+        kd.view(-1, kv_heads, D)[s0] = stale.to(DEVICE)
+        vd.view(-1, kv_heads, D)[s0] = -stale.to(DEVICE)
+        xi = x * 1  # written by a kernel just before the launch, as qkv's GEMV
+        outs.append(rope_paged_decode_attention(xi, pos, table, sl, heads, kv_heads, kd, vd, *meta, 1 / math.sqrt(D),
+                                                qk_norm=norm, splits=16, pdl=True, early_meta=i % 2 == 1))
+    ku, vu, xu = k.to(DEVICE), v.to(DEVICE), x.clone()
+    rope_store_kv(xu, pos, table, heads, kv_heads, D, ku, vu, sl, qk_norm=norm)
+    want = paged_decode_attention(xu[:, : heads * D].view(1, heads, D), ku, vu, *meta, 1 / math.sqrt(D), splits=16)
+    bad = [i for i, o in enumerate(outs) if not torch.equal(o, outs[0])]
+    assert not bad, f"{len(bad)} of 200 calls differ from the first"
+    assert torch.equal(kd, ku) and torch.equal(vd, vu)
+    if qk_norm:
+        torch.testing.assert_close(outs[0].float(), want.float(), atol=2e-2, rtol=0)
+    else:
+        assert torch.equal(outs[0], want)
 
 
 def test_min_split_keys_is_the_same_attention():
