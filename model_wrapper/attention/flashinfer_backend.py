@@ -86,6 +86,7 @@ class TritonDecode:
     splits: int
 
     min_split_keys: int = 0  # KernelConfig.decode_split_min_keys
+    early_tile: bool = False  # KernelConfig.decode_rope_attention_early_tile
 
     def run(self, q, k_cache, v_cache, window, scale, k_scale, v_scale):
         from model_wrapper.kernels.decode_attention import paged_decode_attention
@@ -102,7 +103,8 @@ class TritonDecode:
         return rope_paged_decode_attention(qkv, positions, rope_table, slots, num_heads, num_kv_heads, k_cache,
                                            v_cache, self.kv_indptr, self.kv_indices, self.kv_last, scale,
                                            qk_norm=qk_norm, window=window, splits=self.splits, k_scale=k_scale,
-                                           v_scale=v_scale, min_split_keys=self.min_split_keys)
+                                           v_scale=v_scale, min_split_keys=self.min_split_keys,
+                                           early_tile=self.early_tile)
 
 
 @dataclass
@@ -199,7 +201,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
         return TritonDecode(dev[0], indices, dev[1],
                             decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn),
-                            self.kv_store.config.decode_split_min_keys)
+                            self.kv_store.config.decode_split_min_keys,
+                            self.kv_store.config.decode_rope_attention_early_tile)
 
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)

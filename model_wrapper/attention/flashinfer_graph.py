@@ -210,6 +210,7 @@ class GraphAttention(AttentionBackend):
         return rope_paged_decode_attention(qkv, positions, self.kv_store.rope_table, batch.slots, num_heads,
                                            num_kv_heads, k_cache, v_cache, s.kv_indptr, s.indices, s.kv_last,
                                            self.scale, qk_norm=qk_norm, window=window, splits=s.splits,
+                                           early_tile=self.kv_store.config.decode_rope_attention_early_tile,
                                            **self._triton_args(layer, qkv))
 
 

@@ -196,6 +196,9 @@ class KernelConfig:
     decode_attention_early_meta: bool = False
     # with it, each program's first tile of K / V prefetched into L2 before the wait as well (prefetch.global.L2)
     decode_attention_prefetch: bool = False
+    # the fused kernel (decode_rope_attention_max_batch) loads each program's first K / V tile before it makes q
+    # (before its PDL wait with decode_attention_early_meta): the cache's reads overlap the wait and q's RoPE
+    decode_rope_attention_early_tile: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -211,20 +211,49 @@ def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, s
 
 
 @triton.jit
+def _load_tile(k_ptr, v_ptr, indices_ptr, p0, n0, end, stride_kb, stride_kt, kv_head, d, PAGE: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Keys n0 .. n0 + BLOCK_N of the request (those < end): -> (K, V tiles [BLOCK_N, D] as cached, t, t < end)."""
+    t = n0 + tl.arange(0, BLOCK_N)
+    ok = t < end
+    page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
+    off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
+    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+    return k, v, t, ok
+
+
+@triton.jit
+def _use_tile(q, k, v, t, ok, new_key, k_new, v_new, m_i, l_i, acc, scale_log2, ROPE: tl.constexpr,
+              FP8: tl.constexpr, MATH: tl.constexpr, INTERPRET: tl.constexpr):
+    """A loaded tile (the new key's row from registers where ROPE) to the tensor cores' operands, into the
+    online softmax: -> (m_i, l_i, acc)."""
+    if ROPE:
+        k = _with_new_row(k, k_new, t == new_key, FP8)
+        v = _with_new_row(v, v_new, t == new_key, FP8)
+    if MATH >= 2:
+        k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
+    elif FP8:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    return _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, min_chunk, stride_qt, stride_qh, stride_kb, stride_kt,
                    stride_ot, stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ,
                    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr, QK_NORM: tl.constexpr,
-                   EARLY: tl.constexpr, PF_LINES: tl.constexpr):
+                   EARLY: tl.constexpr, PF_LINES: tl.constexpr, PEEL: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # ROPE: q_ptr is the qkv projection's rows [B, (HQ + 2 KVH) * D], unrotated; see _rope_q / _rope_kv_new
     # EARLY (with PDL): the page metadata (and the fused RoPE's positions, table rows, slots, norm weights) read
     # before the wait: no kernel of the step writes them (the host's copies precede the step's first kernel);
     # PF_LINES > 0 (with EARLY): the split's first tile of K / V prefetched into L2 before the wait too (the new
-    # key's row is taken from registers, not from what was loaded)
+    # key's row is taken from registers, not from what was loaded); PEEL (ROPE): that tile loaded into registers
+    # before q is made (before the wait where EARLY), its softmax step taken out of the loop
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
         if not EARLY:
@@ -247,9 +276,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     d = tl.arange(0, D)
     heads = h * GROUP + rows
     row_ok = rows < GROUP
+    kv_head = h * D  # column offset of this KV head within a token's row
     if ROPE:
         cos, sin, slot, wq1, wq2, wk1, wk2 = _rope_inputs(pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, r, stride_cs, D,
                                                           QK_NORM)
+    if PEEL:  # (ROPE only) the split's first tile read before q is made (before the PDL wait where EARLY): no kernel
+        # of the step writes those rows but the new key's, which comes from registers (_with_new_row)
+        k0, v0, t0, ok0 = _load_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, kv_head, d, PAGE,
+                                     BLOCK_N)
     if PDL and EARLY:
         if PF_LINES > 0:
             _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, h * D, PAGE, BLOCK_N,
@@ -267,6 +301,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     else:
         q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
+        new_key, k_new, v_new = -1, 0, 0  # (unused without ROPE)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -279,22 +314,16 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
             scale_log2 = scale_log2 * 256.0
         if MATH == 3:  # V comes as value * 2^-8
             out_scale = out_scale * 256.0
-    kv_head = h * D  # column offset of this KV head within a token's row
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + tl.arange(0, BLOCK_N)
-        ok = t < end
-        page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
-        off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if ROPE:
-            k = _with_new_row(k, k_new, t == new_key, FP8)
-            v = _with_new_row(v, v_new, t == new_key, FP8)
-        if MATH >= 2:
-            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
-        elif FP8:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
+    first = start
+    if PEEL:  # the first tile, loaded above: into the softmax now
+        m_i, l_i, acc = _use_tile(q, k0, v0, t0, ok0, new_key, k_new, v_new, m_i, l_i, acc, scale_log2, ROPE, FP8,
+                                  MATH, INTERPRET)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
+        k, v, t, ok = _load_tile(k_ptr, v_ptr, indices_ptr, p0, n0, end, stride_kb, stride_kt, kv_head, d, PAGE,
+                                 BLOCK_N)
+        m_i, l_i, acc = _use_tile(q, k, v, t, ok, new_key, k_new, v_new, m_i, l_i, acc, scale_log2, ROPE, FP8, MATH,
+                                  INTERPRET)
     if FP8:
         acc = acc * out_scale
 
@@ -424,7 +453,8 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
                                 kv_last_page_len: torch.Tensor, scale: float, *, qk_norm=None,
                                 window: int | None = None, splits: int = 1, k_scale: torch.Tensor | None = None,
                                 v_scale: torch.Tensor | None = None, pdl: bool = False, min_split_keys: int = 0,
-                                early_meta: bool = False, prefetch: bool = False, **launch) -> torch.Tensor:
+                                early_meta: bool = False, prefetch: bool = False, early_tile: bool = False,
+                                **launch) -> torch.Tensor:
     """kv_store.rope_store_kv and paged_decode_attention in one launch, for one token per request:
     qkv [B, (H + 2 KVH) * D] (the projection's rows, unrotated, rows contiguous; left as they are),
     positions [B], slots [B] (-1: nothing stored), cos_sin_cache float32 [P, D] (cos half, then sin
@@ -435,7 +465,9 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
     must be `slots`' row) writes k and v at the slot (e4m3: / k_scale, / v_scale, as the store
     kernel) for later steps, and uses them from registers in place of that row of its tile (so no
     program reads what this launch writes). The same values as rope_store_kv, then paged_decode_attention (other keywords:
-    theirs; early_meta also reads positions, slots, the table and the norm weights before the PDL wait)."""
+    theirs; early_meta also reads positions, slots, the table and the norm weights before the PDL wait).
+    early_tile: each program loads its first tile of K / V before making q (before the PDL wait with
+    early_meta), so that those loads overlap the wait and q (KernelConfig.decode_rope_attention_early_tile)."""
     B = qkv.shape[0]
     D = k_cache.shape[-1]
     if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D or qkv.stride(1) != 1:
@@ -443,7 +475,8 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
                          f"contiguous rows, got {tuple(qkv.shape)} strides {qkv.stride()}")
     q = qkv[:, : num_heads * D].view(B, num_heads, D)
     qn, kn, eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
-    rope = (positions, cos_sin_cache, slots, qn, kn, float(eps), cos_sin_cache.stride(0), qk_norm is not None)
+    rope = (positions, cos_sin_cache, slots, qn, kn, float(eps), cos_sin_cache.stride(0), qk_norm is not None,
+            early_tile)
     return _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits,
                    launch.get("block_n"), launch.get("num_warps"), launch.get("num_stages"), launch.get("maxnreg"),
                    k_scale, v_scale, launch.get("fp8_math"), pdl, min_split_keys, early_meta, prefetch)
@@ -452,7 +485,8 @@ def rope_paged_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_
 def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, window, splits, block_n,
             num_warps, num_stages, maxnreg, k_scale, v_scale, fp8_math, pdl, min_split_keys, early_meta, prefetch):
     """The decode kernel (and the split merge) over q [B, H, D]; rope: None, or the fused RoPE + store's
-    (positions, cos_sin_cache, slots, q_norm w, k_norm w, eps, cos_sin stride, QK_NORM) with q a view of qkv."""
+    (positions, cos_sin_cache, slots, q_norm w, k_norm w, eps, cos_sin stride, QK_NORM, early_tile) with q a
+    view of qkv."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -484,8 +518,8 @@ def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, 
     pf_lines = 0
     if pdl and early_meta and prefetch and os.environ.get("TRITON_INTERPRET") != "1":
         pf_lines = max(1, D * k_cache.element_size() // 128)
-    pos, cs, slots, qn, kn, eps, stride_cs, qk_norm = rope if rope is not None else (
-        kv_indptr, kv_indptr, kv_indptr, kv_indptr, kv_indptr, 0.0, 0, False)
+    pos, cs, slots, qn, kn, eps, stride_cs, qk_norm, peel = rope if rope is not None else (
+        kv_indptr, kv_indptr, kv_indptr, kv_indptr, kv_indptr, 0.0, 0, False, False)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
@@ -495,7 +529,7 @@ def _launch(q, rope, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, 
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, ROPE=rope is not None, QK_NORM=qk_norm,
-        EARLY=pdl and early_meta, PF_LINES=pf_lines,
+        EARLY=pdl and early_meta, PF_LINES=pf_lines, PEEL=peel,
         num_warps=num_warps, num_stages=num_stages, **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,

@@ -46,7 +46,7 @@ def _compile_all() -> list[str]:
             build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel, decode_ptrs,
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
                        PDL=True, ROPE=False, QK_NORM=False, EARLY=math_id == 3,
-                       PF_LINES=(1 if fp8 else 2) if math_id in (0, 3) else 0),
+                       PF_LINES=(1 if fp8 else 2) if math_id in (0, 3) else 0, PEEL=False),
                   scalars=("scale_log2", "qk_eps"))
         # RoPE (+ q / k norms) + the K/V store inside it (rope_paged_decode_attention): Llama-3-8B's group of 4 and
         # Qwen3-30B-A3B's of 8 with its norms; the e4m3 launch's fp8_math (bits_vreg)
@@ -54,7 +54,7 @@ def _compile_all() -> list[str]:
             build(f"rope decode {tag} group {group}{' qk-norm' if qk_norm else ''}", decode_attention._decode_kernel,
                   decode_ptrs, dict(PAGE=16, GROUP=group, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8,
                                     MATH=3 if fp8 else 0, INTERPRET=False, PDL=True, ROPE=True, QK_NORM=qk_norm,
-                                    EARLY=True, PF_LINES=1 if fp8 else 2),
+                                    EARLY=True, PF_LINES=0, PEEL=qk_norm),
                   scalars=("scale_log2", "qk_eps"))
     return built
 

@@ -88,7 +88,7 @@ def run_both(lens, heads, kv_heads, seed, kv_dtype=None, qk_norm=False, pad_last
     rope_store_kv(qkv_u, pos.to(DEVICE), table.to(DEVICE), heads, kv_heads, D, ku, vu, slots.to(DEVICE),
                   k_scale=scales.get("k_scale"), v_scale=scales.get("v_scale"), qk_norm=norm)
     want = paged_decode_attention(qkv_u[:, : heads * D].view(len(lens), heads, D), ku, vu, *meta, scale, **scales,
-                                  **kw)
+                                  **{x: kw[x] for x in kw if x != "early_tile"})
     return got, (kf, vf), want, (ku, vu), qkv_f, qkv, (tables, qkv_u, scales)
 
 
@@ -119,13 +119,16 @@ LENS = [1, PAGE, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 600]
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["llama", "qwen3"])
 @pytest.mark.parametrize("splits", [1, 3, 16])
 @pytest.mark.parametrize("window", [None, 6])
-def test_fused_equals_rope_store_then_attention(kv, qk_norm, splits, window):
+@pytest.mark.parametrize("early_tile", [False, True], ids=["", "early-tile"])
+def test_fused_equals_rope_store_then_attention(kv, qk_norm, splits, window, early_tile):
     """Lengths of 1 key (the new one alone), a page, a page and one, several pages, with empty splits; GQA 4;
-    the last request a padding row (slot -1: nothing stored, its stale key read as the unfused path reads it)."""
+    the last request a padding row (slot -1: nothing stored, its stale key read as the unfused path reads it);
+    early_tile: the first tile loaded before q is made (its softmax step out of the loop)."""
     heads, kv_heads = 8, 2
     got, caches, want, ref_caches, qkv_after, qkv_before, (tables, qkv_u, scales) = run_both(
         LENS, heads, kv_heads, seed=splits + 7 * qk_norm, kv_dtype=FP8 if kv == "e4m3" else None, qk_norm=qk_norm,
-        pad_last=True, window=window, splits=splits, block_n=8 if INTERPRET else None)
+        pad_last=True, window=window, splits=splits, block_n=8 if INTERPRET else None,
+        **({"early_tile": True} if early_tile else {}))
     for c, rc in zip(caches, ref_caches):
         assert torch.equal(bits(c), bits(rc))  # the same K/V stored at the same slots, nothing else touched
     assert torch.equal(qkv_after.cpu(), qkv_before)  # the fused kernel leaves qkv as it was
@@ -159,13 +162,13 @@ def test_fused_groups_and_min_split_keys(heads, kv_heads):
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("kv", ["16-bit", "e4m3"])
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("early", ["wait first", "early", "early+prefetch"])
+@pytest.mark.parametrize("early", ["wait first", "early", "early+prefetch", "early tile"])
 def test_fused_under_pdl_equals_the_unfused_launches(kv, batch, early):
     """Launched as a programmatic dependent (the graphs' launch at batch 1-2), the split merge too; early: the
     metadata (and the RoPE inputs) read before the wait, in both launches (+ the first K / V tile prefetched)."""
     got, caches, want, ref_caches, *_ = run_both(LENS[-batch:], 32, 4, seed=batch, kv_dtype=FP8 if kv == "e4m3" else None,
                                                  qk_norm=True, splits=16, pdl=True, early_meta=early != "wait first",
-                                                 prefetch=early == "early+prefetch")
+                                                 prefetch=early == "early+prefetch", early_tile=early == "early tile")
     for c, rc in zip(caches, ref_caches):
         assert torch.equal(bits(c), bits(rc))
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=0)
