@@ -101,7 +101,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
                                                  decode_attention_early_meta=True, decode_attention_prefetch=True),
             "rope-tile": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
                                              decode_attention_early_meta=True, decode_rope_attention_early_tile=True),
+            "early-pf": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True,
+                                            decode_attention_prefetch=True),
+            "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
             "new-fp8": KernelConfig(),
+            "early-pf-fp8": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True,
+                                                decode_attention_prefetch=True),
             "rope-tile-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
                                                  decode_attention_early_meta=True,
                                                  decode_rope_attention_early_tile=True),
@@ -158,14 +163,16 @@ def logit_checks(step_logits: dict, variants: list[str]) -> list[dict]:
         fp8 = variant.endswith("fp8")
         same_kind = [v for v in variants if v.endswith("fp8") == fp8]
         ref = "new" if not fp8 and "new" in same_kind else same_kind[0]
-        if variant == ref:
-            continue
-        want = step_logits[ref, B]
-        diff = (logits - want).abs().max().item() / want.abs().max().item()
-        same = torch.equal(logits.argmax(-1), want.argmax(-1))
-        out.append(dict(variant=variant, against=ref, batch=B, max_rel_diff=diff, argmax_equal=same))
-        print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {ref}"
-              f"{'' if same else ', argmax differs'}", flush=True)
+        # and against new2 (new run again later) where it ran: whether a difference is the variant's or the order's
+        for against in [ref] + (["new2"] if not fp8 and "new2" in variants and variant not in ("new2", ref) else []):
+            if variant == against:
+                continue
+            want = step_logits[against, B]
+            diff = (logits - want).abs().max().item() / want.abs().max().item()
+            same = torch.equal(logits.argmax(-1), want.argmax(-1))
+            out.append(dict(variant=variant, against=against, batch=B, max_rel_diff=diff, argmax_equal=same))
+            print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {against}"
+                  f"{'' if same else ', argmax differs'}", flush=True)
     return out
 
 
