@@ -29,7 +29,9 @@ from text_generator import TextGenerator  # noqa: E402
 FP8 = torch.float8_e4m3fn
 TINY = dict(hidden_size=512, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
             vocab_size=96, max_position_embeddings=1024)
-ON, OFF = KernelConfig(decode_rope_attention_max_batch=2), KernelConfig(decode_rope_attention_max_batch=0)
+ON = KernelConfig(decode_rope_attention_max_batch=2, decode_attention_early_meta=True, decode_attention_prefetch=True,
+                  decode_rope_attention_early_tile=True)
+OFF = KernelConfig(decode_rope_attention_max_batch=0)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +96,11 @@ def _prompts(batch):
     return [torch.randint(0, 96, (n,), generator=g).tolist() for n in (37, 12)[:batch]]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mistral"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_graphs_with_rope_in_attention_match_transformers_and_the_unfused_step(ckpt, fused_calls, family, batch):
+    """Graph replays with the fused kernel (every switch of its launch on) at batch 1 / 2: Llama, Qwen3 (q / k
+    norms), Qwen3-MoE (the bench_moe shape's family) and Mistral (a sliding window of 6)."""
     path = ckpt(family)
     prompts = _prompts(batch)
     gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
