@@ -86,33 +86,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # [E, E] rank instead of the bitonic top-k
             "lf-off": dataclasses.replace(KernelConfig(), moe_gemv_loads_first=False),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
-            # the attention half (session 35): RoPE + q / k norms + the K/V store inside the decode attention kernel
-            # at batch 1-2; the KV splits' least keys (short contexts on fewer splits); the page metadata (and the
-            # fused RoPE's inputs) read before the PDL wait
-            "rope-attn": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2),
-            "ms128": dataclasses.replace(KernelConfig(), decode_split_min_keys=128),
-            "ms512": dataclasses.replace(KernelConfig(), decode_split_min_keys=512),
-            "rope-attn-ms128": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                                   decode_split_min_keys=128),
-            "early": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True),
-            "rope-early": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                              decode_attention_early_meta=True),
-            "rope-early-pf": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                                 decode_attention_early_meta=True, decode_attention_prefetch=True),
-            "rope-tile": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                             decode_attention_early_meta=True, decode_rope_attention_early_tile=True),
-            "early-pf": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True,
-                                            decode_attention_prefetch=True),
+            # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
+            # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
+            "attn-nopf": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
             "new-fp8": KernelConfig(),
-            "early-pf-fp8": dataclasses.replace(KernelConfig(), decode_attention_early_meta=True,
-                                                decode_attention_prefetch=True),
-            "rope-tile-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                                 decode_attention_early_meta=True,
-                                                 decode_rope_attention_early_tile=True),
-            "rope-attn-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2),
-            "rope-early-fp8": dataclasses.replace(KernelConfig(), decode_rope_attention_max_batch=2,
-                                                  decode_attention_early_meta=True), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            "attn-nopf-fp8": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),

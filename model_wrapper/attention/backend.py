@@ -53,19 +53,6 @@ class AttentionBackend(ABC):
         this step; None: read the caches.
         """
 
-    def fuses_rope_attention(self, num_tokens: int) -> bool:
-        """Whether this step (planned) can take rope_run: RoPE, the K/V store and attention in one kernel for
-        num_tokens single-token decode rows. Asked per layer after plan(); the same answer for every layer."""
-        return False
-
-    def rope_run(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, num_heads: int, num_kv_heads: int,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None, batch: ForwardBatch,
-                 qk_norm=None) -> torch.Tensor:
-        """Only where fuses_rope_attention holds: qkv [T, (H + 2 KVH) * D] (unrotated, left as it is) ->
-        [T, H, D], what kv_store.rope_write (q / k norms where qk_norm = (q weight, k weight, eps), RoPE at
-        positions, k / v stored at batch.slots) and then run() would give."""
-        raise NotImplementedError(f"attention backend {self.name!r} has no fused RoPE + store + attention")
-
     # -- CUDA graphs of decode steps (model_wrapper/cuda_graph.py): one state per batch bucket ---------
     # A verify bucket holds q_per_req > 1 rows per request (request r's tokens at rows r * q_per_req ..,
     # its q_len first real, the rest padding); backends that have one say so in supports_verify_graphs.

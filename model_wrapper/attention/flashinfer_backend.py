@@ -85,26 +85,12 @@ class TritonDecode:
     kv_last: torch.Tensor
     splits: int
 
-    min_split_keys: int = 0  # KernelConfig.decode_split_min_keys
-    early_tile: bool = False  # KernelConfig.decode_rope_attention_early_tile
-
     def run(self, q, k_cache, v_cache, window, scale, k_scale, v_scale):
         from model_wrapper.kernels.decode_attention import paged_decode_attention
 
         return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, self.kv_indptr,
                                       self.kv_indices, self.kv_last, scale, window=window, splits=self.splits,
-                                      k_scale=k_scale, v_scale=v_scale, min_split_keys=self.min_split_keys)
-
-    def rope_run(self, qkv, positions, rope_table, slots, num_heads, num_kv_heads, k_cache, v_cache, window, scale,
-                 k_scale, v_scale, qk_norm):
-        """RoPE, the K/V store and run() in one kernel (rope_paged_decode_attention)."""
-        from model_wrapper.kernels.decode_attention import rope_paged_decode_attention
-
-        return rope_paged_decode_attention(qkv, positions, rope_table, slots, num_heads, num_kv_heads, k_cache,
-                                           v_cache, self.kv_indptr, self.kv_indices, self.kv_last, scale,
-                                           qk_norm=qk_norm, window=window, splits=self.splits, k_scale=k_scale,
-                                           v_scale=v_scale, min_split_keys=self.min_split_keys,
-                                           early_tile=self.early_tile)
+                                      k_scale=k_scale, v_scale=v_scale)
 
 
 @dataclass
@@ -200,9 +186,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
         return TritonDecode(dev[0], indices, dev[1],
-                            decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn),
-                            self.kv_store.config.decode_split_min_keys,
-                            self.kv_store.config.decode_rope_attention_early_tile)
+                            decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn))
 
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)
@@ -299,19 +283,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         out.index_copy_(0, pre_tok, self._run_paged(plan.prefill[window], layer, q.index_select(0, pre_tok), k_cache,
                                                     v_cache, window))
         return out
-
-    def fuses_rope_attention(self, num_tokens: int) -> bool:
-        """A pure decode step whose rows run the Triton kernel (e4m3 caches, TritonDecode), of at most
-        KernelConfig.decode_rope_attention_max_batch tokens, with the store's RoPE table."""
-        plan = self._plan
-        return (isinstance(plan, PagedPlan) and isinstance(next(iter(plan.wrappers.values())), TritonDecode)
-                and self.kv_store.rope_table is not None
-                and num_tokens <= self.kv_store.config.decode_rope_attention_max_batch)
-
-    def rope_run(self, layer, qkv, positions, num_heads, num_kv_heads, k_cache, v_cache, window, batch, qk_norm=None):
-        return self._plan.wrappers[window].rope_run(qkv, positions, self.kv_store.rope_table, batch.slots, num_heads,
-                                                    num_kv_heads, k_cache, v_cache, window, self.scale,
-                                                    *self.kv_store.layer_scales(layer), qk_norm)
 
     def _run_paged(self, wrapper, layer, q, k_cache, v_cache, window):
         """One planned wrapper (FlashInfer's, or TritonDecode) over the paged caches."""

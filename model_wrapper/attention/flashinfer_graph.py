@@ -182,36 +182,16 @@ class GraphAttention(AttentionBackend):
         if s.triton:
             from model_wrapper.kernels.decode_attention import paged_decode_attention
 
+            from model_wrapper.kernels.common import uses_pdl
+
+            ks, vs = self.kv_store.layer_scales(layer)  # read through their pointers by the kernel
+            cfg = self.kv_store.config
             return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, s.kv_indptr,
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
-                                          **self._triton_args(layer, q))
+                                          k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
+                                          pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
+                                          and uses_pdl(q.device, cfg))
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
-
-    def _triton_args(self, layer: int, q: torch.Tensor) -> dict:
-        """The Triton decode kernel's keywords from the config: the layer's scales (read through their pointers
-        by the kernel), PDL at small batches (the metadata read before its wait where set), the split's least keys."""
-        from model_wrapper.kernels.common import uses_pdl
-
-        ks, vs = self.kv_store.layer_scales(layer)
-        cfg = self.kv_store.config
-        return dict(k_scale=ks, v_scale=vs, min_split_keys=cfg.decode_split_min_keys,
-                    early_meta=cfg.decode_attention_early_meta, prefetch=cfg.decode_attention_prefetch,
-                    pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch and uses_pdl(q.device, cfg))
-
-    def fuses_rope_attention(self, num_tokens: int) -> bool:
-        s = self.state
-        return (s.triton and s.q_per_req == 1 and self.kv_store.rope_table is not None
-                and num_tokens <= self.kv_store.config.decode_rope_attention_max_batch)
-
-    def rope_run(self, layer, qkv, positions, num_heads, num_kv_heads, k_cache, v_cache, window, batch, qk_norm=None):
-        from model_wrapper.kernels.decode_attention import rope_paged_decode_attention
-
-        s = self.state
-        return rope_paged_decode_attention(qkv, positions, self.kv_store.rope_table, batch.slots, num_heads,
-                                           num_kv_heads, k_cache, v_cache, s.kv_indptr, s.indices, s.kv_last,
-                                           self.scale, qk_norm=qk_norm, window=window, splits=s.splits,
-                                           early_tile=self.kv_store.config.decode_rope_attention_early_tile,
-                                           **self._triton_args(layer, qkv))
 
 
 def fp8_scales(kv_store, layer: int, kv_dtype: torch.dtype) -> dict:

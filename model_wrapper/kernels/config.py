@@ -183,22 +183,11 @@ class KernelConfig:
     # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
     # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
     decode_attention_pdl_max_batch: int = 2
-    # RoPE (+ Qwen3's q / k norms) and the K/V store inside the Triton decode attention kernel at decode steps of
-    # 1..this many requests (graphs, and eager steps whose decode runs that kernel: e4m3 caches), one kernel a
-    # layer fewer (kernels/decode_attention.rope_paged_decode_attention); 0: rope_store_kv, then attention
-    decode_rope_attention_max_batch: int = 0
-    # each KV split of the Triton decode kernel takes at least this many keys (0: an even share of the context):
-    # a short context then runs on fewer splits, the rest empty (the graphs fix the split count by batch only)
-    decode_split_min_keys: int = 0
-    # under PDL (decode_attention_pdl_max_batch) the decode kernel reads the page metadata (and the fused RoPE's
-    # positions, slots, table rows and norm weights) before its wait for the kernel before: host-written inputs
-    # that no kernel of the step writes, off the chain of dependent loads after the wait
-    decode_attention_early_meta: bool = False
-    # with it, each program's first tile of K / V prefetched into L2 before the wait as well (prefetch.global.L2)
-    decode_attention_prefetch: bool = False
-    # the fused kernel (decode_rope_attention_max_batch) loads each program's first K / V tile before it makes q
-    # (before its PDL wait with decode_attention_early_meta): the cache's reads overlap the wait and q's RoPE
-    decode_rope_attention_early_tile: bool = False
+    # there, the decode kernel reads its page metadata and prefetches each program's first K / V tile into L2
+    # (prefetch.global.L2) before its PDL wait, while the kernels before it drain; False: all after the wait. H100,
+    # batch 1 / ctx 512 (benchmarks/RESULTS.md, session 35): Qwen3-30B-A3B shape 3.05 / 3.03 (new, run twice) ->
+    # 3.00 ms, FP8 experts 2.80 -> 2.76; Llama-3-8B FP8 3.327 / 3.354 -> 3.321; logits bit-equal
+    decode_attention_prefetch: bool = True
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -59,13 +59,8 @@ class Attention(nn.Module):
         q = q.reshape(T, self.num_heads, self.head_dim)
         if scale is not None and (not fused or tail is None):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
-        qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        if fused and tail is None and scale is None and backend.fuses_rope_attention(T):
-            # RoPE, the K/V store and attention in one kernel (KernelConfig.decode_rope_attention_max_batch)
-            o = backend.rope_run(self.layer, qkv, rope, self.num_heads, self.num_kv_heads, kv[0], kv[1], self.window,
-                                 batch, qk_norm)
-            return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
         if fused:
+            qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
                                         lora=tail, scale=scale, layer=self.layer, qk_norm=qk_norm)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place
