@@ -216,6 +216,8 @@ def main():
     ap.add_argument("--prefill-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more FP8 prefill rows ("fp8[name]"), and their '
                          'accuracy where the accuracy part runs (e.g. fp8_fast_accum, fp8_fused_act_quant_per_token)')
+    ap.add_argument("--fp8kv-variants", default=None,
+                    help='JSON {name: {KernelConfig field: value}}: more FP8-weight + FP8-KV decode rows ("fp8+fp8kv[name]")')
     ap.add_argument("--bf16-variants", default=None,
                     help='JSON {name: {KernelConfig field: value}}: more bf16 decode rows ("bf16[name]")')
     args = ap.parse_args()
@@ -259,6 +261,9 @@ def main():
     if prefill_variants:
         res["prefill_variants"] = prefill_variants
     bf16_variants = json.loads(args.bf16_variants) if args.bf16_variants else {}
+    fp8kv_variants = json.loads(args.fp8kv_variants) if args.fp8kv_variants else {}
+    if fp8kv_variants:
+        res["fp8kv_variants"] = fp8kv_variants
     if bf16_variants:
         res["bf16_variants"] = bf16_variants
     fp8_bytes = to_fp8(gen8, genr, args.kind)
@@ -294,11 +299,13 @@ def main():
         caches[f"bf16[{vname}]"] = (genr, None, proj_bf16 + rest, kv_tok)
     for vname in variants:
         caches[f"fp8[{vname}]"] = (gen8, None, fp8_bytes + rest, kv_tok)
+    for vname in fp8kv_variants:
+        caches[f"fp8+fp8kv[{vname}]"] = (gen8, E4M3, fp8_bytes + rest, kv_tok // 2)
     decode = []
     for name, (gen, kvd, wbytes, kvb) in caches.items():
         # its variant's config, or the run's own
         vname = name[name.index("[") + 1:-1] if "[" in name else None
-        table = variants if gen is gen8 else bf16_variants
+        table = fp8kv_variants if name.startswith("fp8+fp8kv[") else variants if gen is gen8 else bf16_variants
         gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **table[vname]) if vname else base_cfg)
         kv = gen.allocate_kv_cache(num_blocks, bs) if kvd is None else gen.allocate_kv_cache(num_blocks, bs, dtype=kvd)
         for B in batches:

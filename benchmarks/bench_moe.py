@@ -94,6 +94,11 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 35: the post-attention add + RMSNorm as its own kernel before the router (default: inside it)
             "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
+            # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
+            # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
+            "attn-nopf": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
+            "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
+            "attn-nopf-fp8": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
             "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),
@@ -146,14 +151,16 @@ def logit_checks(step_logits: dict, variants: list[str]) -> list[dict]:
         fp8 = variant.endswith("fp8")
         same_kind = [v for v in variants if v.endswith("fp8") == fp8]
         ref = "new" if not fp8 and "new" in same_kind else same_kind[0]
-        if variant == ref:
-            continue
-        want = step_logits[ref, B]
-        diff = (logits - want).abs().max().item() / want.abs().max().item()
-        same = torch.equal(logits.argmax(-1), want.argmax(-1))
-        out.append(dict(variant=variant, against=ref, batch=B, max_rel_diff=diff, argmax_equal=same))
-        print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {ref}"
-              f"{'' if same else ', argmax differs'}", flush=True)
+        # and against new2 (new run again later) where it ran: whether a difference is the variant's or the order's
+        for against in [ref] + (["new2"] if not fp8 and "new2" in variants and variant not in ("new2", ref) else []):
+            if variant == against:
+                continue
+            want = step_logits[against, B]
+            diff = (logits - want).abs().max().item() / want.abs().max().item()
+            same = torch.equal(logits.argmax(-1), want.argmax(-1))
+            out.append(dict(variant=variant, against=against, batch=B, max_rel_diff=diff, argmax_equal=same))
+            print(f"{variant:8s} logits B={B}: max |diff| / max |ref| {diff:.2e} against {against}"
+                  f"{'' if same else ', argmax differs'}", flush=True)
     return out
 
 

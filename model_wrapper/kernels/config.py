@@ -212,6 +212,11 @@ class KernelConfig:
     # it launches while RoPE + store drains, and o's GEMV reads its weights while attention runs (H100,
     # Qwen3-30B-A3B shape, bench_moe.py: batch 1 3.43 -> 3.26 ms; at every batch, batch 8 11.17 -> 11.38)
     decode_attention_pdl_max_batch: int = 2
+    # there, the decode kernel reads its page metadata and prefetches each program's first K / V tile into L2
+    # (prefetch.global.L2) before its PDL wait, while the kernels before it drain; False: all after the wait. H100,
+    # batch 1 / ctx 512 (benchmarks/RESULTS.md, session 35): Qwen3-30B-A3B shape 3.05 / 3.03 (new, run twice) ->
+    # 3.00 ms, FP8 experts 2.80 -> 2.76; Llama-3-8B FP8 3.327 / 3.354 -> 3.321; logits bit-equal
+    decode_attention_prefetch: bool = True
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -105,16 +105,37 @@ def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, kv_head, PAGE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, D: tl.constexpr, PF_LINES: tl.constexpr):
+    """Into L2 (prefetch.global.L2, a hint nothing waits for): the K and V rows of the split's first BLOCK_N keys,
+    PF_LINES 128-byte lines a row; keys past the split's end prefetch the cache's first row instead."""
+    t = start + tl.arange(0, BLOCK_N)
+    ok = t < end
+    page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
+    off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
+    lines = (off[:, None] + (tl.arange(0, PF_LINES) * (D // PF_LINES))[None, :]) * ok[:, None]
+    for base in tl.static_range(2):
+        ptr = k_ptr if base == 0 else v_ptr
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [(ptr + lines).to(tl.int64)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
+    # PF_LINES > 0 (with PDL): the page metadata read, and the split's first tile of K / V prefetched into L2
+    # (PF_LINES 128-byte lines a row), before the wait: no kernel of the step writes the metadata (the host's
+    # copies precede the step's first kernel), and a prefetch only warms L2 (the new key's row, which RoPE +
+    # store writes, is read after the wait as before)
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
-        gdc_wait()
+        if PF_LINES == 0:
+            gdc_wait()
     r = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -127,6 +148,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     chunk = tl.cdiv(tl.cdiv(L - lo, SPLITS), BLOCK_N) * BLOCK_N
     start = lo + s * chunk
     end = tl.minimum(start + chunk, L)
+
+    if PDL and PF_LINES > 0:
+        _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, h * D, PAGE, BLOCK_N, D,
+                             PF_LINES)
+        gdc_wait()
 
     rows = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D)
@@ -261,12 +287,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
     kernels as programmatic dependents (sm90+; KernelConfig.decode_attention_pdl_max_batch): each waits for the one
-    before it and lets the next launch at once.
+    before it and lets the next launch at once. prefetch (with pdl; KernelConfig.decode_attention_prefetch): the
+    page metadata read and each program's first tile of K / V prefetched into L2 before that wait (the
+    metadata must not be written by the kernels of the step: the graphs' is copied from the host before it).
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
@@ -298,6 +326,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     math_id = FP8_MATHS[fp8_math] if fp8 else 0
     if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
         math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
+    # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
+    pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
@@ -305,7 +335,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, num_warps=num_warps, num_stages=num_stages,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, num_warps=num_warps,
+        num_stages=num_stages,
         **cap, **launch_args(pdl))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,

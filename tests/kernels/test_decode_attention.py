@@ -85,20 +85,39 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
-@pytest.mark.parametrize("splits", [1, 4])
-def test_pdl_launch_is_the_direct_softmax(splits):
+@pytest.mark.parametrize("splits", [1, 4, 16])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_pdl_launch_is_the_direct_softmax(splits, prefetch):
     """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
-    direct softmax of the q it wrote, as without PDL."""
+    direct softmax of the q it wrote, as without PDL, bit for bit; prefetch (KernelConfig.decode_attention_prefetch):
+    the metadata read and the first K / V tile prefetched into L2 before the wait, the same output."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 300]
     k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11)
     q = torch.randn(len(lens), 8, D, generator=torch.Generator().manual_seed(4)).to(DTYPE)
     on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
     qd = torch.zeros_like(q, device=DEVICE)
     qd.copy_(q.to(DEVICE))  # written just before the launch
-    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True)
+    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, prefetch=prefetch)
     want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
     torch.testing.assert_close(got.double().cpu(), want, atol=1.6e-2, rtol=0)
     assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits))
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch: sm90+ GPUs")
+@pytest.mark.parametrize("batch", [1, 2])
+def test_pdl_prefetch_over_an_e4m3_cache_is_the_launch_without_it(batch):
+    """The graphs' e4m3 launch at batch 1-2 (16 splits, its default fp8_math) under PDL with the metadata read and the
+    first K / V tile prefetched before the wait: bit for bit the launch without PDL."""
+    lens = [300, 9 * PAGE + 3][:batch]
+    k, v, _, indptr, indices, last = _paged(lens, 4, seed=13)
+    k8, v8 = (x.float().to(torch.float8_e4m3fn).to(DEVICE) for x in (k, v))
+    q = torch.randn(batch, 32, D, generator=torch.Generator().manual_seed(6)).to(DTYPE).to(DEVICE)
+    sc = dict(k_scale=torch.tensor([0.05], device=DEVICE), v_scale=torch.tensor([0.2], device=DEVICE))
+    meta = [x.to(DEVICE) for x in (indptr, indices, last)]
+    qd = q * 1  # written just before the launch
+    got = paged_decode_attention(qd, k8, v8, *meta, 1 / math.sqrt(D), splits=16, pdl=True, prefetch=True, **sc)
+    assert torch.equal(got, paged_decode_attention(q, k8, v8, *meta, 1 / math.sqrt(D), splits=16, **sc))
 
 
 def test_strided_q_rows():

@@ -43,8 +43,15 @@ def _compile_all() -> list[str]:
                   dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
                        o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
-                       PDL=True),
+                       PDL=True, PF_LINES=0),
                   scalars=("scale_log2",))
+        # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
+        build(f"decode {tag} prefetch", decode_attention._decode_kernel,
+              dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
+                   o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
+              dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
+                   INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2),
+              scalars=("scale_log2",))
     return built
 
 
@@ -52,7 +59,7 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     built = run_child(__file__)
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(built) == 7 + len(FP8_MATHS)
+    assert len(built) == 9 + len(FP8_MATHS)
 
 
 if __name__ == "__main__":
