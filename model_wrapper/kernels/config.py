@@ -203,8 +203,10 @@ class KernelConfig:
     # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator
     # (same run: 66.58 ms alone, 63.36 with the per-token fusion = 1.54x bf16's 97.57; top-1 / mean KL against
     # fp32 on the dequantized weights 0.2207 / 0.2005 against 0.2256 / 0.1999 with both off, bf16 0.876 / 0.0027;
-    # a GEMM's max rel. error at K = 14336: 1.3e-4 -> 7.4e-3, bf16 output rounding alone 2-4e-3)
-    fp8_fast_accum: bool = True
+    # a GEMM's max rel. error at K = 14336: 1.3e-4 -> 7.4e-3, bf16 output rounding alone 2-4e-3). Off by default:
+    # with it on, merged main failed test_fp8_checkpoint.py's bound of FP8 against fp32 beside bf16's own error
+    # (channel_dynamic, eager steps; H100, session 35's last call) - opt in where that accuracy is acceptable
+    fp8_fast_accum: bool = False
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
