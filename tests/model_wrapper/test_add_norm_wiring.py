@@ -57,7 +57,7 @@ class InterpretedNormKernels(TorchKernels):
         return super().gate_up_silu(x, weight, bias)
 
 
-def _steps(gen):
+def decode_steps(gen):
     """A prefill of two prompts (no fusion: 10 tokens), then decode steps of one and of two tokens."""
     h = PagedHarness(gen, 32, 4, seed=1)
     g = torch.Generator().manual_seed(0)
@@ -76,12 +76,12 @@ def _steps(gen):
 @pytest.mark.parametrize("family,per_step", [("llama", 3), ("qwen2", 3), ("qwen3_moe", 3)])
 def test_norms_inside_the_gemvs_give_the_unfused_models_logits(tmp_path, family, per_step):
     path = make_checkpoint(tmp_path / family, family)
-    want = _steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
+    want = decode_steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
     gen = TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32)
     k = gen.model_wrapper.kernels
     cfg = dataclasses.replace(k.config, gemv_add_norm=True, gemv_add_norm_max_tokens=2, gemv_add_norm_qkv=True)
     kernels = gen.model_wrapper.kernels = InterpretedNormKernels(k.inv_freq, k.dtype, cfg)
-    got = _steps(gen)
+    got = decode_steps(gen)
     assert kernels.fused == per_step * len(want)
     for a, b in zip(got, want):
         assert rel_err(a, b) < 1e-5

@@ -21,7 +21,8 @@ if importlib.util.find_spec("triton") is None:
 
 from triton_interpret import INTERPRET  # first: it sets up the interpreter
 
-from conftest import PagedHarness, make_checkpoint, rel_err  # noqa: E402
+from conftest import make_checkpoint, rel_err  # noqa: E402
+from test_add_norm_wiring import decode_steps  # noqa: E402  (a prefill, then decode steps of one and two tokens)
 from model_wrapper.layers.kernels import TorchKernels  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 
@@ -50,32 +51,19 @@ class InterpretedRouterNorm(TorchKernels):
                                      x.add_norm(), self.config)
 
 
-def _steps(gen):
-    """A prefill of two prompts (no fusion: 10 tokens), then decode steps of one and of two tokens."""
-    h = PagedHarness(gen, 32, 4, seed=1)
-    g = torch.Generator().manual_seed(0)
-    h.step({0: torch.randint(0, 50, (7,), generator=g).tolist(), 1: torch.randint(0, 50, (3,), generator=g).tolist()},
-           is_prefill=True)
-    out = []
-    for s in range(3):
-        out.append(h.step({0: [5 + s]}, is_prefill=False))
-        out.append(h.step({0: [9], 1: [11 + s]}, is_prefill=False))
-    return out
-
-
 # sparse layers a model (conftest: Qwen3-MoE / Qwen2-MoE 3 layers, the middle one dense; Mixtral 2): fused launches
 # a step of up to max_tokens tokens
 @pytest.mark.parametrize("family,sparse", [("qwen3_moe", 2), ("qwen2_moe", 2), ("mixtral", 2)])
 @pytest.mark.parametrize("max_tokens", [1, 2])
 def test_the_norm_inside_the_router_gives_the_unfused_models_logits(tmp_path, family, sparse, max_tokens):
     path = make_checkpoint(tmp_path / family, family)
-    want = _steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
+    want = decode_steps(TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32))
     gen = TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32)
     k = gen.model_wrapper.kernels
     cfg = dataclasses.replace(k.config, gemv_add_norm=True, gemv_add_norm_router=True,
                               gemv_add_norm_max_tokens=max_tokens)
     kernels = gen.model_wrapper.kernels = InterpretedRouterNorm(k.inv_freq, k.dtype, cfg)
-    got = _steps(gen)
+    got = decode_steps(gen)
     assert kernels.fused == sparse * 3 * max_tokens  # three steps of one token, three of two
     for a, b in zip(got, want):
         assert rel_err(a, b) < 1e-5
