@@ -48,3 +48,10 @@ def silu_mul(g, u):
     """silu(g) * u in fp32 (g, u of any float dtype)."""
     g = g.to(tl.float32)
     return g / (1.0 + tl.exp(-g)) * u.to(tl.float32)
+
+
+@triton.jit
+def loads_fence():
+    """A CTA-scope fence: ptxas issues every load before it ahead of it, instead of sinking loads into the
+    products that follow (the GEMVs' next row block, the MoE gate_up GEMV's weights). CUDA only."""
+    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)

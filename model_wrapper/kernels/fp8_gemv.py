@@ -33,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, loads_fence,
+                                          silu_mul, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
-from model_wrapper.kernels.gemv import _loads_fence, gemv_rounds
+from model_wrapper.kernels.gemv import gemv_rounds
 from model_wrapper.kernels.norm import add_rms_norm_row
 
 
@@ -149,7 +150,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
             nxt = _block_load(w_ptr, s_ptr, b_ptr, rows + BLOCK_N, N, stride_w, stride_s, K, GROUP, CH, NCH, SILU,
                               HAS_BIAS)
             if FENCE:
-                _loads_fence()
+                loads_fence()
         w, wu, s, su, b, bu = blk
         _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s,
                    su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0))

@@ -27,16 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, loads_fence,
+                                          silu_mul, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.norm import add_rms_norm_row
-
-
-@triton.jit
-def _loads_fence():
-    """A CTA-scope fence: ptxas issues every load before it ahead of it (without it, it sinks the next
-    block's loads into the products of the block before; kernels/moe_gemv.py found the same). CUDA only."""
-    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -107,7 +101,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, eps, N, stri
         if j + 1 < ROUNDS:
             nxt = _block_load(w_ptr, b_ptr, rows + BLOCK_N, N, stride_w, K, KP, SILU, HAS_BIAS)
             if FENCE:
-                _loads_fence()
+                loads_fence()
         w, wu, b, bu = blk
         _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, b,
                    bu, K, KP, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0))

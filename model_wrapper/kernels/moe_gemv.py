@@ -41,15 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, loads_fence, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
-
-
-@triton.jit
-def _loads_fence():
-    """A CTA-scope fence: ptxas issues every load before it ahead of it (see LOADS_FIRST)."""
-    tl.inline_asm_elementwise("fence.acq_rel.cta; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -97,7 +91,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
-        _loads_fence()
+        loads_fence()
     gate_s = s_ptr + e * stride_se + offs_n * stride_sn
     acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
     acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
