@@ -33,7 +33,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_speculative import TINY, engine_run, make_random_eagle3_head  # noqa: E402
+from benchmarks.bench_speculative import TINY, capture_keys, engine_run, make_random_eagle3_head  # noqa: E402
 from benchmarks.common import LLAMA3_8B, make_random_checkpoint  # noqa: E402
 from text_generator import TextGenerator  # noqa: E402
 from text_generator.speculative import Eagle3Drafter  # noqa: E402
@@ -119,7 +119,9 @@ def main(argv=None):
     kw = dict(block_size=bs, max_seq_len=max_seq_len, sync=sync)
 
     def run(d, adaptive, n):
+        before = len(capture_keys(gen, d))
         r = engine_run(gen, prompts, n, d, adaptive=adaptive, **kw)
+        r["captured"] = capture_keys(gen, d)[before:]
         # LLMEngine freezes the collector's generations (itself included): an engine in a reference
         # cycle would keep its KV cache, the next one would get another address, and the target's
         # graphs (keyed by the cache's address) would be captured again inside a timed run
@@ -127,8 +129,10 @@ def main(argv=None):
         gc.collect()
         return r
 
-    for _ in range(3):  # warm-up: every arm's graphs, again while a pass still captured some
-        if sum(run(d, adaptive, 8)["captures"] for d, adaptive in arms.values()) == 0:
+    # warm-up: every arm's graphs, at the timed runs' length (adaptive speculation's probes and growth come late
+    # in a run), again while a pass still captured some
+    for _ in range(3):
+        if sum(run(d, adaptive, new)["captures"] for d, adaptive in arms.values()) == 0:
             break
     for _ in range(args.rounds):
         for name, (d, adaptive) in arms.items():
@@ -148,6 +152,10 @@ def main(argv=None):
         print(f"{name:20s} {med('tokens_per_s'):8.1f} {med('tokens_per_s') / base:7.2f}x {med('itl_p50_ms'):8.2f} "
               f"{med('itl_p99_ms'):8.2f} {med('steps'):6.0f} {med('drafted'):7.0f} {med('propose_ms'):10.1f} "
               f"{med('proposals'):9.0f} {sum(r['captures'] for r in rs):8d}")
+    for name, rs in runs.items():
+        for i, r in enumerate(rs):
+            if r["captured"]:
+                print(f"{name}, round {i + 1}: captured {r['captured']}")
 
 
 if __name__ == "__main__":

@@ -281,14 +281,28 @@ def num_graphs(gen, drafter=None) -> int:
     return sum(_captures(r) for r in runners if r is not None)
 
 
+def capture_keys(gen, drafter=None) -> list:
+    """Every capture counted so far (num_graphs), as (runner class, batch size, q, layers) for decode / verify
+    graphs and (runner class, tokens, requests) for mixed-step graphs."""
+    runners = [gen.model_wrapper.graphs, getattr(getattr(drafter, "runner", None), "graphs", None)]
+    runners += [getattr(r, "mixed", None) for r in runners if r is not None]
+    return [k for r in runners if r is not None for k in getattr(r, "bench_capture_keys", [])]
+
+
 def _captures(runner) -> int:
-    """Calls of runner._capture (counted from the first call here on)."""
+    """Calls of runner._capture (counted from the first call here on); runner.bench_capture_keys lists
+    each call's (runner class, size / tokens, q / requests) in order, to name what a timed run captured."""
     if not hasattr(runner, "bench_captures"):
-        runner.bench_captures = 0
+        runner.bench_captures, runner.bench_capture_keys = 0, []
         capture = runner._capture
 
         def counted(*args, **kwargs):
             runner.bench_captures += 1
+            if type(runner).__name__ == "MixedGraphRunner":
+                key = (args[0], args[1])
+            else:
+                key = (args[0], args[3] if len(args) > 3 else kwargs.get("q", 1), args[4] if len(args) > 4 else None)
+            runner.bench_capture_keys.append((type(runner).__name__, *key))
             return capture(*args, **kwargs)
 
         runner._capture = counted
