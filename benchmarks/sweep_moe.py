@@ -17,8 +17,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
---switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order; FP8: the rounding
-and the tiles' size) at 1-4 tokens.
+--switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order, the routing in their
+prologues; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it).
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
@@ -162,27 +162,35 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 
 # session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
 # loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
-SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False)}
-FP8_SWITCHES = {"unpacked-fp8": dict(moe_fp8_packed_round=False),
+# session 36: the routing in the expert GEMVs' prologues (KernelConfig.moe_gemv_route), at 8 and 4 warps (and 4 warps
+# alone, its baseline)
+SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False),
+            "gemv-route": dict(moe_gemv_route=True), "gemv-route-w4": dict(moe_gemv_route=True, moe_gemv_warps=4),
+            "w4": dict(moe_gemv_warps=4)}
+FP8_SWITCHES = {"gemv-route-fp8": dict(moe_gemv_route=True),
+                "gemv-route-w4-fp8": dict(moe_gemv_route=True, moe_gemv_warps=4), "w4-fp8": dict(moe_gemv_warps=4),
+                "unpacked-fp8": dict(moe_fp8_packed_round=False),
                 "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
                 "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
                 "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}
 
 
-def switch_sweep(rows: list, bw: float, g: torch.Generator) -> None:
-    """new against each of SWITCHES at 1, 2 and 4 tokens, and on e4m3 experts where they take the decode path against
-    FP8_SWITCHES, twice in turn (the
-    second round shows the spread), the same layers and floors as decode_sweep."""
+def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = None, tokens=(1, 2, 4),
+                 rounds: int = 2) -> None:
+    """new against each of SWITCHES (those named in only, if given) at 1, 2 and 4 tokens (or tokens), and on e4m3
+    experts where they take the decode path against FP8_SWITCHES, rounds times in turn (the second round shows the
+    spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
     new = KernelConfig()
-    for T in (1, 2, 4):
+    for T in tokens:
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
-        cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()]
+        cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()
+                                         if only is None or n in only]
         if takes_decode_path(T * K, E, new, fp8=True):
             cases += [("new-fp8", new, True)] + [(n, dataclasses.replace(new, **kw), True)
-                                                 for n, kw in FP8_SWITCHES.items()]
-        for rnd in (1, 2):
+                                                 for n, kw in FP8_SWITCHES.items() if only is None or n in only]
+        for rnd in range(1, rounds + 1):
             for name, cfg, fp8 in cases:
                 kern, ls = kernels_for(cfg), layers[fp8]
                 touched = sum(torch.topk(x @ l.gate.weight.T, K).indices.unique().numel() for l in ls) / LAYERS
@@ -217,13 +225,17 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/moe_sweep.json")
     ap.add_argument("--prefill", action="store_true", help="also the grouped-GEMM tiles at 128-4096 tokens")
     ap.add_argument("--switches", action="store_true", help="only the decode path's switches against new, 1-4 tokens")
+    ap.add_argument("--only", default="", help="with --switches: the switches to run (comma-separated; default all)")
+    ap.add_argument("--tokens", default="1,2,4", help="with --switches: the token counts")
+    ap.add_argument("--rounds", type=int, default=2, help="with --switches: rounds of every case in turn")
     args = ap.parse_args()
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name(0)}", flush=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     if args.switches:
-        switch_sweep(rows, bw, g)
+        switch_sweep(rows, bw, g, set(args.only.split(",")) if args.only else None,
+                     tuple(int(t) for t in args.tokens.split(",")), args.rounds)
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows),
