@@ -124,6 +124,14 @@ def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: 
     return num_pairs <= min(most, cfg.moe_decode_pairs_per_expert * num_experts)
 
 
+def gemv_routes(tokens: int, num_experts: int, hidden: int, inter: int, top_k: int, cfg: KernelConfig) -> bool:
+    """Whether a step's routing is left to the register-tile GEMVs (cfg.moe_gemv_route): fused_moe would run it
+    there with experts in the model dtype and in FP8 alike (the router, which decides, does not know which)."""
+    return cfg.moe_gemv_route and cfg.moe_decode_gemv and all(
+        takes_decode_path(tokens * top_k, num_experts, cfg, fp8) and moe_gemv_fits(hidden, inter, top_k, cfg, fp8)
+        for fp8 in (False, True))
+
+
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
               down_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """GPU test (`pytest -m cuda`) of KernelConfig.moe_gemv_route: a MoE model whose router kernel writes only the logits
 and whose expert GEMVs take the top-k in their prologues (kernels/moe_gemv.py, moe_route.route_topk), against the same
 model with the switch off (the router kernel's last program routes), in decode graphs at batch 1 and 2 (both take the
-fused router; FP8 experts at batch 2 take the sorted path, which routes first), bf16 and FP8 experts, the router with
+fused router and the GEMVs), bf16 and FP8 experts, the router with
 and without the post-attention add + RMSNorm prologue. The routing is the same arithmetic and the experts' kernels the
 same: the steps' logits are bit for bit equal. Spies (calling through) check that the GEMVs got the pending routing."""
 
@@ -45,7 +45,6 @@ def test_moe_decode_graphs_with_the_routing_in_the_expert_gemvs(tmp_path, batch,
     on = _load(path, experts, KernelConfig(gemv_add_norm_router=router_norm, moe_gemv_route=True))
     b = _decode(on, batch)
     assert on.model_wrapper.graphs._graphs, "no graph was captured"
-    if experts == "bf16" or batch == 1:
-        assert any(seen), "the expert GEMVs never routed"
+    assert any(seen), "the expert GEMVs never routed"  # (16 experts, top-3: 3 or 6 pairs, the GEMVs' steps)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
