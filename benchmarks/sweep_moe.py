@@ -18,7 +18,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
 --switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order, the routing in their
-prologues; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it).
+prologues; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it); with
+--only experts-only also the layers' experts alone on routings computed beforehand (what the router costs on top).
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
 
@@ -190,12 +191,25 @@ def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = N
         if takes_decode_path(T * K, E, new, fp8=True):
             cases += [("new-fp8", new, True)] + [(n, dataclasses.replace(new, **kw), True)
                                                  for n, kw in FP8_SWITCHES.items() if only is None or n in only]
+        # diagnostic rows: the layers' experts alone (fused_moe on routings computed beforehand, no router kernel in the
+        # graph): what new spends beyond them is the router and its hand-off to the experts
+        for fp8 in (False, True) if only is None or "experts-only" in only else ():
+            if not fp8 or takes_decode_path(T * K, E, new, fp8=True):
+                cases.append(("experts-only" + ("-fp8" if fp8 else ""), None, fp8))
         for rnd in range(1, rounds + 1):
             for name, cfg, fp8 in cases:
-                kern, ls = kernels_for(cfg), layers[fp8]
+                ls = layers[fp8]
                 touched = sum(torch.topk(x @ l.gate.weight.T, K).indices.unique().numel() for l in ls) / LAYERS
-                floor_us = (router + touched * expert_bytes(fp8)) / bw * 1e6
-                us = graph_ms(lambda: [l(x, None, kern) for l in ls]) * 1e3 / LAYERS
+                if cfg is None:
+                    routed = [kernels_for(new).moe_router(x, l.gate.weight, l.spec) for l in ls]
+                    floor_us = touched * expert_bytes(fp8) / bw * 1e6
+                    us = graph_ms(lambda: [fused_moe(x, w, ids, l.experts.gate_up_proj, l.experts.down_proj, new,
+                                                     l.experts.gate_up_proj_scale, l.experts.down_proj_scale)
+                                           for (w, ids), l in zip(routed, ls)]) * 1e3 / LAYERS
+                else:
+                    kern = kernels_for(cfg)
+                    floor_us = (router + touched * expert_bytes(fp8)) / bw * 1e6
+                    us = graph_ms(lambda: [l(x, None, kern) for l in ls]) * 1e3 / LAYERS
                 rows.append(dict(part="switches", tokens=T, variant=name, round=rnd, us=us, floor_us=floor_us,
                                  ratio=us / floor_us))
                 print(f"T={T:3d} round {rnd} {name:12s} {us:7.1f} us/layer  floor {floor_us:6.1f}  "
