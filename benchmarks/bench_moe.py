@@ -19,8 +19,6 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    (KernelConfig.decode_attention_pdl_max_batch; default: batches of 1-2)
          lf-off    new with the bf16 gate_up GEMV's loads in ptxas's order (KernelConfig.moe_gemv_loads_first off)
          route-rank new with the routing's top-k by the [E, E] rank (KernelConfig.moe_route_sort off)
-         gemv-route, gemv-route-fp8  new / new-fp8 with the routing in the expert GEMVs' prologues (KernelConfig.
-                   moe_gemv_route: the router kernel writes only the logits); gemv-route-w4 with the GEMVs at 4 warps
          norouter-norm, norouter-norm-fp8  new / new-fp8 with the post-attention add + RMSNorm as a kernel of its own
                    before the router (KernelConfig.gemv_add_norm_router off; default on: inside the router + routing
                    kernel)
@@ -95,10 +93,6 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
             # session 35: the post-attention add + RMSNorm as its own kernel before the router (default: inside it)
             "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
-            # session 36: the routing in the expert GEMVs' prologues (the router kernel writes only the logits); also
-            # with the GEMVs at 4 warps (half the prologue's instructions a program)
-            "gemv-route": dataclasses.replace(KernelConfig(), moe_gemv_route=True),
-            "gemv-route-w4": dataclasses.replace(KernelConfig(), moe_gemv_route=True, moe_gemv_warps=4),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
@@ -110,8 +104,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
                                            moe_fp8_gemv_down_tile=32768),
             "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
             "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
-            "gemv-r2-fp8": dataclasses.replace(KernelConfig(), gemv_rounds=2),
-            "gemv-route-fp8": dataclasses.replace(KernelConfig(), moe_gemv_route=True)}
+            "gemv-r2-fp8": dataclasses.replace(KernelConfig(), gemv_rounds=2)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

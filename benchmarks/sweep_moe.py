@@ -17,8 +17,8 @@ the experts its tokens reach, bf16 or e4m3 + scales) at copy bandwidth. Rows (va
   tile         register-tile sizes / warps of the decode path (gate_up tile, down tile, warps), bf16 and fp8
   route-warps  the routing kernel's warps;  grouped: 16-row grouped-GEMM tilings of the sorted path (16, 32)
 Kernels per layer are counted with torch.profiler (one eager layer) for old and new.
---switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order, the routing in their
-prologues; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it); with
+--switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order and warps, the routing's
+top-k; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it); with
 --only experts-only also the layers' experts alone on routings computed beforehand (what the router costs on top).
 Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
 """
@@ -163,14 +163,10 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 
 # session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
 # loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
-# session 36: the routing in the expert GEMVs' prologues (KernelConfig.moe_gemv_route), at 8 and 4 warps (and 4 warps
-# alone, its baseline)
+# session 36: the expert GEMVs at 4 warps (KernelConfig.moe_gemv_warps), bf16 and FP8
 SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False),
-            "gemv-route": dict(moe_gemv_route=True), "gemv-route-w4": dict(moe_gemv_route=True, moe_gemv_warps=4),
             "w4": dict(moe_gemv_warps=4)}
-FP8_SWITCHES = {"gemv-route-fp8": dict(moe_gemv_route=True),
-                "gemv-route-w4-fp8": dict(moe_gemv_route=True, moe_gemv_warps=4), "w4-fp8": dict(moe_gemv_warps=4),
-                "unpacked-fp8": dict(moe_fp8_packed_round=False),
+FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_packed_round=False),
                 "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
                 "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
                 "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}

@@ -129,12 +129,6 @@ class KernelConfig:
     # the router's projection and the routing as one kernel (kernels/moe_route.moe_router_route: the last of its
     # programs routes) at steps of 1..gemv_max_tokens tokens; False: the GEMV, then the routing kernel
     moe_fused_router: bool = True  # (H100 bench_moe.py, batch 1: 3.46 -> 3.43 ms; -1% in two runs)
-    # where moe_fused_router takes the step and the experts run the register-tile GEMVs (kernels/moe_gemv.py) in bf16 and
-    # FP8 alike (kernels/moe.gemv_routes; Qwen3-30B-A3B: 1 token): the router kernel writes only the logits (no atomic
-    # count, no routing program) and every program of both expert GEMVs takes the top-k itself in its prologue (gate_up
-    # after its PDL wait, down before; moe_route.route_topk, so the same experts, order and weights); False: the last
-    # router program routes, the GEMVs read ids and weights
-    moe_gemv_route: bool = False
 
     # the sort of larger steps (kernels/moe_align.py): two Triton kernels, moe_align_chunk pairs a
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks

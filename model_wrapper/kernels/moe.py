@@ -39,7 +39,6 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
 from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
-from model_wrapper.kernels.moe_route import PendingRoute
 
 
 @triton.jit
@@ -124,26 +123,15 @@ def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: 
     return num_pairs <= min(most, cfg.moe_decode_pairs_per_expert * num_experts)
 
 
-def gemv_routes(tokens: int, num_experts: int, hidden: int, inter: int, top_k: int, cfg: KernelConfig) -> bool:
-    """Whether a step's routing is left to the register-tile GEMVs (cfg.moe_gemv_route): fused_moe would run it
-    there with experts in the model dtype and in FP8 alike (the router, which decides, does not know which)."""
-    return cfg.moe_gemv_route and cfg.moe_decode_gemv and all(
-        takes_decode_path(tokens * top_k, num_experts, cfg, fp8) and moe_gemv_fits(hidden, inter, top_k, cfg, fp8)
-        for fp8 in (False, True))
-
-
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
               down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k] (model dtype or fp32), ids [T, k] int, gate_up [E, 2I, H], down [E, H, I]
     -> [T, H] in x's dtype: the sum over each token's k experts of weight * expert(x). With scales
     (gate_up_scale [E, 2I, ceil(H / 128)], down_scale [E, H, ceil(I / 128)] float32) the experts are
-    e4m3, dequantized in registers; without them the model-dtype path runs unchanged. weights may be a
-    kernels/moe_route.PendingRoute (ids None; KernelConfig.moe_gemv_route): the register-tile GEMVs route from its
-    logits themselves; any other path routes first (PendingRoute.resolve)."""
-    route = weights if isinstance(weights, PendingRoute) else None
+    e4m3, dequantized in registers; without them the model-dtype path runs unchanged."""
     T, H = x.shape
-    k = ids.shape[1] if route is None else route.top_k
+    k = ids.shape[1]
     E, two_i, _ = gate_up.shape
     inter = two_i // 2
     if (gate_up_scale is None) != (down_scale is None):
@@ -151,14 +139,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     if T == 0:
         return torch.zeros_like(x)
     P = T * k
-    gemv = cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg, gate_up_scale is not None)
-    decode = takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None)
-    if route is not None:
-        if decode and gemv:
-            return moe_gemv(x, route, None, gate_up, down, cfg, gate_up_scale, down_scale)
-        weights, ids = route.resolve(cfg)
-    if decode:
-        if gemv:
+    if takes_decode_path(P, E, cfg, fp8=gate_up_scale is not None):
+        if cfg.moe_decode_gemv and moe_gemv_fits(H, inter, k, cfg, gate_up_scale is not None):
             return moe_gemv(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()

@@ -44,7 +44,6 @@ import triton.language as tl
 from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, loads_fence, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
-from model_wrapper.kernels.moe_route import PendingRoute, route_topk
 
 
 @triton.jit
@@ -71,25 +70,16 @@ def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, 
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, logits_ptr, rw_ptr, N, K, E, stride_x, stride_we,
-                         stride_wn, stride_se, stride_sn, stride_act, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr,
-                         FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                         LOADS_FIRST: tl.constexpr, PACKED: tl.constexpr, ROUTE: tl.constexpr, SLOTS: tl.constexpr,
-                         EP: tl.constexpr, RENORM: tl.constexpr, SORT: tl.constexpr):
+def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
+                         stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
+                         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
+                         PACKED: tl.constexpr):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
-        gdc_wait()  # the route kernel is complete: ids are final (ROUTE: the router kernel, the logits)
+        gdc_wait()  # the route kernel is complete: ids are final
         gdc_launch_dependents()
-    if ROUTE:  # the pair's expert from token t's top-k (module docstring); one program a token writes the routing
-        slot = tl.arange(0, SLOTS)
-        top, rw = route_topk(logits_ptr, t, E, stride_l, TOP_K, SLOTS, EP, RENORM, True, SORT)
-        e = tl.sum(tl.where(slot == p % TOP_K, top, 0), axis=0)
-        mine = (slot < TOP_K) & (p % TOP_K == 0) & (tl.program_id(1) == 0)
-        tl.store(ids_ptr + t * TOP_K + slot, top, mask=mine)
-        tl.store(rw_ptr + t * TOP_K + slot, rw.to(rw_ptr.dtype.element_ty), mask=mine)
-    else:
-        e = tl.load(ids_ptr + p).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
     dtype = act_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
@@ -113,11 +103,10 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, logits_ptr, rw_p
 
 
 @triton.jit
-def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, logits_ptr, N, K, E, stride_act, stride_we,
-                      stride_wn, stride_se, stride_sn, stride_y, stride_l, TOP_K: tl.constexpr, SLOTS: tl.constexpr,
-                      KP: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PDL: tl.constexpr, PACKED: tl.constexpr, ROUTE: tl.constexpr, EP: tl.constexpr,
-                      RENORM: tl.constexpr, SORT: tl.constexpr):
+def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
+                      stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
+                      FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+                      PACKED: tl.constexpr):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -131,19 +120,12 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, logits_ptr,
     row_ok = (rj < TOP_K) & (rn < N)
     cols = tl.arange(0, KP)
     k_ok = cols < K
-    # before the wait: ids and routing weights (the route kernel's, complete: see the module docstring; ROUTE: the
-    # top-k of the router kernel's logits, complete as well) and the experts' rows
-    if ROUTE:
-        top, routed = route_topk(logits_ptr, t, E, stride_l, TOP_K, SLOTS, EP, RENORM, True, SORT)
-        e = tl.sum(tl.where(rj[:, None] == slot[None, :], top[None, :], 0), axis=1)
-    else:
-        e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
+    # before the wait: ids and routing weights (the route kernel's, complete: see the module docstring)
+    # and the experts' rows
+    e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
     w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
     w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    if ROUTE:  # rounded to the routing weights' dtype, as the routing kernel stores them (slots >= k: 0)
-        rw = routed.to(rw_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
+    rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
     w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
@@ -170,15 +152,11 @@ def moe_gemv_fits(hidden: int, inter: int, top_k: int, cfg: KernelConfig, fp8: b
     return 2 * triton.next_power_of_2(hidden) <= tile and slots * triton.next_power_of_2(inter) <= down_tile
 
 
-def moe_gemv(x: torch.Tensor, weights: torch.Tensor | PendingRoute, ids: torch.Tensor | None, gate_up: torch.Tensor,
-             down: torch.Tensor, cfg: KernelConfig, gate_up_scale: torch.Tensor | None = None,
+def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+             cfg: KernelConfig, gate_up_scale: torch.Tensor | None = None,
              down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], gate_up [E, 2I, H], down [E, H, I] (model dtype, or e4m3 with
-    scales [E, 2I, ceil(H / 128)] and [E, H, ceil(I / 128)]) -> [T, H] in x's dtype, in two kernels. weights a
-    kernels/moe_route.PendingRoute (ids None): both kernels route from its logits, gate_up fills its weights / ids."""
-    route = weights if isinstance(weights, PendingRoute) else None
-    if route is not None:
-        weights, ids = route.weights, route.ids
+    scales [E, 2I, ceil(H / 128)] and [E, H, ceil(I / 128)]) -> [T, H] in x's dtype, in two kernels."""
     T, H = x.shape
     k = ids.shape[1]
     inter = gate_up.shape[1] // 2
@@ -193,22 +171,17 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor | PendingRoute, ids: torch.T
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
-    # the routing (route): its logits and how the top-k is taken (moe_route.route_topk); else placeholders never read
-    logits = route.logits if route is not None else x
-    n_experts = logits.shape[1] if route is not None else 1
-    routing = dict(ROUTE=route is not None, EP=max(2, triton.next_power_of_2(n_experts)),
-                   RENORM=route is not None and route.norm_topk_prob, SORT=cfg.moe_route_sort)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
-        x, gate_up, s, ids, act, logits, rw, inter, H, n_experts, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        sse, ssn, act.stride(0), logits.stride(0), TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n,
-        PDL=pdl, LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, SLOTS=slots,
-        num_warps=cfg.moe_gemv_warps, **routing, **launch_args(pdl))
+        x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
+        TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
+        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, num_warps=cfg.moe_gemv_warps,
+        **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
-        act, down, s, ids, rw, y, logits, H, inter, n_experts, act.stride(0), down.stride(0), down.stride(1), sse, ssn,
-        y.stride(0), logits.stride(0), TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down,
-        PDL=pdl, PACKED=packed, num_warps=cfg.moe_gemv_warps, **routing, **launch_args(pdl))
+        act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
+        TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
+        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

@@ -38,8 +38,6 @@ launch reads what program 0 writes, so none can see a half-written row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -50,13 +48,10 @@ from model_wrapper.kernels.norm import add_rms_norm_row
 
 
 @triton.jit
-def route_topk(logits_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
+def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
                RENORM: tl.constexpr, L2: tl.constexpr, SORT: tl.constexpr):
-    """Token t's routing from its E logits -> (ids [KP] int64, w [KP] fp32): slots j < TOP_K hold the top-k experts
-    in torch.topk's order and their (renormalised) probabilities, the slots beyond (KP > TOP_K) weight 0. L2: the
-    logits read past the L1 cache (another program, or the kernel before, wrote them). SORT: the top-k by a bitonic
-    top-k of packed keys instead of the [E, E] rank (the same experts and weights). Also the expert GEMVs' prologue
-    (kernels/moe_gemv.py, KernelConfig.moe_gemv_route): the same operations on the same shapes."""
+    """Route token t: its E logits (L2: read past the L1 cache: other programs of the kernel wrote them). SORT:
+    the top-k by a bitonic top-k of packed keys instead of the [E, E] rank (the same experts and weights)."""
     e = tl.arange(0, EP)
     ok = e < E
     if L2:
@@ -88,17 +83,7 @@ def route_topk(logits_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr
     slot_ok = j < TOP_K
     if RENORM:
         w = w / tl.sum(tl.where(slot_ok, w, 0.0), axis=0)
-    return ids.to(tl.int64), tl.where(slot_ok, w, 0.0)
-
-
-@triton.jit
-def _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K: tl.constexpr, KP: tl.constexpr, EP: tl.constexpr,
-               RENORM: tl.constexpr, L2: tl.constexpr, SORT: tl.constexpr):
-    """Route token t (route_topk) and store its ids and weights (cast to w_ptr's dtype)."""
-    ids, w = route_topk(logits_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, L2, SORT)
-    j = tl.arange(0, KP)
-    slot_ok = j < TOP_K
-    tl.store(ids_ptr + t * TOP_K + j, ids, mask=slot_ok)
+    tl.store(ids_ptr + t * TOP_K + j, ids.to(tl.int64), mask=slot_ok)
     tl.store(w_ptr + t * TOP_K + j, w.to(w_ptr.dtype.element_ty), mask=slot_ok)
 
 
@@ -117,7 +102,7 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, r_
                          stride_x, stride_g, stride_l, stride_r, stride_ro, stride_xn, M: tl.constexpr,
                          HP: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
                          EP: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr, SORT: tl.constexpr,
-                         NORM: tl.constexpr, ROUTE: tl.constexpr):
+                         NORM: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.arange(0, HP)
     live = rows < E
@@ -140,15 +125,14 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, r_
             x = tl.load(x_ptr + m * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
         acc = tl.sum(g.to(tl.float32) * x[None, :], axis=1)
         tl.store(logits_ptr + m * stride_l + rows, acc.to(dtype), mask=live)
-    if ROUTE:  # else the logits are all (the expert GEMVs route from them: moe_router_logits)
-        # every thread's logits stored (barrier), then the count with release (cumulative over the barrier):
-        # the last program, acquiring it, reads all programs' logits (through L2)
-        tl.debug_barrier()
-        done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        if done == tl.num_programs(0) - 1:
-            for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
-                _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True, SORT)
-            tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
+    # every thread's logits stored (barrier), then the count with release (cumulative over the barrier):
+    # the last program, acquiring it, reads all programs' logits (through L2)
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(0) - 1:
+        for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
+            _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True, SORT)
+        tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
 
 
 _COUNTS: dict = {}
@@ -184,53 +168,17 @@ def moe_router_route_norm(h: torch.Tensor, gate: torch.Tensor, top_k: int, norm_
     residual_out [T, H]) (layers/norm.PendingNorm.add_norm) -> (weights [T, top_k], ids [T, top_k] int64, the
     normalized rows xn [T, H] in h's dtype), where xn = norm_weight * RMSNorm(h + residual) (kernels/norm.py's
     arithmetic) is what moe_router_route routes, and residual_out <- h + residual; h and residual unchanged."""
-    _check_add_norm(h, add_norm, "moe_router_route_norm")
+    residual, _, _, residual_out = add_norm
+    for name, t in (("residual", residual), ("residual_out", residual_out)):
+        if t.shape != h.shape or t.dtype != h.dtype or t.stride(-1) != 1:
+            raise ValueError(f"moe_router_route_norm: {name} must be a [T, H] = {list(h.shape)} {h.dtype} tensor "
+                             f"with unit column stride, got {list(t.shape)} {t.dtype} strides {t.stride()}")
     w, ids, _, xn = _router_route(h, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm)
     return w, ids, xn
 
 
-@dataclass(frozen=True)
-class PendingRoute:
-    """A step's routing left to the expert GEMVs (KernelConfig.moe_gemv_route; moe_router_logits made it): the
-    router's logits [T, E] (model dtype) and the routing's parameters. weights [T, top_k] (model dtype, or fp32
-    with fp32_weights) and ids [T, top_k] int64 are filled by the gate_up GEMV (kernels/moe_gemv.py) when
-    kernels/moe.fused_moe runs the step there; a step it runs otherwise routes first (resolve)."""
-
-    logits: torch.Tensor
-    top_k: int
-    norm_topk_prob: bool
-    fp32_weights: bool
-    weights: torch.Tensor
-    ids: torch.Tensor
-
-    def resolve(self, cfg: KernelConfig = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (weights, ids) by the routing kernel on the logits (moe_route: the GEMVs' arithmetic)."""
-        return moe_route(self.logits, self.top_k, self.norm_topk_prob, self.fp32_weights, cfg)
-
-
-def moe_router_logits(x: torch.Tensor, gate: torch.Tensor, top_k: int, norm_topk_prob: bool, fp32_weights: bool,
-                      cfg: KernelConfig = DEFAULT, add_norm: tuple | None = None,
-                      ) -> tuple[PendingRoute, torch.Tensor | None]:
-    """The router kernel without its routing (KernelConfig.moe_gemv_route): x [T, H] (or h, with add_norm as in
-    moe_router_route_norm) -> (PendingRoute of the logits x @ gate^T, the normalized rows [T, H] or None without
-    add_norm). No atomic count, no routing program: the expert GEMVs route in their prologues."""
-    if add_norm is not None:
-        _check_add_norm(x, add_norm, "moe_router_logits")
-    w, ids, logits, xn = _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm, route=False)
-    return PendingRoute(logits, top_k, norm_topk_prob, fp32_weights, w, ids), xn
-
-
-def _check_add_norm(h, add_norm, fn):
-    residual, _, _, residual_out = add_norm
-    for name, t in (("residual", residual), ("residual_out", residual_out)):
-        if t.shape != h.shape or t.dtype != h.dtype or t.stride(-1) != 1:
-            raise ValueError(f"{fn}: {name} must be a [T, H] = {list(h.shape)} {h.dtype} tensor "
-                             f"with unit column stride, got {list(t.shape)} {t.dtype} strides {t.stride()}")
-
-
-def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm, route=True):
-    """-> (weights, ids, logits, the normalized rows or None): the launch of moe_router_route(_norm), or with
-    route=False of moe_router_logits (weights and ids left unwritten)."""
+def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm):
+    """-> (weights, ids, logits, the normalized rows or None): the launch of moe_router_route(_norm)."""
     T, H = x.shape
     E = gate.shape[0]
     if not 0 < top_k <= E:
@@ -248,8 +196,7 @@ def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm, r
         x, gate, logits, weights, ids, _count(x.device), r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
         logits.stride(0), r.stride(0), r_out.stride(0), xn.stride(0), M=T, HP=hp, BLOCK_E=block_e, TOP_K=top_k,
         KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob,
-        PDL=pdl, SORT=cfg.moe_route_sort, NORM=add_norm is not None, ROUTE=route, num_warps=cfg.gemv_warps,
-        **launch_args(pdl))
+        PDL=pdl, SORT=cfg.moe_route_sort, NORM=add_norm is not None, num_warps=cfg.gemv_warps, **launch_args(pdl))
     return weights, ids, logits, (xn if add_norm is not None else None)
 
 

@@ -226,15 +226,11 @@ class FlashInferKernels(TorchKernels):
     def moe_router(self, x, gate_weight, spec):
         """At the GEMV's step sizes, the router's projection and the routing in one Triton kernel
         (kernels/moe_route.moe_router_route; config.moe_fused_router, with moe_fused_route); else the GEMV /
-        GEMM, then moe_route. With config.moe_gemv_route, where the experts' GEMVs take the step, the router
-        kernel writes only the logits: -> (a kernels/moe_route.PendingRoute, None), which those GEMVs route."""
+        GEMM, then moe_route."""
         if self._triton is not None and self.config.moe_fused_route:
-            from model_wrapper.kernels.moe_route import moe_router_logits, moe_router_route, router_route_fits
+            from model_wrapper.kernels.moe_route import moe_router_route, router_route_fits
 
             if router_route_fits(x, gate_weight, self.config):
-                if self._gemv_routes(x, spec):  # the experts' GEMVs route (moe_experts takes the PendingRoute)
-                    return moe_router_logits(x, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
-                                             self.config)[0], None
                 w, ids, _ = moe_router_route(x, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
                                              self.config)
                 return w, ids
@@ -253,26 +249,15 @@ class FlashInferKernels(TorchKernels):
         """moe_router of a PendingNorm (router_takes_norm said so): the residual add + RMSNorm, the router's
         projection and the routing in one kernel (kernels/moe_route.moe_router_route_norm) -> (weights [T, k],
         ids [T, k], the normalized rows [T, H] for the experts)."""
-        from model_wrapper.kernels.moe_route import moe_router_logits, moe_router_route_norm
+        from model_wrapper.kernels.moe_route import moe_router_route_norm
 
-        if self._gemv_routes(x.h, spec):  # the experts' GEMVs route (moe_experts takes the PendingRoute)
-            route, xn = moe_router_logits(x.h, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
-                                          self.config, x.add_norm())
-            return route, None, xn
         return moe_router_route_norm(x.h, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
                                      x.add_norm(), self.config)
-
-    def _gemv_routes(self, x, spec) -> bool:
-        """config.moe_gemv_route where the experts' register-tile GEMVs will take the step (kernels/moe.gemv_routes)."""
-        from model_wrapper.kernels.moe import gemv_routes
-
-        return gemv_routes(x.shape[0], spec.num_experts, x.shape[1], spec.intermediate_size, spec.top_k, self.config)
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else
         pairs sorted per expert on the device and grouped GEMMs; FP8 experts dequantized in registers;
-        no host sync, so decode graphs capture it); without Triton the reference. weights may be moe_router's
-        PendingRoute (ids None): the routing is then taken inside the expert kernels (kernels/moe.fused_moe)."""
+        no host sync, so decode graphs capture it); without Triton the reference."""
         if self._triton is None:
             return super().moe_experts(x, weights, ids, gate_up, down, gate_up_scale, down_scale)
         from model_wrapper.kernels.moe import fused_moe

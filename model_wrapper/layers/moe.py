@@ -148,7 +148,6 @@ class SparseMoE(nn.Module):
         else:
             # kernels.moe_router: the router's projection (a model projection: the GEMV at 1-2 tokens on CUDA) and
             # the routing (on CUDA one kernel, kernels/moe_route.py; at 1-2 tokens both in one), then the experts
-            # (with KernelConfig.moe_gemv_route weights is the router's logits, a PendingRoute the experts route)
             weights, ids = kernels.moe_router(x, self.gate.weight, self.spec)
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,

@@ -34,7 +34,7 @@ def _compile_all() -> dict:
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     cfg = KernelConfig()
-    stacks, loads, regs = {}, {}, {}
+    stacks, loads = {}, {}
 
     def build(name, fn, pointers, constexprs, num_warps, num_stages):
         sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
@@ -50,7 +50,6 @@ def _compile_all() -> dict:
             usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
             stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
-            regs[name] = int(re.search(r"REG:(\d+)", usage).group(1))
             if name.startswith("gemv gate_up"):  # 16-byte loads issued before the first product
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
@@ -77,21 +76,16 @@ def _compile_all() -> dict:
         gemv_launch = (cfg.moe_gemv_warps, 1)
         block_n = tile // (2 * 2048)  # kernels/moe_gemv.moe_gemv's row counts
         block_n_down = down_tile // (8 * 1024)
-        # FP8: the packed rounding (default) and Triton's; both: the routing in the GEMVs' prologues
-        # (KernelConfig.moe_gemv_route) or not (default)
-        for packed, route in [(p, False) for p in ((True, False) if fp8 else (False,))] + [(fp8, True)]:
+        for packed in (True, False) if fp8 else (False,):  # FP8: the packed rounding (default) and Triton's
             case = "" if not fp8 or packed == cfg.moe_fp8_packed_round else f" packed={packed}"
-            case += " route" if route else ""
-            routing = dict(ROUTE=route, EP=128 if route else 2, RENORM=route, SORT=cfg.moe_route_sort)
             build(f"gemv gate_up {dt}{case}", moe_gemv._gate_up_gemv_kernel,
-                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", logits_ptr="*bf16", rw_ptr="*bf16", **weights),
+                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
                   dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
-                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, PACKED=packed, SLOTS=8, **routing),
-                  *gemv_launch)
+                       LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8, PACKED=packed), *gemv_launch)
             build(f"gemv down {dt}{case}", moe_gemv._down_gemv_kernel,
-                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", logits_ptr="*bf16", **weights),
-                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed,
-                       **routing), *gemv_launch)
+                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed),
+                  *gemv_launch)
         for pre in ("moe_", "moe_large_"):
             bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
                                                                          "stages"))
@@ -112,20 +106,14 @@ def _compile_all() -> dict:
                       dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
                            count_ptr="*i32", r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16", xn_ptr="*bf16"),
                       dict(M=m, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
-                           SORT=sort, NORM=norm, ROUTE=True), cfg.gemv_warps, 1)
-            if sort and m == 1:  # the logits alone (moe_route.moe_router_logits, KernelConfig.moe_gemv_route)
-                build("router logits x1 norm", moe_route._router_route_kernel,
-                      dict(x_ptr="*bf16", g_ptr="*bf16", logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64",
-                           count_ptr="*i32", r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16", xn_ptr="*bf16"),
-                      dict(M=1, HP=2048, BLOCK_E=cfg.gemv_tile // 2048, TOP_K=8, KP=8, EP=128, RENORM=True, PDL=True,
-                           SORT=True, NORM=True, ROUTE=False), cfg.gemv_warps, 1)
+                           SORT=sort, NORM=norm), cfg.gemv_warps, 1)
     pointers = dict(ids_ptr="*i64", counts_ptr="*i32", pairs_ptr="*i32", block_expert_ptr="*i32")
     build("align count", moe_align._count_kernel, pointers, dict(EP=128, CHUNK=cfg.moe_align_chunk, PDL=True), 4, 3)
     build("align scatter", moe_align._scatter_kernel, pointers,
           dict(EP=128, CHUNK=cfg.moe_align_chunk, CHUNK_TILE=32, BLOCK_TILE=64, BLOCK_M=cfg.moe_block_m, PDL=True), 4, 3)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
-    return dict(stacks=stacks, loads=loads, regs=regs)
+    return dict(stacks=stacks, loads=loads)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +123,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 34
+    assert len(stacks) == 29
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
