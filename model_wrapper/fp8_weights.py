@@ -18,6 +18,12 @@ loader.py calls these when config.json has a quantization_config (cfg.quant, qua
 
 On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations);
 on CUDA every quantized linear does except where a row-parallel TP shard starts inside a block.
+Under TP a block checkpoint's MLP widths are cut at block boundaries (parallel.block_split), so the
+experts' down_proj slice always starts on a block and they keep e4m3 on every rank (Qwen3-30B-A3B-FP8
+at TP 4: 128 / 256 / 128 / 256 of the 768 columns, each rank exactly its blocks' bytes; the even 192
+each had ranks 1 and 3 start mid-block, and their experts were dequantized to bf16: 2x the bytes, and
+the bf16 kernels). What is still cut is dequantized: the dense MLP where the blocks are fewer than the
+ranks (evenly split then), and o_proj where a rank's heads end inside a block.
 """
 
 from __future__ import annotations
@@ -154,7 +160,8 @@ def keep_fp8_storage(model: nn.Module, cfg, plan: Fp8Tensors, sources, shard, tp
 
     def cuts_block(hf_names) -> bool:
         # a row-parallel shard starting inside a 128-column block: its scales would need an offset;
-        # dequantized instead (exact; only odd shard widths do it)
+        # dequantized instead (exact). The MLP widths are cut at blocks (parallel.block_split), so only
+        # o_proj of odd head slices and a dense MLP of fewer blocks than ranks get here
         if not tp_enabled or quant.kind != "block":
             return False
         for n in hf_names:

@@ -10,7 +10,11 @@ tied to the embedding when the config says so. Never touches a hub. Under tensor
 get_slice; rules in model_wrapper/parallel.py) into a model built with its own sizes.
 FP8 checkpoints (config.json quantization_config, model_wrapper/quantization.py): each e4m3 weight
 comes with its scales (fp8_weights.py); on the CPU it is dequantized here into the model dtype,
-on CUDA the linears keep e4m3 + a scale per row and K-group (layers/fp8_linear.py).
+on CUDA the linears keep e4m3 + a scale per row and K-group (layers/fp8_linear.py). Under TP a
+block-FP8 checkpoint's expert (and dense MLP) widths are sliced at 128-column blocks (parallel.block_split):
+every rank reads its blocks' e4m3 values and their own scales, nothing twice, and keeps them e4m3.
+Qwen3-30B-A3B-FP8 at TP 4 (moe_intermediate 768): 128 / 256 / 128 / 256 columns, the widest rank reading
+256 / 192 of an even share; the even split's mid-block ranks used to dequantize their experts (2x the bytes).
 """
 
 from __future__ import annotations

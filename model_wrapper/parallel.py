@@ -20,6 +20,16 @@ Sharding over W ranks (rank r), Megatron-style:
                   down_proj, by its own width (moe_intermediate_size, the shared expert's by
                   its own); the router and the shared-expert gate replicated; one all_reduce
                   of the layer's summed expert outputs
+    block FP8     (a checkpoint with 128 x 128 weight blocks, cfg.quant.kind == "block") the
+                  experts' and the dense MLP's intermediate dimension is cut only at block
+                  boundaries (block_split): rank r holds blocks [r * nb // W, (r + 1) * nb // W)
+                  of the nb = ceil(I / 128), so every row-parallel down_proj slice starts on a
+                  block and keeps e4m3 storage with its blocks' own scales (fp8_weights.py).
+                  Uneven where 128 W does not divide I (Qwen3-30B-A3B, I 768 at W 4: 128 / 256 /
+                  128 / 256 columns instead of 192 each): the all_reduce sums any split, and
+                  the widest rank holds ceil(nb / W) blocks. Experts may get no block at all
+                  (nb < W, e.g. I 768 at W 8: two ranks of width 0, whose MoE adds nothing);
+                  the dense MLP is split so only where every rank gets a block (else evenly)
     LoRA          B sliced like a column-parallel weight's rows, A like a row-parallel weight's
                   input columns (shard_lora); row-parallel deltas join the partial sums
     norms         replicated (input / post-attention / final RMSNorm, q_norm, k_norm)
@@ -47,6 +57,7 @@ import torch
 
 from model_wrapper.all_reduce import ALL_REDUCE_MODES, AUTO_KIND, DEFAULT_MAX_BYTES, SymmMemAllReduce
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
+from model_wrapper.quantization import BLOCK
 
 # TPGroup.from_default_group's all_reduce. On 2 x H200 (benchmarks/RESULTS.md, bench_allreduce.py) the
 # one-shot kernel took 7-15 us per decode-sized all-reduce in a graph against NCCL's 12-20 us
@@ -145,12 +156,24 @@ class TPGroup:
         return out.view(w, t, s).transpose(0, 1).reshape(t, w * s)
 
 
+def block_split(n: int, world: int, rank: int, block: int = BLOCK) -> tuple[int, int]:
+    """(start, length) of rank's share of n columns cut only at multiples of `block`: the nb = ceil(n / block)
+    blocks dealt out in order, rank r taking blocks [r * nb // world, (r + 1) * nb // world) (the last block
+    may be partial). The widths differ by at most one block and add up to n; a rank gets none where nb < world.
+    Where block * world divides n it is the even split."""
+    nb = -(-n // block)
+    first, end = rank * nb // world, (rank + 1) * nb // world
+    start = min(first * block, n)
+    return start, min(end * block, n) - start
+
+
 @dataclass(frozen=True)
 class TPShard:
     """The per-rank sizes and offsets of a model under a TPGroup (ModelConfig stays global).
 
     num_heads / num_kv_heads: q / kv heads this rank holds; q_start / kv_start: the first one's
-    global index; total_kv_heads: the model's. intermediate_size / inter_start: the MLP slice. vocab_size: global;
+    global index; total_kv_heads: the model's. intermediate_size / inter_start: the MLP slice (intermediate_total
+    the global width; moe_intermediate_total the experts'). vocab_size: global;
     vocab_shard: rows of the local embedding / lm_head (padded: the last rank may hold fewer
     real rows, vocab_rows); vocab_start: the first global id of the slice.
     """
@@ -169,6 +192,8 @@ class TPShard:
     vocab_start: int
     moe_intermediate_size: int = 0  # each expert's slice (mixture-of-experts models)
     moe_inter_start: int = 0
+    moe_intermediate_total: int = 0  # the experts' global width (the slices are uneven under block FP8)
+    intermediate_total: int = 0  # the dense MLP's global width (0: intermediate_size * world_size)
     shared_intermediate_size: int | None = None  # the shared expert's slice (Qwen2-MoE)
     shared_inter_start: int = 0
 
@@ -193,30 +218,45 @@ class TPShard:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
                                  f"tensor parallelism: num_key_value_heads ({kv}) must divide or be a multiple "
                                  f"of the world size ({w})")
-        if cfg.intermediate_size % w:
+        quant = getattr(cfg, "quant", None)
+        blocks = quant is not None and quant.kind == "block"  # cut the MLP widths at block boundaries
+        if blocks and -(-cfg.intermediate_size // BLOCK) >= w:
+            inter_start, inter = block_split(cfg.intermediate_size, w, r)
+        elif cfg.intermediate_size % w:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
                                  f"tensor parallelism: intermediate_size ({cfg.intermediate_size}) must be "
                                  f"divisible by the world size ({w})")
+        else:
+            inter = cfg.intermediate_size // w
+            inter_start = r * inter
         moe = getattr(cfg, "moe", None)
-        moe_inter = shared = 0
+        moe_inter = moe_start = shared = 0
         if moe is not None:
-            for what, n in (("the experts' intermediate size", moe.intermediate_size),
-                            ("the shared expert's intermediate size", moe.shared_intermediate_size or 0)):
+            checks = [("the shared expert's intermediate size", moe.shared_intermediate_size or 0)]
+            if not blocks:
+                checks.insert(0, ("the experts' intermediate size", moe.intermediate_size))
+            for what, n in checks:
                 if n % w:
                     raise ModelLoadError(ModelErrorCode.BAD_CONFIG,
                                          f"tensor parallelism: {what} ({n}) must be divisible by the world size ({w})")
-            moe_inter, shared = moe.intermediate_size // w, (moe.shared_intermediate_size or 0) // w
+            if blocks:
+                moe_start, moe_inter = block_split(moe.intermediate_size, w, r)
+            else:
+                moe_inter = moe.intermediate_size // w
+                moe_start = r * moe_inter
+            shared = (moe.shared_intermediate_size or 0) // w
         hq = heads // w
         if kv % w == 0:
             hk, kv_start = kv // w, r * (kv // w)
         else:  # replicated: all of r's q heads read one kv head
             hk, kv_start = 1, (r * hq) // (heads // kv)
-        inter = cfg.intermediate_size // w
         vshard = -(-cfg.vocab_size // w)
         return cls(world_size=w, num_heads=hq, q_start=r * hq, num_kv_heads=hk, kv_start=kv_start,
-                   total_kv_heads=kv, head_dim=cfg.head_dim, intermediate_size=inter, inter_start=r * inter,
+                   total_kv_heads=kv, head_dim=cfg.head_dim, intermediate_size=inter, inter_start=inter_start,
                    vocab_size=cfg.vocab_size, vocab_shard=vshard, vocab_start=r * vshard,
-                   moe_intermediate_size=moe_inter, moe_inter_start=r * moe_inter,
+                   moe_intermediate_size=moe_inter, moe_inter_start=moe_start,
+                   moe_intermediate_total=moe.intermediate_size if moe is not None else 0,
+                   intermediate_total=cfg.intermediate_size,
                    shared_intermediate_size=shared or None, shared_inter_start=r * shared)
 
     # -- what the loader reads ---------------------------------------------------------------
@@ -230,12 +270,14 @@ class TPShard:
         module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
         d = self.head_dim
         if ".experts." in hf_name:  # an expert's gate / up rows and down columns: its own width
-            inter = (self.moe_inter_start, self.moe_intermediate_size, self.moe_intermediate_size * self.world_size)
+            inter = (self.moe_inter_start, self.moe_intermediate_size,
+                     self.moe_intermediate_total or self.moe_intermediate_size * self.world_size)
         elif ".shared_expert." in hf_name:
             n = self.shared_intermediate_size or 0
             inter = (self.shared_inter_start, n, n * self.world_size)
         else:
-            inter = (self.inter_start, self.intermediate_size, self.intermediate_size * self.world_size)
+            inter = (self.inter_start, self.intermediate_size,
+                     self.intermediate_total or self.intermediate_size * self.world_size)
         column = {
             "q_proj": (self.q_start * d, self.num_heads * d, self.num_heads * self.world_size * d),
             "k_proj": (self.kv_start * d, self.num_kv_heads * d, self.total_kv_heads * d),

@@ -14,7 +14,8 @@ the model dtype first.
 Under tensor parallelism each rank holds the intermediate slice [r * I/W, (r + 1) * I/W) of every expert
 (and of the shared expert): gate_up rows and down columns, like the dense MLP's column / row parallel
 pair; the router and the shared-expert gate are replicated. The weighted partial sums of all experts and
-the shared expert are all-reduced once.
+the shared expert are all-reduced once. A block-FP8 checkpoint's experts are cut at 128-column blocks instead
+(parallel.block_split: uneven slices, and a rank may hold none, an expert width of 0, adding zero).
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ class SparseMoE(nn.Module):
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)
-        y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
+        if ex.down_proj.shape[-1]:
+            y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
+        else:  # a TP rank holding none of the experts' 128-column blocks (parallel.block_split): adds nothing
+            y = torch.zeros_like(x)
         if self.shared_expert is not None:
             s = self.shared_expert
             shared = kernels.linear(kernels.gate_up_silu(x, s.gate_up_proj.weight), s.down_proj.weight)

@@ -8,8 +8,9 @@ holding the DEQUANTIZED weights (fp8 * scale, in fp32) without a quantization_co
 dequantizes once at load, so fp32 logits must agree to rel. err < 1e-4 over prefill, chunked,
 mixed and multi-token decode steps on shuffled blocks. keep_fp8=True loads the CUDA storage (e4m3
 + per-row-group scales, Fp8Method) on the CPU, whose torch fallback must agree too. TP=2 on gloo
-slices the weights with their scales, including a down_proj block cut by the shard boundary
-(intermediate 384 -> 192 per rank). LoRA adapters on an FP8 base are checked against peft on the
+slices the weights with their scales: a block checkpoint's MLP cut at blocks (intermediate 384 -> 128 /
+256, every projection e4m3), the slices that still start inside a block dequantized (experts:
+test_moe_fp8_shards.py). LoRA adapters on an FP8 base are checked against peft on the
 dequantized base. Every refusal asserts its code and that the message names the field or tensor.
 """
 
@@ -213,14 +214,17 @@ def _tp_worker(rank, store, jobs, out_dir):
 @pytest.fixture(scope="module")
 def tp2_fp8(checkpoint_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8_tp2")
-    # intermediate 384 -> 192 per rank: rank 1's down_proj columns start inside a 128-block
+    # intermediate 384: 3 blocks -> 128 / 256 columns (an even 192 each would start rank 1 inside a block)
     wide = make_checkpoint(root / "wide", "llama", hidden_size=256, intermediate_size=384,
                            num_attention_heads=4, num_key_value_heads=2)
     fp8, deq, _ = write_fp8(wide, root / "block", "block", ignore=())
     moe_fp8, moe_deq, _ = write_fp8(checkpoint_dir("qwen3_moe"), root / "moe", "block")
     ch_fp8, ch_deq, _ = write_fp8(checkpoint_dir("qwen2"), root / "channel", "tensor_static")
+    # the tiny Llama's intermediate 112 (one block, 2 ranks: split evenly) and heads of 16 (o_proj K 32 a rank)
+    tiny_fp8, tiny_deq, _ = write_fp8(checkpoint_dir("llama"), root / "tiny", "block", ignore=())
     jobs = {"block": dict(path=fp8, deq=deq, keep=None, seed=11),
             "block_storage": dict(path=fp8, deq=deq, keep=True, seed=12),
+            "block_storage_cut": dict(path=tiny_fp8, deq=tiny_deq, keep=True, seed=15),
             "moe": dict(path=moe_fp8, deq=moe_deq, keep=None, seed=13),
             "tensor_storage": dict(path=ch_fp8, deq=ch_deq, keep=True, seed=14)}
     mp.spawn(_tp_worker, args=(str(root / "store"), jobs, str(root)), nprocs=WORLD, join=True)
@@ -228,7 +232,7 @@ def tp2_fp8(checkpoint_dir, tmp_path_factory):
             for n, j in jobs.items()}
 
 
-@pytest.mark.parametrize("job", ["block", "block_storage", "moe", "tensor_storage"])
+@pytest.mark.parametrize("job", ["block", "block_storage", "block_storage_cut", "moe", "tensor_storage"])
 def test_tp2_matches_transformers_on_dequantized_weights(tp2_fp8, job):
     spec, results = tp2_fp8[job]
     full, _ = _script(spec["seed"])
@@ -239,12 +243,19 @@ def test_tp2_matches_transformers_on_dequantized_weights(tp2_fp8, job):
                        torch.stack([o for *_, o in results[1]["out"]]))
 
 
-def test_tp2_block_cut_by_the_shard_boundary_is_dequantized(tp2_fp8):
-    """Rank 0's down_proj columns [0, 192) start on a block: e4m3 kept; rank 1's [192, 384) start
-    inside one: that layer is dequantized (exact) and the rest stays FP8."""
+def test_tp2_block_fp8_mlp_is_cut_at_blocks(tp2_fp8):
+    """Intermediate 384 = 3 blocks: rank 0 holds columns [0, 128), rank 1 [128, 384) (parallel.block_split,
+    not 192 each), so both down_proj slices start on a block and every projection keeps e4m3."""
     _, (r0, r1) = tp2_fp8["block_storage"]
+    assert r0["methods"] == r1["methods"] == {"qkv": "fp8", "o": "fp8", "gate_up": "fp8", "down": "fp8"}
+
+
+def test_tp2_block_cut_by_the_shard_boundary_is_dequantized(tp2_fp8):
+    """Where a row-parallel slice must still start inside a block (o_proj's K 32 a rank; a dense MLP of one
+    block split evenly, 56 each), rank 1's layer is dequantized (exact) and the rest stays FP8."""
+    _, (r0, r1) = tp2_fp8["block_storage_cut"]
     assert r0["methods"] == {"qkv": "fp8", "o": "fp8", "gate_up": "fp8", "down": "fp8"}
-    assert r1["methods"] == {"qkv": "fp8", "o": "fp8", "gate_up": "fp8", "down": "unquantized"}
+    assert r1["methods"] == {"qkv": "fp8", "o": "unquantized", "gate_up": "fp8", "down": "unquantized"}
 
 
 # -- refusals --------------------------------------------------------------------------------------
