@@ -350,6 +350,8 @@ def main():
     for vname, over in prefill_variants.items():  # then the bf16 and default rows again (the same run's spread)
         gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))
         t8_variants[vname] = timed(step8, iters=n, device=dev, repeats=reps) * 1e3
+        if profiles:
+            profiles[f"fp8[{vname}]"] = top_kernels(step8)
         print(f"prefill {T_pre} tokens ms: FP8[{vname}] {t8_variants[vname]:.2f} ({tr * 1e3 / t8_variants[vname]:.3f}x "
               f"bf16)", flush=True)
     gen8.model_wrapper.set_kernel_config(base_cfg)

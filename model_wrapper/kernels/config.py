@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 
 FP8_KV_DECODE = ("triton", "flashinfer")
+FP8_BLOCK_GEMM = ("auto", "cublaslt", "deepgemm")
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,11 @@ class KernelConfig:
     # with it on, merged main failed test_fp8_checkpoint.py's bound of FP8 against fp32 beside bf16's own error
     # (channel_dynamic, eager steps; H100, session 35's last call) - opt in where that accuracy is acceptable
     fp8_fast_accum: bool = False
+    # the GEMM of the block-FP8 "scaled_mm_block" path (128 x 128 weight blocks, 17+ tokens): "cublaslt"
+    # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; built
+    # by FlashInfer's JIT on first use, each kernel by nvcc; checked once per weight shape, else cuBLASLt with a
+    # warning) or "auto" (DeepGEMM from fp8_deepgemm.AUTO_MIN_ROWS padded rows on, where it is usable)
+    fp8_block_gemm_backend: str = "cublaslt"
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
@@ -248,6 +254,9 @@ class KernelConfig:
             self, f"gemv_add_norm_{consumer}")
 
     def __post_init__(self):
+        if self.fp8_block_gemm_backend not in FP8_BLOCK_GEMM:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_block_gemm_backend: expected one of "
+                                 f"{list(FP8_BLOCK_GEMM)}, got {self.fp8_block_gemm_backend!r}")
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")

@@ -1,0 +1,166 @@
+"""The block-FP8 prefill GEMM through FlashInfer's port of DeepGEMM (TensorRT-LLM's fp8_blockscale_gemm,
+sm90 only): a second backend of kernels/fp8.py's "scaled_mm_block" path, beside cuBLASLt's
+block-scaled GEMM (torch._scaled_mm). KernelConfig.fp8_block_gemm_backend picks it.
+
+    block_mm(a, a_s, rows, weight, block_scale) -> y [rows, N] bf16
+        a           float8_e4m3fn [Mp, K]   Mp = rows rounded up to 16, rows.. zero (fp8_act.py)
+        a_s         float32 [Mp, K / 128], stride(0) == 1 (a [K / 128, Mp] buffer: cuBLASLt's layout)
+        weight      float8_e4m3fn [N, K] row-major
+        block_scale float32 [K / 128, N / 128] with stride(0) == 1 (Fp8Method.block_scale)
+
+What the sources of flashinfer 0.7.2.post1 say (gemm_base.fp8_blockscale_gemm_sm90, the binding
+csrc/fp8_blockscale_gemm_sm90_binding.cu, nv_internal/tensorrt_llm/deep_gemm/):
+- Activation scales: float32 per token and 128 columns, column-major with the column stride M
+  rounded up to 4 (TMA wants 16-byte columns): scale(m, g) at g * align4(M) + m. Only the pointer
+  is read. Passing all Mp rows (Mp a multiple of 16, so align4(Mp) == Mp) makes that exactly the
+  layout the producers in kernels/fp8_act.py already write for cuBLASLt: no other layout, the
+  e4m3 values and scales bit-exact with quantize_fp8_reference as before. The output is then
+  [Mp, N] and rows.. are dropped (as cuBLASLt's path does).
+- Weight scales: float32 [ceil(N / 128), K / 128] row-major (or [N, K / 128] per row):
+  block_scale.t(), which is contiguous.
+- K % 128 == 0, N % 64 == 0 (the binding: N, K % 16); the output is bf16 whatever was asked
+  (the binding writes __nv_bfloat16): bf16 models only.
+- Accuracy: each 128-deep K block's WGMMA products start a fresh accumulator, promoted into an
+  fp32 sum times scale_a * scale_b (no fast-accumulation drift).
+- M < 32 runs a swapAB kernel (the weight as WGMMA's M side); this path starts at 17 tokens,
+  so Mp >= 32 and the normal kernel runs. Tile config (block_m 64 up to 64 rows, else 128; block_n
+  16..128 by waves over the SMs; stages; TMA multicast) is chosen from (M, N, K) on each call.
+- Workspace: only bf16 inputs use it (internal quantization); e4m3 x e4m3 reads none, but the
+  binding refuses a null one and FlashInfer's Python wrapper allocates, per call, the largest
+  over its three runners (N * K bytes: 117 MB for Llama-3-8B's gate_up): the runner is called
+  here directly with one small workspace configured once.
+- JIT: the runner module is built by FlashInfer's JIT (nvcc with CUTLASS; the sources
+  csrc/nv_internal and csrc/fused_moe/cutlass_backend/deepgemm_jit_setup.cu, the headers cublasLt.h,
+  nvrtc.h, curand_kernel.h, -lnvrtc -lcuda; benchmarks/deepgemm_env.sh finds them in pip's nvidia
+  packages) once a machine into FlashInfer's cache (~/.cache/flashinfer). Each kernel, one per
+  (N, K, block_m, block_n, stages, multicast), is compiled on its first call by nvcc (the port's
+  NVRTC path is switched off in its source: $TRTLLM_DG_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc, else
+  nvcc on PATH; ~2.5 s each) into $TRTLLM_DG_CACHE_DIR/cache (default ~/.tensorrt_llm/cache), which
+  later processes reuse. The tile config follows M: Llama-3-8B's four shapes take 6-7 configs each
+  over 17-4096 tokens, so the first steps of each size on a fresh machine pay those compiles.
+- CUDA graphs: a call encodes four TMA descriptors on the host (passed by value) and launches on
+  torch's current stream: capturable, but a compile must not happen inside a capture.
+  Here a capture runs this GEMM only at sizes (N, K, Mp) that already ran outside one (the graph
+  runners warm each bucket up eagerly first); any other takes cuBLASLt for that call.
+
+usable(device, N, K) decides once per weight shape: sm90, the module builds, and one trial
+product (256 rows) matches the float64 product of the same operands; otherwise cuBLASLt takes
+the shape, with one logged warning. Never a wrong result.
+"""
+
+from __future__ import annotations
+
+import torch
+from loguru import logger
+
+AUTO_MIN_ROWS = 256  # "auto": DeepGEMM from this many (padded) rows on; cuBLASLt below (RESULTS.md session 36)
+_TRIAL_ROWS = 256
+_TRIAL_BOUND = 0.02  # max |error| / max |product| of the trial (the e4m3 operands' own product in float64)
+
+_RUNNER: dict = {}  # device index -> the runner module, or the exception its build raised
+_USABLE: dict = {}  # (device index, N, K) -> bool
+_SEEN: set = set()  # (device index, N, K, Mp) run outside a capture (its kernel compiled)
+_WORKSPACE: dict = {}  # device index -> the small buffer configured as the runner's workspace
+
+
+def wants(cfg, device: torch.device, dtype: torch.dtype, N: int, K: int, rows_padded: int) -> bool:
+    """Whether the block-scaled GEMM of an [Mp, K] e4m3 input and an [N, K] weight runs here:
+    cfg.fp8_block_gemm_backend "deepgemm" (any Mp) or "auto" (Mp >= AUTO_MIN_ROWS), a bf16 output
+    on sm90, usable(N, K), and inside a CUDA graph capture only a size that ran before outside one."""
+    backend = cfg.fp8_block_gemm_backend
+    if backend == "cublaslt" or (backend == "auto" and rows_padded < AUTO_MIN_ROWS):
+        return False
+    if dtype != torch.bfloat16 or device.type != "cuda" or N % 64 or K % 128 or rows_padded < 32:
+        return False  # (under 32 rows the swapAB kernel, whose layouts the trial does not check)
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if torch.cuda.is_current_stream_capturing():
+        return (idx, N, K, rows_padded) in _SEEN and _USABLE.get((idx, N, K), False)
+    return usable(device, N, K)
+
+
+def usable(device: torch.device, N: int, K: int) -> bool:
+    """Once per (device, N, K), never inside a capture: sm90, FlashInfer's runner builds and loads,
+    and a trial product agrees with float64 within _TRIAL_BOUND. A refusal is logged once."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (idx, N, K)
+    if key not in _USABLE:
+        if torch.cuda.get_device_capability(idx) != (9, 0):
+            _USABLE[key] = False
+            return False
+        try:
+            _runner(idx)
+            err = _trial(torch.device("cuda", idx), N, K)
+        except Exception as e:  # noqa: BLE001 (a missing source, compiler or a refused shape: not here)
+            logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM is unavailable for [{N}, {K}] weights "
+                           f"({e!r:.400}); cuBLASLt's block-scaled GEMM takes them")
+            _USABLE[key] = False
+            return False
+        if err > _TRIAL_BOUND:
+            logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM is {err:.3g} off for [{N}, {K}] weights; "
+                           "cuBLASLt's block-scaled GEMM takes them")
+        _USABLE[key] = err <= _TRIAL_BOUND
+    return _USABLE[key]
+
+
+def block_mm(a: torch.Tensor, a_s: torch.Tensor, rows: int, weight: torch.Tensor,
+             block_scale: torch.Tensor) -> torch.Tensor | None:
+    """e4m3 a [Mp, K] (scales a_s [Mp, K / 128], stride(0) == 1) times weight^T with its
+    [K / 128, N / 128] block scales -> bf16 [rows, N] (a view of [Mp, N]); wants() must hold.
+    None where the runner raised on the host (a kernel that did not compile, say): logged, and the
+    shape is cuBLASLt's from then on."""
+    mp, (N, K) = a.shape[0], weight.shape
+    idx = a.device.index
+    if a_s.stride(0) != 1 or a_s.stride(1) != mp:  # the column-major layout the TMA descriptor reads
+        a_s = a_s.t().contiguous().t()
+    out = torch.empty(mp, N, dtype=torch.bfloat16, device=a.device)
+    try:
+        # only the scales' pointers are read: [K/128, Mp] column-major and [N/128, K/128] row-major
+        _runner(idx).run_gemm(a, weight, out, a_s.t(), block_scale.t())
+    except Exception as e:  # noqa: BLE001
+        logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM failed for [{N}, {K}] weights at {mp} rows "
+                       f"({e!r:.400}); cuBLASLt's block-scaled GEMM takes them from now on")
+        _USABLE[(idx, N, K)] = False
+        return None
+    if not torch.cuda.is_current_stream_capturing():
+        _SEEN.add((idx, N, K, mp))
+    return out[:rows] if rows != mp else out
+
+
+def _runner(idx: int):
+    """FlashInfer's Fp8BlockScaleGemmRunner (built on first use), its workspace configured."""
+    got = _RUNNER.get(idx)
+    if isinstance(got, Exception):
+        raise got
+    if got is None:
+        try:
+            from flashinfer.gemm.gemm_base import get_fp8_blockscale_gemm_runner_sm90
+
+            with torch.cuda.device(idx):
+                got = get_fp8_blockscale_gemm_runner_sm90()
+                # e4m3 x e4m3 reads no workspace; the binding wants a non-null one all the same
+                _WORKSPACE[idx] = ws = torch.zeros(256, dtype=torch.uint8, device=torch.device("cuda", idx))
+                got.configure_workspace(ws)
+        except Exception as e:  # noqa: BLE001
+            _RUNNER[idx] = e
+            raise
+        _RUNNER[idx] = got
+    return got
+
+
+def _trial(device: torch.device, N: int, K: int) -> float:
+    """max |DeepGEMM - float64| / max |float64| of one random product of _TRIAL_ROWS rows (the
+    first 256 output columns checked), with the scale layouts block_mm gets from the model."""
+    g = torch.Generator(device=device).manual_seed(0)
+    w = torch.randint(-64, 64, (N, K), device=device, generator=g, dtype=torch.int8).to(torch.float8_e4m3fn)
+    blocks = torch.rand(N // 128, K // 128, device=device, generator=g) + 0.5  # [N/128, K/128]
+    a = torch.randn(_TRIAL_ROWS, K, device=device, generator=g).to(torch.float8_e4m3fn)
+    a_s = (torch.rand(K // 128, _TRIAL_ROWS, device=device, generator=g) + 0.5).t()  # stride(0) == 1
+    got = block_mm(a, a_s, _TRIAL_ROWS, w, blocks.t())
+    if got is None:
+        return float("inf")
+    got = got[:, :256].double()
+    ad = a.double() * a_s.double().repeat_interleave(128, dim=1)
+    n = min(N, 256)
+    wd = w[:n].double() * blocks[: -(-n // 128)].double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    want = ad @ wd.t()
+    return float((got[:, :n] - want).abs().max() / want.abs().max())
