@@ -112,10 +112,12 @@ def block_mm(a: torch.Tensor, a_s: torch.Tensor, rows: int, weight: torch.Tensor
     idx = a.device.index
     if a_s.stride(0) != 1 or a_s.stride(1) != mp:  # the column-major layout the TMA descriptor reads
         a_s = a_s.t().contiguous().t()
+    w_s = block_scale.t()  # [N/128, K/128] row-major (Fp8Method keeps it so: a view, no copy)
+    w_s = w_s if w_s.is_contiguous() else w_s.contiguous()
     out = torch.empty(mp, N, dtype=torch.bfloat16, device=a.device)
     try:
         # only the scales' pointers are read: [K/128, Mp] column-major and [N/128, K/128] row-major
-        _runner(idx).run_gemm(a, weight, out, a_s.t(), block_scale.t())
+        _runner(idx).run_gemm(a, weight, out, a_s.t(), w_s)
     except Exception as e:  # noqa: BLE001
         logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM failed for [{N}, {K}] weights at {mp} rows "
                        f"({e!r:.400}); cuBLASLt's block-scaled GEMM takes them from now on")
