@@ -211,7 +211,10 @@ class KernelConfig:
     # the GEMM of the block-FP8 "scaled_mm_block" path (128 x 128 weight blocks, 17+ tokens): "cublaslt"
     # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; built
     # by FlashInfer's JIT on first use, each kernel by nvcc; checked once per weight shape, else cuBLASLt with a
-    # warning) or "auto" (DeepGEMM from fp8_deepgemm.AUTO_MIN_ROWS padded rows on, where it is usable)
+    # warning) or "auto" (DeepGEMM up to fp8_deepgemm.AUTO_MAX_ROWS = 256 padded rows, cuBLASLt above). H100,
+    # session 36 (benchmarks/RESULTS.md): the 4k prefill step 69.0 / 70.0 ms cuBLASLt against 71.4 / 71.7 DeepGEMM
+    # (its GEMMs 48.3-50.7 ms against 45.5-46.9), but at 17-256 tokens a layer's four GEMMs take 6-24% less with DeepGEMM.
+    # cuBLASLt by default: DeepGEMM needs FlashInfer's full sources and nvcc at run time (~2 s a new tile config)
     fp8_block_gemm_backend: str = "cublaslt"
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)

@@ -53,7 +53,10 @@ from __future__ import annotations
 import torch
 from loguru import logger
 
-AUTO_MIN_ROWS = 256  # "auto": DeepGEMM from this many (padded) rows on; cuBLASLt below (RESULTS.md session 36)
+# "auto": DeepGEMM up to this many (padded) rows, cuBLASLt above. H100, bench_fp8_block_gemm.py, Llama-3-8B's four
+# GEMMs a layer (us, cuBLASLt -> DeepGEMM): 17 tokens 121.8 -> 106.6, 64: 123.9 -> 93.8, 128: 124.0 -> 99.6, 256: 137.4
+# -> 129.0, but 512: 200.4 -> 209.1, 1024: 384.3 -> 401.5, 4096: 1548 -> 1574 (its tile choice: block_n <= 128)
+AUTO_MAX_ROWS = 256
 _TRIAL_ROWS = 256
 _TRIAL_BOUND = 0.02  # max |error| / max |product| of the trial (the e4m3 operands' own product in float64)
 
@@ -65,10 +68,10 @@ _WORKSPACE: dict = {}  # device index -> the small buffer configured as the runn
 
 def wants(cfg, device: torch.device, dtype: torch.dtype, N: int, K: int, rows_padded: int) -> bool:
     """Whether the block-scaled GEMM of an [Mp, K] e4m3 input and an [N, K] weight runs here:
-    cfg.fp8_block_gemm_backend "deepgemm" (any Mp) or "auto" (Mp >= AUTO_MIN_ROWS), a bf16 output
+    cfg.fp8_block_gemm_backend "deepgemm" (any Mp) or "auto" (Mp <= AUTO_MAX_ROWS), a bf16 output
     on sm90, usable(N, K), and inside a CUDA graph capture only a size that ran before outside one."""
     backend = cfg.fp8_block_gemm_backend
-    if backend == "cublaslt" or (backend == "auto" and rows_padded < AUTO_MIN_ROWS):
+    if backend == "cublaslt" or (backend == "auto" and rows_padded > AUTO_MAX_ROWS):
         return False
     if dtype != torch.bfloat16 or device.type != "cuda" or N % 64 or K % 128 or rows_padded < 32:
         return False  # (under 32 rows the swapAB kernel, whose layouts the trial does not check)
