@@ -20,7 +20,9 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             GEMM with a scale per row of each operand
   larger, 128 x 128 blocks,    "scaled_mm_block"  x quantized per token and 128 columns, cuBLASLt's
     CUDA bf16                               block-scaled FP8 GEMM (torch._scaled_mm, feature-detected
-                                            once per device; the linear's compact block scales)
+                                            once per device; the linear's compact block scales), or
+                                            FlashInfer's DeepGEMM port on the same operands
+                                            (KernelConfig.fp8_block_gemm_backend, kernels/fp8_deepgemm.py)
   larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
                                             GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
 

@@ -32,12 +32,13 @@ csrc/fp8_blockscale_gemm_sm90_binding.cu, nv_internal/tensorrt_llm/deep_gemm/):
 - JIT: the runner module is built by FlashInfer's JIT (nvcc with CUTLASS; the sources
   csrc/nv_internal and csrc/fused_moe/cutlass_backend/deepgemm_jit_setup.cu, the headers cublasLt.h,
   nvrtc.h, curand_kernel.h, -lnvrtc -lcuda; benchmarks/deepgemm_env.sh finds them in pip's nvidia
-  packages) once a machine into FlashInfer's cache (~/.cache/flashinfer). Each kernel, one per
-  (N, K, block_m, block_n, stages, multicast), is compiled on its first call by nvcc (the port's
-  NVRTC path is switched off in its source: $TRTLLM_DG_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc, else
-  nvcc on PATH; ~2.5 s each) into $TRTLLM_DG_CACHE_DIR/cache (default ~/.tensorrt_llm/cache), which
-  later processes reuse. The tile config follows M: Llama-3-8B's four shapes take 6-7 configs each
-  over 17-4096 tokens, so the first steps of each size on a fresh machine pay those compiles.
+  packages) once a machine into FlashInfer's cache (~/.cache/flashinfer; 133 s on 2 CPU cores). Each
+  kernel, one per (N, K, block_m, block_n, stages, multicast), is compiled on its first call by nvcc
+  (the port's NVRTC path is switched off in its source: $TRTLLM_DG_NVCC_COMPILER, else
+  $CUDA_HOME/bin/nvcc, else nvcc on PATH; 2.0-2.4 s each on the H100 machine) into
+  $TRTLLM_DG_CACHE_DIR/cache (default ~/.tensorrt_llm/cache), which later processes reuse. The tile
+  config follows M: Llama-3-8B's four shapes take 4-6 configs each over 17-4096 tokens, so the first
+  steps of each size on a fresh machine pay those compiles.
 - CUDA graphs: a call encodes four TMA descriptors on the host (passed by value) and launches on
   torch's current stream: capturable, but a compile must not happen inside a capture.
   Here a capture runs this GEMM only at sizes (N, K, Mp) that already ran outside one (the graph
