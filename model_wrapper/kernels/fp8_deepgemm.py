@@ -88,7 +88,10 @@ def usable(device: torch.device, N: int, K: int) -> bool:
     idx = device.index if device.index is not None else torch.cuda.current_device()
     key = (idx, N, K)
     if key not in _USABLE:
-        if torch.cuda.get_device_capability(idx) != (9, 0):
+        cap = torch.cuda.get_device_capability(idx)
+        if cap != (9, 0):
+            logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM runs on sm90 only, this GPU is sm{cap[0]}{cap[1]}: "
+                           f"cuBLASLt's block-scaled GEMM takes [{N}, {K}] weights")
             _USABLE[key] = False
             return False
         try:
