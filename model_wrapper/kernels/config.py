@@ -209,13 +209,14 @@ class KernelConfig:
     # (channel_dynamic, eager steps; H100, session 35's last call) - opt in where that accuracy is acceptable
     fp8_fast_accum: bool = False
     # the GEMM of the block-FP8 "scaled_mm_block" path (128 x 128 weight blocks, 17+ tokens): "cublaslt"
-    # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; built
-    # by FlashInfer's JIT on first use, each kernel by nvcc; checked once per weight shape, else cuBLASLt with a
-    # warning) or "auto" (DeepGEMM up to fp8_deepgemm.AUTO_MAX_ROWS = 256 padded rows, cuBLASLt above). H100,
-    # session 36 (benchmarks/RESULTS.md): the 4k prefill step 69.0 / 70.0 ms cuBLASLt against 71.4 / 71.7 DeepGEMM
-    # (its GEMMs 48.3-50.7 ms against 45.5-46.9), but at 17-256 tokens a layer's four GEMMs take 6-24% less with DeepGEMM.
-    # cuBLASLt by default: DeepGEMM needs FlashInfer's full sources and nvcc at run time (~2 s a new tile config)
-    fp8_block_gemm_backend: str = "cublaslt"
+    # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; checked
+    # once per weight shape, else cuBLASLt with a warning) or "auto": DeepGEMM up to fp8_deepgemm.AUTO_MAX_ROWS =
+    # 256 padded rows, cuBLASLt above. H100, session 36 (benchmarks/RESULTS.md; the same logits as cuBLASLt's):
+    # decode at batch 32 / 64 / 128 5.82 / 6.68 / 8.36 -> 5.20 / 5.68 / 7.60 ms, a 128-token prefill 6.21-6.35 ->
+    # 5.47; the 4k prefill stays on cuBLASLt (DeepGEMM's GEMMs 48.3-50.7 ms there against 45.5-46.9). Not
+    # "cublaslt": the model's load builds FlashInfer's runner and nvcc compiles the kernels of 32-256 rows
+    # (fp8_deepgemm.warm: once a machine, then cached on disk); without FlashInfer's full sources or nvcc: cuBLASLt
+    fp8_block_gemm_backend: str = "auto"
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)

@@ -44,12 +44,19 @@ csrc/fp8_blockscale_gemm_sm90_binding.cu, nv_internal/tensorrt_llm/deep_gemm/):
   Here a capture runs this GEMM only at sizes (N, K, Mp) that already ran outside one (the graph
   runners warm each bucket up eagerly first); any other takes cuBLASLt for that call.
 
+warm(model, cfg, device, dtype), called by ModelWrapper at load (and on set_kernel_config), moves
+those costs out of the first live steps: it builds the runner, checks each block-FP8 weight shape
+and runs every padded size the backend takes up to AUTO_MAX_ROWS once (compiling their kernels, and
+letting graph captures of those sizes use it); "deepgemm" compiles larger sizes on their first call.
+
 usable(device, N, K) decides once per weight shape: sm90, the module builds, and one trial
 product (256 rows) matches the float64 product of the same operands; otherwise cuBLASLt takes
 the shape, with one logged warning. Never a wrong result.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from loguru import logger
@@ -65,6 +72,7 @@ _RUNNER: dict = {}  # device index -> the runner module, or the exception its bu
 _USABLE: dict = {}  # (device index, N, K) -> bool
 _SEEN: set = set()  # (device index, N, K, Mp) run outside a capture (its kernel compiled)
 _WORKSPACE: dict = {}  # device index -> the small buffer configured as the runner's workspace
+_WARNED: set = set()  # device indices whose runner failed (warned once)
 
 
 def wants(cfg, device: torch.device, dtype: torch.dtype, N: int, K: int, rows_padded: int) -> bool:
@@ -90,14 +98,24 @@ def usable(device: torch.device, N: int, K: int) -> bool:
     if key not in _USABLE:
         cap = torch.cuda.get_device_capability(idx)
         if cap != (9, 0):
-            logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM runs on sm90 only, this GPU is sm{cap[0]}{cap[1]}: "
-                           f"cuBLASLt's block-scaled GEMM takes [{N}, {K}] weights")
+            if idx not in _WARNED:
+                _WARNED.add(idx)
+                logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM runs on sm90 only, this GPU is "
+                               f"sm{cap[0]}{cap[1]}: cuBLASLt's block-scaled GEMM takes the block-FP8 linears")
             _USABLE[key] = False
             return False
         try:
             _runner(idx)
+        except Exception as e:  # noqa: BLE001 (no FlashInfer, its sources, nvcc or a header: not here)
+            if idx not in _WARNED:  # once a device, not per shape
+                _WARNED.add(idx)
+                logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM is unavailable on cuda:{idx} ({e!r:.400}); "
+                               "cuBLASLt's block-scaled GEMM takes the block-FP8 linears")
+            _USABLE[key] = False
+            return False
+        try:
             err = _trial(torch.device("cuda", idx), N, K)
-        except Exception as e:  # noqa: BLE001 (a missing source, compiler or a refused shape: not here)
+        except Exception as e:  # noqa: BLE001 (a refused shape: not here)
             logger.warning(f"FlashInfer's DeepGEMM block-FP8 GEMM is unavailable for [{N}, {K}] weights "
                            f"({e!r:.400}); cuBLASLt's block-scaled GEMM takes them")
             _USABLE[key] = False
@@ -173,3 +191,44 @@ def _trial(device: torch.device, N: int, K: int) -> float:
     wd = w[:n].double() * blocks[: -(-n // 128)].double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
     want = ad @ wd.t()
     return float((got[:, :n] - want).abs().max() / want.abs().max())
+
+
+def block_weights(model: torch.nn.Module) -> dict:
+    """{(N, K): (e4m3 weight [N, K], block scales [K / 128, N / 128])}: one linear of each shape among
+    the model's FP8 linears that keep 128 x 128 block scales (Fp8Method.block_scale)."""
+    out = {}
+    for m in model.modules():
+        method = getattr(m, "method", None)
+        if getattr(method, "name", None) == "fp8" and hasattr(method, "block_scale"):
+            bs = method.block_scale(m)
+            if bs is not None:
+                out.setdefault(tuple(m.weight.shape), (m.weight, bs))
+    return out
+
+
+def warm(model: torch.nn.Module, cfg, device: torch.device, dtype: torch.dtype) -> None:
+    """Where cfg.fp8_block_gemm_backend is not "cublaslt", on a CUDA device with a bf16 model: build
+    the runner, check each block-FP8 weight shape (usable) and run each padded size from 32 to
+    AUTO_MAX_ROWS rows once (their kernels compiled now, and graph captures of them allowed). Never
+    raises: whatever fails here is cuBLASLt's later, with its warning."""
+    if cfg.fp8_block_gemm_backend == "cublaslt" or device.type != "cuda" or dtype != torch.bfloat16:
+        return
+    try:
+        weights = block_weights(model)
+        t0, runs = time.perf_counter(), 0
+        for (N, K), (w, bs) in weights.items():
+            if N % 64 or K % 128 or not usable(device, N, K):
+                continue
+            a = torch.zeros(AUTO_MAX_ROWS, K, dtype=torch.float8_e4m3fn, device=device)
+            for mp in range(32, AUTO_MAX_ROWS + 1, 16):
+                a_s = torch.ones(K // 128, mp, device=device).t()  # the producers' layout, stride(0) == 1
+                if block_mm(a[:mp], a_s, mp, w, bs) is None:
+                    break
+                runs += 1
+        if runs:
+            torch.cuda.synchronize(device)
+            logger.info(f"FlashInfer's DeepGEMM block-FP8 GEMM ready for {len(weights)} weight shapes, "
+                        f"{runs} sizes, in {time.perf_counter() - t0:.1f} s")
+    except Exception as e:  # noqa: BLE001 (a warm-up must not fail a load)
+        logger.warning(f"warming FlashInfer's DeepGEMM block-FP8 GEMM failed ({e!r:.400}); sizes not run yet "
+                       "compile on their first call")

@@ -48,6 +48,39 @@ def test_backend_declines_what_it_cannot_take():
     assert not fp8_deepgemm.wants(DEEPGEMM, cuda, bf16, 4096, 4096, 16)  # the swapAB kernel's sizes
 
 
+def test_block_weights_are_each_block_fp8_shape_once(tmp_path):
+    """block_weights (the shapes warm() runs at load): a tiny block-FP8 Llama (hidden 512,
+    intermediate 1024, 2 layers) loaded on the CPU with its e4m3 storage kept: one linear of each
+    projection shape (fused qkv 768 x 512, o 512 x 512, fused gate_up 2048 x 512, down 512 x 1024),
+    its e4m3 weight, and block scales [K/128, N/128] with stride(0) 1 whose transpose is a
+    checkpoint's weight_scale_inv of that projection; warm() leaves a CPU model alone."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from conftest import make_checkpoint
+    from fp8_checkpoints import write_fp8
+    from model_wrapper.config import ModelConfig
+    from model_wrapper.loader import load_model
+
+    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                          num_key_value_heads=2)
+    fp8_dir, _, _ = write_fp8(src, tmp_path, "block")
+    model = load_model(fp8_dir, ModelConfig.from_pretrained(fp8_dir), dtype=torch.float32, device=torch.device("cpu"),
+                       keep_fp8=True)
+    got = fp8_deepgemm.block_weights(model)
+    assert set(got) == {(768, 512), (512, 512), (2048, 512), (512, 1024)}
+    ckpt = load_file(os.path.join(fp8_dir, "model.safetensors"))
+    for (N, K), (w, bs) in got.items():
+        assert w.dtype == E4M3 and w.shape == (N, K)
+        assert bs.shape == (K // 128, N // 128) and bs.stride(0) == 1
+    for proj in ("o_proj", "down_proj"):  # (unfused: their scales are the checkpoint's as they stand)
+        N, K = (512, 512) if proj == "o_proj" else (512, 1024)
+        want = [t for name, t in ckpt.items() if name.endswith(f"{proj}.weight_scale_inv")]
+        assert any(torch.equal(got[(N, K)][1].t(), t.float()) for t in want), proj
+    fp8_deepgemm.warm(model, DEEPGEMM, torch.device("cpu"), torch.bfloat16)  # no-op off CUDA
+
+
 # -- CUDA ---------------------------------------------------------------------------------------------
 
 def _usable_or_skip(N=4096, K=4096):
