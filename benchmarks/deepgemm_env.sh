@@ -9,12 +9,21 @@
 # - cublasLt.h / nvrtc.h / curand_kernel.h and libnvrtc.so / libcuda.so where the toolkit lacks them: taken from the
 #   pip nvidia-* packages torch brought (only the files the toolkit lacks, linked into /tmp/dg_inc and
 #   /tmp/dg_lib, so no toolkit header is shadowed), passed by FLASHINFER_EXTRA_{CFLAGS,CUDAFLAGS,LDFLAGS};
-# - TRTLLM_DG_CACHE_DIR=/tmp/dg_cache: the compiled kernels (cubins, one per tile config).
+# - TRTLLM_DG_CACHE_DIR=/tmp/dg_cache: the compiled kernels (cubins, one per tile config);
+# - .fiextra/dgemm_prebuilt.tar.xz, where present: the runner prebuilt and kernels precompiled (below).
 # Prints one line per fact; never fails the shell (a missing piece shows as the backend's warning).
 
 if [ -f .fiextra/fi_nv_internal.tar.xz ] && [ -d /tmp/site/flashinfer/data ] \
     && [ ! -d /tmp/site/flashinfer/data/csrc/nv_internal ]; then
   tar -xJf .fiextra/fi_nv_internal.tar.xz -C /tmp/site/flashinfer/data/ && echo "deepgemm_env: unpacked .fiextra"
+fi
+# a prebuilt runner + kernel cubins where the lead carried one (.fiextra/dgemm_prebuilt.tar.xz: aot/<module>/<module>.so,
+# which FlashInfer loads instead of building, and dg_cache/cache/<kernel>/nvcc_kernel.cubin)
+if [ -f .fiextra/dgemm_prebuilt.tar.xz ] && [ -d /tmp/site/flashinfer/data ] && [ ! -d /tmp/dgpre ]; then
+  mkdir -p /tmp/dgpre /tmp/site/flashinfer/data/aot/fp8_blockscale_gemm_90 /tmp/dg_cache/cache \
+    && tar -xJf .fiextra/dgemm_prebuilt.tar.xz -C /tmp/dgpre \
+    && cp /tmp/dgpre/aot/fp8_blockscale_gemm_90/fp8_blockscale_gemm_90.so /tmp/site/flashinfer/data/aot/fp8_blockscale_gemm_90/ \
+    && cp -r /tmp/dgpre/dg_cache/cache/. /tmp/dg_cache/cache/ && echo "deepgemm_env: prebuilt runner and kernels unpacked"
 fi
 if [ -z "${CUDA_HOME:-}" ] || [ ! -f "$CUDA_HOME/include/cuda_runtime_api.h" ]; then
   for _d in /usr/local/cuda /usr/local/cuda-* /usr/cuda; do
