@@ -24,7 +24,8 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
 Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant and
 fp8_fused_act_quant_per_token off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py);
 --prefill-only runs it
-alone, --profile-prefill adds each model's top CUDA kernels of one step.
+alone, --profile-prefill adds each model's top CUDA kernels of one step (and each --prefill-variants row's),
+--prefill-tokens sets its prompt length (a step of up to KernelConfig.mixed_max_tokens replays a mixed graph).
 Writes fp8.json and fp8.png to --out. --decode-only runs part 2 alone (--batches, --configs pick
 its rows; --fp8-variants adds FP8 rows under other KernelConfig values, e.g. the GEMV's, and
 --bf16-variants bf16 rows):
@@ -209,6 +210,7 @@ def main():
     ap.add_argument("--configs", default="bf16,fp8,fp8+fp8kv", help="comma-separated decode rows: bf16, fp8, fp8+fp8kv")
     ap.add_argument("--prefill-only", action="store_true",
                     help="the prefill rows alone: bf16, FP8 with the fused activation quantization and without")
+    ap.add_argument("--prefill-tokens", type=int, default=None, help="part 3's prompt length (default 4096)")
     ap.add_argument("--profile-prefill", action="store_true",
                     help="with the prefill rows: each model's top CUDA kernels of one step (torch.profiler)")
     ap.add_argument("--fp8-variants", default=None,
@@ -230,7 +232,7 @@ def main():
     if args.batches:
         batches = [int(b) for b in args.batches.split(",")]
     ctx = 512 if not args.tiny else 64
-    T_pre = 4096 if not args.tiny else 128
+    T_pre = args.prefill_tokens or (4096 if not args.tiny else 128)
     iters = 30 if dev == "cuda" else 2
     bs = 16
     res = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
@@ -350,6 +352,8 @@ def main():
     for vname, over in prefill_variants.items():  # then the bf16 and default rows again (the same run's spread)
         gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))
         t8_variants[vname] = timed(step8, iters=n, device=dev, repeats=reps) * 1e3
+        if profiles:
+            profiles[f"fp8[{vname}]"] = top_kernels(step8)
         print(f"prefill {T_pre} tokens ms: FP8[{vname}] {t8_variants[vname]:.2f} ({tr * 1e3 / t8_variants[vname]:.3f}x "
               f"bf16)", flush=True)
     gen8.model_wrapper.set_kernel_config(base_cfg)

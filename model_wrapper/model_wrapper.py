@@ -130,6 +130,7 @@ class ModelWrapper:
             from model_wrapper.cuda_graph import DecodeGraphRunner
 
             self.graphs = DecodeGraphRunner(self, max_batch=max_graph_batch, config=self.kernel_config)
+        self._warm_fp8_block_gemm()
 
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
@@ -190,6 +191,15 @@ class ModelWrapper:
         if self.graphs is not None:
             self.graphs.config = config
             self.graphs.drop()
+        self._warm_fp8_block_gemm()
+
+    def _warm_fp8_block_gemm(self) -> None:
+        """FlashInfer's DeepGEMM block-FP8 GEMM (KernelConfig.fp8_block_gemm_backend) built, checked and
+        its small sizes compiled now rather than in the first steps (kernels/fp8_deepgemm.warm)."""
+        if self.device.type == "cuda":
+            from model_wrapper.kernels import fp8_deepgemm
+
+            fp8_deepgemm.warm(self.model, self.kernel_config, self.device, self.dtype)
 
     @property
     def tp(self) -> TPGroup:

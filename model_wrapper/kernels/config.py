@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 
 FP8_KV_DECODE = ("triton", "flashinfer")
+FP8_BLOCK_GEMM = ("auto", "cublaslt", "deepgemm")
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,15 @@ class KernelConfig:
     # with it on, merged main failed test_fp8_checkpoint.py's bound of FP8 against fp32 beside bf16's own error
     # (channel_dynamic, eager steps; H100, session 35's last call) - opt in where that accuracy is acceptable
     fp8_fast_accum: bool = False
+    # the GEMM of the block-FP8 "scaled_mm_block" path (128 x 128 weight blocks, 17+ tokens): "cublaslt"
+    # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; checked
+    # once per weight shape, else cuBLASLt with a warning) or "auto": DeepGEMM up to fp8_deepgemm.AUTO_MAX_ROWS =
+    # 256 padded rows, cuBLASLt above. H100, session 36 (benchmarks/RESULTS.md; the same logits as cuBLASLt's):
+    # decode at batch 32 / 64 / 128 5.82 / 6.68 / 8.36 -> 5.20 / 5.68 / 7.60 ms, a 128-token prefill 6.21-6.35 ->
+    # 5.47; the 4k prefill stays on cuBLASLt (DeepGEMM's GEMMs 48.3-50.7 ms there against 45.5-46.9). Not
+    # "cublaslt": the model's load builds FlashInfer's runner and nvcc compiles the kernels of 32-256 rows
+    # (fp8_deepgemm.warm: once a machine, then cached on disk); without FlashInfer's full sources or nvcc: cuBLASLt
+    fp8_block_gemm_backend: str = "auto"
 
     # decode CUDA graphs (model_wrapper/cuda_graph.py)
     triton_decode: bool = True  # decode attention on kernels/decode_attention.py where it fits (16-bit caches)
@@ -248,6 +258,9 @@ class KernelConfig:
             self, f"gemv_add_norm_{consumer}")
 
     def __post_init__(self):
+        if self.fp8_block_gemm_backend not in FP8_BLOCK_GEMM:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_block_gemm_backend: expected one of "
+                                 f"{list(FP8_BLOCK_GEMM)}, got {self.fp8_block_gemm_backend!r}")
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")

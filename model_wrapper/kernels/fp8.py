@@ -20,7 +20,9 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             GEMM with a scale per row of each operand
   larger, 128 x 128 blocks,    "scaled_mm_block"  x quantized per token and 128 columns, cuBLASLt's
     CUDA bf16                               block-scaled FP8 GEMM (torch._scaled_mm, feature-detected
-                                            once per device; the linear's compact block scales)
+                                            once per device; the linear's compact block scales), or
+                                            FlashInfer's DeepGEMM port on the same operands
+                                            (KernelConfig.fp8_block_gemm_backend, kernels/fp8_deepgemm.py)
   larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
                                             GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
 
@@ -51,6 +53,7 @@ from loguru import logger
 
 from model_wrapper.kernels.activation import silu_and_mul
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels import fp8_deepgemm
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
     MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
@@ -280,18 +283,20 @@ def _rowwise_mm(a, a_s, M, weight, weight_scale, bias, out_dtype, cfg: KernelCon
     return y if bias is None else y.add_(bias)
 
 
-def fp8_scaled_mm_block(x, weight, block_scale, bias=None) -> torch.Tensor:
+def fp8_scaled_mm_block(x, weight, block_scale, bias=None, cfg: KernelConfig | None = None) -> torch.Tensor:
     """The "scaled_mm_block" path (block-format weights, group 128): x quantized per token and 128
     columns, then torch._scaled_mm with block-wise scales -> [M, N] in x's dtype:
 
         scale_a  float32 [M', K / 128], stride(0) == 1   (cuBLASLt's 1 x 128 activation blocks)
         scale_b  block_scale float32 [K / 128, N / 128]  (128 x 128 weight blocks; Fp8Method.block_scale)
 
-    M is padded to a multiple of 16 (M'; zero rows) for the scale layout's leading dimension."""
+    M is padded to a multiple of 16 (M'; zero rows) for the scale layout's leading dimension.
+    cfg.fp8_block_gemm_backend may send the product to FlashInfer's DeepGEMM port instead
+    (kernels/fp8_deepgemm.py: the same operands and layouts); cfg None: cuBLASLt."""
     M, K = x.shape
     mp = -(-M // 16) * 16
     a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
-    return _block_mm(a, a_s, M, weight, block_scale, bias, x.dtype)
+    return _block_mm(a, a_s, M, weight, block_scale, bias, x.dtype, cfg)
 
 
 def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_scale: torch.Tensor | None,
@@ -303,7 +308,7 @@ def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_s
     group K) and weight_scale [N, 1] (one a row)."""
     K = act.q.shape[1]
     if act.group == 128 and block_scale is not None:
-        return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype)
+        return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype, cfg)
     if act.group == K and weight_scale is not None and weight_scale.shape[1] == 1:
         return _rowwise_mm(act.q, act.scale, act.rows, weight, weight_scale, bias, act.dtype, cfg)
     raise ValueError(f"fp8_linear_quantized: expected 128-column activation groups and a weight with 128 x 128 "
@@ -312,7 +317,14 @@ def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_s
                      f"weight scales {None if weight_scale is None else tuple(weight_scale.shape)}")
 
 
-def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype) -> torch.Tensor:
+def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype, cfg: KernelConfig | None) -> torch.Tensor:
+    """e4m3 a [Mp, K] with scales [Mp, K / 128] (stride(0) == 1) times weight^T with block_scale
+    [K / 128, N / 128] -> [M, N]: FlashInfer's DeepGEMM port where cfg.fp8_block_gemm_backend and
+    fp8_deepgemm.wants say so, else cuBLASLt (torch._scaled_mm)."""
+    if cfg is not None and fp8_deepgemm.wants(cfg, a.device, out_dtype, weight.shape[0], weight.shape[1], a.shape[0]):
+        y = fp8_deepgemm.block_mm(a, a_s, M, weight, block_scale)
+        if y is not None:  # (None: its runner raised, logged; cuBLASLt below)
+            return y if bias is None else y.add_(bias)
     y = torch._scaled_mm(a, weight.t(), scale_a=a_s, scale_b=block_scale, out_dtype=out_dtype)
     y = y[:M] if a.shape[0] != M else y
     return y if bias is None else y.add_(bias)
@@ -463,7 +475,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
     x = _unit_cols(x)
     if path == "scaled_mm_block":
-        return fp8_scaled_mm_block(x, weight, block_scale, bias)
+        return fp8_scaled_mm_block(x, weight, block_scale, bias, cfg)
     if path == "gemv":
         return fp8_gemv(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "skinny":
