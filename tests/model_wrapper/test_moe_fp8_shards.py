@@ -308,7 +308,10 @@ def test_cuda_tp2_nccl_block_fp8_experts(tmp_path):
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
     pytest.importorskip("flashinfer")
-    src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=384, hidden_size=256)
+    # head_dim 64: FlashInfer's prefill kernels take 64 / 128 (the first GPU run of this test, with the tiny
+    # default's 32, stopped in the ragged prefill: "Invalid configuration ... NUM_MMA_D_QK=2")
+    src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=384, hidden_size=256,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     fp8, deq = write_fp8(src, tmp_path, "block")[:2]
     ctx = mp.spawn(_nccl_worker, args=(str(tmp_path / "store"), fp8, str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 300
