@@ -28,6 +28,8 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
+from benchmarks.bench_fp8_gemm import time_calls  # noqa: E402  (a CUDA graph of calls over the weight copies)
+
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 TOKENS = (4096, 2048, 1024, 512, 256, 128, 64, 17)
 LAYERS = 32
@@ -74,7 +76,7 @@ def main():
                     torch.cuda.synchronize()
                     res["first_call_s"][f"{be}/{name}/{M}"] = time.perf_counter() - t0
                     row[f"{be}_err"] = check(y)
-                    row[f"{be}_us"] = time_calls(torch, fn, len(ops["w"])) * 1e6
+                    row[f"{be}_us"] = time_calls(torch, fn, len(ops["w"]), "cuda", replays=20) * 1e6
                 except Exception as e:  # noqa: BLE001 (one refusal must not end the run: it is the result)
                     res["errors"][f"{be}/{name}/{M}"] = repr(e)[:500]
             res["rows"].append(row)
@@ -146,36 +148,6 @@ def call(torch, backend, x, ops):
 
 def rel_err(y, want) -> float:
     return float((y.double() - want).abs().max() / want.abs().max())
-
-
-def time_calls(torch, fn, copies, replays=20) -> float:
-    """Seconds per call: a CUDA graph of calls over the weight copies, median replay / calls."""
-    import statistics
-
-    reps = max(1, 8 // copies)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            for i in range(copies):
-                fn(i)
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del graph
-    return statistics.median(times) / (reps * copies)
 
 
 def chains(res) -> list[dict]:
