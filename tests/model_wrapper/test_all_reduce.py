@@ -229,9 +229,13 @@ GRAPH_MODELS = {  # name -> (family, overrides, FP8): TP=2 halves 1024 / 256 int
 GRAPH_MODELS["qwen3_moe_fp8"] = (*GRAPH_MODELS["qwen3_moe"][:2], True)
 
 
-# graphs with the eager steps' decode attention (FlashInfer): the default Triton one rounds differently,
-# and in a MoE a near-tie of two experts' router scores may then route a token apart (test_moe.py)
-SAME_ATTENTION = KernelConfig(triton_decode=False)
+# graphs with the eager steps' attention (FlashInfer): the default Triton decode kernel rounds differently,
+# and in a MoE a near-tie of two experts' router scores may then route a token apart (test_moe.py). The
+# second prefill (12 requests) would replay a mixed-step graph, whose attention is the Triton prefill kernel
+# (merged after this test was written): on 2 x H100 in session 36 the FP8 MoE's step 4 was then 0.046 from
+# eager, on main before and after that session's merges alike. Mixed-step graphs are checked against eager
+# where that is their subject (test_mixed_graph.py, test_tensor_parallel.py); here they run eagerly.
+SAME_ATTENTION = KernelConfig(triton_decode=False, mixed_graphs=False)
 
 
 def _tp_graph_worker(rank, store, paths, out_dir):
