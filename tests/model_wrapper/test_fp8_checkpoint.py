@@ -192,10 +192,12 @@ def test_lora_fold_on_fp8_projections(checkpoint_dir, tmp_path):
 WORLD = 2
 
 
-def _tp_worker(rank, store, jobs, out_dir):
+def _tp_worker(rank, store, jobs, out_dir, world=WORLD, collect=None):
+    """One gloo rank: each job's scenario -> {name}.rank{rank}.pt with its logits, the first layer's
+    linear methods and what collect(gen) adds (a module-level function: spawned processes pickle it)."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         tp = TPGroup.from_default_group()
         for name, job in jobs.items():
@@ -203,7 +205,8 @@ def _tp_worker(rank, store, jobs, out_dir):
             full, steps = _script(job["seed"])
             out = [(r, p, o) for r, p, o in run_scenario(gen, full, steps, block_size=4)]
             methods = {n: lin.method.name for (i, n), lin in gen.model_wrapper.lora_linears().items() if i == 0}
-            torch.save(dict(out=out, methods=methods), os.path.join(out_dir, f"{name}.rank{rank}.pt"))
+            res = dict(out=out, methods=methods, **(collect(gen) if collect is not None else {}))
+            torch.save(res, os.path.join(out_dir, f"{name}.rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
     from conftest import end_gloo_worker

@@ -145,32 +145,19 @@ def test_each_rank_keeps_its_blocks_e4m3(moe_fp8, inter, world):
 
 # -- logits under gloo TP=2 / TP=4 against transformers on the dequantized weights ------------------
 
-def _tp_worker(rank, world, store, jobs, out_dir):
-    from test_fp8_checkpoint import _gen
-
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        tp = TPGroup.from_default_group()
-        for name, job in jobs.items():
-            gen = _gen(job["path"], job["keep"], tp)
-            full, steps = _script(job["seed"])
-            out = [(r, p, o) for r, p, o in run_scenario(gen, full, steps, block_size=4)]
-            model = gen.model_wrapper.model
-            experts = [(m.experts.gate_up_proj.dtype, m.experts.down_proj.dtype, tuple(m.experts.down_proj.shape))
-                       for m in _sparse_layers(model)]
-            shard = (model.shard.moe_inter_start, model.shard.moe_intermediate_size)
-            torch.save(dict(out=out, experts=experts, shard=shard), os.path.join(out_dir, f"{name}.rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-    from conftest import end_gloo_worker
-
-    end_gloo_worker()  # only after a worker that raised nothing (the exception skips it)
+def _expert_facts(gen) -> dict:
+    """Each sparse layer's expert dtypes and down_proj shape, and the rank's expert slice."""
+    model = gen.model_wrapper.model
+    experts = [(m.experts.gate_up_proj.dtype, m.experts.down_proj.dtype, tuple(m.experts.down_proj.shape))
+               for m in _sparse_layers(model)]
+    return dict(experts=experts, shard=(model.shard.moe_inter_start, model.shard.moe_intermediate_size))
 
 
 def _spawn(root, world, jobs):
-    mp.spawn(_tp_worker, args=(world, str(root / f"store{world}"), jobs, str(root)), nprocs=world, join=True)
+    from test_fp8_checkpoint import _tp_worker
+
+    mp.spawn(_tp_worker, args=(str(root / f"store{world}"), jobs, str(root), world, _expert_facts), nprocs=world,
+             join=True)
     return {n: (j, [torch.load(root / f"{n}.rank{r}.pt", weights_only=False) for r in range(world)])
             for n, j in jobs.items()}
 
