@@ -28,10 +28,10 @@ import torch.multiprocessing as mp
 from conftest import make_checkpoint
 from fp8_checkpoints import E4M3, quant_config, write_fp8
 from model_wrapper.config import ModelConfig
-from model_wrapper.layers.moe import MoESpec, SparseMoE, dequantize_experts, experts_reference, route
+from model_wrapper.layers.moe import SparseMoE, dequantize_experts, experts_reference
 from model_wrapper.loader import load_model
 from model_wrapper.parallel import TPGroup, TPShard, block_split
-from test_forward_parity import _max_err, _reference, _script, run_scenario
+from test_forward_parity import _max_err, _reference, _script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
