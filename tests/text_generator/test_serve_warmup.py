@@ -31,8 +31,20 @@ def test_warm_up_runs_every_batch_size_and_leaves_the_engine_as_new(tmp_path):
         return outs
 
     engine.step = recording_step
+    tokens = []  # tokens of each forward call
+    forward = engine.generator.forward_tensor
+
+    def recording_forward(input_ids, *args, **kwargs):
+        tokens.append(int(input_ids.numel()))
+        return forward(input_ids, *args, **kwargs)
+
+    engine.generator.forward_tensor = recording_forward
     assert warm_up(engine) == 8
+    del engine.generator.forward_tensor
     assert set(range(1, 9)) <= set(sizes) | {0}, sizes  # the batch shrank through every size
+    # full steps (several 62-token prompts where max_seq_len is shorter than the chunk) beside running
+    # decodes, with an even and an odd token count
+    assert {32, 31} <= set(tokens), str(tokens)
     bm = engine.block_manager
     assert not engine.requests and not engine.has_unfinished()
     assert bm.num_used_blocks == 0 and bm.num_cached_blocks == 0 and bm.num_free_blocks == bm.num_blocks
