@@ -208,7 +208,6 @@ def test_tp2_equals_tp1_and_transformers(tp2_online, tmp_path, job):
     single = run_scenario(_gen(spec["path"], spec["keep"]), full, steps, block_size=4)
     for res in results:
         assert _max_err(res["out"], ref) < 1e-4
-        assert _max_err(res["out"], {r: ref[r] for r in ref}) < 1e-4
         got, want = torch.stack([o for *_, o in res["out"]]), torch.stack([o for *_, o in single])
         assert float((got - want).abs().max() / want.abs().max()) < 1e-5  # TP=2 = TP=1 (fp32 sum order)
     if job == "dense_storage":  # intermediate 384 cut at blocks (128 / 256): every projection e4m3 on both ranks
