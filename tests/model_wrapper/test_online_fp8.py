@@ -280,22 +280,27 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @needs_cuda
 @pytest.mark.parametrize("family", ["wide", "qwen3_moe"])
 def test_cuda_keeps_e4m3_within_fp8_bounds(wide_llama, checkpoint_dir, tmp_path, family):
-    """On CUDA quantization="fp8" keeps e4m3 weights (FP8 kernels) and its logits are as close to the
-    fp32 float model as a block-FP8 checkpoint's are (test_fp8_checkpoint's bounds against bf16's error)."""
+    """On CUDA quantization="fp8" keeps e4m3 weights (FP8 kernels, activations quantized per token) and
+    its logits are as close to fp32 transformers on the test's own dequantized weights as a block-FP8
+    checkpoint's are (test_fp8_checkpoint's bounds against bf16's error on the same weights). Against
+    the float model itself the tiny random models' near-flat logits flip argmax under weight rounding
+    alone (CPU, fp32, llama 256 wide: top-1 0.78, rel. err 0.14), so the kernels are judged on the
+    dequantized weights, whose exactness the CPU tests show."""
     from test_fp8_checkpoint import _within_fp8_bounds
 
     src = wide_llama if family == "wide" else checkpoint_dir(family)
+    deq = write_dequantized(src, tmp_path / "deq")
+    full, steps = _script(3)
+    ref = _reference(deq, torch.float32, full)
 
-    def run(**kw):
-        gen = TextGenerator.from_pretrained(src, device="cuda", dtype=torch.bfloat16, **kw)
-        full, steps = _script(3)
+    def run(path, **kw):
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, **kw)
         outputs = [(r, p, o.float().cpu()) for r, p, o in run_scenario(gen, full, steps, block_size=16)]
-        ref = _reference(src, torch.float32, full)
         got = torch.stack([o for *_, o in outputs])
         want = torch.stack([ref[r][p] for r, p, _ in outputs])
         return gen, _max_err(outputs, ref), float((got.argmax(-1) == want.argmax(-1)).float().mean())
 
-    gen, err, top1 = run(quantization="fp8")
+    gen, err, top1 = run(src, quantization="fp8")
     layer = gen.model_wrapper.model.model.layers[0]
     assert layer.self_attn.qkv_proj.method.name == "fp8" and layer.self_attn.qkv_proj.weight.dtype == E4M3
     if family == "wide":
@@ -303,5 +308,6 @@ def test_cuda_keeps_e4m3_within_fp8_bounds(wide_llama, checkpoint_dir, tmp_path,
     else:
         assert layer.mlp.experts.gate_up_proj.dtype == E4M3
     assert gen.model_wrapper.model.lm_head.weight.dtype == torch.bfloat16
-    _, err16, top1_16 = run()
+    _, err16, top1_16 = run(deq)  # bf16 on the same (dequantized) weights
+    print(f"{family}: online fp8 rel. err {err:.4f} top-1 {top1:.3f}; bf16 {err16:.4f} {top1_16:.3f}")
     _within_fp8_bounds(err, top1, err16, top1_16)
