@@ -311,3 +311,25 @@ def test_cuda_keeps_e4m3_within_fp8_bounds(wide_llama, checkpoint_dir, tmp_path,
     _, err16, top1_16 = run(deq)  # bf16 on the same (dequantized) weights
     print(f"{family}: online fp8 rel. err {err:.4f} top-1 {top1:.3f}; bf16 {err16:.4f} {top1_16:.3f}")
     _within_fp8_bounds(err, top1, err16, top1_16)
+
+
+def test_serve_quantization_fp8_builds_its_engine_on_the_online_model(checkpoint_dir, tmp_path):
+    """`serve --quantization fp8`: the engine the server's engine process runs holds the online FP8 model
+    (its greedy tokens: those of transformers on the dequantized weights)."""
+    pytest.importorskip("fastapi")
+    from conftest import hf_model
+    from text_generator import SamplingParams
+    from text_generator.cli import build_parser
+    from text_generator.serve.engine_worker import build_engine
+
+    src = checkpoint_dir("llama")
+    args = build_parser().parse_args(["serve", src, "--device", "cpu", "--dtype", "float32", "--max-model-len", "64",
+                                      "--max-num-seqs", "2", "--quantization", "fp8"])
+    engine, _ = build_engine(args)
+    assert engine.generator.config.quant.online
+    (out,) = engine.generate([[5, 17, 33, 2]], SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True),
+                             use_tqdm=False)
+    with torch.no_grad():
+        want = hf_model(write_dequantized(src, tmp_path / "deq")).generate(
+            torch.tensor([[5, 17, 33, 2]]), max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 4:].tolist()
+    assert out.token_ids == want
