@@ -333,3 +333,17 @@ def test_serve_quantization_fp8_builds_its_engine_on_the_online_model(checkpoint
         want = hf_model(write_dequantized(src, tmp_path / "deq")).generate(
             torch.tensor([[5, 17, 33, 2]]), max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, 4:].tolist()
     assert out.token_ids == want
+
+
+def test_llm_quantization_fp8(checkpoint_dir, tmp_path):
+    """LLM(path, quantization="fp8"): greedy tokens of transformers on the dequantized weights."""
+    from conftest import hf_model
+    from text_generator import LLM, SamplingParams
+
+    src = checkpoint_dir("qwen3")
+    llm = LLM(src, device="cpu", dtype="float32", quantization="fp8", tokenizer=None)
+    (out,) = llm.generate([[7, 3, 11]], SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True))
+    with torch.no_grad():
+        want = hf_model(write_dequantized(src, tmp_path / "deq")).generate(
+            torch.tensor([[7, 3, 11]]), max_new_tokens=5, min_new_tokens=5, do_sample=False)[0, 3:].tolist()
+    assert out.token_ids == want
