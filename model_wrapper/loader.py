@@ -15,6 +15,8 @@ block-FP8 checkpoint's expert (and dense MLP) widths are sliced at 128-column bl
 every rank reads its blocks' e4m3 values and their own scales, nothing twice, and keeps them e4m3.
 Qwen3-30B-A3B-FP8 at TP 4 (moe_intermediate 768): 128 / 256 / 128 / 256 columns, the widest rank reading
 256 / 192 of an even share; the even split's mid-block ranks used to dequantize their experts (2x the bytes).
+quantization="fp8" on a float checkpoint (cfg.quant.online, online_fp8.py): the headers and reads are
+those of a block-FP8 checkpoint made on the fly (online_fp8.OnlineFp8), everything else as above.
 """
 
 from __future__ import annotations
