@@ -15,6 +15,8 @@ block-FP8 checkpoint's expert (and dense MLP) widths are sliced at 128-column bl
 every rank reads its blocks' e4m3 values and their own scales, nothing twice, and keeps them e4m3.
 Qwen3-30B-A3B-FP8 at TP 4 (moe_intermediate 768): 128 / 256 / 128 / 256 columns, the widest rank reading
 256 / 192 of an even share; the even split's mid-block ranks used to dequantize their experts (2x the bytes).
+quantization="fp8" on a float checkpoint (cfg.quant.online, online_fp8.py): the headers and reads are
+those of a block-FP8 checkpoint made on the fly (online_fp8.OnlineFp8), everything else as above.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from model_wrapper.fp8_weights import (Fp8Tensors, check_dtypes, dequantize_slic
                                        keep_fp8_storage, plan_fp8, row_scales)
 from model_wrapper.layers.fp8_linear import E4M3, Fp8Method
 from model_wrapper.models.decoder import CausalLM
+from model_wrapper.online_fp8 import OnlineFp8
 from model_wrapper.parallel import TPGroup, TPShard
 
 _FUSED = {
@@ -139,6 +142,10 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     into `dtype`. The checkpoint's k_scale / v_scale, if any, become model.checkpoint_kv_scales.
     """
     tensors, paths = read_checkpoint(path)
+    # quantization="fp8" (online_fp8.py): the float checkpoint is seen, and read, as a block-FP8 one
+    online = OnlineFp8(tensors, paths, cfg.quant, device) if cfg.quant is not None and cfg.quant.online else None
+    if online is not None:
+        tensors = online.tensors
     wanted, fp8 = _expected_tensors(cfg, tensors, paths)
     tp = tp if tp is not None else TPGroup.single()
     with torch.device("meta"):
@@ -163,13 +170,14 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     # checkpoint tensor -> the part of a parameter it fills (fused and stacked ones by parts)
     parts = {hf: part for name in params if not is_fp8_aux(name) for hf, part in _sources(cfg, sizes, name).items()}
     pending = set(parts)
-    small = _read_small(fp8, paths, tensors) if fp8 is not None else {}
+    small = online.scales if online is not None else _read_small(fp8, paths, tensors) if fp8 is not None else {}
 
     files = sorted({tensors[n].file for n in wanted})
     bar_off = not progress or len(files) < 2 or tp.rank != 0
     for file in tqdm(files, desc="loading shards", unit="shard", disable=bar_off):
         try:
-            with safe_open(paths[file], framework="pt", device="cpu") as f:
+            with (online.open(paths[file]) if online is not None
+                  else safe_open(paths[file], framework="pt", device="cpu")) as f:
                 for hf_name in sorted(n for n in wanted if tensors[n].file == file):
                     part = parts[hf_name]
                     dst = part.view(params[part.param].data)

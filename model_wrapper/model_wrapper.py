@@ -23,6 +23,7 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
 from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
+from model_wrapper.online_fp8 import with_quantization
 from model_wrapper.models.decoder import CausalLM
 from model_wrapper.parallel import TPGroup, TPShard
 
@@ -135,8 +136,10 @@ class ModelWrapper:
     @classmethod
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256, tp_group: TPGroup | None = None,
-                        kernel_config: KernelConfig | None = None, progress: bool = True):
-        cfg = ModelConfig.from_pretrained(path)
+                        kernel_config: KernelConfig | None = None, progress: bool = True,
+                        quantization: str | None = None):
+        # quantization="fp8": a float checkpoint quantized to block FP8 while it loads (online_fp8.py)
+        cfg = with_quantization(ModelConfig.from_pretrained(path), quantization)
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(dtype, cfg, device)
         tp = tp_group if tp_group is not None else TPGroup.single()

@@ -42,6 +42,7 @@ class Fp8Config:
                 (weight-only: the checkpoint quantizes no activations)
     ignore:     module names or "re:<regex>" patterns whose linears are stored as plain floats
     kv_scales:  the checkpoint has self_attn.k_scale / v_scale per layer (kv_cache_scheme)
+    online:     a float checkpoint quantized while it loads (quantization="fp8", online_fp8.py)
     """
 
     method: str
@@ -50,6 +51,7 @@ class Fp8Config:
     activation: str
     ignore: tuple[str, ...] = ()
     kv_scales: bool = False
+    online: bool = False
 
     @property
     def scale_suffix(self) -> str:

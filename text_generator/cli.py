@@ -97,6 +97,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_int_at_least(1), default=64, help="requests running at once")
     p.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048, help="tokens per step")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
+                   "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
+                   "lm_head, embeddings, routers)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                    help="auto: the model's dtype; fp8: an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
@@ -183,7 +187,7 @@ def _load_model(args):
         path = args.model
     gen = TextGenerator.from_pretrained(path, device=args.device, dtype=args.dtype,
                                         attention_backend=args.attention_backend, tp_group=tp,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, quantization=args.quantization)
     _load_loras(gen, args.lora)
     return gen, load_tokenizer(path)
 

@@ -36,7 +36,7 @@ class TextGenerator:
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256,
                         tp_group: TPGroup | None = None, kernel_config: KernelConfig | None = None,
-                        progress: bool = True) -> "TextGenerator":
+                        progress: bool = True, quantization: str | None = None) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -52,11 +52,14 @@ class TextGenerator:
                kv heads (kv_cache_spec is per rank) and gets the full-vocabulary logits.
         kernel_config: model_wrapper.KernelConfig, the CUDA kernels' launch constants (None: defaults).
         progress: a progress bar (tqdm, on stderr) while loading a checkpoint of several shards.
+        quantization: None (the checkpoint as it is) or "fp8": a bf16 / fp16 / fp32 checkpoint's
+               projections and experts quantized at load to block FP8 (e4m3, a scale per 128 x 128
+               block; dynamic activations), as a fine-grained FP8 checkpoint (model_wrapper/online_fp8.py).
         """
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
             cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group,
-            kernel_config=kernel_config, progress=progress))
+            kernel_config=kernel_config, progress=progress, quantization=quantization))
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property

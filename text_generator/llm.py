@@ -26,19 +26,20 @@ class LLM:
     """Owns a TextGenerator, its tokenizer (or None) and one LLMEngine.
 
     model:     a local Hugging Face checkpoint folder
-    device, dtype, attention_backend, progress: as TextGenerator.from_pretrained
+    device, dtype, attention_backend, progress, quantization: as TextGenerator.from_pretrained
     tokenizer: a tokenizer object to use instead of the checkpoint's own
     engine_kw: LLMEngine's keywords (num_blocks, block_size, max_num_seqs, max_seq_len,
                enable_prefix_caching, speculative, ...)
     """
 
     def __init__(self, model: str, *, device=None, dtype=None, attention_backend: str = "auto", tokenizer=None,
-                 progress: bool = True, **engine_kw):
+                 progress: bool = True, quantization: str | None = None, **engine_kw):
         from text_generator.generator import TextGenerator
         from text_generator.tokenizer import load_tokenizer
 
         self.generator = TextGenerator.from_pretrained(model, device=device, dtype=dtype,
-                                                       attention_backend=attention_backend, progress=progress)
+                                                       attention_backend=attention_backend, progress=progress,
+                                                       quantization=quantization)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
         self.engine = LLMEngine(self.generator, tokenizer=self.tokenizer, **engine_kw)
 

@@ -35,6 +35,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "flashinfer"))
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
+                   "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
+                   "lm_head, embeddings, routers)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
                    help="auto: the model's dtype; fp8: an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--speculative", default=None, choices=("ngram",),

@@ -246,7 +246,8 @@ def build_engine(args):
         tp = _init_tensor_parallel(args)
     tokenizer = load_tokenizer(args.model_dir)
     gen = TextGenerator.from_pretrained(args.model_dir, device=args.device, dtype=args.dtype,
-                                        attention_backend=args.attention_backend, tp_group=tp)
+                                        attention_backend=args.attention_backend, tp_group=tp,
+                                        quantization=getattr(args, "quantization", None))
     loras = dict(s.split("=", 1) for s in args.lora)
     if loras or args.enable_lora:
         ranks = [adapter_rank(path) for path in loras.values()]
