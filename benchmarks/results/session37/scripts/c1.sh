@@ -1,0 +1,13 @@
+# session 37 call 1: the 2-GPU tests first, then two 1-GPU jobs in parallel
+source .gpu/device-setup.sh > $OUT/setup.log 2>&1
+source benchmarks/deepgemm_env.sh >> $OUT/setup.log 2>&1
+nvidia-smi -L > $OUT/gpus.txt; ROOT=$(pwd); git log -1 --format=%h > $OUT/rev.txt 2>/dev/null
+mkdir -p $OUT/tp2; timeout 130 python3 -m pytest -q -p no:cacheprovider -m cuda -rs tests/model_wrapper/test_moe_fp8_shards.py::test_cuda_tp2_nccl_block_fp8_experts tests/model_wrapper/test_tensor_parallel.py::test_cuda_graphs_under_tp2_nccl tests/model_wrapper/test_all_reduce.py > $OUT/tp2/tests.log 2>&1; echo "tp2 rc=$? $(date +%T)" >> $OUT/rc.txt
+for name in job0 job1; do d=/tmp/wt/$name; mkdir -p $d $OUT/$name
+  tar -C $ROOT --exclude=./.gpu --exclude=./.fiextra --exclude=./benchmarks/results -cf - . | tar -C $d -xf -
+  ln -s $ROOT/.gpu $d/.gpu; done
+(cd /tmp/wt/job0 && CUDA_VISIBLE_DEVICES=0 OUTJ=$OUT/job0 timeout 330 taskset -c 0-15 bash $ROOT/.probe/c1_job0.sh > $OUT/job0.log 2>&1; echo "job0 rc=$? $(date +%T)" >> $OUT/rc.txt) &
+(cd /tmp/wt/job1 && CUDA_VISIBLE_DEVICES=1 OUTJ=$OUT/job1 OMP_NUM_THREADS=4 timeout 340 taskset -c 16-31 bash $ROOT/.probe/c1_job1.sh > $OUT/job1.log 2>&1; echo "job1 rc=$? $(date +%T)" >> $OUT/rc.txt) &
+wait
+cat $OUT/gpus.txt $OUT/rc.txt; tail -3 $OUT/tp2/tests.log
+cd $OUT && tar -czf /tmp/all.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name rc.txt -exec rm -rf {} + && mv /tmp/all.tgz $OUT/all.tgz
