@@ -32,6 +32,7 @@ from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode
 from model_wrapper.loader import load_model
 from model_wrapper.model_wrapper import ModelWrapper, make_backend
+from model_wrapper.online_fp8 import with_quantization
 from model_wrapper.parallel import TPGroup
 from test_forward_parity import _max_err, _reference, _script, run_scenario
 from text_generator import TextGenerator
@@ -39,11 +40,14 @@ from text_generator import TextGenerator
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _gen(path, keep_fp8=None, tp=None) -> TextGenerator:
+def _gen(path, keep_fp8=None, tp=None, quantization=None) -> TextGenerator:
+    """A CPU fp32 generator; keep_fp8=True: e4m3 storage kept (Fp8Method's fallback); quantization: from_pretrained's."""
     if keep_fp8 is None:
         return TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32, attention_backend="torch",
-                                             tp_group=tp)
+                                             tp_group=tp, quantization=quantization)
     cfg = ModelConfig.from_pretrained(path)
+    if quantization is not None:
+        cfg = with_quantization(cfg, quantization)
     cpu = torch.device("cpu")
     model = load_model(path, cfg, dtype=torch.float32, device=cpu, tp=tp, keep_fp8=keep_fp8)
     backend = make_backend("torch", cfg, cpu, torch.float32, model.shard)
@@ -201,7 +205,7 @@ def _tp_worker(rank, store, jobs, out_dir, world=WORLD, collect=None):
     try:
         tp = TPGroup.from_default_group()
         for name, job in jobs.items():
-            gen = _gen(job["path"], job["keep"], tp)
+            gen = _gen(job["path"], job["keep"], tp, job.get("quantization"))
             full, steps = _script(job["seed"])
             out = [(r, p, o) for r, p, o in run_scenario(gen, full, steps, block_size=4)]
             methods = {n: lin.method.name for (i, n), lin in gen.model_wrapper.lora_linears().items() if i == 0}

@@ -16,19 +16,15 @@ import shutil
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from conftest import make_checkpoint
 from fp8_checkpoints import E4M3, quantize, write_fp8
 from model_wrapper import ModelLoadError
-from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode
-from model_wrapper.loader import load_model
-from model_wrapper.model_wrapper import ModelWrapper, make_backend
-from model_wrapper.online_fp8 import quantize_block_fp8, with_quantization
-from model_wrapper.parallel import TPGroup
+from model_wrapper.online_fp8 import quantize_block_fp8
+from test_fp8_checkpoint import _gen as _fp8_gen, _tp_worker
 from test_forward_parity import _max_err, _reference, _script, run_scenario
 from text_generator import TextGenerator
 
@@ -59,14 +55,7 @@ def write_dequantized(src: str, out) -> str:
 
 
 def _gen(path, keep_fp8=None, tp=None) -> TextGenerator:
-    if keep_fp8 is None:
-        return TextGenerator.from_pretrained(path, device="cpu", dtype=torch.float32, attention_backend="torch",
-                                             tp_group=tp, quantization="fp8")
-    cfg = with_quantization(ModelConfig.from_pretrained(path), "fp8")
-    cpu = torch.device("cpu")
-    model = load_model(path, cfg, dtype=torch.float32, device=cpu, tp=tp, keep_fp8=keep_fp8)
-    backend = make_backend("torch", cfg, cpu, torch.float32, model.shard)
-    return TextGenerator(ModelWrapper(model, cfg, backend, cpu, torch.float32))
+    return _fp8_gen(path, keep_fp8, tp, quantization="fp8")
 
 
 def _parity(src, deq, seed, keep_fp8=None) -> float:
@@ -168,25 +157,6 @@ def test_keep_fp8_moe_experts_hold_e4m3(checkpoint_dir, tmp_path):
 
 # -- tensor parallelism: two gloo ranks ------------------------------------------------------------
 
-def _tp_worker(rank, store, jobs, out_dir):
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        tp = TPGroup.from_default_group()
-        for name, job in jobs.items():
-            gen = _gen(job["path"], job["keep"], tp)
-            full, steps = _script(job["seed"])
-            out = [(r, p, o) for r, p, o in run_scenario(gen, full, steps, block_size=4)]
-            methods = {n: lin.method.name for (i, n), lin in gen.model_wrapper.lora_linears().items() if i == 0}
-            torch.save(dict(out=out, methods=methods), os.path.join(out_dir, f"{name}.rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-    from conftest import end_gloo_worker
-
-    end_gloo_worker()
-
-
 @pytest.fixture(scope="module")
 def tp2_online(checkpoint_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("online_tp2")
@@ -195,6 +165,7 @@ def tp2_online(checkpoint_dir, tmp_path_factory):
     moe = checkpoint_dir("qwen3_moe")
     jobs = {"dense": dict(path=wide, keep=None, seed=11), "dense_storage": dict(path=wide, keep=True, seed=12),
             "moe": dict(path=moe, keep=None, seed=13)}
+    jobs = {n: dict(j, quantization="fp8") for n, j in jobs.items()}
     mp.spawn(_tp_worker, args=(str(root / "store"), jobs, str(root)), nprocs=2, join=True)
     return {n: (j, [torch.load(root / f"{n}.rank{r}.pt", weights_only=False) for r in range(2)])
             for n, j in jobs.items()}
