@@ -23,8 +23,8 @@ from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
 from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
-from model_wrapper.online_fp8 import with_quantization
 from model_wrapper.models.decoder import CausalLM
+from model_wrapper.online_fp8 import with_quantization
 from model_wrapper.parallel import TPGroup, TPShard
 
 _DTYPES = {
