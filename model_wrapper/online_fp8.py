@@ -81,13 +81,14 @@ def quantize_block_fp8(w: torch.Tensor, device: torch.device | str | None = None
     nb, kb = math.ceil(n / BLOCK), math.ceil(k / BLOCK)
     blocks = F.pad(w, (0, kb * BLOCK - k, 0, nb * BLOCK - n)).view(nb, BLOCK, kb, BLOCK)
     if scale is None:
-        amax = blocks.abs().amax(dim=(1, 3))
+        # the scale on the CPU: CUDA divides a tensor by a Python number as a product with its reciprocal,
+        # one ulp off the CPU's division for some blocks (then some e4m3 bytes too); amax is exact anywhere
+        amax = blocks.abs().amax(dim=(1, 3)).cpu()
         scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    else:
-        scale = scale.to(w.device, torch.float32)
+    scale = scale.to(torch.float32).cpu()
     # |w / scale| <= 448 up to the division's rounding; the clamp keeps that last ulp finite in e4m3
-    q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-    return q.view(nb * BLOCK, kb * BLOCK)[:n, :k].cpu(), scale.cpu()
+    q = (blocks / scale.to(w.device)[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q.view(nb * BLOCK, kb * BLOCK)[:n, :k].cpu(), scale
 
 
 class OnlineFp8:

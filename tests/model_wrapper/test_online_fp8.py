@@ -269,16 +269,18 @@ def test_cuda_serves_the_block_fp8_checkpoint_of_the_same_quantization(wide_llam
     ref_gen, want = run(ckpt)
     layer, ref_layer = gen.model_wrapper.model.model.layers[0], ref_gen.model_wrapper.model.model.layers[0]
     assert layer.self_attn.qkv_proj.method.name == "fp8" and layer.self_attn.qkv_proj.weight.dtype == E4M3
-    pairs = [(layer.self_attn.qkv_proj.weight, ref_layer.self_attn.qkv_proj.weight),
-             (layer.self_attn.qkv_proj.weight_scale, ref_layer.self_attn.qkv_proj.weight_scale)]
+    pairs = {"qkv weight": (layer.self_attn.qkv_proj.weight, ref_layer.self_attn.qkv_proj.weight),
+             "qkv scale": (layer.self_attn.qkv_proj.weight_scale, ref_layer.self_attn.qkv_proj.weight_scale)}
     if family == "wide":
         assert all(lin.weight.dtype == E4M3 for lin in gen.model_wrapper.lora_linears().values())
     else:
         ex, ref_ex = layer.mlp.experts, ref_layer.mlp.experts
         assert ex.gate_up_proj.dtype == E4M3
-        pairs += [(ex.gate_up_proj, ref_ex.gate_up_proj), (ex.down_proj_scale, ref_ex.down_proj_scale)]
-    for a, b in pairs:
-        assert torch.equal(a.view(torch.uint8) if a.dtype == E4M3 else a, b.view(torch.uint8) if b.dtype == E4M3 else b)
+        pairs.update({"gate_up experts": (ex.gate_up_proj, ref_ex.gate_up_proj),
+                      "down expert scales": (ex.down_proj_scale, ref_ex.down_proj_scale)})
+    for what, (a, b) in pairs.items():
+        a, b = (t.view(torch.uint8) if t.dtype == E4M3 else t for t in (a, b))
+        assert torch.equal(a, b), (what, int((a != b).sum()), a.numel())
     assert gen.model_wrapper.model.lm_head.weight.dtype == torch.bfloat16
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-3
 
@@ -317,3 +319,17 @@ def test_llm_quantization_fp8(checkpoint_dir, tmp_path):
         want = hf_model(write_dequantized(src, tmp_path / "deq")).generate(
             torch.tensor([[7, 3, 11]]), max_new_tokens=5, min_new_tokens=5, do_sample=False)[0, 3:].tolist()
     assert out.token_ids == want
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_quantization_is_the_cpu_quantizers():
+    """Quantized on the GPU, the bytes and scales are the test quantizer's (CPU) bit for bit: amax / 448 on CUDA
+    (a product with the reciprocal) was one ulp off for some blocks, and so were some e4m3 bytes."""
+    g = torch.Generator().manual_seed(5)
+    for shape in [(384, 256), (200, 72), (4096, 1000)]:
+        w = torch.randn(*shape, generator=g) * 0.02
+        q, scale = quantize_block_fp8(w, "cuda")
+        want_q, want_scale, _ = quantize(w, "block")
+        assert torch.equal(scale, want_scale), shape
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), shape
