@@ -107,6 +107,11 @@ def test_several_k_groups_repeat_the_row_scale(checkpoint_dir, tmp_path, fmt):
         assert torch.equal(ex.gate_up_proj_scale[e], want_gu)
         want_dn = ckpt[f"{p}.down_proj.weight_scale"].float().reshape(-1, 1).expand(256, 2)
         assert torch.equal(ex.down_proj_scale[e], want_dn)
+    # the storage's bytes: one a weight and 4 per row and 128 columns (ceil: the partial group too), about half
+    # of bf16's 2 a weight
+    nbytes = sum(t.numel() * t.element_size() for t in (ex.gate_up_proj, ex.down_proj, ex.gate_up_proj_scale,
+                                                          ex.down_proj_scale))
+    assert nbytes == 8 * (320 * 256 + 256 * 160) + 4 * 8 * (320 * 2 + 256 * 2)
     if fmt == "tensor_static":  # two different scalars: a mix-up of gate's and up's rows would show
         assert not torch.equal(ex.gate_up_proj_scale[0, 0], ex.gate_up_proj_scale[0, 160])
     assert _parity(fp8, deq, seed=21, keep_fp8=True) < 1e-4
@@ -122,6 +127,19 @@ def test_ignored_experts_stay_in_the_model_dtype(checkpoint_dir, tmp_path):
     for _, mlp in _sparse_layers(model):
         assert mlp.experts.gate_up_proj.dtype == torch.float32 and mlp.experts.gate_up_proj_scale is None
     assert _parity(fp8, deq, seed=4, keep_fp8=True) < 1e-4
+
+
+def test_partly_quantized_experts_stay_in_the_model_dtype(checkpoint_dir, tmp_path):
+    """One expert of each layer left float by `ignore`: that layer's stacked experts cannot be one e4m3
+    tensor, so all of them are dequantized into the model dtype (exact) and the logits still match."""
+    fp8, deq, _ = write_fp8(checkpoint_dir("mixtral"), tmp_path, "tensor_static",
+                            ignore=("lm_head", "re:.*experts\\.3\\..*"))
+    from test_fp8_checkpoint import _parity
+
+    model = load_model(fp8, ModelConfig.from_pretrained(fp8), dtype=torch.float32, device=CPU, keep_fp8=True)
+    for _, mlp in _sparse_layers(model):
+        assert mlp.experts.down_proj.dtype == torch.float32 and mlp.experts.down_proj_scale is None
+    assert _parity(fp8, deq, seed=6, keep_fp8=True) < 1e-4
 
 
 # -- tensor parallelism: two gloo ranks ------------------------------------------------------------
