@@ -165,7 +165,7 @@ def dequantize_slice(t: torch.Tensor, rows: torch.Tensor, col0: int, group: int)
 
 
 def keep_fp8_storage(model: nn.Module, cfg, plan: Fp8Tensors, sources, shard, tp_enabled: bool) -> None:
-    """On the meta model: e4m3 storage for the linears (and block-format experts) whose checkpoint
+    """On the meta model: e4m3 storage for the linears (and the stacked experts, every format) whose checkpoint
     weights are all quantized. sources(name) -> {checkpoint name: Part} (loader._sources)."""
     quant = plan.quant
 
