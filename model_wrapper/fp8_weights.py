@@ -7,7 +7,7 @@ loader.py calls these when config.json has a quantization_config (cfg.quant, qua
                                     layer with a kv_cache_scheme) of the format's shape -> Fp8Tensors
     keep_fp8_storage(model, ...)    on the meta model, before memory: give each linear whose weights all
                                     come quantized an Fp8Method (layers/fp8_linear.py), and the stacked
-                                    experts e4m3 tensors + scales (block format); everything else keeps
+                                    experts e4m3 tensors + scales (every format); everything else keeps
                                     the model dtype and is filled dequantized
     row_scales / dequantize_slice   a checkpoint scale -> a scale per row and K-group [N, KG]; a weight
                                     slice (TP) times its own columns' scales
@@ -15,6 +15,20 @@ loader.py calls these when config.json has a quantization_config (cfg.quant, qua
     block scale [ceil(N/128), ceil(K/128)] --repeat rows--> [N, KG]   row n: block row n // 128
     channel     [N, 1]                                     -> [N, 1]
     tensor      [] or [1]                                  -> [N, 1]  (the scalar on every row)
+
+Stacked MoE experts (layers/moe.Experts) keep e4m3 in every format, with one float32 scale per row and
+128-column group, gate_up_proj_scale [E, 2I, ceil(H/128)] / down_proj_scale [E, H, ceil(I/128)]: the
+layout the MoE kernels (kernels/moe.py, moe_gemv.py, moe_decode.py) read. A block scale fills it by
+repeating over its 128 rows; a compressed-tensors channel scale [N, 1] or tensor scale [1] by repeating
+over the K groups too (gate's and up's own scales on their own rows of the fused gate_up). The scale is
+materialized, not a stride-0 expand: the kernels index groups with unit stride and the decode path makes
+the scale contiguous each call. It costs 4 bytes per 128 e4m3 bytes (3.1%): Qwen3-30B-A3B's experts
+27.0 GiB e4m3 + 0.84 GiB scales, against 54.0 GiB in bf16. Under TP any column cut of a channel / tensor
+expert is exact (the scale is per row): a rank's local K gets ceil(K_local / 128) groups.
+Activations of e4m3 experts are quantized dynamically by the MoE kernels, per token and 128 columns,
+whatever the checkpoint's scheme: finer than compressed-tensors' dynamic per-token scheme, and a static
+per-tensor input_scale on experts (Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and not used. The
+dense linears (Fp8Method) keep the checkpoint's scheme, static input_scale included.
 
 On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations);
 on CUDA every quantized linear does except where a row-parallel TP shard starts inside a block.
@@ -151,7 +165,7 @@ def dequantize_slice(t: torch.Tensor, rows: torch.Tensor, col0: int, group: int)
 
 
 def keep_fp8_storage(model: nn.Module, cfg, plan: Fp8Tensors, sources, shard, tp_enabled: bool) -> None:
-    """On the meta model: e4m3 storage for the linears (and block-format experts) whose checkpoint
+    """On the meta model: e4m3 storage for the linears (and the stacked experts, every format) whose checkpoint
     weights are all quantized. sources(name) -> {checkpoint name: Part} (loader._sources)."""
     quant = plan.quant
 
@@ -180,14 +194,21 @@ def keep_fp8_storage(model: nn.Module, cfg, plan: Fp8Tensors, sources, shard, tp
                     method = Fp8Method(group_of(quant, module.in_features), quant.activation == "static")
                     module.method = method
                     method.create_weights(module, module.in_features, module.out_features)
-            elif name.endswith("mlp.experts") and quant.kind == "block":  # the MoE kernel reads block scales
+            elif name.endswith("mlp.experts"):  # every kind as a scale per (row, 128 columns): _expert_storage
                 srcs = list(sources(f"{name}.gate_up_proj")) + list(sources(f"{name}.down_proj"))
                 if all_quantized(srcs) and not cuts_block(srcs):
-                    for p in ("gate_up_proj", "down_proj"):
-                        e, n, k = getattr(module, p).shape
-                        setattr(module, p, nn.Parameter(torch.empty(e, n, k, dtype=E4M3), requires_grad=False))
-                        setattr(module, f"{p}_scale", nn.Parameter(
-                            torch.empty(e, n, math.ceil(k / BLOCK), dtype=torch.float32), requires_grad=False))
+                    _expert_storage(module)
+
+
+def _expert_storage(experts: nn.Module) -> None:
+    """Stacked experts [E, N, K] -> e4m3 + a float32 scale [E, N, ceil(K / 128)] per row and 128-column group,
+    the layout the MoE kernels read for every format: a block scale repeated over its 128 rows; a channel
+    or tensor scale repeated over the K groups too (materialized: the module docstring says why)."""
+    for p in ("gate_up_proj", "down_proj"):
+        e, n, k = getattr(experts, p).shape
+        setattr(experts, p, nn.Parameter(torch.empty(e, n, k, dtype=E4M3), requires_grad=False))
+        setattr(experts, f"{p}_scale", nn.Parameter(
+            torch.empty(e, n, math.ceil(k / BLOCK), dtype=torch.float32), requires_grad=False))
 
 
 def is_fp8_aux(param: str) -> bool:

@@ -256,8 +256,10 @@ def _fill_fp8(hf_name: str, file: str, t: torch.Tensor, dst: torch.Tensor, rng, 
     dst.copy_(t)
     scale = part.view(params[part.param + "_scale"].data).narrow(0, 0, rows.shape[0])
     first = col0 // group  # keep_fp8_storage kept e4m3 only where col0 is a multiple of group
+    # channel / tensor rows are [n, 1]: broadcast over the K groups (stacked experts keep [n, ceil(k / 128)])
     scale.copy_(rows[:, first : first + scale.shape[-1]])
-    if hf_name in fp8.input_scales:
+    # experts quantize activations per token and 128 columns whatever the checkpoint's scheme (fp8_weights.py)
+    if hf_name in fp8.input_scales and part.param.endswith(".weight"):
         inp = params[part.param[: -len("weight")] + "input_scale"].data
         inp.copy_(torch.maximum(inp, small[fp8.input_scales[hf_name]].reshape(())))
 

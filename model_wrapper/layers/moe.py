@@ -91,9 +91,10 @@ def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
 class Experts(nn.Module):
     """The stacked expert weights of one layer: gate_up_proj [E, 2I, H], down_proj [E, H, I].
 
-    From a block-FP8 checkpoint on CUDA (model_wrapper/fp8_weights.py) both are float8_e4m3fn and
-    gate_up_proj_scale [E, 2I, ceil(H/128)] / down_proj_scale [E, H, ceil(I/128)] hold a float32
-    scale per row and 128-column group; otherwise those are None (weights in the model dtype)."""
+    From an FP8 checkpoint on CUDA (model_wrapper/fp8_weights.py; block, per-channel or per-tensor scales)
+    both are float8_e4m3fn and gate_up_proj_scale [E, 2I, ceil(H/128)] / down_proj_scale [E, H, ceil(I/128)]
+    hold a float32 scale per row and 128-column group (a channel / tensor scale repeated over the groups);
+    otherwise those are None (weights in the model dtype)."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
