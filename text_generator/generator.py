@@ -92,17 +92,18 @@ class TextGenerator:
         return self.model_wrapper.kv_cache_spec
 
     def kv_cache_dtype(self, dtype=None) -> torch.dtype:
-        """The cache dtype a request names: None / "auto" -> the model's dtype; "fp8" or
-        torch.float8_e4m3fn -> an FP8 cache (K/V scaled per layer by kv_scales); the model's own
+        """The cache dtype a request names: None / "auto" -> the model's dtype; "fp8", "fp8_e4m3" (vLLM's
+        name) or torch.float8_e4m3fn -> an FP8 cache (K/V scaled per layer by kv_scales); the model's own
         dtype as itself. Anything else: ForwardArgumentError(INVALID_KV_CACHE_DTYPE) naming kv_cache_dtype."""
         if dtype is None or dtype == "auto":
             return self.dtype
-        if dtype == "fp8":
+        if dtype in ("fp8", "fp8_e4m3"):
             return torch.float8_e4m3fn
         if isinstance(dtype, torch.dtype) and dtype in self.model_wrapper.kv_cache_dtypes():
             return dtype
         raise ForwardArgumentError(ErrorCode.INVALID_KV_CACHE_DTYPE, "kv_cache_dtype",
-                                   f"expected None, 'auto', 'fp8', {self.dtype} or torch.float8_e4m3fn, got {dtype!r}")
+                                   f"expected None, 'auto', 'fp8' / 'fp8_e4m3', {self.dtype} or torch.float8_e4m3fn (e4m3 "
+                                   f"only: no e5m2 cache), got {dtype!r}")
 
     def kv_cache_spec_for(self, dtype=None) -> KVCacheSpec:
         """kv_cache_spec with the elements of a cache of `dtype` (see kv_cache_dtype): an FP8 cache

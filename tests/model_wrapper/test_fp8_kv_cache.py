@@ -225,11 +225,12 @@ def test_cache_dtype_is_checked_against_the_model(checkpoint_dir):
         gen.forward_tensor(*args, mixed, *rest)
     assert e.value.code == ErrorCode.INVALID_DTYPE and e.value.argument == "kv_cache[1].v_cache"
     assert all(not t.float().any() for pair in mixed for t in pair)  # nothing written
-    for bad in (torch.float16, "int8", torch.float8_e5m2):
+    for bad in (torch.float16, "int8", torch.float8_e5m2, "fp8_e5m2"):
         with pytest.raises(ForwardArgumentError) as e:
             gen.allocate_kv_cache(2, 4, dtype=bad)
         assert e.value.code == ErrorCode.INVALID_KV_CACHE_DTYPE and e.value.argument == "kv_cache_dtype"
     assert gen.allocate_kv_cache(2, 4, dtype="fp8")[0][0].dtype == FP8
+    assert gen.allocate_kv_cache(2, 4, dtype="fp8_e4m3")[0][0].dtype == FP8  # vLLM's name for it
     assert gen.allocate_kv_cache(2, 4, dtype=torch.float32)[0][0].dtype == torch.float32
 
 
@@ -305,9 +306,10 @@ def test_cli_generate_with_kv_cache_dtype_fp8(checkpoint_dir, monkeypatch, capsy
     assert code == 0, out.err
     (rec,) = [json.loads(line) for line in out.out.splitlines()]
     assert rec["token_ids"] == _fp8_greedy(fp8_reference(ckpt, [1.0, 1.0], [1.0, 1.0]), [5, 17, 33, 2], 6)
-    with pytest.raises(SystemExit) as e:  # argparse refuses it in one line
-        main(["generate", "x", "--device", "cpu", "--kv-cache-dtype", "int8"])
-    assert e.value.code == 2 and "--kv-cache-dtype" in capsys.readouterr().err
+    for bad in ("int8", "fp8_e5m2"):  # argparse refuses them in one line (e4m3 caches only)
+        with pytest.raises(SystemExit) as e:
+            main(["generate", "x", "--device", "cpu", "--kv-cache-dtype", bad])
+        assert e.value.code == 2 and "--kv-cache-dtype" in capsys.readouterr().err
 
 
 # -- tensor parallelism: two gloo ranks, each with its own kv heads' e4m3 cache --------------------------------

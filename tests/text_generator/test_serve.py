@@ -543,8 +543,9 @@ def test_serve_flags_are_refused_clearly(ckpt, capsys, flags, message):
     assert message in capsys.readouterr().err
 
 
-def test_serve_kv_cache_dtype_fp8_runs_on_an_e4m3_cache(ckpt, one_thread):
-    """`serve --kv-cache-dtype fp8` builds its engine (what the engine process runs) over an e4m3 cache
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
+def test_serve_kv_cache_dtype_fp8_runs_on_an_e4m3_cache(ckpt, one_thread, name):
+    """`serve --kv-cache-dtype fp8` (or vLLM's name, fp8_e4m3) builds its engine (what the engine process runs) over an e4m3 cache
     (the FP8 cache's numbers are checked in tests/model_wrapper/test_fp8_kv_cache.py)."""
     import torch
 
@@ -552,7 +553,7 @@ def test_serve_kv_cache_dtype_fp8_runs_on_an_e4m3_cache(ckpt, one_thread):
     from text_generator.serve.engine_worker import build_engine
 
     args = build_parser().parse_args(["serve", ckpt[0], "--device", "cpu", "--max-model-len", "64",
-                                      "--max-num-seqs", "2", "--kv-cache-dtype", "fp8"])
+                                      "--max-num-seqs", "2", "--kv-cache-dtype", name])
     engine, _ = build_engine(args)
     assert all(t.dtype == torch.float8_e4m3fn for pair in engine.kv_cache for t in pair)
 

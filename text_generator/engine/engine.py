@@ -91,7 +91,7 @@ class LLMEngine:
                  or structured output; steps in which no request drafts (sampled requests,
                  requests whose drafting stopped, steps with prefill chunks) run ahead with a
                  drafter set.
-    kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / torch.float8_e4m3fn: an e4m3 cache
+    kv_cache_dtype: "auto" / None (the model's dtype) or "fp8" / "fp8_e4m3" / torch.float8_e4m3fn: an e4m3 cache
                  with the generator's per-layer kv_scales, one byte per element (twice the blocks
                  of a 16-bit cache in the same memory when the engine sizes it)
     """
