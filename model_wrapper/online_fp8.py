@@ -6,7 +6,8 @@ block-FP8 checkpoint path unchanged (fp8_weights.plan_fp8 / keep_fp8_storage, TP
 slicing, the FP8 MoE experts, Fp8Method with cuBLASLt / DeepGEMM on CUDA, the dequantization on the CPU):
 
     with_quantization(cfg, "fp8")  cfg.quant = ONLINE_FP8 (block 128 x 128, dynamic activations per token
-                                   and 128 columns); refused for a checkpoint that is already quantized
+                                   and 128 columns); an "fp8" checkpoint as it is; refused for another
+                                   quant_method (compressed-tensors)
     OnlineFp8(tensors, quant)      the headers as the loader sees them: every quantized linear's
                                    `<linear>.weight` is F8_E4M3 and `<linear>.weight_scale_inv` F32
                                    [ceil(N/128), ceil(K/128)] exists, in the weight's file
@@ -55,18 +56,23 @@ ONLINE_FP8 = Fp8Config("fp8", "block", BLOCK, "dynamic", ignore=("lm_head", "gat
 def with_quantization(cfg, quantization: str | None):
     """cfg (a ModelConfig) with online quantization `quantization` applied (None: cfg unchanged).
 
+    As vLLM's `quantization` argument: "fp8" on a checkpoint that is already an FP8 one of quant_method
+    "fp8" (a fine-grained block checkpoint) names what it is, and it loads as it is (nothing re-quantized).
     Raises UNSUPPORTED_QUANTIZATION for a value other than None / "fp8", or for "fp8" on a checkpoint
-    whose config.json already has a quantization_config."""
+    of another quant_method (compressed-tensors: the method named would not be the one served)."""
     if quantization is None:
         return cfg
     if not isinstance(quantization, str) or quantization not in QUANTIZATIONS:
         raise ModelLoadError(ModelErrorCode.UNSUPPORTED_QUANTIZATION,
                              f"quantization: expected None or one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    if cfg.quant is not None and cfg.quant.method == quantization:
+        return cfg  # already what was asked for: the checkpoint's own scales, as vLLM serves it
     if cfg.quant is not None:
         raise ModelLoadError(ModelErrorCode.UNSUPPORTED_QUANTIZATION,
-                             f"quantization: expected a float (bf16 / fp16 / fp32) checkpoint for {quantization!r}, "
-                             f"got one already quantized (config.json quantization_config: {cfg.quant.method} "
-                             f"{cfg.quant.kind}); load it without quantization=")
+                             f"quantization: expected a float (bf16 / fp16 / fp32) checkpoint or one of "
+                             f"quant_method {quantization!r} for {quantization!r}, got one already quantized "
+                             f"(config.json quantization_config: {cfg.quant.method} {cfg.quant.kind}); load it "
+                             f"without quantization=")
     return dataclasses.replace(cfg, quant=ONLINE_FP8)
 
 

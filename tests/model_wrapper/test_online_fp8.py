@@ -196,13 +196,21 @@ def test_unknown_quantization_is_refused(checkpoint_dir, value):
     assert "quantization" in str(e.value) and "'fp8'" in str(e.value) and repr(value) in str(e.value)
 
 
-def test_an_already_quantized_checkpoint_is_refused(checkpoint_dir, tmp_path):
-    fp8, _, _ = write_fp8(checkpoint_dir("llama"), tmp_path, "block")
+def test_an_fp8_checkpoint_loads_as_it_is_and_another_method_is_refused(checkpoint_dir, tmp_path):
+    """As vLLM's --quantization: "fp8" on a quant_method "fp8" checkpoint serves it as it is (the same scales, the
+    same logits as without the argument); on a compressed-tensors checkpoint it names another method: refused."""
+    block, _, _ = write_fp8(checkpoint_dir("llama"), tmp_path / "block", "block")
+    asked = TextGenerator.from_pretrained(block, device="cpu", quantization="fp8")
+    plain = TextGenerator.from_pretrained(block, device="cpu")
+    assert asked.config.quant == plain.config.quant and asked.config.quant.online is False
+    full, steps = _script(2)
+    got, want = (torch.stack([o for *_, o in run_scenario(g, full, steps, block_size=4)]) for g in (asked, plain))
+    assert torch.equal(got, want)
+    ct, _, _ = write_fp8(checkpoint_dir("llama"), tmp_path / "ct", "channel_dynamic")
     with pytest.raises(ModelLoadError) as e:
-        TextGenerator.from_pretrained(fp8, device="cpu", quantization="fp8")
+        TextGenerator.from_pretrained(ct, device="cpu", quantization="fp8")
     assert e.value.code == ModelErrorCode.UNSUPPORTED_QUANTIZATION
-    assert "quantization" in str(e.value) and "already quantized" in str(e.value)
-    assert TextGenerator.from_pretrained(fp8, device="cpu").config.quant.online is False  # without it: loads
+    assert "quantization" in str(e.value) and "already quantized" in str(e.value) and "compressed-tensors" in str(e.value)
 
 
 def test_a_float_checkpoint_with_scale_tensors_is_refused(checkpoint_dir, tmp_path):

@@ -38,7 +38,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default=None, choices=("fp8",),
                    help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
                    "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
-                   "lm_head, embeddings, routers)")
+                   "lm_head, embeddings, routers); an fp8 checkpoint loads as it is")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"),
                    help="auto: the model's dtype; fp8 (= fp8_e4m3): an e4m3 KV cache (half the bytes per token)")
     p.add_argument("--speculative", default=None, choices=("ngram",),
