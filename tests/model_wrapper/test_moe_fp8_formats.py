@@ -117,29 +117,22 @@ def test_several_k_groups_repeat_the_row_scale(checkpoint_dir, tmp_path, fmt):
     assert _parity(fp8, deq, seed=21, keep_fp8=True) < 1e-4
 
 
-def test_ignored_experts_stay_in_the_model_dtype(checkpoint_dir, tmp_path):
-    """Experts in `ignore` are float in the checkpoint: kept in the model dtype, no scales."""
-    fp8, deq, _ = write_fp8(checkpoint_dir("qwen3_moe"), tmp_path, "channel_dynamic",
-                            ignore=("lm_head", "re:.*mlp\\.experts\\..*"))
+@pytest.mark.parametrize("family,fmt,experts,seed", [
+    # every expert in `ignore`: float in the checkpoint, kept in the model dtype, no scales
+    ("qwen3_moe", "channel_dynamic", "re:.*mlp\\.experts\\..*", 4),
+    # one expert of each layer left float: the stacked experts cannot be one e4m3 tensor, so all of them are
+    # dequantized into the model dtype (exact)
+    ("mixtral", "tensor_static", "re:.*experts\\.3\\..*", 6)])
+def test_ignored_experts_stay_in_the_model_dtype(checkpoint_dir, tmp_path, family, fmt, experts, seed):
+    fp8, deq, _ = write_fp8(checkpoint_dir(family), tmp_path, fmt, ignore=("lm_head", experts))
     from test_fp8_checkpoint import _parity
 
     model = load_model(fp8, ModelConfig.from_pretrained(fp8), dtype=torch.float32, device=CPU, keep_fp8=True)
     for _, mlp in _sparse_layers(model):
-        assert mlp.experts.gate_up_proj.dtype == torch.float32 and mlp.experts.gate_up_proj_scale is None
-    assert _parity(fp8, deq, seed=4, keep_fp8=True) < 1e-4
-
-
-def test_partly_quantized_experts_stay_in_the_model_dtype(checkpoint_dir, tmp_path):
-    """One expert of each layer left float by `ignore`: that layer's stacked experts cannot be one e4m3
-    tensor, so all of them are dequantized into the model dtype (exact) and the logits still match."""
-    fp8, deq, _ = write_fp8(checkpoint_dir("mixtral"), tmp_path, "tensor_static",
-                            ignore=("lm_head", "re:.*experts\\.3\\..*"))
-    from test_fp8_checkpoint import _parity
-
-    model = load_model(fp8, ModelConfig.from_pretrained(fp8), dtype=torch.float32, device=CPU, keep_fp8=True)
-    for _, mlp in _sparse_layers(model):
-        assert mlp.experts.down_proj.dtype == torch.float32 and mlp.experts.down_proj_scale is None
-    assert _parity(fp8, deq, seed=6, keep_fp8=True) < 1e-4
+        ex = mlp.experts
+        assert ex.gate_up_proj.dtype == ex.down_proj.dtype == torch.float32
+        assert ex.gate_up_proj_scale is None and ex.down_proj_scale is None
+    assert _parity(fp8, deq, seed=seed, keep_fp8=True) < 1e-4
 
 
 # -- tensor parallelism: two gloo ranks ------------------------------------------------------------
@@ -214,11 +207,8 @@ def test_cuda_expert_kernels_on_expanded_scales(tmp_path, fmt):
     """The fused FP8 MoE kernels (default, decode GEMVs, sorted grouped GEMMs) on e4m3 experts with expanded
     channel / tensor scales (H 256, I 384: several K-groups) against the reference experts on the dequantized
     weights, within twice the bf16 reference's own error against float64."""
-    pytest.importorskip("triton")
-    pytest.importorskip("flashinfer")
     from conftest import make_checkpoint
-    from model_wrapper.kernels.config import KernelConfig
-    from model_wrapper.layers.kernels import FlashInferKernels
+    from test_moe_fp8_shards import cuda_moe_cases
 
     H, E, inter = 256, 16, 384
     src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=inter, hidden_size=H,
@@ -229,21 +219,12 @@ def test_cuda_expert_kernels_on_expanded_scales(tmp_path, fmt):
     layer = _sparse_layers(load_model(fp8, ModelConfig.from_pretrained(fp8), dtype=torch.bfloat16,
                                       device=torch.device("cuda")))[0][1]
     assert layer.experts.gate_up_proj.dtype == E4M3 and layer.experts.gate_up_proj_scale.shape == (E, 2 * inter, 2)
-    paths = {"default": KernelConfig(),
-             "decode": KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20,
-                                    moe_decode_pairs_per_expert=1 << 20),
-             "sorted": KernelConfig(moe_decode_pairs=0)}
-    for name, kcfg in paths.items():
-        kernels = FlashInferKernels(torch.ones(16, device="cuda"), torch.bfloat16, 64, kcfg)
-        for T in (1, 3, 16, 257):
-            if name == "decode" and T > 16:
-                continue
-            x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
-            w, ids = kernels.moe_router(x.cuda(), layer.gate.weight, layer.spec)
-            w, ids = w.cpu(), ids.cpu()
-            got = layer(x.cuda(), None, kernels)[0].cpu().double()
-            exact = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(), fe.down_proj.double())
-            ref = experts_reference(x, w, ids, fe.gate_up_proj.bfloat16(), fe.down_proj.bfloat16())
-            ref_err = float((ref.double() - exact).abs().max())
-            err = float((got - exact).abs().max())
-            assert err <= 2 * ref_err + 1e-3, (name, T, err, ref_err)
+    for name, kernels, T, x in cuda_moe_cases(H):
+        w, ids = kernels.moe_router(x.cuda(), layer.gate.weight, layer.spec)
+        w, ids = w.cpu(), ids.cpu()
+        got = layer(x.cuda(), None, kernels)[0].cpu().double()
+        exact = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(), fe.down_proj.double())
+        ref = experts_reference(x, w, ids, fe.gate_up_proj.bfloat16(), fe.down_proj.bfloat16())
+        ref_err = float((ref.double() - exact).abs().max())
+        err = float((got - exact).abs().max())
+        assert err <= 2 * ref_err + 1e-3, (name, T, err, ref_err)

@@ -194,6 +194,25 @@ def test_tp_logits_match_transformers_on_dequantized_weights(tp_runs, job):
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def cuda_moe_cases(H: int):
+    """(path name, FlashInferKernels, T, bf16 x [T, H] on the CPU) for the CUDA expert tests: the default dispatch, the
+    decode path (its GEMVs, to 16 tokens) and the sorted grouped GEMMs, at 1, 3, 16 and 257 tokens."""
+    pytest.importorskip("triton")
+    pytest.importorskip("flashinfer")
+    from model_wrapper.kernels.config import KernelConfig
+    from model_wrapper.layers.kernels import FlashInferKernels
+
+    paths = {"default": KernelConfig(),
+             "decode": KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20,
+                                    moe_decode_pairs_per_expert=1 << 20),
+             "sorted": KernelConfig(moe_decode_pairs=0)}
+    for name, kcfg in paths.items():
+        kernels = FlashInferKernels(torch.ones(16, device="cuda"), torch.bfloat16, 64, kcfg)
+        for T in (1, 3, 16, 257):
+            if name != "decode" or T <= 16:
+                yield name, kernels, T, torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
+
+
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("inter,world", [(384, 2), (768, 4), (768, 8)])
@@ -203,11 +222,6 @@ def test_cuda_rank_slices_run_the_fp8_moe_kernels(tmp_path, inter, world):
     grouped GEMMs), or adds zeros where it holds no block (768 over 8 ranks), and matches the reference
     experts on its dequantized slice of the checkpoint within twice the bf16 reference's own error against
     float64; the ranks' partials add up to the unsharded layer."""
-    pytest.importorskip("triton")
-    pytest.importorskip("flashinfer")
-    from model_wrapper.kernels.config import KernelConfig
-    from model_wrapper.layers.kernels import FlashInferKernels
-
     H, E = 256, 16
     src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=inter, hidden_size=H,
                           num_experts=E, num_experts_per_tok=4, num_attention_heads=8)
@@ -220,36 +234,27 @@ def test_cuda_rank_slices_run_the_fp8_moe_kernels(tmp_path, inter, world):
     for layer in ranks:
         assert layer.experts.gate_up_proj.dtype == E4M3 and layer.experts.down_proj.dtype == E4M3
         layer.tp = None  # the rank's partial sum, no collective
-    paths = {"default": KernelConfig(),
-             "decode": KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20,
-                                    moe_decode_pairs_per_expert=1 << 20),
-             "sorted": KernelConfig(moe_decode_pairs=0)}
-    for name, kcfg in paths.items():
-        kernels = FlashInferKernels(torch.ones(16, device="cuda"), torch.bfloat16, 64, kcfg)
-        for T in (1, 3, 16, 257):
-            if name == "decode" and T > 16:
-                continue
-            x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
-            w, ids = kernels.moe_router(x.cuda(), ranks[0].gate.weight, ranks[0].spec)  # the router is replicated
-            w, ids = w.cpu(), ids.cpu()
-            total, bound = torch.zeros(T, H, dtype=torch.float64), 0.0
-            for r, layer in enumerate(ranks):
-                got = layer(x.cuda(), None, kernels)[0].cpu().double()
-                a, n = block_split(inter, world, r)
-                gu = torch.cat([fe.gate_up_proj[:, a:a + n], fe.gate_up_proj[:, inter + a:inter + a + n]], dim=1)
-                dn = fe.down_proj[:, :, a:a + n]
-                exact = experts_reference(x.double(), w.double(), ids, gu.double(), dn.double())
-                ref = experts_reference(x, w, ids, gu.bfloat16(), dn.bfloat16())
-                ref_err = float((ref.double() - exact).abs().max())
-                err = float((got - exact).abs().max())
-                assert err <= 2 * ref_err + 1e-3, (name, T, r, err, ref_err)
-                if n == 0:
-                    assert torch.equal(got, torch.zeros_like(got))
-                total += got
-                bound += 2 * ref_err + 1e-3
-            exact_full = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(),
-                                           fe.down_proj.double())
-            assert float((total - exact_full).abs().max()) <= bound, (name, T)
+    for name, kernels, T, x in cuda_moe_cases(H):
+        w, ids = kernels.moe_router(x.cuda(), ranks[0].gate.weight, ranks[0].spec)  # the router is replicated
+        w, ids = w.cpu(), ids.cpu()
+        total, bound = torch.zeros(T, H, dtype=torch.float64), 0.0
+        for r, layer in enumerate(ranks):
+            got = layer(x.cuda(), None, kernels)[0].cpu().double()
+            a, n = block_split(inter, world, r)
+            gu = torch.cat([fe.gate_up_proj[:, a:a + n], fe.gate_up_proj[:, inter + a:inter + a + n]], dim=1)
+            dn = fe.down_proj[:, :, a:a + n]
+            exact = experts_reference(x.double(), w.double(), ids, gu.double(), dn.double())
+            ref = experts_reference(x, w, ids, gu.bfloat16(), dn.bfloat16())
+            ref_err = float((ref.double() - exact).abs().max())
+            err = float((got - exact).abs().max())
+            assert err <= 2 * ref_err + 1e-3, (name, T, r, err, ref_err)
+            if n == 0:
+                assert torch.equal(got, torch.zeros_like(got))
+            total += got
+            bound += 2 * ref_err + 1e-3
+        exact_full = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(),
+                                       fe.down_proj.double())
+        assert float((total - exact_full).abs().max()) <= bound, (name, T)
 
 
 def _nccl_worker(rank, store, path, out_dir):
