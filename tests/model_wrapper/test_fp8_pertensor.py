@@ -321,8 +321,10 @@ def test_cuda_mixtral_experts_stay_e4m3(checkpoint_dir, tmp_path, fmt):
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_fp8_kv_cache_with_checkpoint_scales(checkpoint_dir, tmp_path):
-    """The checkpoint's k_scale / v_scale reach the CUDA KV store (kv_scales on the device)."""
-    fp8, _, extra = write_fp8(checkpoint_dir("llama"), tmp_path, "autofp8_static", kv="kv_scale")
+    """The checkpoint's one kv_scale per layer reaches the CUDA KV store as its K and V scales (head_dim 64:
+    FlashInfer's prebuilt kernels)."""
+    src = checkpoint_dir("llama", hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2)
+    fp8, _, extra = write_fp8(src, tmp_path, "autofp8_static", kv="kv_scale")
     from text_generator import TextGenerator
 
     gen = TextGenerator.from_pretrained(fp8, device="cuda", dtype=torch.bfloat16)
