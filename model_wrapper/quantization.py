@@ -23,6 +23,8 @@ e4m3 as plain floats would silently give garbage):
             self_attn.kv_scale                      AutoFP8 before: one scale for both K and V (vLLM
                                                     remaps it to k_scale and copies it to v_scale)
             self_attn.k_proj.output_scale / v_proj.output_scale   (vLLM's Fp8Config.get_cache_scale)
+        Not served: AutoFP8's names before 2024-06-07, `<linear>.act_scale` (now input_scale; refused
+        as the missing input_scale), and vLLM's q_proj.output_scale / prob_output_scale (unexpected).
     "quant_method": "compressed-tensors"  (llm-compressor's "FP8-dynamic" / "FP8")
         one config_groups scheme on "Linear": weights num_bits 8, type float, symmetric,
         strategy "channel" or "tensor"; input_activations absent, dynamic "token" or static

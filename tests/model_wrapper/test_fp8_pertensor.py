@@ -241,6 +241,8 @@ BAD_TENSORS = [  # (format, kv layout, edit, code, text the message must hold)
     ("autofp8_static", False, _put(f"{Q}.weight_scale", torch.tensor(float("nan"))), ModelErrorCode.NONFINITE_WEIGHT,
      f"{Q}.weight_scale"),
     ("autofp8_static", False, _drop(f"{Q}.input_scale"), ModelErrorCode.MISSING_TENSOR, f"{Q}.input_scale"),
+    ("autofp8_static", False, _rename(f"{Q}.input_scale", f"{Q}.act_scale"), ModelErrorCode.MISSING_TENSOR,
+     f"{Q}.input_scale"),  # AutoFP8's name before 2024-06
     ("autofp8_dynamic", False, _put(f"{Q}.input_scale", torch.ones(())), ModelErrorCode.UNEXPECTED_TENSOR,
      f"{Q}.input_scale"),  # dynamic activations: no input_scale
     ("autofp8_static", False, _put("lm_head.weight_scale", torch.ones(())), ModelErrorCode.UNEXPECTED_TENSOR,
