@@ -4,7 +4,8 @@ loader.py calls these when config.json has a quantization_config (cfg.quant, qua
 
     plan_fp8(cfg, tensors, shapes)  the headers' check: every linear weight not in `ignore` must be e4m3
                                     with its scale (and input_scale when static; k_scale / v_scale per
-                                    layer with a kv_cache_scheme) of the format's shape -> Fp8Tensors
+                                    layer with a kv_cache_scheme, kv_scale_names) of the format's
+                                    shape -> Fp8Tensors
     keep_fp8_storage(model, ...)    on the meta model, before memory: give each linear whose weights all
                                     come quantized an Fp8Method (layers/fp8_linear.py), and the stacked
                                     experts e4m3 tensors + scales (every format); everything else keeps
@@ -73,7 +74,7 @@ class Fp8Tensors:
 
     scales:       quantized weight -> its scale tensor
     input_scales: quantized weight -> its input_scale tensor (static activations only)
-    kv_scales:    per layer (k_scale name, v_scale name), or () without a kv_cache_scheme
+    kv_scales:    per layer (k_scale name, v_scale name) (the same name twice for one kv_scale), or ()
     """
 
     quant: Fp8Config
@@ -120,12 +121,30 @@ def plan_fp8(quant: Fp8Config, num_layers: int, tensors: dict[str, TensorInfo],
         if quant.activation == "static":
             plan.input_scales[name] = need(f"{module}.input_scale", SCALAR_SHAPES,
                                            f"static input_scale of {name}")
-    if quant.kv_scales:
-        plan.kv_scales = tuple(
-            tuple(need(f"model.layers.{i}.self_attn.{kv}_scale", SCALAR_SHAPES, "kv_cache_scheme")
-                  for kv in ("k", "v"))
-            for i in range(num_layers))
+    layout = kv_scale_names(quant, tensors)
+    if layout is not None:
+        why = f"{quant.method} K / V cache scales, every layer"
+        plan.kv_scales = tuple(tuple(need(f"model.layers.{i}.self_attn.{kv}", SCALAR_SHAPES, why) for kv in layout)
+                               for i in range(num_layers))
     return plan
+
+
+# the K / V scale names after model.layers.<i>.self_attn. a quant_method "fp8" checkpoint may have,
+# in the order tried (quantization.py's docstring: AutoFP8's versions, vLLM's name remapping)
+FP8_KV_LAYOUTS = (("k_scale", "v_scale"), ("kv_scale", "kv_scale"), ("k_proj.output_scale", "v_proj.output_scale"))
+
+
+def kv_scale_names(quant: Fp8Config, tensors: dict[str, TensorInfo]) -> tuple[str, str] | None:
+    """The (K, V) scale names after `self_attn.` the checkpoint has per layer, or None (no KV scales).
+    compressed-tensors: k_scale / v_scale iff its kv_cache_scheme; "fp8": the first FP8_KV_LAYOUTS entry
+    any tensor of which is present, k_scale / v_scale when none is and kv_cache_scheme requires them."""
+    if quant.online or quant.method != "fp8":
+        return FP8_KV_LAYOUTS[0] if quant.kv_scales else None
+    for layout in FP8_KV_LAYOUTS:
+        if any(n.startswith("model.layers.") and n.endswith(tuple(f".self_attn.{kv}" for kv in layout))
+               for n in tensors):
+            return layout
+    return FP8_KV_LAYOUTS[0] if quant.kv_scales else None
 
 
 def check_dtypes(plan: Fp8Tensors | None, tensors: dict[str, TensorInfo], shapes) -> None:

@@ -1,12 +1,30 @@
 """A checkpoint's `quantization_config` (config.json), parsed into an Fp8Config or refused.
 
-Two FP8 weight formats are served; every other method or variant is refused with
+Three FP8 weight formats are served; every other method or variant is refused with
 UNSUPPORTED_QUANTIZATION naming the field and its value (loading int4 packs or scale-less
 e4m3 as plain floats would silently give garbage):
 
-    "quant_method": "fp8"  (transformers' fine-grained FP8: Qwen3-*-FP8, DeepSeek)
-        weight_block_size [128, 128], activation_scheme "dynamic", modules_to_not_convert
+    "quant_method": "fp8" with weight_block_size  (transformers' fine-grained FP8: Qwen3-*-FP8, DeepSeek)
+        weight_block_size [128, 128], activation_scheme "dynamic", fmt "e4m3" (optional)
         tensors: <linear>.weight e4m3 [N, K], <linear>.weight_scale_inv float [ceil(N/128), ceil(K/128)]
+    "quant_method": "fp8" without weight_block_size  (AutoFP8 / Neural Magic's 2024 "-FP8" checkpoints:
+        Meta-Llama-3-8B-Instruct-FP8, Mixtral-8x7B-Instruct-v0.1-FP8; vLLM's Fp8Config, per tensor)
+        activation_scheme "static" or "dynamic" (required, as vLLM's Fp8Config.from_config has it)
+        kv_cache_scheme "static" (AutoFP8 with kv_cache_quant_targets; optional)
+        tensors: <linear>.weight e4m3 [N, K], <linear>.weight_scale float32 [] or [1] (AutoFP8 saves
+        0-d tensors: the reciprocal of 448 / amax, so W = weight * weight_scale, NOT weight_scale_inv);
+        static: <linear>.input_scale [] or [1] (the calibrated max |x| / 448). Mixtral's experts are
+        per-expert linears, block_sparse_moe.experts.<e>.w1 / w2 / w3, each with its own weight_scale
+        (and input_scale when static); AutoFP8's Mixtral example ignores "re:.*gate" (the routers).
+        KV scales of either "fp8" variant, per layer (the first layout below with any tensor present
+        is taken and every layer must have it; vLLM loads them by name whatever the config says, and
+        so do we; kv_cache_scheme "static" makes them required):
+            self_attn.k_scale / self_attn.v_scale   AutoFP8 >= 2024-07 (k_proj's / v_proj's output max / 448)
+            self_attn.kv_scale                      AutoFP8 before: one scale for both K and V (vLLM
+                                                    remaps it to k_scale and copies it to v_scale)
+            self_attn.k_proj.output_scale / v_proj.output_scale   (vLLM's Fp8Config.get_cache_scale)
+        Not served: AutoFP8's names before 2024-06-07, `<linear>.act_scale` (now input_scale; refused
+        as the missing input_scale), and vLLM's q_proj.output_scale / prob_output_scale (unexpected).
     "quant_method": "compressed-tensors"  (llm-compressor's "FP8-dynamic" / "FP8")
         one config_groups scheme on "Linear": weights num_bits 8, type float, symmetric,
         strategy "channel" or "tensor"; input_activations absent, dynamic "token" or static
@@ -15,8 +33,19 @@ e4m3 as plain floats would silently give garbage):
         (tensor); static activations: <linear>.input_scale [1] / []; kv_cache_scheme:
         self_attn.k_scale / self_attn.v_scale [1] / [] per layer
 
+"fp8"'s ignore list: "ignored_layers" (AutoFP8 writes the full module names it skipped, e.g.
+["lm_head"] or Mixtral's "model.layers.<i>.block_sparse_moe.gate"; vLLM reads this key), else
+"modules_to_not_convert" (transformers' name), as vLLM's newer Fp8Config.from_config falls back.
+Sources read: vllm-project/vllm vllm/model_executor/layers/quantization/fp8.py (Fp8Config.from_config,
+get_cache_scale, Fp8LinearMethod.create_weights: a per-tensor "weight_scale" per fused part and
+"input_scale" when static), quantization/kv_cache.py (BaseKVCacheMethod: a lone kv_scale serves K and V),
+model_loader/weight_utils.py (maybe_remap_kv_scale_name); neuralmagic/AutoFP8 auto_fp8/quantize.py
+(per_tensor_quantize, quantize_activations, save_quantized_model) and auto_fp8/modeling.py.
+
 In every format W = weight.float() * scale of its (row, K-group). The loader (loader.py,
-fp8_weights.py) uses the Fp8Config to know which tensors to expect and how to expand the scales.
+fp8_weights.py) uses the Fp8Config to know which tensors to expect and how to expand the scales:
+a fused qkv / gate_up whose parts carry different per-tensor scales gets each part's scale on its
+own rows (exact; vLLM instead requantizes the parts to their max scale).
 """
 
 from __future__ import annotations
@@ -35,13 +64,14 @@ SCALAR_SHAPES = ((), (1,))  # how per-tensor scales are saved
 class Fp8Config:
     """An FP8 weight checkpoint.
 
-    method:     "fp8" or "compressed-tensors" (which names the scale tensors)
+    method:     "fp8" or "compressed-tensors" (config.json's quant_method)
     kind:       "block" (a scale per 128 x 128 block), "channel" (per output row), "tensor" (one)
     group:      K-columns per scale: 128 for block, 0 for channel / tensor (the whole row)
     activation: "dynamic" (per token at run time), "static" (<linear>.input_scale) or "none"
                 (weight-only: the checkpoint quantizes no activations)
     ignore:     module names or "re:<regex>" patterns whose linears are stored as plain floats
-    kv_scales:  the checkpoint has self_attn.k_scale / v_scale per layer (kv_cache_scheme)
+    kv_scales:  the checkpoint must have K / V scales per layer (kv_cache_scheme); an "fp8"
+                checkpoint's are also read where present without it (fp8_weights.kv_scale_names)
     online:     a float checkpoint quantized while it loads (quantization="fp8", online_fp8.py)
     """
 
@@ -55,8 +85,9 @@ class Fp8Config:
 
     @property
     def scale_suffix(self) -> str:
-        """The scale tensor's name after `<linear>.`."""
-        return "weight_scale_inv" if self.method == "fp8" else "weight_scale"
+        """The scale tensor's name after `<linear>.`: transformers' block FP8 names it by its use
+        (the inverse of the quantizer's 448 / amax), AutoFP8 and compressed-tensors by its meaning."""
+        return "weight_scale_inv" if self.kind == "block" else "weight_scale"
 
     def ignores(self, module: str) -> bool:
         """Whether linear `module` (e.g. "model.layers.0.mlp.gate") is left unquantized."""
@@ -88,7 +119,7 @@ def parse_quantization(raw: dict) -> Fp8Config | None:
         _refuse("", q, "an object")
     method = q.get("quant_method")
     if method == "fp8":
-        return _parse_fine_grained(q)
+        return _parse_fp8(q)
     if method == "compressed-tensors":
         return _parse_compressed_tensors(q)
     _refuse("quant_method", method, "'fp8' or 'compressed-tensors' (FP8 weights)")
@@ -113,17 +144,28 @@ def _names(q: dict, field: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parse_fine_grained(q: dict) -> Fp8Config:
+def _parse_fp8(q: dict) -> Fp8Config:
+    """quant_method "fp8": block-wise with weight_block_size, else per tensor (AutoFP8)."""
     fmt = q.get("fmt", "e4m3")
     if fmt != "e4m3":
         _refuse("fmt", fmt, "'e4m3'")
+    # vLLM's Fp8Config: ignored_layers, or transformers' modules_to_not_convert where that is empty
+    ignore = _names(q, "ignored_layers") or _names(q, "modules_to_not_convert")
+    kv = q.get("kv_cache_scheme")
+    if kv not in (None, "static"):
+        _refuse("kv_cache_scheme", kv, "'static' or absent")
     block = q.get("weight_block_size")
-    if block != [BLOCK, BLOCK]:
-        _refuse("weight_block_size", block, f"[{BLOCK}, {BLOCK}]")
-    scheme = q.get("activation_scheme", "dynamic")
-    if scheme != "dynamic":
-        _refuse("activation_scheme", scheme, "'dynamic'")
-    return Fp8Config("fp8", "block", BLOCK, "dynamic", _names(q, "modules_to_not_convert"))
+    if block is not None:
+        if block != [BLOCK, BLOCK]:
+            _refuse("weight_block_size", block, f"[{BLOCK}, {BLOCK}] or absent (per tensor)")
+        scheme = q.get("activation_scheme", "dynamic")
+        if scheme != "dynamic":
+            _refuse("activation_scheme", scheme, "'dynamic' (with weight_block_size)")
+        return Fp8Config("fp8", "block", BLOCK, "dynamic", ignore, kv_scales=kv == "static")
+    scheme = q.get("activation_scheme")
+    if scheme not in ("static", "dynamic"):
+        _refuse("activation_scheme", scheme, "'static' or 'dynamic' (per-tensor FP8)")
+    return Fp8Config("fp8", "tensor", 0, scheme, ignore, kv_scales=kv == "static")
 
 
 def _check_fp8_args(args, field: str) -> None:

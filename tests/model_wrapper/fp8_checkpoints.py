@@ -4,6 +4,11 @@ quantizer, independent of the library's loader.
 write_fp8(src, out, fmt) takes a float checkpoint saved by transformers and writes two folders: the
 FP8 one (every linear weight not ignored as e4m3 with the format's scales and quantization_config)
 and the dequantized one (fp8 * scale as floats, no quantization_config), the oracle's.
+
+Formats: "block" (transformers' fine-grained FP8), "channel_dynamic" / "tensor_static" /
+"channel_weight_only" (compressed-tensors), "autofp8_static" / "autofp8_dynamic" (AutoFP8: quant_method
+"fp8" without weight_block_size, 0-d per-tensor weight_scale / input_scale, "ignored_layers",
+kv_cache_scheme "static" and the K / V scale names of KV_LAYOUTS).
 """
 
 from __future__ import annotations
@@ -54,13 +59,23 @@ FORMATS = {  # test format name -> the scale kind it writes
     "channel_dynamic": "channel",
     "tensor_static": "tensor",
     "channel_weight_only": "channel",
+    "autofp8_static": "tensor",
+    "autofp8_dynamic": "tensor",
 }
+# AutoFP8's K / V scale tensors per layer, after model.layers.<i>.self_attn.: (K name, V name)
+KV_LAYOUTS = {"k_scale": ("k_scale", "v_scale"), "kv_scale": ("kv_scale", "kv_scale"),
+              "output_scale": ("k_proj.output_scale", "v_proj.output_scale")}
 
 
 def quant_config(fmt: str, ignore=("lm_head",), kv: bool = False) -> dict:
     if fmt == "block":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": [128, 128], "modules_to_not_convert": list(ignore)}
+    if fmt.startswith("autofp8"):  # AutoFP8's save_quantized_model
+        q = {"quant_method": "fp8", "activation_scheme": fmt.split("_")[1], "ignored_layers": list(ignore)}
+        if kv:
+            q["kv_cache_scheme"] = "static"
+        return q
     kind = FORMATS[fmt]
     scheme = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": kind,
                                                  "symmetric": True, "dynamic": False}}
@@ -78,9 +93,11 @@ def quant_config(fmt: str, ignore=("lm_head",), kv: bool = False) -> dict:
     return q
 
 
-def write_fp8(src: str, out, fmt: str, ignore=("lm_head",), kv: bool = False, seed: int = 0):
+def write_fp8(src: str, out, fmt: str, ignore=("lm_head",), kv: bool | str = False, seed: int = 0):
     """src (a float checkpoint) -> (the FP8 folder, the dequantized float folder, {name: extra tensors}).
-    Ignored modules match as in quantization_config (a name, or a 're:' regex of the full name)."""
+    Ignored modules match as in quantization_config (a name, or a 're:' regex of the full name).
+    kv: K / V scales per layer (extra["<i>.k"] / ["<i>.v"]); True: self_attn.k_scale / v_scale, or an
+    AutoFP8 layout of KV_LAYOUTS by name."""
     def ignored(module):
         return any(re.match(i[3:], module) if i.startswith("re:") else
                    (module == i or module.endswith("." + i)) for i in ignore)
@@ -95,17 +112,24 @@ def write_fp8(src: str, out, fmt: str, ignore=("lm_head",), kv: bool = False, se
             q_out[name] = deq_out[name] = w
             continue
         q, scale, deq = quantize(w, kind)
+        if fmt.startswith("autofp8"):
+            scale = scale.reshape(())  # AutoFP8 saves 0-d scales
         q_out[name] = q
         q_out[f"{module}.{'weight_scale_inv' if kind == 'block' else 'weight_scale'}"] = scale
         if fmt.endswith("static"):
-            q_out[f"{module}.input_scale"] = extra[f"{module}.input_scale"] = torch.rand(1, generator=g) * 0.05 + 0.01
+            shape = () if fmt.startswith("autofp8") else (1,)
+            q_out[f"{module}.input_scale"] = extra[f"{module}.input_scale"] = \
+                torch.rand(shape, generator=g) * 0.05 + 0.01
         deq_out[name] = deq.to(w.dtype).contiguous()
     if kv:
         layers = {int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.")}
+        k_name, v_name = KV_LAYOUTS["k_scale" if kv is True else kv]
         for i in sorted(layers):
-            for s in ("k", "v"):
-                q_out[f"model.layers.{i}.self_attn.{s}_scale"] = extra[f"{i}.{s}"] = \
-                    torch.rand((), generator=g) * 0.1 + 0.01
+            for s, kv_name in (("k", k_name), ("v", v_name)):
+                name = f"model.layers.{i}.self_attn.{kv_name}"
+                if name not in q_out:  # one kv_scale serves K and V
+                    q_out[name] = torch.rand((), generator=g) * 0.1 + 0.01
+                extra[f"{i}.{s}"] = q_out[name]
     cfg = json.load(open(os.path.join(src, "config.json")))
     paths = []
     for sub, state, qcfg in (("fp8", q_out, quant_config(fmt, ignore, kv)), ("deq", deq_out, None)):

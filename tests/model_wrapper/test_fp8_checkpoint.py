@@ -285,7 +285,7 @@ BAD_CONFIGS = [
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method"),
     ({"quant_method": "mxfp4"}, "quant_method"),
     ({**quant_config("block"), "weight_block_size": [64, 64]}, "weight_block_size"),
-    ({**quant_config("block"), "weight_block_size": None}, "weight_block_size"),
+    ({**quant_config("block"), "weight_block_size": [128, 64]}, "weight_block_size"),  # None: per tensor
     ({**quant_config("block"), "activation_scheme": "static"}, "activation_scheme"),
     ({**quant_config("block"), "fmt": "e5m2"}, "fmt"),
     (_ct(w__num_bits=4), "weights.num_bits"),
