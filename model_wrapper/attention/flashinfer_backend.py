@@ -19,7 +19,8 @@ model's dtype and kv_data_type = e4m3; never the ragged path (it would attend ov
 step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q); run() gets the
 layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Where
 KernelConfig.fp8_kv_prefill is "fa3" (and the GPU is sm90, head_dim 64 / 128 / 256) the paged prefill
-steps without a custom mask (and the prefill rows of mixed ones) run fa3 with q rounded to e4m3 instead
+steps without a custom mask (and the prefill rows of mixed ones) of layers without a sliding window run
+fa3 with q rounded to e4m3 instead
 (Fa3Fp8Prefill, attention/fa3_fp8.py: q scale 1.0, the layer's K/V scales per KV head on the device). Their
 single-token decode rows (pure decode steps and the decode part of mixed ones) run the Triton
 decode kernel instead where KernelConfig.fp8_kv_decode is "triton" (the faster of the two:
@@ -224,9 +225,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         return (self._fp8 and getattr(self.kv_store.config, "fp8_kv_prefill", "fa2") == "fa3"
                 and self.kv_dtype in (torch.bfloat16, torch.float16) and fa3_fp8.supported(self.head_dim, self.device))
 
-    def _prefill_kind(self) -> str:
-        """The wrapper kind of this step's unmasked paged prefill rows: "prefill8" (fa3 all-e4m3) or "prefill"."""
-        return "prefill8" if self._fa3_fp8_prefill() else "prefill"
+    def _prefill_kind(self, window) -> str:
+        """The wrapper kind of this step's unmasked paged prefill rows of layers with `window`: "prefill8" (fa3
+        all-e4m3) or "prefill". Sliding-window layers stay on fa2: FlashInfer builds a window into its own module
+        (use_swa), a second all-e4m3 build that no model measured here needs."""
+        return "prefill8" if window is None and self._fa3_fp8_prefill() else "prefill"
 
     def _plan_prefill(self, kind, window, qo_indptr, indptr, indices, last, page, dtype, mask=None):
         w = self._wrapper(kind, window)
@@ -282,10 +285,9 @@ class FlashInferAttentionBackend(AttentionBackend):
                 return
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
-            kind = self._prefill_kind()
-            self._make_head_scales(kind)
+            self._make_head_scales(self._prefill_kind(None))
             self._plan = PagedPlan({
-                w: self._plan_prefill(kind, w, qo, indptr, d_indices, last, page, dtype)
+                w: self._plan_prefill(self._prefill_kind(w), w, qo, indptr, d_indices, last, page, dtype)
                 for w in windows})
             return
         # mixed: split requests; decode requests have exactly one token each
@@ -305,9 +307,9 @@ class FlashInferAttentionBackend(AttentionBackend):
             dec = {w: tr for w in windows}
         else:
             dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
-        kind = self._prefill_kind()
-        self._make_head_scales(kind)
-        pre = {w: self._plan_prefill(kind, w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
+        self._make_head_scales(self._prefill_kind(None))
+        pre = {w: self._plan_prefill(self._prefill_kind(w), w, p_qo, p_ind, p_idx, p_last, page, dtype)
+               for w in windows}
         self._plan = SplitPlan(dec, pre, to_dev(dec_tok), to_dev(pre_tok))
 
     def _make_head_scales(self, kind: str) -> None:

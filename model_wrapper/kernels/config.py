@@ -239,7 +239,7 @@ class KernelConfig:
     # eager prefill / chunked prefill steps (and the prefill rows of eager mixed steps) over an FP8 (e4m3) cache,
     # FlashInfer backend: "fa2" (bf16 q over the e4m3 cache; the A/B arm) or "fa3" (sm90: q rounded to e4m3 with
     # scale 1.0, all-e4m3 tensor-core products, the K/V scales per head in the kernel; attention/fa3_fp8.py; other
-    # GPUs and head dims stay on fa2). benchmarks/bench_fp8_attention.py times both
+    # GPUs, head dims and sliding-window layers stay on fa2). benchmarks/bench_fp8_attention.py times both
     fp8_kv_prefill: str = "fa2"
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
