@@ -29,12 +29,15 @@ variants.cuh and quantization/prefill_sm90.cuh):
   accuracy cost beside q's own e4m3 rounding (an e4m3 value carries 3 mantissa bits: relative rounding
   error up to 2^-4; values below 2^-6 lose precision further as subnormals).
 - Build: not in the kernel pack (.gpu/kernels-sm90.tar.xz); the slimmed wheel has every source it needs
-  (the csrc/*fp8*sm90* files, include/, cutlass/, cccl/); FlashInfer's JIT builds it with nvcc 13.0 and
-  FLASHINFER_CUDA_ARCH_LIST=9.0a on a machine with no GPU, given curand_kernel.h (CUTLASS's util headers
-  include it; the toolkit here lacks it: benchmarks/fa3_fp8_env.sh takes it from torch's pip nvidia
-  packages, as deepgemm_env.sh does). The built .so placed at flashinfer/data/aot/<name>/<name>.so is
-  loaded instead of building (jit/core.py: is_aot), which benchmarks/fa3_fp8_env.sh does where the
-  prebuilt archive .fiextra/fa3_fp8_prebuilt.tar.xz is present.
+  (the csrc/*fp8*sm90* files, include/, cutlass/, cccl/). FlashInfer's JIT built it (checked, 2026-11-26)
+  with nvcc 13.0 and FLASHINFER_CUDA_ARCH_LIST=9.0a on a machine with no GPU, given curand_kernel.h (CUTLASS's
+  util headers include it; that toolkit lacked it: taken from torch's pip nvidia packages, as
+  benchmarks/deepgemm_env.sh does, FLASHINFER_EXTRA_CUDAFLAGS=-I...) and a libcuda.so to link against
+  (an empty stub with soname libcuda.so.1: FLASHINFER_EXTRA_LDFLAGS=-L...; the .so then needs libcudart.so.13
+  only). 10 nvcc jobs (4 mask modes x ragged / paged, the host code, the binding), each kernel 3-5 minutes of
+  one core: ~19 minutes on 2 busy cores; the .so is 1.9 MB (0.45 MB xz). Placed at
+  flashinfer/data/aot/<name>/<name>.so it is loaded instead of built (jit/env.get_aot_artifacts), which
+  benchmarks/fa3_fp8_env.sh does where the archive .fiextra/fa3_fp8_prebuilt.tar.xz is present.
 
 q's scale: vLLM's FA3 FP8 path quantizes q per tensor with scale 1.0 unless the checkpoint gives a
 q_scale; so does this module (Q_SCALE). The post-RoPE q of the models served here is far inside e4m3's
