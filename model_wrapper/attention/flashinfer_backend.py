@@ -20,8 +20,8 @@ step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q);
 layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Where
 KernelConfig.fp8_kv_prefill is "fa3" (and the GPU is sm90, head_dim 64 / 128 / 256) the paged prefill
 steps without a custom mask (and the prefill rows of mixed ones) of layers without a sliding window run
-fa3 with q rounded to e4m3 instead
-(Fa3Fp8Prefill, attention/fa3_fp8.py: q scale 1.0, the layer's K/V scales per KV head on the device). Their
+fa3 with q rounded to e4m3 instead (Fa3Fp8Prefill, attention/fa3_fp8.py: q scale 1.0, the layer's K/V
+scales per KV head on the device). Their
 single-token decode rows (pure decode steps and the decode part of mixed ones) run the Triton
 decode kernel instead where KernelConfig.fp8_kv_decode is "triton" (the faster of the two:
 benchmarks/bench_fp8_kv.py: the default) and it fits: TritonDecode, the scales read on the device.
