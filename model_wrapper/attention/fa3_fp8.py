@@ -46,6 +46,8 @@ range (|q| < 448) and above its subnormals for all but tiny elements, whose prod
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 E4M3 = torch.float8_e4m3fn
@@ -73,6 +75,22 @@ def supported(head_dim: int, device: torch.device) -> bool:
     if device.type != "cuda" or head_dim not in (64, 128, 256):
         return False
     return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def prebuilt(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether FlashInfer already has the all-e4m3 module of this head_dim and output dtype on disk (its AOT
+    directory, where benchmarks/fa3_fp8_env.sh unpacks the prebuilt one, or its JIT cache), so that a first
+    plan loads it instead of building it for minutes (KernelConfig.fp8_kv_prefill "auto"). Reads FlashInfer
+    0.7.2's module naming; False where that cannot be read. Cached per process."""
+    try:
+        from flashinfer.jit import env as jit_env
+        from flashinfer.jit.attention.modules import get_batch_prefill_uri
+
+        uri = get_batch_prefill_uri("fa3", E4M3, E4M3, dtype, torch.int32, head_dim, head_dim, 0, False, False, False)
+        return bool(jit_env.get_aot_artifacts(uri)) or (jit_env.FLASHINFER_JIT_DIR / uri / f"{uri}.so").exists()
+    except Exception:  # noqa: BLE001 (another FlashInfer, or none: not known to be built)
+        return False
 
 
 def plan_kwargs(dtype: torch.dtype, sm_scale: float | None) -> dict:

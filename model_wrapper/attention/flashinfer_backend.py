@@ -18,7 +18,8 @@ FP8 (e4m3) caches (kv_cache_dtype, set by the wrapper before plan): planned with
 model's dtype and kv_data_type = e4m3; never the ragged path (it would attend over the unrounded
 step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q); run() gets the
 layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Where
-KernelConfig.fp8_kv_prefill is "fa3" (and the GPU is sm90, head_dim 64 / 128 / 256) the paged prefill
+KernelConfig.fp8_kv_prefill is "fa3", or "auto" (the default) with its module built, and the GPU is sm90
+(head_dim 64 / 128 / 256), the paged prefill
 steps without a custom mask (and the prefill rows of mixed ones) of layers without a sliding window run
 fa3 with q rounded to e4m3 instead (Fa3Fp8Prefill, attention/fa3_fp8.py: q scale 1.0, the layer's K/V
 scales per KV head on the device). Their
@@ -220,10 +221,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         return w
 
     def _fa3_fp8_prefill(self) -> bool:
-        """Whether this step's paged prefill rows run fa3 all-e4m3 (Fa3Fp8Prefill): an e4m3 cache,
-        KernelConfig.fp8_kv_prefill == "fa3", a 16-bit model, and the kernel's GPU (sm90) and head dims."""
-        return (self._fp8 and getattr(self.kv_store.config, "fp8_kv_prefill", "fa2") == "fa3"
-                and self.kv_dtype in (torch.bfloat16, torch.float16) and fa3_fp8.supported(self.head_dim, self.device))
+        """Whether this step's paged prefill rows run fa3 all-e4m3 (Fa3Fp8Prefill): an e4m3 cache, a 16-bit
+        model, the kernel's GPU (sm90) and head dims, and KernelConfig.fp8_kv_prefill "fa3", or "auto" with the
+        module already built (fa3_fp8.prebuilt)."""
+        mode = getattr(self.kv_store.config, "fp8_kv_prefill", "fa2")
+        if not (self._fp8 and mode != "fa2" and self.kv_dtype in (torch.bfloat16, torch.float16)
+                and fa3_fp8.supported(self.head_dim, self.device)):
+            return False
+        return mode == "fa3" or fa3_fp8.prebuilt(self.head_dim, self.kv_dtype)
 
     def _prefill_kind(self, window) -> str:
         """The wrapper kind of this step's unmasked paged prefill rows of layers with `window`: "prefill8" (fa3

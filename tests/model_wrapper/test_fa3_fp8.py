@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_wrapper.attention.fa3_fp8 import E4M3, head_scales, quantize_q, supported
+from model_wrapper.attention.fa3_fp8 import E4M3, head_scales, prebuilt, quantize_q, supported
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.kernels import KernelConfig
 
@@ -58,10 +58,15 @@ def test_head_scales_repeat_each_layer_scale_per_kv_head():
 def test_fa3_fp8_needs_an_sm90_gpu_and_its_head_dims():
     assert not supported(128, torch.device("cpu"))
     assert not supported(96, torch.device("cpu"))
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:  # no FlashInfer: nothing is known to be built ("auto" stays on fa2)
+        assert not prebuilt(128, torch.bfloat16)
 
 
 def test_fp8_kv_prefill_refuses_unknown_kernels():
-    assert KernelConfig().fp8_kv_prefill in ("fa2", "fa3")
+    assert KernelConfig().fp8_kv_prefill == "auto"
+    assert KernelConfig(fp8_kv_prefill="fa2").fp8_kv_prefill == "fa2"
     with pytest.raises(ModelLoadError, match="fp8_kv_prefill: expected one of .*'fa2'.*got 'fa4'") as e:
         KernelConfig(fp8_kv_prefill="fa4")
     assert e.value.code == ModelErrorCode.BAD_CONFIG
