@@ -21,7 +21,8 @@ they compute). The embedding and lm_head stay bf16 in both, as FP8 checkpoints s
    GEMM, where torch takes block scales) and the bf16 chain;
 4. the engine (LLMEngine, --engine-prompts prompts of 512 in / 128 out, greedy): FP8 weights +
    FP8 KV against bf16 weights + bf16 KV, output tokens/s.
-Part 3 also times FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant and
+Part 3 also times FP8 weights over an FP8 (e4m3) KV cache, its attention on fa2 and on fa3 all-e4m3
+(KernelConfig.fp8_kv_prefill), and FP8 with the activation quantization unfused (KernelConfig.fp8_fused_act_quant and
 fp8_fused_act_quant_per_token off: a quantize kernel per linear, the A/B baseline of kernels/fp8_act.py);
 --prefill-only runs it
 alone, --profile-prefill adds each model's top CUDA kernels of one step (and each --prefill-variants row's),
@@ -350,6 +351,24 @@ def main():
         t8 = float("nan")
     print(f"prefill {T_pre} tokens ms: bf16 {tr * 1e3:.2f}, FP8 {t8 * 1e3:.2f} (fused quantization), "
           f"FP8 unfused {t8_unfused * 1e3:.2f}", flush=True)
+    # FP8 weights + an FP8 (e4m3) KV cache: the prefill's attention on fa2 (bf16 q over the e4m3 cache) or on
+    # fa3 all-e4m3 (KernelConfig.fp8_kv_prefill, attention/fa3_fp8.py)
+    kv8e = gen8.allocate_kv_cache(per + 1, bs, dtype=E4M3)
+    step8e = prefill_step(gen8, kv8e, bs, T_pre, torch.arange(per + 1))
+    t8kv = {}
+    for attn in ("fa2", "fa3"):
+        gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, fp8_kv_prefill=attn))
+        try:
+            t8kv[attn] = timed(step8e, iters=n, device=dev, repeats=reps) * 1e3
+            if args.profile_prefill and dev == "cuda":
+                profiles[f"fp8+fp8kv[{attn}]"] = top_kernels(step8e)
+        except Exception as e:  # noqa: BLE001 (reported; the other rows stand)
+            print(f"prefill: FP8 + FP8 KV ({attn}) failed: {e!r:.800}", flush=True)
+            t8kv[attn] = float("nan")
+        print(f"prefill {T_pre} tokens ms: FP8 + FP8 KV, attention {attn}: {t8kv[attn]:.2f} "
+              f"({tr * 1e3 / t8kv[attn]:.3f}x bf16)", flush=True)
+    gen8.model_wrapper.set_kernel_config(base_cfg)
+    del kv8e
     t8_variants = {}
     for vname, over in prefill_variants.items():  # then the bf16 and default rows again (the same run's spread)
         gen8.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))
@@ -368,6 +387,8 @@ def main():
         for name, rows in profiles.items():
             print(f"prefill {T_pre} {name}, top CUDA kernels (ms, calls): "
                   + "; ".join(f"{k} {ms:.2f} x{c}" for k, ms, c in rows), flush=True)
+    if dev == "cuda":  # the FP8 + bf16 KV row again after the FP8-KV rows (the run's spread)
+        t8kv["fp8_bf16kv_again"] = timed(step8, iters=n, device=dev, repeats=reps) * 1e3
     del kv8, kvr
     chain_bf16, _ = gemm_chain(cfg, T_pre, dev, n)
     chain_fp8 = fp8_gemm_chain(cfg, T_pre, dev, n) if dev == "cuda" else float("nan")
@@ -379,7 +400,8 @@ def main():
         chain_blk = fp8_gemm_chain(cfg, T_pre, dev, n, blocks=True) if works else chain_blk
     res["prefill"] = dict(tokens=T_pre, fp8_ms=t8 * 1e3, bf16_ms=tr * 1e3, speedup_vs_bf16=tr / t8,
                           fp8_unfused_quant_ms=t8_unfused * 1e3, unfused_speedup_vs_bf16=tr / t8_unfused,
-                          top_kernels=profiles, variants_ms=t8_variants,
+                          top_kernels=profiles, variants_ms=t8_variants, fp8_fp8kv_ms=t8kv,
+                          fp8_fp8kv_speedup_vs_bf16={k: tr * 1e3 / v for k, v in t8kv.items()},
                           fp8_gemm_chain_ms=chain_fp8 * 1e3, fp8_block_gemm_chain_ms=chain_blk * 1e3,
                           bf16_gemm_chain_ms=chain_bf16 * 1e3, ratio_to_fp8_chain=t8 / chain_fp8)
     print("prefill", res["prefill"], flush=True)

@@ -17,7 +17,12 @@ Dispatch per step (vLLM's split of decodes and prefills, pymllm's tensor-core he
 FP8 (e4m3) caches (kv_cache_dtype, set by the wrapper before plan): planned with q_data_type = the
 model's dtype and kv_data_type = e4m3; never the ragged path (it would attend over the unrounded
 step K/V); paged prefill on fa2 (fa3 does not build for e4m3 K/V with 16-bit q); run() gets the
-layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Their
+layer's k_scale (folded into sm_scale) and v_scale (multiplies the output) as host floats. Where
+KernelConfig.fp8_kv_prefill is "fa3", or "auto" (the default) with its module built, and the GPU is sm90
+(head_dim 64 / 128 / 256), the paged prefill
+steps without a custom mask (and the prefill rows of mixed ones) of layers without a sliding window run
+fa3 with q rounded to e4m3 instead (Fa3Fp8Prefill, attention/fa3_fp8.py: q scale 1.0, the layer's K/V
+scales per KV head on the device). Their
 single-token decode rows (pure decode steps and the decode part of mixed ones) run the Triton
 decode kernel instead where KernelConfig.fp8_kv_decode is "triton" (the faster of the two:
 benchmarks/bench_fp8_kv.py: the default) and it fits: TritonDecode, the scales read on the device.
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model_wrapper.attention import fa3_fp8
 from model_wrapper.attention.backend import AttentionBackend
 from model_wrapper.attention.flashinfer_graph import (DecodeGraphState, GraphAttention, fp8_scales, make_state,
                                                       plan_replay)
@@ -94,6 +100,21 @@ class TritonDecode:
 
 
 @dataclass
+class Fa3Fp8Prefill:
+    """A planned fa3 prefill wrapper of the all-e4m3 module over an e4m3 cache (attention/fa3_fp8.py):
+    q_scale [num_heads] float32 (fa3_fp8.Q_SCALE each), scales [2, num_layers, num_kv_heads] float32:
+    the K/V store's per-layer scales per KV head (fa3_fp8.head_scales, made at plan), all on the device."""
+
+    wrapper: object
+    q_scale: torch.Tensor
+    scales: torch.Tensor
+
+    def run(self, q, k_cache, v_cache, layer):
+        return self.wrapper.run(fa3_fp8.quantize_q(q), (k_cache, v_cache), self.q_scale, self.scales[0, layer],
+                                self.scales[1, layer])
+
+
+@dataclass
 class PagedPlan:
     """One kind of kernel for the whole step over the paged caches: wrappers maps each window
     (None: full attention) to its planned decode, prefill or masked-prefill wrapper."""
@@ -142,6 +163,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._prefill: dict[int | None, object] = {}
         self._masked: dict[int | None, object] = {}
         self._ragged: dict[int | None, object] = {}
+        self._prefill8: dict[int | None, object] = {}  # fa3, all-e4m3 (fp8_kv_prefill == "fa3")
+        self._q_scale: torch.Tensor | None = None
+        self._head_scales: torch.Tensor | None = None  # [2, num_layers, num_kv_heads], per "prefill8" plan
         self._plan: PagedPlan | RaggedPlan | SplitPlan | None = None
 
     @property
@@ -152,7 +176,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _wrapper(self, kind: str, window):
         fi = self._fi
         table = {"decode": self._decode, "prefill": self._prefill, "masked": self._masked,
-                 "ragged": self._ragged}[kind]
+                 "ragged": self._ragged, "prefill8": self._prefill8}[kind]
         key = (window, self._fp8)
         if key not in table:
             if kind == "decode":
@@ -160,6 +184,8 @@ class FlashInferAttentionBackend(AttentionBackend):
                     self.workspace, "NHD", use_tensor_cores=self.tensor_cores)
             elif kind == "ragged":
                 table[key] = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="auto")
+            elif kind == "prefill8":
+                table[key] = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa3")
             else:
                 table[key] = fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", backend="fa2" if kind == "masked" or self._fp8 else "auto")
@@ -194,13 +220,33 @@ class FlashInferAttentionBackend(AttentionBackend):
                window_left=-1 if window is None else window - 1, **self._common(dtype))
         return w
 
+    def _fa3_fp8_prefill(self) -> bool:
+        """Whether this step's paged prefill rows run fa3 all-e4m3 (Fa3Fp8Prefill): an e4m3 cache, a 16-bit
+        model, the kernel's GPU (sm90) and head dims, and KernelConfig.fp8_kv_prefill "fa3", or "auto" with the
+        module already built (fa3_fp8.prebuilt)."""
+        mode = getattr(self.kv_store.config, "fp8_kv_prefill", "fa2")
+        if not (self._fp8 and mode != "fa2" and self.kv_dtype in (torch.bfloat16, torch.float16)
+                and fa3_fp8.supported(self.head_dim, self.device)):
+            return False
+        return mode == "fa3" or fa3_fp8.prebuilt(self.head_dim, self.kv_dtype)
+
+    def _prefill_kind(self, window) -> str:
+        """The wrapper kind of this step's unmasked paged prefill rows of layers with `window`: "prefill8" (fa3
+        all-e4m3) or "prefill". Sliding-window layers stay on fa2: FlashInfer builds a window into its own module
+        (use_swa), a second all-e4m3 build that no model measured here needs."""
+        return "prefill8" if window is None and self._fa3_fp8_prefill() else "prefill"
+
     def _plan_prefill(self, kind, window, qo_indptr, indptr, indices, last, page, dtype, mask=None):
         w = self._wrapper(kind, window)
+        kw = fa3_fp8.plan_kwargs(dtype, self.scale) if kind == "prefill8" else self._common(dtype)
         w.plan(qo_indptr, indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim, page,
                causal=mask is None, custom_mask=mask,
-               window_left=-1 if (window is None or mask is not None) else window - 1,
-               **self._common(dtype))
-        return w
+               window_left=-1 if (window is None or mask is not None) else window - 1, **kw)
+        if kind != "prefill8":
+            return w
+        if self._q_scale is None:
+            self._q_scale = torch.full((self.num_heads,), fa3_fp8.Q_SCALE, dtype=torch.float32, device=self.device)
+        return Fa3Fp8Prefill(w, self._q_scale, self._head_scales)
 
     def _plan_ragged(self, window, qo_indptr, dtype):
         w = self._wrapper("ragged", window)
@@ -244,8 +290,9 @@ class FlashInferAttentionBackend(AttentionBackend):
                 return
             indptr, indices, last = page_metadata(batch.block_tables_cpu, batch.seq_lens_cpu, page)
             d_indices = to_dev(indices)
+            self._make_head_scales(self._prefill_kind(None))
             self._plan = PagedPlan({
-                w: self._plan_prefill("prefill", w, qo, indptr, d_indices, last, page, dtype)
+                w: self._plan_prefill(self._prefill_kind(w), w, qo, indptr, d_indices, last, page, dtype)
                 for w in windows})
             return
         # mixed: split requests; decode requests have exactly one token each
@@ -265,8 +312,16 @@ class FlashInferAttentionBackend(AttentionBackend):
             dec = {w: tr for w in windows}
         else:
             dec = {w: self._plan_decode(w, d_ind, d_idx, d_last, page, dtype) for w in windows}
-        pre = {w: self._plan_prefill("prefill", w, p_qo, p_ind, p_idx, p_last, page, dtype) for w in windows}
+        self._make_head_scales(self._prefill_kind(None))
+        pre = {w: self._plan_prefill(self._prefill_kind(w), w, p_qo, p_ind, p_idx, p_last, page, dtype)
+               for w in windows}
         self._plan = SplitPlan(dec, pre, to_dev(dec_tok), to_dev(pre_tok))
+
+    def _make_head_scales(self, kind: str) -> None:
+        """Before planning "prefill8" wrappers: the K/V store's scales per KV head for this step (one copy, on
+        the device: set_kv_scales between steps is seen at the next plan)."""
+        if kind == "prefill8":
+            self._head_scales = fa3_fp8.head_scales(self.kv_store.scales, self.num_kv_heads)
 
     def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
         plan = self._plan
@@ -288,6 +343,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         """One planned wrapper (FlashInfer's, or TritonDecode) over the paged caches."""
         if isinstance(wrapper, TritonDecode):
             return wrapper.run(q, k_cache, v_cache, window, self.scale, *self.kv_store.layer_scales(layer))
+        if isinstance(wrapper, Fa3Fp8Prefill):
+            return wrapper.run(q, k_cache, v_cache, layer)
         return wrapper.run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
     # -- CUDA graphs (attention/flashinfer_graph.py) ------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 
 FP8_KV_DECODE = ("triton", "flashinfer")
+FP8_KV_PREFILL = ("auto", "fa2", "fa3")
 FP8_BLOCK_GEMM = ("auto", "cublaslt", "deepgemm")
 
 
@@ -235,6 +236,17 @@ class KernelConfig:
     # bandwidth: Triton 0.47-0.65 against FlashInfer 0.34-0.60, faster at every batch 32-128 x 512-8k;
     # H100, --sweep --occupancy, its launch since: 0.57-0.86 against FlashInfer's 0.42-0.77)
     fp8_kv_decode: str = "triton"
+    # eager prefill / chunked prefill steps (and the prefill rows of eager mixed steps) over an FP8 (e4m3) cache,
+    # FlashInfer backend: "fa2" (bf16 q over the e4m3 cache; the A/B arm), "fa3" (sm90: q rounded to e4m3 with
+    # scale 1.0, all-e4m3 tensor-core products, the K/V scales per head in the kernel; attention/fa3_fp8.py; other
+    # GPUs, head dims and sliding-window layers stay on fa2; its FlashInfer module is built on first use where it
+    # is not prebuilt: minutes) or "auto": fa3 where that module is already built (benchmarks/fa3_fp8_env.sh's
+    # prebuilt one, or an earlier build), else fa2. H200, session 38 (benchmarks/bench_fp8_attention.py, Llama-3-8B
+    # heads, one 4k prompt): fa2 0.659 ms a layer, fa3 e4m3 0.232 (+0.037 for q's quantization; fa3 bf16 over bf16
+    # K/V 0.240); bench_fp8.py --kind channel, fast accumulation, 4k prefill: FP8 + FP8 KV 74.31 -> 64.75 ms
+    # (bf16 98.05, FP8 + bf16 KV 63.04 / 64.16); error against float64 attention over the e4m3 inputs 1.6e-2
+    # (fa2 3.6e-3), against bf16 attention on the unrounded inputs 6.0e-2 (fa2 5.8e-2: the cache's own rounding)
+    fp8_kv_prefill: str = "auto"
     unsplit_kv: bool = True  # FlashInfer graph buckets whose (request, KV head) pairs fill the SMs plan unsplit
     # multi-token decode steps (q_len 2..16 per request: speculative verify, small chunks) replay graphs
     # of (batch bucket, tokens-per-request bucket) with kernels/verify_attention.py; off: they run eagerly
@@ -264,6 +276,9 @@ class KernelConfig:
         if self.fp8_kv_decode not in FP8_KV_DECODE:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_decode: expected one of "
                                  f"{list(FP8_KV_DECODE)}, got {self.fp8_kv_decode!r}")
+        if self.fp8_kv_prefill not in FP8_KV_PREFILL:
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_prefill: expected one of "
+                                 f"{list(FP8_KV_PREFILL)}, got {self.fp8_kv_prefill!r}")
         if self.fp8_gemv_chunk < 1 or self.fp8_gemv_chunk & (self.fp8_gemv_chunk - 1):
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_chunk: expected a power of 2, "
                                  f"got {self.fp8_gemv_chunk!r}")
