@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PagedHarness, make_checkpoint, rel_err
+from conftest import rel_err
 
 pytestmark = pytest.mark.cuda
 
@@ -42,7 +42,7 @@ from model_wrapper.attention.torch_backend import TorchAttentionBackend  # noqa:
 from model_wrapper.forward_batch import ForwardBatch  # noqa: E402
 from model_wrapper.kernels import KernelConfig  # noqa: E402
 from test_forward_parity import _script  # noqa: E402
-from test_fp8_kv_cuda import GPU_TINY, bf16_bound  # noqa: E402
+from test_fp8_kv_cuda import _gen, _run, bf16_bound, ckpt  # noqa: E402,F401 (ckpt: the fixture)
 from text_generator import TextGenerator  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -118,40 +118,9 @@ def test_fa3_fp8_prefill_rows_match_the_torch_backend(step):
         assert not bool(over.any()), (step, layer, float((err / bound)[rows].max()))
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    made = {}
-
-    def get(family, **extra):
-        key = (family, repr(sorted(extra.items())))
-        if key not in made:
-            made[key] = make_checkpoint(tmp_path_factory.mktemp(family), family,
-                                        **{**GPU_TINY, "head_dim": 128, **extra})
-        return made[key]
-
-    return get
-
-
-def _gen(path, dtype, scales, **kw):
-    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=dtype, **kw)
-    gen.set_kv_scales(scales[0], scales[1])
-    return gen
-
-
-def _run(gen, full, steps, kv_dtype=FP8, block_size=16):
-    h = PagedHarness(gen, 256 // block_size + 8, block_size)
-    h.kv_cache = gen.allocate_kv_cache(256 // block_size + 8, block_size, dtype=kv_dtype)
-    out = []
-    for is_prefill, spans, use_lm in steps:
-        chunks = {r: full[r][a:b] for r, (a, b) in spans.items()}
-        n = sum(b - a for a, b in spans.values())
-        out.append(h.step(chunks, is_prefill=is_prefill, lm_head_indices=torch.arange(n) if use_lm else None))
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("family", ["llama"])
 def test_model_over_fp8_cache_with_fa3_fp8_prefill(ckpt, family):
-    path = ckpt(family)
+    path = ckpt(family, head_dim=128)  # the prebuilt fa3 all-e4m3 module's head_dim
     full, steps = _script(seed=4)
     calib = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.float32, attention_backend="torch")
     scales = calib.calibrate_kv_scales(list(full.values()))

@@ -304,14 +304,19 @@ BAD_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("qcfg,field", BAD_CONFIGS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_CONFIGS)])
-def test_unsupported_quantization_configs_are_refused_naming_the_field(qcfg, field):
+def refusal(qcfg) -> str:
+    """A tiny Llama config.json with quantization_config qcfg -> the UNSUPPORTED_QUANTIZATION message it is refused with."""
     raw = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 112,
            "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 96, "quantization_config": qcfg}
     with pytest.raises(ModelLoadError) as info:
         ModelConfig.from_dict(raw)
     assert info.value.code == ModelErrorCode.UNSUPPORTED_QUANTIZATION
-    assert field in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("qcfg,field", BAD_CONFIGS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_CONFIGS)])
+def test_unsupported_quantization_configs_are_refused_naming_the_field(qcfg, field):
+    assert field in refusal(qcfg)
 
 
 def _edit(fp8: str, out, fn):
@@ -405,7 +410,7 @@ def _cuda_vs_reference(fp8: str, deq: str, seed: int, **kw):
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("fmt", ["block", "channel_dynamic", "tensor_static"])
+@pytest.mark.parametrize("fmt", ["block", "channel_dynamic", "tensor_static", "autofp8_static", "autofp8_dynamic"])
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cuda_keeps_fp8_weights_within_bounds_of_the_dequantized_model(wide_llama, tmp_path, fmt, graphs):
     fp8, deq, _ = write_fp8(wide_llama, tmp_path, fmt, ignore=())

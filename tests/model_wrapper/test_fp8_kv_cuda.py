@@ -59,11 +59,11 @@ def _gen(path, dtype, scales, **kw):
     return gen
 
 
-def _run(gen, full, steps, block_size):
+def _run(gen, full, steps, block_size=16, kv_dtype=FP8):
     """The forward-parity scenario (prefill, chunked prefill, mixed, decode, multi-token decode) over
-    an e4m3 cache; -> all returned logits rows, in order."""
+    a cache of kv_dtype (e4m3 unless said); -> all returned logits rows, in order."""
     h = PagedHarness(gen, 256 // block_size + 8, block_size)
-    h.kv_cache = gen.allocate_kv_cache(256 // block_size + 8, block_size, dtype=FP8)
+    h.kv_cache = gen.allocate_kv_cache(256 // block_size + 8, block_size, dtype=kv_dtype)
     out = []
     for is_prefill, spans, use_lm in steps:
         chunks = {r: full[r][a:b] for r, (a, b) in spans.items()}
