@@ -85,6 +85,8 @@ def _device(s: str) -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from text_generator.serve.args import add_fp8_arguments  # no HTTP imports (serve/__init__.py)
+
     p.add_argument("--model", help="local checkpoint folder (default: the random demo checkpoint)")
     p.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1 ... (None: cuda if available)")
     p.add_argument("--dtype", default=None, choices=_DTYPES, help="None: the checkpoint's (bfloat16 for fp32 on CUDA)")
@@ -97,12 +99,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=_int_at_least(1), default=64, help="requests running at once")
     p.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=2048, help="tokens per step")
     p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--quantization", default=None, choices=("fp8",),
-                   help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
-                   "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
-                   "lm_head, embeddings, routers); an fp8 checkpoint loads as it is")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"),
-                   help="auto: the model's dtype; fp8 (= fp8_e4m3): an e4m3 KV cache (half the bytes per token)")
+    add_fp8_arguments(p)
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="load a PEFT LoRA adapter (repeatable)")
     p.add_argument("--adapter", default=None, help="adapter NAME every prompt runs under (None: the base model)")

@@ -292,20 +292,28 @@ def test_engine_sizes_an_fp8_cache_at_twice_the_blocks(checkpoint_dir):
     assert auto.kv_cache[0][0].shape[0] == 64 and fp8.kv_cache[0][0].shape[0] == 128
 
 
-def test_cli_generate_with_kv_cache_dtype_fp8(checkpoint_dir, monkeypatch, capsys):
-    """`generate --kv-cache-dtype fp8` (scales 1.0: the checkpoint has none) prints the tokens
-    transformers over FP8-rounded K/V generates greedily."""
+def cli_greedy_ids(capsys, path: str, *flags: str) -> list[int]:
+    """`generate 5,17,33,2 --token-ids --json` on the CPU in fp32, 6 greedy tokens (EOS ignored), with flags:
+    the token ids it prints."""
     import json
 
     from text_generator.cli import main
 
-    ckpt = checkpoint_dir("llama")
-    code = main(["generate", "5,17,33,2", "--token-ids", "--model", ckpt, "--device", "cpu", "--dtype", "float32",
-                 "--temperature", "0", "--max-new-tokens", "6", "--ignore-eos", "--json", "--kv-cache-dtype", "fp8"])
+    code = main(["generate", "5,17,33,2", "--token-ids", "--model", path, "--device", "cpu", "--dtype", "float32",
+                 "--temperature", "0", "--max-new-tokens", "6", "--ignore-eos", "--json", *flags])
     out = capsys.readouterr()
     assert code == 0, out.err
     (rec,) = [json.loads(line) for line in out.out.splitlines()]
-    assert rec["token_ids"] == _fp8_greedy(fp8_reference(ckpt, [1.0, 1.0], [1.0, 1.0]), [5, 17, 33, 2], 6)
+    return rec["token_ids"]
+
+
+def test_cli_generate_with_kv_cache_dtype_fp8(checkpoint_dir, monkeypatch, capsys):
+    """`generate --kv-cache-dtype fp8` (scales 1.0: the checkpoint has none) prints the tokens
+    transformers over FP8-rounded K/V generates greedily."""
+    from text_generator.cli import main
+
+    ckpt = checkpoint_dir("llama")
+    assert cli_greedy_ids(capsys, ckpt, "--kv-cache-dtype", "fp8") == _fp8_greedy(fp8_reference(ckpt, [1.0, 1.0], [1.0, 1.0]), [5, 17, 33, 2], 6)
     for bad in ("int8", "fp8_e5m2"):  # argparse refuses them in one line (e4m3 caches only)
         with pytest.raises(SystemExit) as e:
             main(["generate", "x", "--device", "cpu", "--kv-cache-dtype", bad])

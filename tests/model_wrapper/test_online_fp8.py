@@ -10,7 +10,6 @@ own model class from it. The CPU path dequantizes once at load, so fp32 logits m
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -230,19 +229,16 @@ def test_a_float_checkpoint_with_scale_tensors_is_refused(checkpoint_dir, tmp_pa
 def test_cli_generate_with_quantization_fp8(checkpoint_dir, tmp_path, capsys):
     """`generate --quantization fp8` prints the tokens transformers on the dequantized weights generates greedily."""
     from conftest import hf_model
+    from test_fp8_kv_cache import cli_greedy_ids
     from text_generator.cli import build_parser, main
 
     src = checkpoint_dir("llama")
-    code = main(["generate", "5,17,33,2", "--token-ids", "--model", src, "--device", "cpu", "--dtype", "float32",
-                 "--temperature", "0", "--max-new-tokens", "6", "--ignore-eos", "--json", "--quantization", "fp8"])
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    (rec,) = [json.loads(line) for line in out.out.splitlines()]
+    got = cli_greedy_ids(capsys, src, "--quantization", "fp8")
     model = hf_model(write_dequantized(src, tmp_path / "deq"))
     with torch.no_grad():
         want = model.generate(torch.tensor([[5, 17, 33, 2]]), max_new_tokens=6, do_sample=False,
                               min_new_tokens=6)[0, 4:].tolist()
-    assert rec["token_ids"] == want
+    assert got == want
     for sub in ("generate", "bench", "serve"):
         assert "--quantization" in build_parser()._subparsers._group_actions[0].choices[sub].format_help()
     with pytest.raises(SystemExit) as e:

@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 
 
+def add_fp8_arguments(p: argparse.ArgumentParser) -> None:
+    """--quantization and --kv-cache-dtype, the same for generate / bench (cli.py) and serve."""
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
+                   "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
+                   "lm_head, embeddings, routers); an fp8 checkpoint loads as it is")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"),
+                   help="auto: the model's dtype; fp8 (= fp8_e4m3): an e4m3 KV cache (half the bytes per token)")
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local checkpoint folder (with its tokenizer)")
     p.add_argument("--host", default="127.0.0.1")
@@ -35,12 +45,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: the checkpoint's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "flashinfer"))
-    p.add_argument("--quantization", default=None, choices=("fp8",),
-                   help="none: the checkpoint as it is; fp8: a bf16 / fp16 / fp32 checkpoint's projections "
-                   "and experts quantized to block FP8 at load (e4m3, a scale per 128 x 128 block; not "
-                   "lm_head, embeddings, routers); an fp8 checkpoint loads as it is")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8", "fp8_e4m3"),
-                   help="auto: the model's dtype; fp8 (= fp8_e4m3): an e4m3 KV cache (half the bytes per token)")
+    add_fp8_arguments(p)
     p.add_argument("--speculative", default=None, choices=("ngram",),
                    help="speculative decoding of greedy requests: ngram = prompt lookup")
     p.add_argument("--tensor-parallel", action="store_true",
