@@ -62,15 +62,31 @@ E4M3_MAX = 448.0
 Q_SCALE = 1.0  # q's per-tensor scale (vLLM's default without a checkpoint q_scale)
 
 
-def quantize_q(q: torch.Tensor, scale: float = Q_SCALE) -> torch.Tensor:
-    """q [T, H, D] (16-bit, rows may be strided) -> e4m3 [T, H, D] contiguous: round(q / scale),
-    clamped to +-448 as kv_store.quantize_fp8 clamps: torch's CUDA cast does not saturate (torch 2.11, H200:
-    bf16 500 and -1000 became NaN; 460 became 448), its CPU cast does. With scale 1.0 it reads q in its own
-    dtype (one rounding: a 16-bit float is exact in float32); else through float32. Two kernels (clamp, cast):
-    at 4k tokens x 32 heads x 128 0.037 ms against the bare cast's 0.019 (H200) - a one-pass kernel would save
-    the difference on every layer."""
+def quantize_q(q: torch.Tensor, scale: float = Q_SCALE, one_pass: bool | None = None) -> torch.Tensor:
+    """q [T, H, D] (16-bit, rows may be strided) -> e4m3 [T, H, D] contiguous: round(q / scale) to the
+    nearest e4m3 (ties to even), clamped to +-448 as kv_store.quantize_fp8 clamps: torch's CUDA cast does not
+    saturate (torch 2.11, H200: bf16 500 and -1000 became NaN; 460 became 448), its CPU cast does.
+
+    one_pass (default: on CUDA): kernels/fp8_act.quantize_fp8_static, one Triton pass that reads q's strided
+    rows and writes e4m3 (IEEE division by the scale, clamp, round-to-nearest-even conversion: the same bytes
+    as the torch path). Else torch: clamp, then cast (two kernels; through float32 unless scale is 1.0, as a
+    16-bit float is exact in float32): at 4k tokens x 32 heads x 128, 0.037 ms a layer against the bare
+    cast's 0.019 (H200, session 38), the cost the one pass removes."""
+    if one_pass is None:
+        one_pass = q.is_cuda
+    if one_pass:
+        from model_wrapper.kernels.fp8_act import quantize_fp8_static
+
+        T, H, D = q.shape
+        return quantize_fp8_static(q.reshape(T, H * D), _scale_tensor(scale, q.device)).view(T, H, D)
     x = q if scale == 1.0 else q.float() / scale
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+@functools.lru_cache(maxsize=None)
+def _scale_tensor(scale: float, device: torch.device) -> torch.Tensor:
+    """q's scale as the float32 one-element device tensor the quantize kernel reads (made once a device)."""
+    return torch.full((1,), scale, dtype=torch.float32, device=device)
 
 
 def head_scales(scales: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from triton_interpret import INTERPRET  # first: it sets up Triton's interpreter for the one-pass kernel
 
 from model_wrapper.attention.fa3_fp8 import E4M3, head_scales, prebuilt, quantize_q, supported
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
@@ -35,14 +36,20 @@ def _nearest(x: torch.Tensor) -> torch.Tensor:
     return torch.where(pick_hi | (tie & hi_even), hi, lo)
 
 
+@pytest.mark.parametrize("one_pass", [False, True], ids=["torch", "one-pass-kernel"])
+@pytest.mark.parametrize("heads", [slice(None, None, 2), slice(0, 3)], ids=["strided-heads", "strided-rows"])
 @pytest.mark.parametrize("scale", [1.0, 0.25])
-def test_quantize_q_rounds_to_the_nearest_e4m3(scale):
+def test_quantize_q_rounds_to_the_nearest_e4m3(scale, heads, one_pass):
+    """Both paths (torch's clamp + cast; the one-pass Triton kernel, under the interpreter on the CPU) give the
+    nearest e4m3, ties to even, saturating, for q views with strided rows (as qkv's q is) or strided heads."""
+    dev = "cuda" if not INTERPRET else "cpu"
     g = torch.Generator().manual_seed(0)
     q = (torch.randn(7, 4, 16, generator=g) * torch.logspace(-4, 3, 16)).to(torch.bfloat16)
     q[0, 0, :4] = torch.tensor([500.0, -1000.0, 448.0, 0.0])
-    q8 = quantize_q(q[:, ::2], scale)  # strided rows
-    assert q8.dtype == E4M3 and q8.shape == (7, 2, 16) and q8.is_contiguous()
-    want = _nearest(q[:, ::2].double() / scale)
+    q[1, 0, :4] = torch.tensor([15.0, 17.0, -0.0068359375, 0.0029296875])  # 15 exact; ties: 16 | 18, subnormals
+    q8 = quantize_q(q.to(dev)[:, heads], scale, one_pass=one_pass).cpu()
+    assert q8.dtype == E4M3 and q8.shape == q[:, heads].shape and q8.is_contiguous()
+    want = _nearest(q[:, heads].double() / scale)
     assert torch.equal(q8.double(), want)
 
 
