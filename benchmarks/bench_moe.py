@@ -97,9 +97,6 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
             "attn-nopf": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
-            # session 39: the decode attention's split merge in its last split (KernelConfig.decode_attention_fused_merge)
-            "attn-fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
-            "attn-fmerge-fp8": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
             "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
             "attn-nopf-fp8": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes

@@ -122,11 +122,10 @@ def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, s
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
-                   ks_ptr, vs_ptr, count_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
+                   ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr,
-                   FUSED_MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # PF_LINES > 0 (with PDL): the page metadata read, and the split's first tile of K / V prefetched into L2
@@ -201,31 +200,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         base = (r.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * SPLITS + s  # [B, H, S] flat
         tl.store(part_ptr + base[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + base, lse, mask=row_ok)
-        if FUSED_MERGE:  # the last split of (r, h) to finish merges the group's heads: no merge kernel
-            # every thread's partials stored (barrier), then the count with release (cumulative over the
-            # barrier); the last program, acquiring it, reads every split's partials (through L2)
-            tl.debug_barrier()
-            H = tl.num_programs(1) * GROUP
-            done = tl.atomic_add(count_ptr + r * tl.num_programs(1) + h, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                for g in range(GROUP):
-                    _merge_head(part_ptr, lse_ptr, o_ptr, r, h * GROUP + g, stride_ot, stride_oh, H, SPLITS,
-                                SPLITS_PAD, D)
-                tl.atomic_xchg(count_ptr + r * tl.num_programs(1) + h, 0)  # zero again for the next launch
-
-
-@triton.jit
-def _merge_head(part_ptr, lse_ptr, o_ptr, r, h, stride_ot, stride_oh, H, SPLITS: tl.constexpr,
-                SPLITS_PAD: tl.constexpr, D: tl.constexpr):
-    """Head h of request r: its SPLITS normalised partial outputs weighted by exp2(lse - max lse)."""
-    sp = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, D)
-    base = (r.to(tl.int64) * H + h) * SPLITS
-    lse = tl.load(lse_ptr + base + sp, mask=sp < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    part = tl.load(part_ptr + (base + sp)[:, None] * D + d[None, :], mask=(sp < SPLITS)[:, None], other=0.0)
-    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -234,8 +208,16 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     if PDL:  # o's GEMV may launch (and read its weights) while the splits finish; they are complete after
         gdc_launch_dependents()
         gdc_wait()
-    _merge_head(part_ptr, lse_ptr, o_ptr, tl.program_id(0), tl.program_id(1), stride_ot, stride_oh, H, SPLITS,
-                SPLITS_PAD, D)
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, D)
+    base = (r.to(tl.int64) * H + h) * SPLITS
+    lse = tl.load(lse_ptr + base + sp, mask=sp < SPLITS, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    part = tl.load(part_ptr + (base + sp)[:, None] * D + d[None, :], mask=(sp < SPLITS)[:, None], other=0.0)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
 FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
@@ -305,8 +287,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False,
-                           fused_merge: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -317,11 +298,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
-    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype).
-    fused_merge (KernelConfig.decode_attention_fused_merge): with splits > 1, the last split of each (request,
-    KV head) to finish merges its heads' partials (an atomic count per pair in a per-device buffer, zeroed
-    again by that program) instead of a merge kernel after the splits: one kernel a layer fewer, the same
-    arithmetic (the merge kernel's code)."""
+    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype)."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -351,34 +328,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
     # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
     pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
-    fused = splits > 1 and fused_merge and B * KVH <= _COUNT_SLOTS
-    splits_pad = max(2, triton.next_power_of_2(splits))
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
-        k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr, _counts(q.device) if fused else kv_indptr,
+        k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, FUSED_MERGE=fused,
-        SPLITS_PAD=splits_pad, num_warps=num_warps, num_stages=num_stages,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, num_warps=num_warps,
+        num_stages=num_stages,
         **cap, **launch_args(pdl))
-    if splits > 1 and not fused:
-        _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits, SPLITS_PAD=splits_pad, D=D,
-                              PDL=pdl, num_warps=4, **launch_args(pdl))
+    if splits > 1:
+        _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
+                              SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
+                              **launch_args(pdl))
     return out
-
-
-_COUNT_SLOTS = 1 << 14  # (request, KV head) pairs a fused-merge launch may count (splits > 1 only where the pairs
-# are fewer than the SMs, or twice that for e4m3 batches of 17-32); more pairs take the merge kernel
-_COUNTS: dict = {}
-
-
-def _counts(device: torch.device) -> torch.Tensor:
-    """The device's int32 counters of finished splits, one per (request, KV head) of a launch (zero between
-    launches: each pair's last program resets its own). Made once, on the first (eager, warm-up) call; a graph
-    capture then records its address, and it is never replaced."""
-    c = _COUNTS.get(device)
-    if c is None:
-        c = _COUNTS[device] = torch.zeros(_COUNT_SLOTS, dtype=torch.int32, device=device)
-    return c

@@ -83,37 +83,11 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
     torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 2)])
-@pytest.mark.parametrize("splits", [2, 16])
-def test_fused_merge_is_the_merge_kernel(heads, kv_heads, splits, monkeypatch):
-    """fused_merge (KernelConfig.decode_attention_fused_merge): the last split of each (request, KV head) merges
-    in the attention kernel. The direct softmax, bit for bit the launch with the merge kernel (the same code),
-    with empty splits (short requests); called twice, as a graph replays it: the counters are zero again after
-    each launch."""
-    from model_wrapper.kernels import decode_attention
-
-    lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
-    k, v, tables, indptr, indices, last = _paged(lens, kv_heads, seed=splits)
-    q = torch.randn(len(lens), heads, D, generator=torch.Generator().manual_seed(3)).to(DTYPE)
-    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
-    kw = dict(splits=splits, block_n=8 if INTERPRET else 64)
-    want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
-    plain = paged_decode_attention(*on, 1 / math.sqrt(D), **kw)
-    monkeypatch.setattr(decode_attention, "_merge_kernel", None)  # fused: no merge kernel is launched
-    for _ in range(2):
-        got = paged_decode_attention(*on, 1 / math.sqrt(D), fused_merge=True, **kw)
-        assert torch.equal(got, plain)
-        counts = decode_attention._counts(torch.device(DEVICE))
-        assert not counts.any()  # every pair's last program reset its counter
-    torch.testing.assert_close(got.double().cpu(), want, atol=2e-3 if DTYPE == torch.float16 else 1.6e-2, rtol=0)
-
-
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("splits", [1, 4, 16])
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("fused_merge", [False, True])
-def test_pdl_launch_is_the_direct_softmax(splits, prefetch, fused_merge):
+def test_pdl_launch_is_the_direct_softmax(splits, prefetch):
     """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
     direct softmax of the q it wrote, as without PDL, bit for bit; prefetch (KernelConfig.decode_attention_prefetch):
     the metadata read and the first K / V tile prefetched into L2 before the wait, the same output."""
@@ -123,8 +97,7 @@ def test_pdl_launch_is_the_direct_softmax(splits, prefetch, fused_merge):
     on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
     qd = torch.zeros_like(q, device=DEVICE)
     qd.copy_(q.to(DEVICE))  # written just before the launch
-    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, prefetch=prefetch,
-                                 fused_merge=fused_merge)
+    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, prefetch=prefetch)
     want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
     torch.testing.assert_close(got.double().cpu(), want, atol=1.6e-2, rtol=0)
     assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits))
@@ -133,10 +106,9 @@ def test_pdl_launch_is_the_direct_softmax(splits, prefetch, fused_merge):
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("fused_merge", [False, True])
-def test_pdl_prefetch_over_an_e4m3_cache_is_the_launch_without_it(batch, fused_merge):
+def test_pdl_prefetch_over_an_e4m3_cache_is_the_launch_without_it(batch):
     """The graphs' e4m3 launch at batch 1-2 (16 splits, its default fp8_math) under PDL with the metadata read and the
-    first K / V tile prefetched before the wait (and the merge fused or not): bit for bit the launch without PDL."""
+    first K / V tile prefetched before the wait: bit for bit the launch without PDL."""
     lens = [300, 9 * PAGE + 3][:batch]
     k, v, _, indptr, indices, last = _paged(lens, 4, seed=13)
     k8, v8 = (x.float().to(torch.float8_e4m3fn).to(DEVICE) for x in (k, v))
@@ -144,8 +116,7 @@ def test_pdl_prefetch_over_an_e4m3_cache_is_the_launch_without_it(batch, fused_m
     sc = dict(k_scale=torch.tensor([0.05], device=DEVICE), v_scale=torch.tensor([0.2], device=DEVICE))
     meta = [x.to(DEVICE) for x in (indptr, indices, last)]
     qd = q * 1  # written just before the launch
-    got = paged_decode_attention(qd, k8, v8, *meta, 1 / math.sqrt(D), splits=16, pdl=True, prefetch=True,
-                                 fused_merge=fused_merge, **sc)
+    got = paged_decode_attention(qd, k8, v8, *meta, 1 / math.sqrt(D), splits=16, pdl=True, prefetch=True, **sc)
     assert torch.equal(got, paged_decode_attention(q, k8, v8, *meta, 1 / math.sqrt(D), splits=16, **sc))
 
 

@@ -291,25 +291,6 @@ def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, 
         assert torch.count_nonzero(k[untouched]) == 0, "a graph replay wrote outside the named slots"
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_graph_decode_with_the_split_merge_fused_is_bit_equal(gpu_ckpt, batch):
-    """KernelConfig.decode_attention_fused_merge: the graphs' Triton decode attention merging its KV splits in the
-    last split of each (request, KV head) gives the logits of the launch with the merge kernel, bit for bit (the
-    same code; at batch 1 under PDL, as the graphs launch it), step after step (the counters reset)."""
-    path = gpu_ckpt("llama31")
-    g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
-    tokens = torch.randint(0, 96, (6, batch), generator=g).tolist()
-    runs = []
-    for fused in (False, True):
-        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
-                                            kernel_config=KernelConfig(decode_attention_fused_merge=fused))
-        runs.append(_decode_run(gen, prompts, tokens)[0])
-        assert all(bk.attn_state.triton and bk.attn_state.splits > 1 for bk in gen.model_wrapper.graphs._graphs.values())
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
-
-
 def test_padding_slots_under_graphs(gpu_ckpt):
     """A decode row with slot -1 writes nothing, in graph replay as in eager mode."""
     gen = TextGenerator.from_pretrained(gpu_ckpt("llama"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
