@@ -14,7 +14,8 @@ Arms (each timed alone, the fastest of --repeats loops of --iters calls after a 
     triton_bf16q_e4m3_paged  the same kernel over the e4m3 cache (it converts K/V to bf16 in registers)
 The e4m3 arms are timed on q already in e4m3; quantize_q_ms is fa3_fp8.quantize_q's own time (the one-pass
 kernel; ms_with_q_quant adds it), quantize_q_torch_ms its torch path (clamp + cast), cast_only_ms a bare
-.to(e4m3) (one kernel; whether it saturates is printed).
+.to(e4m3) (one kernel; whether it saturates is printed), each in an eager loop (host launches included);
+quantize_q_gpu_ms / quantize_q_torch_gpu_ms the two paths' GPU time alone (CUDA-graph replays).
 Page size 16 (the engine's default block), pages in random order. K/V scales amax / 448 (per tensor, as a
 calibrated cache), q scale 1.0 (fa3_fp8.Q_SCALE).
 
@@ -37,6 +38,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.ab_gemv import graph_ms  # noqa: E402
 from benchmarks.bench_forward import timed  # noqa: E402
 from benchmarks.common import pyplot  # noqa: E402
 from model_wrapper.attention.fa3_fp8 import E4M3, E4M3_MAX, plan_kwargs, quantize_q  # noqa: E402
@@ -201,6 +203,11 @@ def main():
         refs = {"bf16": ref_bf16, "bf16q": reference(case, case.q, k_deq, v_deq, heads),
                 "e4m3": reference(case, case.q8.float(), k_deq, v_deq, heads)}
         rows = {"quantize_q_ms": t_q * 1e3, "quantize_q_torch_ms": t_q2 * 1e3, "cast_only_ms": t_cast * 1e3}
+        # GPU time alone (replays of 20 calls in a CUDA graph): the eager loop above also times the host's
+        # launches (a Triton launch costs more host time than torch's two), which a GPU-bound prefill step hides
+        for key, fn in (("quantize_q_gpu_ms", lambda: quantize_q(case.q)),
+                        ("quantize_q_torch_gpu_ms", lambda: quantize_q(case.q, one_pass=False))):
+            rows[key] = graph_ms(lambda: [fn() for _ in range(20)]) / 20
         for name, (setup, kind) in arms(case, dev).items():
             if args.arms and name not in args.arms.split(","):
                 continue
