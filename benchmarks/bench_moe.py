@@ -257,7 +257,9 @@ def main():
                     "gets a kernel breakdown")
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
-    variants = [v for v in VARIANTS if v in args.variants.split(",")]
+    # in VARIANTS' order, every bf16 variant before the first FP8 one (which quantizes the model in place: a bf16
+    # variant listed after it, e.g. new2 or attn-nopf, would otherwise run on the FP8 experts)
+    variants = sorted((v for v in VARIANTS if v in args.variants.split(",")), key=lambda v: v.endswith("fp8"))
     dev = args.device
     cuda = dev == "cuda"
     cfg = tiny_moe(QWEN3_30B_A3B) if args.tiny else dict(QWEN3_30B_A3B)
