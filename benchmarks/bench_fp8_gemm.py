@@ -8,7 +8,7 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096 (also with its SiLU epilogue)
 at M = 1, 4, 8, 16, 32, 64, 128, 256, 4096 tokens, with block-wise (128 x 128 blocks) and
 per-channel weight scales (--scales, --shapes pick a subset):
 - "fp8": fp8_linear as the model calls it (its path named), and each path forced where it
-  applies ("gemv" up to 16 tokens, "skinny" up to 128, "gemm" always, "scaled_mm" per-channel,
+  applies ("gemv" up to 16 tokens, "skinny" up to 128, "skinny_mma" up to 16, "gemm" always, "scaled_mm" per-channel,
   "scaled_mm_block" block-wise where torch._scaled_mm takes block scales), so KernelConfig's
   fp8_* thresholds can be read off the table;
 - "bf16": the project's bf16 projection (FlashInferKernels.linear / gate_up_silu: GEMV, skinny
@@ -192,6 +192,8 @@ def run_case(fp8, torch, shape, scales, silu, M, x, ws, ss, bls, wb, group, cfg,
         variants["fp8 gemv"] = lambda i: fp8.fp8_gemv(x, ws[i], ss[i], group, silu=silu, cfg=cfg)
     if M <= 128:
         variants["fp8 skinny"] = lambda i: fp8.fp8_skinny(x, ws[i], ss[i], group, silu=silu, cfg=cfg)
+    if M <= 16 and fp8.skinny_mma_fits(K, group):  # W8A8 (kernels/fp8_skinny_mma.py)
+        variants["fp8 skinny_mma"] = lambda i: fp8.fp8_skinny_mma(x, ws[i], ss[i], group, silu=silu, cfg=cfg)
     if not silu and M > 1 and device == "cuda" and fp8.scaled_mm_block_fits(x, ws[0], bls[0]):
         variants["fp8 scaled_mm_block"] = lambda i: fp8.fp8_scaled_mm_block(x, ws[i], bls[i])
     if silu:

@@ -186,6 +186,12 @@ class KernelConfig:
     fp8_skinny_wide_min_programs: int = 128
     fp8_skinny_wide_warps: int = 4
     fp8_skinny_wide_stages: int = 3
+    # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized per
+    # token and 128 columns in the kernel, as the block prefill path quantizes it; W8A8 where "skinny" is weight-only)
+    fp8_skinny_mma: bool = False
+    fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_min_programs programs
+    fp8_skinny_mma_warps: int = 4
+    fp8_skinny_mma_stages: int = 4
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

@@ -16,6 +16,9 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             times its group's scale; x stays in its dtype
   M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
                                             tensor-core products per K step, scaled per group in fp32
+                               "skinny_mma" (KernelConfig.fp8_skinny_mma, up to 16 tokens, sm89+) x
+                                            quantized per token and 128 columns inside the kernel,
+                                            e4m3 x e4m3 tensor-core products (kernels/fp8_skinny_mma.py)
   larger, KG == 1, CUDA bf16   "scaled_mm"  x quantized per token (or statically), cuBLASLt's FP8
                                             GEMM with a scale per row of each operand
   larger, 128 x 128 blocks,    "scaled_mm_block"  x quantized per token and 128 columns, cuBLASLt's
@@ -59,6 +62,7 @@ from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.r
     MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
     silu_and_mul_fp8)
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
+from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma, skinny_mma_fits
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
@@ -402,7 +406,7 @@ def _rowwise_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor
 
 def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
              cfg: KernelConfig = DEFAULT, silu: bool = False, block_scale: torch.Tensor | None = None) -> str:
-    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "scaled_mm", "scaled_mm_block",
+    """Which path fp8_linear takes on a CUDA x: "gemv", "skinny", "skinny_mma", "scaled_mm", "scaled_mm_block",
     "gemm" or "reference" (a scale group no tensor-core K step divides, x in neither bf16 nor fp16,
     or a prefill step on a GPU without e4m3 tensor cores, before sm89)."""
     return path_for(x.shape[0], x.dtype, x.device, weight, weight_scale, group, cfg, silu, block_scale)
@@ -421,6 +425,8 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"
     if M <= cfg.fp8_skinny_max_tokens:
+        if cfg.fp8_skinny_mma and M <= 16 and skinny_mma_fits(K, group) and _fp8_mma(device):
+            return "skinny_mma"
         return "skinny"
     if weight_scale.shape[1] == 1 and _rowwise_fits(dtype, device, weight):
         return "scaled_mm"
@@ -480,6 +486,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         return fp8_gemv(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "skinny":
         return fp8_skinny(x, weight, weight_scale, group, bias, cfg=cfg)
+    if path == "skinny_mma":
+        return fp8_skinny_mma(x, weight, weight_scale, group, bias, cfg=cfg)
     if path == "scaled_mm":
         return fp8_scaled_mm(x, weight, weight_scale, bias, input_scale, cfg)
     if path == "gemm":
@@ -506,6 +514,8 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         return fp8_gemv(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
     if path == "skinny":
         return fp8_skinny(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
+    if path == "skinny_mma":
+        return fp8_skinny_mma(x, weight, weight_scale, group, bias, silu=True, cfg=cfg)
     if path == "reference":
         weight_only = x.shape[0] <= cfg.fp8_skinny_max_tokens
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)

@@ -205,6 +205,35 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
         assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
 
 
+@pytest.mark.parametrize("cfg", [KernelConfig(fp8_skinny_mma=True), KernelConfig(fp8_skinny_mma=True,
+                                                                                fp8_skinny_mma_block_n=32)],
+                         ids=["default", "block_n32"])
+def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
+    """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-16 tokens): x quantized per token and 128
+    columns inside the kernel (the prefill paths' rounding: quantize_oracle), e4m3 products scaled per K step:
+    weight groups of 128 and 256 (several K steps a group), one group a row with K not a multiple of 128 (a
+    part-filled last step), N odd, bias, strided rows, the SiLU epilogue."""
+    from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma
+
+    g = torch.Generator().manual_seed(12)
+    dtype = torch.float16
+    for M, N, K, group, bias, strided in ((1, 40, 300, 128, True, False), (3, 70, 512, 256, False, True),
+                                          (16, 33, 1000, 1000, True, False), (9, 64, 384, 128, True, True)):
+        w, s = make_weight(N, K, group, g)
+        b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+        x = rows(M, K, dtype, g, strided=strided)
+        xq = quantize_oracle(x, 128)
+        got = fp8_skinny_mma(x, w, s, group, b, cfg=cfg)
+        want = xq @ dequant(w, s, group).t() + (0 if b is None else b.double())
+        assert got.dtype == dtype and got.shape == (M, N)
+        assert rel_err(got, want) < TOL[dtype], (M, N, K, group)
+        w2, s2 = make_weight(2 * N, K, group, g)
+        b2 = torch.randn(2 * N, generator=g).to(DEVICE, dtype) if bias else None
+        got = fp8_skinny_mma(x, w2, s2, group, b2, silu=True, cfg=cfg)
+        gate, up = (xq @ dequant(w2, s2, group).t() + (0 if b2 is None else b2.double())).to(dtype).chunk(2, -1)
+        assert rel_err(got, F.silu(gate.double()) * up.double()) < TOL[dtype], (M, N, K, group)
+
+
 def test_fp8_gemm_is_the_product_of_quantized_activations():
     """The "gemm" path (prefill): x quantized per token and group (or with a static scale), FP8
     tensor-core products scaled per K step: groups of 128 with K not a multiple of 128, per-channel
@@ -343,6 +372,32 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
         prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(
             torch.device("cuda", torch.cuda.current_device()), 4096, 4096) else "gemm"
     assert {"gemv", "skinny", prefill} <= seen, seen
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("group", [128, None], ids=["block128", "per-channel"])
+def test_fp8_skinny_mma_on_cuda(group):
+    """KernelConfig.fp8_skinny_mma on CUDA: fp8_linear and fp8_gate_up_silu at 3, 8 and 16 tokens take the
+    "skinny_mma" path, Llama-3-8B's shapes and a ragged one, block or per-channel scales, bf16: the float64 product
+    of x quantized per token and 128 columns (quantize_oracle, bit for bit the kernels' quantization) with W."""
+    g = torch.Generator().manual_seed(13)
+    cfg = KernelConfig(fp8_skinny_mma=True)
+    for N, K in LLAMA_SHAPES + ((1001, 520),):
+        grp = group or K
+        w, s = make_weight(N, K, grp, g, "cuda")
+        b = torch.randn(N, generator=g).to("cuda", torch.bfloat16) if N == 1001 else None
+        for M in (3, 8, 16):
+            x = rows(M, K, torch.bfloat16, g, "cuda", strided=M == 3)
+            assert fp8.fp8_path(x, w, s, grp, cfg) == "skinny_mma"
+            xq = quantize_oracle(x, 128)
+            want = xq @ dequant(w, s, grp).t() + (0 if b is None else b.double())
+            got = fp8.fp8_linear(x, w, s, grp, b, cfg=cfg)
+            assert rel_err(got, want) < TOL[torch.bfloat16], (M, N, K)
+            if N % 2 == 0:
+                gate, up = (xq @ dequant(w, s, grp).t()).to(torch.bfloat16).chunk(2, -1)
+                got = fp8.fp8_gate_up_silu(x, w, s, grp, cfg=cfg)
+                assert rel_err(got, F.silu(gate.double()) * up.double()) < TOL[torch.bfloat16], (M, N, K)
 
 
 @pytest.mark.cuda

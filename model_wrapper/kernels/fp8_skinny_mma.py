@@ -1,0 +1,131 @@
+"""FP8 linears at 3-16 tokens on the e4m3 tensor cores (W8A8): the "skinny_mma" path of kernels/fp8.py.
+
+    fp8_skinny_mma(x, weight, weight_scale, group, bias=None, silu=False, cfg) -> [M, N] (silu: [M, N // 2])
+
+The weight-only "skinny" kernel (kernels/fp8.py) upcasts every e4m3 weight to bf16 in registers
+before a bf16 product: at 3-16 tokens that costs about as much as reading twice the bytes (16
+tokens, H100: the four Llama-3-8B projections 133 us against bf16's 161, against a floor of 73).
+Here the weights reach the tensor cores as they are stored: each program quantizes the step's x
+tile for itself, per token and 128 columns, as the prefill paths quantize activations
+(fp8_reference.quantize_fp8_reference with group 128: scale = max(amax, MIN_AMAX) / 448, IEEE
+division, round to nearest even), then multiplies e4m3 by e4m3 with fp32 sums:
+
+    y[t, n] = sum_g sx[t, g] * ws(n, g) * sum_{k in g} e4m3(x)[t, k] * weight[n, k]
+
+ws(n, g) is the weight's scale of row n over group g's columns: block scales (a group of 128 or a
+multiple of it), or one per row (per channel / tensor: applied once, after the sum). The W rows are
+the MMA's M side (BLOCK_N a program), the tokens, padded to 16, its N side, one 128-column group a
+K step (each step its own product, scaled in fp32 before it joins the sum). Every program
+recomputes the same x quantization (16 x 128 values a step, from L2): no kernel before it, the
+same scales in every program. SiLU-and-mul for gate_up (gate rows and their up rows in one
+program) as the other skinny kernels: each product rounded to x's dtype, then silu_mul.
+
+This is the arithmetic of the block-scaled prefill path (activations quantized per token and 128
+columns) rather than the weight-only kernels' (x unquantized), as vLLM's FP8 linears do at every
+size; the GEMV (1-2 tokens) stays weight-only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8_reference import FP8_MAX, MIN_AMAX
+
+QGROUP = 128  # the activation's quantization group (columns): a K step
+
+
+@triton.jit
+def _quantize_tile(x, FMAX: tl.constexpr, AMIN: tl.constexpr):
+    """x [BM, QGROUP] fp32 (a token's 128 columns a row) -> (e4m3 tile, scale [BM]) as the reference."""
+    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -FMAX), FMAX)
+    return q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), s
+
+
+@triton.jit
+def _fp8_skinny_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
+                           stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr,
+                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
+                           FMAX: tl.constexpr, AMIN: tl.constexpr):
+    ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = rows < N
+    safe = tl.where(live, rows, 0).to(tl.int64)
+    w_rows = w_ptr + safe[:, None] * stride_w
+    s_rows = s_ptr + safe * stride_s
+    toks = tl.arange(0, BM)
+    tok_ok = toks < M
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the kernel that wrote x is complete
+    acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+    up = tl.zeros([ROWS, BM], dtype=tl.float32)
+    for k in range(0, K, 128):
+        kk = k + tl.arange(0, 128)
+        k_ok = kk < K
+        x = tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        x8, sx = _quantize_tile(x, FMAX, AMIN)
+        xt = tl.trans(x8)
+        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+        scale = sx[None, :]
+        if PER_GROUP:
+            sw = tl.load(s_rows + k // GROUP)
+            acc += tl.dot(w, xt) * (sw[:, None] * scale)
+        else:
+            acc += tl.dot(w, xt) * scale
+        if SILU:
+            wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
+            if PER_GROUP:
+                su = tl.load(s_rows + N * stride_s + k // GROUP)
+                up += tl.dot(wu, xt) * (su[:, None] * scale)
+            else:
+                up += tl.dot(wu, xt) * scale
+    if not PER_GROUP:
+        acc *= tl.load(s_rows)[:, None]
+        if SILU:
+            up *= tl.load(s_rows + N * stride_s)[:, None]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+        if SILU:
+            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+    dtype = o_ptr.dtype.element_ty
+    if SILU:
+        acc = silu_mul(acc.to(dtype), up.to(dtype))
+    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+
+
+def skinny_mma_fits(K: int, group: int) -> bool:
+    """Whether the kernel takes a weight of K columns with scale group `group`: one scale a row (group >= K)
+    or groups of a multiple of 128 columns (each K step inside one group); K a multiple of 16 (e4m3 rows
+    of 16-byte aligned loads)."""
+    return K % 16 == 0 and (group >= K or group % QGROUP == 0)
+
+
+def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
+                   bias: torch.Tensor | None = None, silu: bool = False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+    """x [M, K] bf16 / fp16 (M <= 16, unit column stride), weight e4m3 [N, K] with weight_scale [N, KG]
+    (skinny_mma_fits) -> x @ W^T (+ bias) [M, N] in x's dtype, x quantized per token and 128 columns
+    (silu: gate_up's silu(gate) * up, [M, N // 2])."""
+    M, K = x.shape
+    n_out = weight.shape[0] // 2 if silu else weight.shape[0]
+    out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    if not M:
+        return out
+    block_n = cfg.fp8_skinny_mma_block_n
+    while block_n > 32 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
+        block_n //= 2
+    if silu:
+        block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
+    rows = block_n // 2 if silu else block_n
+    pdl = uses_pdl(x.device, cfg)
+    _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
+        x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
+        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, FMAX=FP8_MAX, AMIN=MIN_AMAX,
+        num_warps=cfg.fp8_skinny_mma_warps, num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
+    return out
