@@ -5,19 +5,19 @@
 The weight-only "skinny" kernel (kernels/fp8.py) upcasts every e4m3 weight to bf16 in registers
 before a bf16 product: at 3-16 tokens that costs about as much as reading twice the bytes (16
 tokens, H100: the four Llama-3-8B projections 133 us against bf16's 161, against a floor of 73).
-Here the weights reach the tensor cores as they are stored: each program quantizes the step's x
-tile for itself, per token and 128 columns, as the prefill paths quantize activations
-(fp8_reference.quantize_fp8_reference with group 128: scale = max(amax, MIN_AMAX) / 448, IEEE
-division, round to nearest even), then multiplies e4m3 by e4m3 with fp32 sums:
+Here the weights reach the tensor cores as they are stored: x is quantized per token and 128
+columns first, as the prefill paths quantize activations (fp8_act.quantize_fp8_per_token_group, the
+reference's scale = max(amax, MIN_AMAX) / 448, IEEE division, round to nearest even; one small
+kernel), then e4m3 is multiplied by e4m3 with fp32 sums:
 
     y[t, n] = sum_g sx[t, g] * ws(n, g) * sum_{k in g} e4m3(x)[t, k] * weight[n, k]
 
 ws(n, g) is the weight's scale of row n over group g's columns: block scales (a group of 128 or a
 multiple of it), or one per row (per channel / tensor: applied once, after the sum). The W rows are
 the MMA's M side (BLOCK_N a program), the tokens, padded to 16, its N side, one 128-column group a
-K step (each step its own product, scaled in fp32 before it joins the sum). Every program
-recomputes the same x quantization (16 x 128 values a step, from L2): no kernel before it, the
-same scales in every program. SiLU-and-mul for gate_up (gate rows and their up rows in one
+K step (each step its own product, scaled in fp32 before it joins the sum). (Quantizing x inside
+every program instead, a 128-column amax and divisions each K step, measured 1.3-9x slower than the
+weight-only kernel: H100, session 39.) SiLU-and-mul for gate_up (gate rows and their up rows in one
 program) as the other skinny kernels: each product rounded to x's dtype, then silu_mul.
 
 This is the arithmetic of the block-scaled prefill path (activations quantized per token and 128
@@ -33,24 +33,15 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
-from model_wrapper.kernels.fp8_reference import FP8_MAX, MIN_AMAX
+from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 
 QGROUP = 128  # the activation's quantization group (columns): a K step
 
 
 @triton.jit
-def _quantize_tile(x, FMAX: tl.constexpr, AMIN: tl.constexpr):
-    """x [BM, QGROUP] fp32 (a token's 128 columns a row) -> (e4m3 tile, scale [BM]) as the reference."""
-    s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), AMIN), FMAX)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -FMAX), FMAX)
-    return q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), s
-
-
-@triton.jit
-def _fp8_skinny_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
-                           stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr,
-                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr,
-                           FMAX: tl.constexpr, AMIN: tl.constexpr):
+def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
+                           stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr,
+                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < N
@@ -61,18 +52,16 @@ def _fp8_skinny_mma_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.conste
     tok_ok = toks < M
     if PDL:
         gdc_launch_dependents()
-        gdc_wait()  # the kernel that wrote x is complete
+        gdc_wait()  # the quantize kernel that wrote x's e4m3 rows and scales is complete
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
-    for k in range(0, K, 128):
-        kk = k + tl.arange(0, 128)
+    for k in range(0, K, QGROUP):
+        kk = k + tl.arange(0, QGROUP)
         k_ok = kk < K
-        x = tl.load(x_ptr + toks[:, None] * stride_x + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        x8, sx = _quantize_tile(x, FMAX, AMIN)
-        xt = tl.trans(x8)
+        xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
+                              other=0.0))
+        scale = tl.load(qs_ptr + toks * stride_qs + k // QGROUP, mask=tok_ok, other=0.0)[None, :]
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
-        scale = sx[None, :]
         if PER_GROUP:
             sw = tl.load(s_rows + k // GROUP)
             acc += tl.dot(w, xt) * (sw[:, None] * scale)
@@ -122,10 +111,11 @@ def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     rows = block_n // 2 if silu else block_n
+    q, qs = quantize_fp8_per_token_group(x, QGROUP)
     pdl = uses_pdl(x.device, cfg)
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
-        x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
-        weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16, BLOCK_N=block_n,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, FMAX=FP8_MAX, AMIN=MIN_AMAX,
-        num_warps=cfg.fp8_skinny_mma_warps, num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
+        q, qs, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
+        weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
+        BLOCK_N=block_n, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_mma_warps,
+        num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out
