@@ -186,6 +186,8 @@ class KernelConfig:
     fp8_skinny_wide_min_programs: int = 128
     fp8_skinny_wide_warps: int = 4
     fp8_skinny_wide_stages: int = 3
+    # one scale a row (per channel / tensor): the e4m3 tile upcast through fp32 (kernels/fp8.py _fp8_skinny_kernel)
+    fp8_skinny_f32_upcast: bool = False
     # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized per
     # token and 128 columns in the kernel, as the block prefill path quantizes it; W8A8 where "skinny" is weight-only)
     fp8_skinny_mma: bool = False

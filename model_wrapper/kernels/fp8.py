@@ -72,7 +72,7 @@ from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up
 def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_x, stride_w, stride_s,
                    stride_o, GROUP: tl.constexpr, SUB: tl.constexpr, PER_GROUP: tl.constexpr, DEQUANT: tl.constexpr,
                    BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   SILU: tl.constexpr, PDL: tl.constexpr):
+                   SILU: tl.constexpr, PDL: tl.constexpr, F32_UPCAST: tl.constexpr):
     # W rows as the MMA's M side, the tokens padded to BM as its N side (kernels/gemm.py's skinny
     # GEMM). PER_GROUP: a K step of BLOCK_K holds NG = BLOCK_K // SUB sub-steps of SUB columns,
     # SUB dividing GROUP, so each sub-step has one scale per row:
@@ -83,7 +83,10 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     # DEQUANT: the [rows, BLOCK_K] e4m3 tile is scaled in registers (fp32 product, rounded to x's
     # dtype: the bf16 model's dequantized weight) and enters one product; otherwise (exact) each
     # sub-step is its own product of the upcast e4m3 tile, scaled in fp32 before it joins the sum.
-    # Without PER_GROUP one scale per row, applied at the end.
+    # Without PER_GROUP one scale per row, applied at the end; F32_UPCAST: the e4m3 tile goes to x's
+    # dtype through fp32 (cvt e4m3x2 -> f16x2, then to fp32 and a packed round to bf16, as the scaled
+    # tiles above) instead of Triton's direct e4m3 -> bf16 (a cvt to f16x2 and one F2F a value, a slow
+    # pipe: per-channel o at 16 tokens took 22.7 us against the block-scaled tile's 15.3, H100, session 39).
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     NG: tl.constexpr = BLOCK_K // SUB
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -128,6 +131,10 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
                 w = _scale_tile(w, tl.load(g_at, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
                 if SILU:
                     wu = _scale_tile(wu, tl.load(g_at + N * stride_s, mask=g_ok, other=0.0), ROWS, NG, SUB, dt)
+            elif F32_UPCAST:  # e4m3 -> fp32 -> dt: Triton's direct e4m3 -> bf16 takes a slow pipe (see below)
+                w = w.to(tl.float32)
+                if SILU:
+                    wu = wu.to(tl.float32)
             acc = tl.dot(w.to(dt), xt, acc)
             if SILU:
                 up = tl.dot(wu.to(dt), xt, up)
@@ -204,7 +211,7 @@ def fp8_skinny(x, weight, weight_scale, group, bias=None, silu=False, cfg: Kerne
     _fp8_skinny_kernel[(triton.cdiv(n_out, rows),)](
         x, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, HAS_BIAS=bias is not None,
-        SILU=silu, PDL=pdl, **launch, **launch_args(pdl))
+        SILU=silu, PDL=pdl, F32_UPCAST=cfg.fp8_skinny_f32_upcast, **launch, **launch_args(pdl))
     return out
 
 

@@ -171,6 +171,7 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
 
 
 SKINNY_CONFIGS = {"default": KernelConfig(),
+                  "f32-upcast": KernelConfig(fp8_skinny_f32_upcast=True),
                   "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_wide_block_k=64,
                                                     fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
                   "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256,
