@@ -11,7 +11,8 @@ Arms (each timed alone, the fastest of --repeats loops of --iters calls after a 
     fa3_e4m3_ragged        fa3 with q, K, V in e4m3 (model_wrapper/attention/fa3_fp8.py), over the step's K/V
     fa3_e4m3_paged         the same over the e4m3 paged cache: the new FP8-KV prefill
     triton_bf16_paged      the project's Triton prefill kernel (kernels/prefill_attention.py), bf16 cache
-    triton_bf16q_e4m3_paged  the same kernel over the e4m3 cache (it converts K/V to bf16 in registers)
+    triton_bf16q_e4m3_paged  the same kernel over the e4m3 cache (its default prefill_attention.E4M3_MATH)
+    triton_e4m3_fp16_vreg, triton_e4m3_bits_vreg  the same with the decode kernel's fp16 modes (fp8_math)
 The e4m3 arms are timed on q already in e4m3; quantize_q_ms is fa3_fp8.quantize_q's own time (the one-pass
 kernel; ms_with_q_quant adds it), quantize_q_torch_ms its torch path (clamp + cast), cast_only_ms a bare
 .to(e4m3) (one kernel; whether it saturates is printed), each in an eager loop (host launches included);
@@ -121,7 +122,7 @@ def arms(case: Case, dev):
             return lambda: w.run(q, cache, *args, **(run_kw or {}))
         return setup
 
-    def triton(cache, fp8):
+    def triton(cache, fp8, fp8_math=None):
         def setup():
             from model_wrapper.kernels.prefill_attention import paged_prefill_attention, tile_map, tile_tokens
 
@@ -131,7 +132,8 @@ def arms(case: Case, dev):
             pos = torch.cat([torch.arange(n) for n in case.lens]).to(dev)
             ks, vs = (one(1, case.ks), one(1, case.vs)) if fp8 else (None, None)
             return lambda: paged_prefill_attention(case.q, *cache, qo_d, ind, case.kv_indices, last, tiles, pos,
-                                                   1 / math.sqrt(D), block_t=bt, k_scale=ks, v_scale=vs)
+                                                   1 / math.sqrt(D), block_t=bt, k_scale=ks, v_scale=vs,
+                                                   fp8_math=fp8_math)
         return setup
 
     bf = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
@@ -147,6 +149,8 @@ def arms(case: Case, dev):
                                  (sq, sk, sv)), "e4m3"),
         "triton_bf16_paged": (triton(case.caches["bf16"], False), "bf16"),
         "triton_bf16q_e4m3_paged": (triton(case.caches["e4m3"], True), "bf16q"),
+        "triton_e4m3_fp16_vreg": (triton(case.caches["e4m3"], True, "fp16_vreg"), "bf16q"),
+        "triton_e4m3_bits_vreg": (triton(case.caches["e4m3"], True, "bits_vreg"), "bf16q"),
     }
 
 

@@ -24,19 +24,22 @@ the rows of one tensor-core product (row m = token m // GROUP, head m % GROUP, p
 of two >= 16), a contiguous share of the keys the tile sees (up to its last token's kv index),
 BLOCK_N keys a step with an FA2-style online softmax in fp32. With several splits each writes its
 normalised partial output and log2-sum-exp, and verify_attention's merge kernel combines them per
-(token, head). FP8 (e4m3) caches as in decode_attention: K/V converted to q's dtype, the layer's K
-scale in the softmax scale, its V scale on the output (device pointers). Nothing reads a host value.
+(token, head). FP8 (e4m3) caches as in decode_attention: K/V converted to q's dtype (or through its
+fp16 modes, E4M3_MATH), the layer's K scale in the softmax scale, its V scale on the output (device
+pointers). Nothing reads a host value.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels.decode_attention import FP8_MATHS, _v_in_registers
 from model_wrapper.kernels.verify_attention import _merge_kernel
 
 
@@ -46,7 +49,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_ot, stride_oh,
                     PAGE: tl.constexpr, BLOCK_T: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
                     D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                    FP8: tl.constexpr):
+                    FP8: tl.constexpr, MATH: tl.constexpr, INTERPRET: tl.constexpr):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # the map's last (longest causal) tiles start first
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -85,8 +88,15 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
     start = lo + s * chunk
     stop = tl.minimum(start + chunk, end)
 
+    out_scale = 1.0
     if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
         scale_log2 = scale_log2 * tl.load(ks_ptr)
+        out_scale = tl.load(vs_ptr)
+        if MATH != 0:  # decode_attention's fp16 modes: q as fp16(q * 2^-8), its 2^8 back into the scale
+            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
+            scale_log2 = scale_log2 * 256.0
+        if MATH == 3:  # V comes as value * 2^-8
+            out_scale = out_scale * 256.0
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
@@ -98,7 +108,9 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if FP8:
+        if MATH >= 2:
+            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
+        elif FP8:
             k, v = k.to(q.dtype), v.to(q.dtype)
         vis = (row_ok[:, None] & ok[None, :]) & (t[None, :] <= row_kv[:, None])
         if HAS_WINDOW:
@@ -117,7 +129,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     if FP8:
-        acc = acc * tl.load(vs_ptr)
+        acc = acc * out_scale
 
     seen = l_i > 0  # padding tokens (and an empty split) saw nothing: zeros, lse -inf
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
@@ -133,6 +145,10 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
 
 
 BLOCK_ROWS = 64  # query rows (tokens x GQA heads) a program
+# how e4m3 K/V reach the tensor cores (decode_attention.FP8_MATHS, its docstring): "q_dtype" converts them to q's
+# dtype (e4m3 -> bf16 through a slow pipe, V read from shared memory a byte at a time); the fp16 modes as in the
+# decode kernel
+E4M3_MATH = "q_dtype"
 BLOCK_N = 64  # keys a step of the loop
 
 
@@ -199,12 +215,14 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             tiles: torch.Tensor, positions: torch.Tensor, scale: float, *, block_t: int,
                             window: int | None = None, splits: int = 1, block_n: int = BLOCK_N,
                             num_warps: int | None = None, num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                            v_scale: torch.Tensor | None = None, fp8_math: str | None = None) -> torch.Tensor:
     """q [T_b, H, D] packed (rows may be strided) -> [T_b, H, D]; caches [blocks, page, KVH, D] of
     q's dtype or float8_e4m3fn (read as e4m3 * k_scale / v_scale: float32 one-element device
     tensors); qo_indptr, kv_indptr [R + 1], kv_indices, kv_last_page_len [R] int32; tiles [3, n]
     int32 (tile_map with this block_t, covering every row of q); positions [T_b] int (read only
-    with a window). window: a token sees keys less than `window` positions back, or all."""
+    with a window). window: a token sees keys less than `window` positions back, or all. fp8_math: how e4m3
+    K/V enter the products (a key of decode_attention.FP8_MATHS; None: E4M3_MATH); every mode computes the same
+    attention over the same e4m3 values."""
     T, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -219,6 +237,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_prefill_attention: an e4m3 cache needs k_scale and v_scale")
+    fp8_math = E4M3_MATH if fp8_math is None else fp8_math
+    if fp8_math not in FP8_MATHS:
+        raise ValueError(f"paged_prefill_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
+    math_id = FP8_MATHS[fp8_math] if fp8 else 0
+    if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
+        math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
     rows = max(16, triton.next_power_of_2(block_t * group))
     if num_warps is None:  # a 128-row fp32 accumulator of 128 columns spills over 4 warps' registers
         num_warps = 8 if rows >= 128 else 4
@@ -228,8 +252,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, BLOCK_T=block_t, GROUP=group, ROWS=rows, D=D,
-        BLOCK_N=block_n, SPLITS=splits, HAS_WINDOW=window is not None, FP8=fp8,
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, SPLITS=splits, HAS_WINDOW=window is not None, FP8=fp8, MATH=math_id,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _merge_kernel[(T, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, num_warps=4)

@@ -77,7 +77,7 @@ class Step:
         backend.plan(self.batch)
         return backend.run(0, self.q, self.k, self.v, window, self.batch)
 
-    def kernel(self, window=None, splits=1, block_rows=16, requests=None):
+    def kernel(self, window=None, splits=1, block_rows=16, requests=None, fp8_math=None):
         """-> (the real rows, the padding rows) of the kernel's output; requests: padded request
         count of the metadata (the graph's request bucket)."""
         R = requests or len(self.q_lens)
@@ -105,12 +105,12 @@ class Step:
                           v_scale=torch.tensor([self.fp8_scales[1]], device=DEVICE))
         on = [x.to(DEVICE) for x in (qp, self.k, self.v, qo, indptr, indices, last, tiles, pos)]
         out = paged_prefill_attention(*on, 1 / math.sqrt(D), block_t=block_t, window=window, splits=splits,
-                                      block_n=8 if INTERPRET else 64, **scales).cpu()
+                                      block_n=8 if INTERPRET else 64, fp8_math=fp8_math, **scales).cpu()
         return out[: self.T], out[self.T:]
 
 
-def _check(step, window=None, splits=1, block_rows=16, requests=None, tol=TOL):
-    got, pad = step.kernel(window, splits, block_rows, requests)
+def _check(step, window=None, splits=1, block_rows=16, requests=None, tol=TOL, fp8_math=None):
+    got, pad = step.kernel(window, splits, block_rows, requests, fp8_math)
     want = step.reference(window)
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=0)
     assert torch.count_nonzero(pad) == 0, "a padding row has output"
@@ -155,11 +155,15 @@ def test_long_chunk_several_tiles(block_rows):
     _check(step, block_rows=block_rows)
 
 
-def test_e4m3_cache_with_scales():
-    """An FP8 cache read as e4m3 * the layer's K / V scales, as the torch backend reads it."""
+@pytest.mark.parametrize("fp8_math", ["q_dtype", "fp16", "fp16_vreg", "bits_vreg"])
+def test_e4m3_cache_with_scales(fp8_math):
+    """An FP8 cache read as e4m3 * the layer's K / V scales, as the torch backend reads it, whichever way the
+    e4m3 values reach the tensor cores (decode_attention.FP8_MATHS: the "_vreg" ones' PTX on CUDA, their
+    Triton stand-ins under the interpreter); a window too."""
     step = Step([9, 0, 21], [6, 11, 1], 4, 2, 4, seed=5, fp8_scales=(0.05, 0.02))
-    _check(step, tol=5e-3 if INTERPRET else TOL)
-    _check(step, splits=3, tol=5e-3 if INTERPRET else TOL)
+    _check(step, tol=5e-3 if INTERPRET else TOL, fp8_math=fp8_math)
+    _check(step, splits=3, tol=5e-3 if INTERPRET else TOL, fp8_math=fp8_math)
+    _check(step, window=4, tol=5e-3 if INTERPRET else TOL, fp8_math=fp8_math)
 
 
 def test_tile_map_covers_every_row_once():
