@@ -55,12 +55,12 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         gdc_wait()  # the quantize kernel that wrote x's e4m3 rows and scales is complete
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
-    for k in range(0, K, QGROUP):
-        kk = k + tl.arange(0, QGROUP)
+    for k in range(0, K, 128):  # QGROUP (a module global is not visible to a compiled kernel)
+        kk = k + tl.arange(0, 128)
         k_ok = kk < K
         xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
                               other=0.0))
-        scale = tl.load(qs_ptr + toks * stride_qs + k // QGROUP, mask=tok_ok, other=0.0)[None, :]
+        scale = tl.load(qs_ptr + toks * stride_qs + k // 128, mask=tok_ok, other=0.0)[None, :]
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         if PER_GROUP:
             sw = tl.load(s_rows + k // GROUP)
