@@ -171,7 +171,7 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
 
 
 SKINNY_CONFIGS = {"default": KernelConfig(),
-                  "f32-upcast": KernelConfig(fp8_skinny_f32_upcast=True),
+                  "direct-upcast": KernelConfig(fp8_skinny_f32_upcast=False),
                   "k64-wide-programs": KernelConfig(fp8_skinny_block_k=64, fp8_skinny_wide_block_k=64,
                                                     fp8_skinny_min_programs=1, fp8_skinny_wide_min_programs=1),
                   "k256-exact": KernelConfig(fp8_skinny_block_k=256, fp8_skinny_wide_block_k=256,
@@ -384,7 +384,7 @@ def test_fp8_skinny_mma_on_cuda(group):
     of x quantized per token and 128 columns (quantize_oracle, bit for bit the kernels' quantization) with W."""
     g = torch.Generator().manual_seed(13)
     cfg = KernelConfig(fp8_skinny_mma=True)
-    for N, K in LLAMA_SHAPES + ((1001, 520),):
+    for N, K in LLAMA_SHAPES + ((1001, 528),):  # (K a multiple of 16, not of 128: skinny_mma_fits)
         grp = group or K
         w, s = make_weight(N, K, grp, g, "cuda")
         b = torch.randn(N, generator=g).to("cuda", torch.bfloat16) if N == 1001 else None
