@@ -193,7 +193,10 @@ class KernelConfig:
     fp8_skinny_f32_upcast: bool = True
     # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized per
     # token and 128 columns in the kernel, as the block prefill path quantizes it; W8A8 where "skinny" is weight-only)
-    fp8_skinny_mma: bool = False
+    # H100 (session 39, e4), Llama-3-8B shape, decode step ms at batch 4 / 8 / 16, weight-only skinny (fp32 upcast where
+    # per-channel) against this: per-channel 4.67 / 6.31 / 6.95 against 4.88 / 5.01 / 5.32; block 5.67 / 5.75 / 5.90
+    # against 5.20 / 5.30 / 5.55 (bf16 5.87 / 6.05 / 6.26)
+    fp8_skinny_mma: bool = True
     fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_min_programs programs
     fp8_skinny_mma_warps: int = 4
     fp8_skinny_mma_stages: int = 4

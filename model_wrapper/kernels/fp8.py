@@ -29,9 +29,12 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
   larger otherwise             "gemm"       x quantized per token and group, a Triton FP8 tensor-core
                                             GEMM: acc += dot(a, b) * a_scale[m, kb] * w_scale[n, kb]
 
-Decode wants the weight-only paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no
-faster than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and its
-block-scaled GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). Where
+Decode wants its own paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no faster
+than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and its block-scaled
+GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). At 1-2 tokens the GEMV is
+weight-only; at 3-16 "skinny_mma" quantizes x per token and 128 columns (the prefill paths'
+arithmetic, as vLLM's FP8 linears at every size) where it fits, the weight-only "skinny" kernel
+otherwise (and at 17-fp8_skinny_max_tokens, or with KernelConfig.fp8_skinny_mma off). Where
 torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM takes them (about
 2.4x slower at 4k tokens, benchmarks/RESULTS.md). Off CUDA, fp8_linear runs the torch reference;
 the kernels themselves run on any device under Triton's interpreter (the tests call them there).
@@ -476,9 +479,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
                cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, W = e4m3 weight [N, K] * weight_scale [N, KG]
-    per row and group of `group` columns. The weight-only paths (M <= cfg.fp8_skinny_max_tokens)
-    leave x unquantized and ignore input_scale; larger steps quantize x per token and group, or
-    with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
+    per row and group of `group` columns. The weight-only paths ("gemv", "skinny") leave x
+    unquantized and ignore input_scale, "skinny_mma" quantizes x per token and 128 columns (and
+    ignores input_scale too); larger steps quantize x per token and group, or with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
     (same quantization)."""
     if isinstance(x, QuantizedActivation):  # quantized by its producer (quantized_input_group said so)

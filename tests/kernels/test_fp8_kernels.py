@@ -258,7 +258,8 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
-    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM, beyond the
+    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM (W8A8 "skinny_mma" up to 16 tokens
+    where it fits, else weight-only), beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
     a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
     fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
@@ -267,15 +268,22 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     w, s = make_weight(24, 256, 128, g, "cpu")
     big = KernelConfig().fp8_skinny_max_tokens
 
-    def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16, K=256):
-        return fp8.fp8_path(torch.zeros(M, K, dtype=dtype), w, s, group, cfg, block_scale=s[::128].t())
+    def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16):
+        return fp8.fp8_path(torch.zeros(M, 256, dtype=dtype), w, s, group, cfg, block_scale=s[::128].t())
 
-    assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny", "skinny", "gemm", "gemm"]
+    assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny_mma", "skinny_mma", "gemm",
+                                                                 "gemm"]
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
-    assert [path(M, moved) for M in (4, 5, 32, 33)] == ["gemv", "skinny", "skinny", "gemm"]
+    assert [path(M, moved) for M in (4, 5, 16, 17, 32, 33)] == ["gemv", "skinny_mma", "skinny_mma", "skinny", "skinny",
+                                                                "gemm"]  # skinny_mma up to 16 tokens
+    weight_only = KernelConfig(fp8_skinny_mma=False)
+    assert [path(M, weight_only) for M in (3, big)] == ["skinny", "skinny"]
+    w264, s264 = make_weight(24, 264, 128, g, "cpu")
+    assert fp8.fp8_path(torch.zeros(3, 264, dtype=torch.float16), w264, s264, 128) == "skinny"  # skinny_mma: K % 16
     assert path(3, group=48) == "reference" and path(1, group=48) == "gemv"  # 48: no power-of-2 K step >= 32
+    assert path(3, group=64) == "skinny"  # skinny_mma: groups of a multiple of 128 columns
     assert path(1, dtype=torch.float32) == "reference"
-    assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny"
+    assert path(1, KernelConfig(fp8_gemv_max_k=128)) == "skinny_mma"
     for M in (2, big + 1):
         x = torch.randn(M, 256, generator=g).to(torch.bfloat16)
         assert rel_err(fp8.fp8_linear(x, w, s, 128), product(x, w, s, 128, quantized=M > big)) < TOL[torch.bfloat16]
@@ -359,11 +367,20 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
             seen.add(path)
             got = fp8.fp8_linear(x, w, s, grp, b, block_scale=block)
             assert got.dtype == dtype and got.shape == (M, N)
-            err = rel_err(got, product(x, w, s, grp, b, quantized=M > big))
+            if path == "skinny_mma":  # x quantized per token and 128 columns whatever the weight's scales
+                want = quantize_oracle(x, 128) @ dequant(w, s, grp).t() + (0 if b is None else b.double())
+            else:
+                want = product(x, w, s, grp, b, quantized=M > big)
+            err = rel_err(got, want)
             assert err < TOL[dtype], (M, N, K, path, err)
             if M in (1, 3, 257) and N % 2 == 0:
                 got = fp8.fp8_gate_up_silu(x, w, s, grp, block_scale=block)
-                assert rel_err(got, silu_product(x, w, s, grp, quantized=M > big)) < TOL[dtype], (M, N, K, path)
+                if path == "skinny_mma":
+                    gate, up = (quantize_oracle(x, 128) @ dequant(w, s, grp).t()).to(dtype).chunk(2, -1)
+                    want = F.silu(gate.double()) * up.double()
+                else:
+                    want = silu_product(x, w, s, grp, quantized=M > big)
+                assert rel_err(got, want) < TOL[dtype], (M, N, K, path)
         in_scale = torch.tensor(0.01, device="cuda")
         x = rows(300, K, dtype, g, "cuda")
         got = fp8.fp8_linear(x, w, s, grp, b, input_scale=in_scale, block_scale=block)
@@ -372,7 +389,7 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
     if dtype == torch.bfloat16:
         prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(
             torch.device("cuda", torch.cuda.current_device()), 4096, 4096) else "gemm"
-    assert {"gemv", "skinny", prefill} <= seen, seen
+    assert {"gemv", "skinny_mma", "skinny", prefill} <= seen, seen  # skinny: the ragged K (520, not a multiple of 16)
 
 
 @pytest.mark.cuda
@@ -404,7 +421,7 @@ def test_fp8_skinny_mma_on_cuda(group):
 @pytest.mark.cuda
 @on_cuda_skip
 def test_fp8_weight_only_paths_hold_to_bf16_gemv_error():
-    """At one and eight tokens the weight-only paths' error against the float64 product is at most
+    """At one and eight tokens the weight-only paths' (the GEMV; the skinny kernel, fp8_skinny_mma off) error against the float64 product is at most
     twice that of F.linear on the dequantized bf16-exact weight (e4m3 * a power-of-2 scale is
     exact in bf16), plus a floor: the fp32 sums lose nothing to the bf16 path."""
     g = torch.Generator().manual_seed(6)
@@ -416,5 +433,5 @@ def test_fp8_weight_only_paths_hold_to_bf16_gemv_error():
             x = torch.randn(M, K, generator=g).to("cuda", torch.bfloat16)
             want = product(x, w, s, 128)
             blas = F.linear(x, wb)
-            got = fp8.fp8_linear(x, w, s, 128)
+            got = fp8.fp8_linear(x, w, s, 128, cfg=KernelConfig(fp8_skinny_mma=False))
             assert (got.double() - want).abs().max() <= 2 * (blas.double() - want).abs().max() + 1e-3, (M, N, K)
