@@ -197,7 +197,9 @@ class KernelConfig:
     # per-channel) against this: per-channel 4.67 / 6.31 / 6.95 against 4.88 / 5.01 / 5.32; block 5.67 / 5.75 / 5.90
     # against 5.20 / 5.30 / 5.55 (bf16 5.87 / 6.05 / 6.26)
     fp8_skinny_mma: bool = True
-    fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_min_programs programs
+    fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs
+    fp8_skinny_mma_min_programs: int = 128
+    fp8_skinny_mma_block_k: int = 256  # K step (a multiple of 128: block weights take one product per 128 columns)
     fp8_skinny_mma_warps: int = 4
     fp8_skinny_mma_stages: int = 4
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)

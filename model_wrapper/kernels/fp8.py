@@ -480,10 +480,11 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                cfg: KernelConfig = DEFAULT, block_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, W = e4m3 weight [N, K] * weight_scale [N, KG]
     per row and group of `group` columns. The weight-only paths ("gemv", "skinny") leave x
-    unquantized and ignore input_scale, "skinny_mma" quantizes x per token and 128 columns (and
-    ignores input_scale too); larger steps quantize x per token and group, or with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
+    unquantized and ignore input_scale, "skinny_mma" quantizes x per token (and 128 columns for
+    block weights) and ignores input_scale too; larger steps quantize x per token and group, or
+    with input_scale. block_scale: the same scales as [K / 128, N / 128] blocks where the weight
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
-    (same quantization)."""
+    (weight-only up to fp8_skinny_max_tokens, quantized beyond)."""
     if isinstance(x, QuantizedActivation):  # quantized by its producer (quantized_input_group said so)
         return fp8_linear_quantized(x, weight, block_scale, bias, weight_scale, cfg)
     if input_scale is not None:

@@ -5,24 +5,25 @@
 The weight-only "skinny" kernel (kernels/fp8.py) upcasts every e4m3 weight to bf16 in registers
 before a bf16 product: at 3-16 tokens that costs about as much as reading twice the bytes (16
 tokens, H100: the four Llama-3-8B projections 133 us against bf16's 161, against a floor of 73).
-Here the weights reach the tensor cores as they are stored: x is quantized per token and 128
-columns first, as the prefill paths quantize activations (fp8_act.quantize_fp8_per_token_group, the
-reference's scale = max(amax, MIN_AMAX) / 448, IEEE division, round to nearest even; one small
-kernel), then e4m3 is multiplied by e4m3 with fp32 sums:
+Here the weights reach the tensor cores as they are stored: x is quantized first, as the prefill
+paths quantize activations (fp8_act.quantize_fp8_per_token_group: the reference's scale = max(amax,
+MIN_AMAX) / 448, IEEE division, round to nearest even; one small kernel), per token and 128 columns
+for block weights (the block prefill path's operand), per token for a scale a weight row (per
+channel / tensor: the row-wise prefill path's), then e4m3 is multiplied by e4m3 with fp32 sums:
 
-    y[t, n] = sum_g sx[t, g] * ws(n, g) * sum_{k in g} e4m3(x)[t, k] * weight[n, k]
+    block:        y[t, n] = sum_g sx[t, g] * ws[n, g] * sum_{k in g} e4m3(x)[t, k] * weight[n, k]
+    a scale a row: y[t, n] = sx[t] * ws[n] * sum_k e4m3(x)[t, k] * weight[n, k]
 
-ws(n, g) is the weight's scale of row n over group g's columns: block scales (a group of 128 or a
-multiple of it), or one per row (per channel / tensor: applied once, after the sum). The W rows are
-the MMA's M side (BLOCK_N a program), the tokens, padded to 16, its N side, one 128-column group a
-K step (each step its own product, scaled in fp32 before it joins the sum). (Quantizing x inside
-every program instead, a 128-column amax and divisions each K step, measured 1.3-9x slower than the
-weight-only kernel: H100, session 39.) SiLU-and-mul for gate_up (gate rows and their up rows in one
-program) as the other skinny kernels: each product rounded to x's dtype, then silu_mul.
+(ws[n, g]: the weight's scale of row n over the 128 columns of g; weight groups may be any multiple of
+128.) The W rows are the MMA's M side (BLOCK_N a program), the tokens, padded to 16, its N side,
+BLOCK_K columns a step: for block weights one product per 128 columns, scaled in fp32 before it joins
+the sum; for a scale a row the products accumulate in place, scaled once at the end. (Quantizing x
+inside every program instead, a 128-column amax and divisions each K step, measured 1.3-9x slower
+than the weight-only kernel: H100, session 39.) SiLU-and-mul for gate_up (gate rows and their up rows
+in one program) as the other skinny kernels: each product rounded to x's dtype, then silu_mul.
 
-This is the arithmetic of the block-scaled prefill path (activations quantized per token and 128
-columns) rather than the weight-only kernels' (x unquantized), as vLLM's FP8 linears do at every
-size; the GEMV (1-2 tokens) stays weight-only.
+This is the prefill paths' arithmetic (activations quantized) rather than the weight-only kernels'
+(x unquantized), as vLLM's FP8 linears do at every size; the GEMV (1-2 tokens) stays weight-only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ QGROUP = 128  # the activation's quantization group (columns): a K step
 @triton.jit
 def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
                            stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr,
-                           BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, PDL: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                           PDL: tl.constexpr):
+    # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
+    # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
+    # and scaled once at the end
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < N
@@ -55,29 +60,35 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         gdc_wait()  # the quantize kernel that wrote x's e4m3 rows and scales is complete
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
-    for k in range(0, K, 128):  # QGROUP (a module global is not visible to a compiled kernel)
-        kk = k + tl.arange(0, 128)
-        k_ok = kk < K
-        xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
-                              other=0.0))
-        scale = tl.load(qs_ptr + toks * stride_qs + k // 128, mask=tok_ok, other=0.0)[None, :]
-        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+    for k in range(0, K, BLOCK_K):
         if PER_GROUP:
-            sw = tl.load(s_rows + k // GROUP)
-            acc += tl.dot(w, xt) * (sw[:, None] * scale)
+            for j in tl.static_range(BLOCK_K // 128):
+                kk = k + j * 128 + tl.arange(0, 128)
+                k_ok = kk < K
+                xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :],
+                                      mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
+                g_ok = k + j * 128 < K
+                scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128, mask=tok_ok & g_ok, other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+                sw = tl.load(s_rows + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
+                acc += tl.dot(w, xt) * (sw[:, None] * scale[None, :])
+                if SILU:
+                    wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
+                    su = tl.load(s_rows + N * stride_s + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
+                    up += tl.dot(wu, xt) * (su[:, None] * scale[None, :])
         else:
-            acc += tl.dot(w, xt) * scale
-        if SILU:
-            wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
-            if PER_GROUP:
-                su = tl.load(s_rows + N * stride_s + k // GROUP)
-                up += tl.dot(wu, xt) * (su[:, None] * scale)
-            else:
-                up += tl.dot(wu, xt) * scale
+            kk = k + tl.arange(0, BLOCK_K)
+            k_ok = kk < K
+            xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
+                                  other=0.0))
+            acc = tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt, acc)
+            if SILU:
+                up = tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt, up)
     if not PER_GROUP:
-        acc *= tl.load(s_rows)[:, None]
+        sx = tl.load(qs_ptr + toks * stride_qs, mask=tok_ok, other=0.0)[None, :]
+        acc *= tl.load(s_rows)[:, None] * sx
         if SILU:
-            up *= tl.load(s_rows + N * stride_s)[:, None]
+            up *= tl.load(s_rows + N * stride_s)[:, None] * sx
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
         if SILU:
@@ -106,16 +117,17 @@ def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     if not M:
         return out
     block_n = cfg.fp8_skinny_mma_block_n
-    while block_n > 32 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_min_programs:
+    while block_n > 32 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_mma_min_programs:
         block_n //= 2
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     rows = block_n // 2 if silu else block_n
-    q, qs = quantize_fp8_per_token_group(x, QGROUP)
+    q, qs = quantize_fp8_per_token_group(x, QGROUP if group < K else K)
     pdl = uses_pdl(x.device, cfg)
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
         q, qs, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
-        BLOCK_N=block_n, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_mma_warps,
+        BLOCK_N=block_n, BLOCK_K=cfg.fp8_skinny_mma_block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out

@@ -206,14 +206,13 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
         assert rel_err(got, silu_product(x, w2, s2, group, b2)) < TOL[dtype], (M, N, K, group)
 
 
-@pytest.mark.parametrize("cfg", [KernelConfig(fp8_skinny_mma=True), KernelConfig(fp8_skinny_mma=True,
-                                                                                fp8_skinny_mma_block_n=32)],
-                         ids=["default", "block_n32"])
+@pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_mma_block_n=32, fp8_skinny_mma_block_k=128),
+                                 KernelConfig(fp8_skinny_mma_block_k=512)], ids=["default", "n32-k128", "k512"])
 def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-16 tokens): x quantized per token and 128
-    columns inside the kernel (the prefill paths' rounding: quantize_oracle), e4m3 products scaled per K step:
-    weight groups of 128 and 256 (several K steps a group), one group a row with K not a multiple of 128 (a
-    part-filled last step), N odd, bias, strided rows, the SiLU epilogue."""
+    columns for block weights, per token for a scale a row (the prefill paths' rounding: quantize_oracle), e4m3
+    products: weight groups of 128 and 256 (several products a group), one group a row with K not a multiple of
+    the K step (a part-filled last step), N odd, bias, strided rows, the SiLU epilogue; K steps of 128 to 512."""
     from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma
 
     g = torch.Generator().manual_seed(12)
@@ -223,7 +222,7 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
-        xq = quantize_oracle(x, 128)
+        xq = quantize_oracle(x, 128 if group < K else K)  # block weights: per 128 columns; else per token
         got = fp8_skinny_mma(x, w, s, group, b, cfg=cfg)
         want = xq @ dequant(w, s, group).t() + (0 if b is None else b.double())
         assert got.dtype == dtype and got.shape == (M, N)
@@ -367,8 +366,9 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
             seen.add(path)
             got = fp8.fp8_linear(x, w, s, grp, b, block_scale=block)
             assert got.dtype == dtype and got.shape == (M, N)
-            if path == "skinny_mma":  # x quantized per token and 128 columns whatever the weight's scales
-                want = quantize_oracle(x, 128) @ dequant(w, s, grp).t() + (0 if b is None else b.double())
+            if path == "skinny_mma":  # x quantized per token and 128 columns (block weights) or per token
+                want = quantize_oracle(x, 128 if grp < K else K) @ dequant(w, s, grp).t()
+                want = want + (0 if b is None else b.double())
             else:
                 want = product(x, w, s, grp, b, quantized=M > big)
             err = rel_err(got, want)
@@ -376,7 +376,8 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
             if M in (1, 3, 257) and N % 2 == 0:
                 got = fp8.fp8_gate_up_silu(x, w, s, grp, block_scale=block)
                 if path == "skinny_mma":
-                    gate, up = (quantize_oracle(x, 128) @ dequant(w, s, grp).t()).to(dtype).chunk(2, -1)
+                    xq = quantize_oracle(x, 128 if grp < K else K)
+                    gate, up = (xq @ dequant(w, s, grp).t()).to(dtype).chunk(2, -1)
                     want = F.silu(gate.double()) * up.double()
                 else:
                     want = silu_product(x, w, s, grp, quantized=M > big)
@@ -398,7 +399,8 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
 def test_fp8_skinny_mma_on_cuda(group):
     """KernelConfig.fp8_skinny_mma on CUDA: fp8_linear and fp8_gate_up_silu at 3, 8 and 16 tokens take the
     "skinny_mma" path, Llama-3-8B's shapes and a ragged one, block or per-channel scales, bf16: the float64 product
-    of x quantized per token and 128 columns (quantize_oracle, bit for bit the kernels' quantization) with W."""
+    of x quantized per token and 128 columns, or per token (quantize_oracle, bit for bit the kernels'
+    quantization) with W."""
     g = torch.Generator().manual_seed(13)
     cfg = KernelConfig(fp8_skinny_mma=True)
     for N, K in LLAMA_SHAPES + ((1001, 528),):  # (K a multiple of 16, not of 128: skinny_mma_fits)
@@ -408,7 +410,7 @@ def test_fp8_skinny_mma_on_cuda(group):
         for M in (3, 8, 16):
             x = rows(M, K, torch.bfloat16, g, "cuda", strided=M == 3)
             assert fp8.fp8_path(x, w, s, grp, cfg) == "skinny_mma"
-            xq = quantize_oracle(x, 128)
+            xq = quantize_oracle(x, 128 if grp < K else K)
             want = xq @ dequant(w, s, grp).t() + (0 if b is None else b.double())
             got = fp8.fp8_linear(x, w, s, grp, b, cfg=cfg)
             assert rel_err(got, want) < TOL[torch.bfloat16], (M, N, K)
