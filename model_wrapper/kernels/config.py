@@ -199,7 +199,13 @@ class KernelConfig:
     fp8_skinny_mma: bool = True
     fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs
     fp8_skinny_mma_min_programs: int = 128
-    fp8_skinny_mma_block_k: int = 256  # K step (a multiple of 128: block weights take one product per 128 columns)
+    # K step (a multiple of 128): block weights (one product per 128 columns), a scale a row (products in place).
+    # H100, bench_fp8_gemm.py --tokens 8 (session 39, e5), us of qkv / o / gate_up + SiLU / down at K steps 128 / 256
+    # / 512: block 18.9 / 16.7 / 54.0 / 48.8, 21.4 / 17.5 / 63.4 / 49.2, 21.5 / 16.5 / 70.6 / 42.9 (weight-only skinny
+    # 21.8 / 15.8 / 68.3 / 38.7); a scale a row 17.5 / 15.2 / 51.4 / 43.5, 15.8 / 13.0 / 61.3 / 34.4, 16.2 / 12.5 /
+    # 55.0 / 32.5 (skinny 16.9 / 13.0 / 50.2 / 34.1)
+    fp8_skinny_mma_block_k: int = 128
+    fp8_skinny_mma_row_block_k: int = 512
     fp8_skinny_mma_warps: int = 4
     fp8_skinny_mma_stages: int = 4
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)

@@ -127,7 +127,8 @@ def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
         q, qs, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
-        BLOCK_N=block_n, BLOCK_K=cfg.fp8_skinny_mma_block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        BLOCK_N=block_n, BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
         num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out
