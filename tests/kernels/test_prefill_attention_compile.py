@@ -1,5 +1,6 @@
 """The mixed-step prefill attention kernel compiles for Hopper (sm_90) on a machine without a GPU:
-bf16 and e4m3 caches, with and without a sliding window, one split and several.
+bf16 and e4m3 caches (the e4m3 ones in the default fp8 math and in q_dtype), with and without a sliding
+window, one split and several.
 
 The interpreter (test_prefill_attention.py) runs the kernel's arithmetic but not the compiler, which
 refuses some constructs the interpreter accepts; here each variant is compiled ahead of time for the
@@ -20,7 +21,10 @@ def _compile_all() -> list[str]:
 
     built = []
     fn = prefill_attention._prefill_kernel
-    for fp8 in (False, True):
+    from model_wrapper.kernels.decode_attention import FP8_MATHS
+
+    # a bf16 cache; an e4m3 cache in the default math (prefill_attention.E4M3_MATH) and in q_dtype
+    for fp8, math in ((False, "q_dtype"), (True, prefill_attention.E4M3_MATH), (True, "q_dtype")):
         cache = "*fp8e4nv" if fp8 else "*bf16"
         for window in (False, True):
             for splits in (1, 4):
@@ -29,9 +33,9 @@ def _compile_all() -> list[str]:
                                 pos_ptr="*i64", o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32",
                                 vs_ptr="*fp32")
                 constexprs = dict(PAGE=16, BLOCK_T=16, GROUP=4, ROWS=64, D=128, BLOCK_N=64, SPLITS=splits,
-                                  HAS_WINDOW=window, FP8=fp8)
+                                  HAS_WINDOW=window, FP8=fp8, MATH=FP8_MATHS[math] if fp8 else 0, INTERPRET=False)
                 compile_sm90(fn, pointers, constexprs, scalars=("scale_log2",), num_warps=4, num_stages=2)
-                built.append(f"prefill fp8={fp8} window={window} splits={splits}")
+                built.append(f"prefill fp8={fp8} math={math} window={window} splits={splits}")
     merge = verify_attention._merge_kernel
     compile_sm90(merge, dict(part_ptr="*fp32", lse_ptr="*fp32", o_ptr="*bf16"), dict(SPLITS=4, SPLITS_PAD=4, D=128),
                  num_warps=4)
@@ -40,7 +44,7 @@ def _compile_all() -> list[str]:
 
 
 def test_prefill_attention_compiles_for_sm90():
-    assert len(run_child(__file__)) == 9
+    assert len(run_child(__file__)) == 13
 
 
 if __name__ == "__main__":
