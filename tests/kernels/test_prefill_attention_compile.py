@@ -1,5 +1,5 @@
 """The mixed-step prefill attention kernel compiles for Hopper (sm_90) on a machine without a GPU:
-bf16 and e4m3 caches (the e4m3 ones in the default fp8 math and in q_dtype), with and without a sliding
+bf16 and e4m3 caches (the e4m3 ones in the q_dtype and fp16_vreg maths), with and without a sliding
 window, one split and several.
 
 The interpreter (test_prefill_attention.py) runs the kernel's arithmetic but not the compiler, which
@@ -23,8 +23,8 @@ def _compile_all() -> list[str]:
     fn = prefill_attention._prefill_kernel
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    # a bf16 cache; an e4m3 cache in the default math (prefill_attention.E4M3_MATH) and in q_dtype
-    for fp8, math in ((False, "q_dtype"), (True, prefill_attention.E4M3_MATH), (True, "q_dtype")):
+    # a bf16 cache; an e4m3 cache in q_dtype (prefill_attention.E4M3_MATH) and in fp16_vreg
+    for fp8, math in ((False, "q_dtype"), (True, "q_dtype"), (True, "fp16_vreg")):
         cache = "*fp8e4nv" if fp8 else "*bf16"
         for window in (False, True):
             for splits in (1, 4):
