@@ -17,9 +17,7 @@ channel / tensor: the row-wise prefill path's), then e4m3 is multiplied by e4m3 
 (ws[n, g]: the weight's scale of row n over the 128 columns of g; weight groups may be any multiple of
 128.) The W rows are the MMA's M side (BLOCK_N a program), the tokens, padded to 16, its N side,
 BLOCK_K columns a step: for block weights one product per 128 columns, scaled in fp32 before it joins
-the sum; for a scale a row one product a step, added to the fp32 sum (the tensor cores' own FP8
-accumulator keeps fewer bits: all of K summed there was 2.9e-3 off in fp16, H100), scaled once at the
-end. (Quantizing x
+the sum; for a scale a row the products accumulate in place, scaled once at the end. (Quantizing x
 inside every program instead, a 128-column amax and divisions each K step, measured 1.3-9x slower
 than the weight-only kernel: H100, session 39.) SiLU-and-mul for gate_up (gate rows and their up rows
 in one program) as the other skinny kernels: each product rounded to x's dtype, then silu_mul.
@@ -47,8 +45,8 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                            PDL: tl.constexpr):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
-    # x's and the weight's scales; else (a scale a weight row) one scale a token, each K step's product added to
-    # the fp32 sum, scaled once at the end
+    # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
+    # and scaled once at the end
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = rows < N
@@ -83,11 +81,9 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
             k_ok = kk < K
             xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
                                   other=0.0))
-            # each step's product joins the fp32 sum (not the tensor cores' accumulator, whose FP8 sums keep fewer
-            # bits: summing all of K there put a per-channel [28672, 4096] product 2.9e-3 off in fp16, H100)
-            acc += tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt)
+            acc = tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt, acc)
             if SILU:
-                up += tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt)
+                up = tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt, up)
     if not PER_GROUP:
         sx = tl.load(qs_ptr + toks * stride_qs, mask=tok_ok, other=0.0)[None, :]
         acc *= tl.load(s_rows)[:, None] * sx
