@@ -435,7 +435,8 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"
     if M <= cfg.fp8_skinny_max_tokens:
-        if cfg.fp8_skinny_mma and M <= 16 and skinny_mma_fits(K, group) and _fp8_mma(device):
+        if (cfg.fp8_skinny_mma and M <= 16 and skinny_mma_fits(K, group) and _fp8_mma(device)
+                and (group < K or dtype == torch.bfloat16)):  # a scale a row: bf16 only (kernels/fp8_skinny_mma.py)
             return "skinny_mma"
         return "skinny"
     if weight_scale.shape[1] == 1 and _rowwise_fits(dtype, device, weight):

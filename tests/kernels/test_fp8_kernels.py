@@ -276,6 +276,8 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
     assert [path(M, moved) for M in (4, 5, 16, 17, 32, 33)] == ["gemv", "skinny_mma", "skinny_mma", "skinny", "skinny",
                                                                 "gemm"]  # skinny_mma up to 16 tokens
+    assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.float16), w, s[:, :1], 256) == "skinny"  # a scale a row:
+    assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.bfloat16), w, s[:, :1], 256) == "skinny_mma"  # bf16 only
     weight_only = KernelConfig(fp8_skinny_mma=False)
     assert [path(M, weight_only) for M in (3, big)] == ["skinny", "skinny"]
     w264, s264 = make_weight(24, 264, 128, g, "cpu")
@@ -391,7 +393,9 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
     if dtype == torch.bfloat16:
         prefill = "scaled_mm" if not group else "scaled_mm_block" if fp8._block_mm_works(
             torch.device("cuda", torch.cuda.current_device()), 4096, 4096) else "gemm"
-    assert {"gemv", "skinny_mma", "skinny", prefill} <= seen, seen  # skinny: the ragged K (520, not a multiple of 16)
+    # skinny: the ragged K (520, not a multiple of 16), and fp16 with a scale a row; skinny_mma: the others
+    want = {"gemv", "skinny", prefill} | ({"skinny_mma"} if group or dtype == torch.bfloat16 else set())
+    assert want <= seen and ("skinny_mma" in seen) == ("skinny_mma" in want), seen
 
 
 @pytest.mark.cuda
