@@ -51,6 +51,22 @@ def silu_mul(g, u):
 
 
 @triton.jit
+def skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS: tl.constexpr,
+                 SILU: tl.constexpr):
+    """The skinny GEMMs' epilogue (kernels/gemm.py, fp8.py, fp8_skinny_mma.py): fp32 sums acc [ROWS, BM] of rows x
+    tokens (SILU: gate rows in acc, their up rows in up) plus the bias (up's at N + rows), each product rounded to
+    o's dtype, SILU: silu_mul of the two, stored transposed at o[toks, rows]."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+        if SILU:
+            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
+    dtype = o_ptr.dtype.element_ty
+    if SILU:
+        acc = silu_mul(acc.to(dtype), up.to(dtype))
+    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+
+
+@triton.jit
 def loads_fence():
     """A CTA-scope fence: ptxas issues every load before it ahead of it, instead of sinking loads into the
     products that follow (the GEMVs' next row block, the MoE gate_up GEMV's weights). CUDA only."""

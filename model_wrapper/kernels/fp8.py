@@ -58,7 +58,8 @@ import triton.language as tl
 from loguru import logger
 
 from model_wrapper.kernels.activation import silu_and_mul
-from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, skinny_store,
+                                          uses_pdl)
 from model_wrapper.kernels import fp8_deepgemm
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
@@ -145,14 +146,7 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
         acc *= tl.load(s_rows)[:, None]
         if SILU:
             up *= tl.load(s_rows + N * stride_s)[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-        if SILU:
-            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-    dtype = o_ptr.dtype.element_ty
-    if SILU:
-        acc = silu_mul(acc.to(dtype), up.to(dtype))
-    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+    skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
 
 
 @triton.jit

@@ -35,7 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, skinny_store,
+                                          uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 
@@ -92,14 +93,7 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         acc *= tl.load(s_rows)[:, None] * sx
         if SILU:
             up *= tl.load(s_rows + N * stride_s)[:, None] * sx
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-        if SILU:
-            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-    dtype = o_ptr.dtype.element_ty
-    if SILU:
-        acc = silu_mul(acc.to(dtype), up.to(dtype))
-    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+    skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
 
 
 def skinny_mma_fits(K: int, group: int) -> bool:

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, sm90,
-                                          uses_pdl)
+from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, silu_mul, skinny_store,
+                                          sm90, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 
 
@@ -66,14 +66,7 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, o_ptr, M, N, stride_x, stride_w, stride_
         acc = tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt, acc)
         if SILU:
             up = tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt, up)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-        if SILU:
-            up += tl.load(b_ptr + N + rows, mask=live, other=0.0).to(tl.float32)[:, None]
-    dtype = o_ptr.dtype.element_ty
-    if SILU:
-        acc = silu_mul(acc.to(dtype), up.to(dtype))
-    tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
+    skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
 
 def skinny_fits(x: torch.Tensor, weight: torch.Tensor, cfg: KernelConfig = DEFAULT) -> bool:
     """Whether skinny_gemm takes x @ weight^T: cfg.gemv_max_tokens + 1 .. cfg.skinny_max_tokens rows
