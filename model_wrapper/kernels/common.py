@@ -51,6 +51,22 @@ def silu_mul(g, u):
 
 
 @triton.jit
+def skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr):
+    """The FP8 skinny GEMMs' prologue (kernels/fp8.py, fp8_skinny_mma.py): this program's ROWS weight rows (rows,
+    live = rows < N, their row pointers into w and the scales s, rows past N clamped to row 0) and the BM token
+    slots (toks, tok_ok = toks < M); with PDL, the next kernel may launch now and this one waits for the kernel
+    that wrote its input. -> (rows, live, w_rows, s_rows, toks, tok_ok)"""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = rows < N
+    safe = tl.where(live, rows, 0).to(tl.int64)
+    toks = tl.arange(0, BM)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    return rows, live, w_ptr + safe[:, None] * stride_w, s_ptr + safe * stride_s, toks, toks < M
+
+
+@triton.jit
 def skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS: tl.constexpr,
                  SILU: tl.constexpr):
     """The skinny GEMMs' epilogue (kernels/gemm.py, fp8.py, fp8_skinny_mma.py): fp32 sums acc [ROWS, BM] of rows x

@@ -58,8 +58,7 @@ import triton.language as tl
 from loguru import logger
 
 from model_wrapper.kernels.activation import silu_and_mul
-from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, skinny_store,
-                                          uses_pdl)
+from model_wrapper.kernels.common import DEFAULT, launch_args, skinny_rows, skinny_store, uses_pdl
 from model_wrapper.kernels import fp8_deepgemm
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.round_to_e4m3: their old home)
@@ -93,16 +92,7 @@ def _fp8_skinny_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr,
     # pipe: per-channel o at 16 tokens took 22.7 us against the block-scaled tile's 15.3, H100, session 39).
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     NG: tl.constexpr = BLOCK_K // SUB
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    live = rows < N
-    safe = tl.where(live, rows, 0).to(tl.int64)
-    w_rows = w_ptr + safe[:, None] * stride_w
-    s_rows = s_ptr + safe * stride_s
-    toks = tl.arange(0, BM)
-    tok_ok = toks < M
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # the kernel that wrote x is complete
+    rows, live, w_rows, s_rows, toks, tok_ok = skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS, BM, PDL)
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)

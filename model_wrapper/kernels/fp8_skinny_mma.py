@@ -35,8 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import (DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, skinny_store,
-                                          uses_pdl)
+from model_wrapper.kernels.common import DEFAULT, launch_args, skinny_rows, skinny_store, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 
@@ -52,16 +51,8 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
     # and scaled once at the end
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    live = rows < N
-    safe = tl.where(live, rows, 0).to(tl.int64)
-    w_rows = w_ptr + safe[:, None] * stride_w
-    s_rows = s_ptr + safe * stride_s
-    toks = tl.arange(0, BM)
-    tok_ok = toks < M
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()  # the quantize kernel that wrote x's e4m3 rows and scales is complete
+    # (PDL: waits for the quantize kernel that wrote x's e4m3 rows and scales)
+    rows, live, w_rows, s_rows, toks, tok_ok = skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS, BM, PDL)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
