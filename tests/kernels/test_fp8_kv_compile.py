@@ -7,12 +7,12 @@ compiler: a construct it accepts and the compiler refuses showed only on a GPU (
 constexpr branches returned different types). Each kernel is compiled ahead of time for the Llama-3-8B
 shapes, with the ptxas that ships with Triton, in a child process without TRITON_INTERPRET.
 
-The decode kernel's default launches (decode_attention.launch_for, batch 1-128) are also built as a
-launch specializes them (pointers and strides divisible by 16: compile_sm90's aligned), which is what
-lets K / V load as asynchronous copies; their TTGIR gives the shared-memory buffers the pipeliner gave
-K / V, and cuobjdump their spills. An e4m3 tile is half a bf16 one: with one buffer (3-4 stages) a
-program has nothing of its own in flight while it computes, which held the e4m3 cache to ~0.6 of an
-H200's copy bandwidth (decode_attention.LAUNCH).
+The decode kernel's default launches (decode_attention.launch_for, batch 1-128), and the e4m3 ones at
+5 stages, are also built as a launch specializes them (pointers and strides divisible by 16:
+compile_sm90's aligned), which is what lets K / V load as asynchronous copies; their TTGIR gives the
+shared-memory buffers the pipeliner gave K / V, and cuobjdump their spills. At 3-4 stages K / V have one
+buffer (a program has nothing of its own in flight while it computes: decode_attention.LAUNCH), at 5
+two, without spills at the register cap.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", las
 
 
 def _default_launches() -> dict:
-    """{"<cache> batch <B>": (K / V buffers, stack bytes)} of the decode kernel's default launch at each
-    batch where launch_for changes, built as a launch specializes it."""
+    """{"<cache> batch <B>[ stages <n>]": (K / V buffers, stack bytes)} of the decode kernel's default
+    launch at each batch where launch_for changes (e4m3: also at 5 stages), built as a launch specializes
+    it."""
     import triton
 
     from model_wrapper.kernels import decode_attention
@@ -43,8 +44,9 @@ def _default_launches() -> dict:
     out = {}
     for fp8, batches in ((False, (64,)), (True, (16, 32, 64, 128))):
         cache, elem = ("*fp8e4nv", "f8E4M3FN") if fp8 else ("*bf16", "bf16")
-        for B in batches:
+        for B, stages in [(B, None) for B in batches] + [(B, 5) for B in batches if fp8]:
             launch = decode_attention.launch_for(fp8, B)
+            launch["num_stages"] = stages or launch["num_stages"]
             opts = dict(num_warps=launch["num_warps"], num_stages=launch["num_stages"])
             if launch["maxnreg"] is not None:
                 opts["maxnreg"] = launch["maxnreg"]
@@ -61,7 +63,7 @@ def _default_launches() -> dict:
                 f.flush()
                 usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                        text=True, check=True).stdout
-            out[f"{'e4m3' if fp8 else 'bf16'} batch {B}"] = (min(map(int, tiles)) if len(tiles) == 2 else 0,
+            out[f"{'e4m3' if fp8 else 'bf16'} batch {B}{f' stages {stages}' if stages else ''}"] = (min(map(int, tiles)) if len(tiles) == 2 else 0,
                                                             int(re.search(r"STACK:(\d+)", usage).group(1)))
     return out
 
@@ -111,9 +113,11 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
 
     assert len(res["built"]) == 9 + len(FP8_MATHS)
     launches = res["default_launches"]
-    assert len(launches) == 5 and all(stack == 0 for _, stack in launches.values()), launches  # no spills
-    # the e4m3 defaults double-buffer K / V (at least): the next tile loads while a program computes
-    assert all(buffers >= 2 for name, (buffers, _) in launches.items() if name.startswith("e4m3")), launches
+    assert len(launches) == 9 and all(stack == 0 for _, stack in launches.values()), launches  # no spills
+    # K / V's buffers: one under the defaults' 3 stages, two at 5 (the next tile loads while a program computes)
+    assert {name: buffers for name, (buffers, _) in launches.items()} == {
+        **{f"{c} batch {B}": 1 for c, B in (("bf16", 64), ("e4m3", 16), ("e4m3", 32), ("e4m3", 64), ("e4m3", 128))},
+        **{f"e4m3 batch {B} stages 5": 2 for B in (16, 32, 64, 128)}}, launches
 
 
 if __name__ == "__main__":
