@@ -16,7 +16,7 @@ e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over t
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
     python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
     python3 benchmarks/bench_fp8_kv.py --sweep --by-batch   # the candidates per batch (E4M3_BY_BATCH)
-    python3 benchmarks/bench_fp8_kv.py --sweep --variants '[{"num_stages": 5}]' [--cases 64x2048,128x8192]
+    python3 benchmarks/bench_fp8_kv.py --sweep --variants '[{"fp8_math": "bits_vreg", "num_stages": 5}]' [--cases 64x2048,128x8192]
 
 writes fp8_kv.json and fp8_kv.png (--sweep: fp8_kv_sweep.json / .png) to --out (default benchmarks/results, or $OUT when set).
 """
@@ -263,9 +263,9 @@ def plot_sweep(res: dict, path: str) -> None:
     ax.plot(names, [r["flashinfer_of_copy_bw"] for r in res["cases"]], "o-", label="FlashInfer e4m3")
     seen = set()
     for v in res["variants"]:
-        if v["fp8_math"] in seen:
+        if v.get("fp8_math") in seen:
             continue
-        seen.add(v["fp8_math"])
+        seen.add(v.get("fp8_math"))
         key = {k: x for k, x in v.items() if not k.endswith(("target", "other"))}
         i = [j for j, t in enumerate(res["cases"][0]["triton"])
              if all(t.get(k) == x for k, x in key.items() if k != "split_factor")][0]
