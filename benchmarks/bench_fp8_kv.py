@@ -16,6 +16,7 @@ e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over t
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
     python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
     python3 benchmarks/bench_fp8_kv.py --sweep --by-batch   # the candidates per batch (E4M3_BY_BATCH)
+    python3 benchmarks/bench_fp8_kv.py --sweep --variants '[{"fp8_math": "bits_vreg", "num_stages": 5}]' [--cases 64x2048,128x8192]
 
 writes fp8_kv.json and fp8_kv.png (--sweep: fp8_kv_sweep.json / .png) to --out (default benchmarks/results, or $OUT when set).
 """
@@ -262,9 +263,9 @@ def plot_sweep(res: dict, path: str) -> None:
     ax.plot(names, [r["flashinfer_of_copy_bw"] for r in res["cases"]], "o-", label="FlashInfer e4m3")
     seen = set()
     for v in res["variants"]:
-        if v["fp8_math"] in seen:
+        if v.get("fp8_math") in seen:
             continue
-        seen.add(v["fp8_math"])
+        seen.add(v.get("fp8_math"))
         key = {k: x for k, x in v.items() if not k.endswith(("target", "other"))}
         i = [j for j, t in enumerate(res["cases"][0]["triton"])
              if all(t.get(k) == x for k, x in key.items() if k != "split_factor")][0]
@@ -309,6 +310,9 @@ def main(argv=None) -> int:
                    help="with --sweep: the register-cap variants only (fp8_kv_occupancy.json)")
     p.add_argument("--by-batch", action="store_true",
                    help="with --sweep: the launch candidates per batch, batch 16-128 x 2k (/ 8k) (fp8_kv_by_batch.json)")
+    p.add_argument("--variants", help="with --sweep: a JSON list of launches (paged_decode_attention's arguments and "
+                   "split_factor) instead of the built-in ones (fp8_kv_variants.json)")
+    p.add_argument("--cases", help="with --sweep: batch x context cases, e.g. 64x2048,128x8192")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fp8_kv: needs a CUDA GPU (and flashinfer-python)", file=sys.stderr)
@@ -322,11 +326,17 @@ def main(argv=None) -> int:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
         workspace = [torch.empty(128 << 20, dtype=torch.uint8, device="cuda") for _ in range(MAX_LAYERS)]
-        if args.by_batch:
+        if args.variants:
+            import json
+
+            variants, cases, name = json.loads(args.variants), SWEEP_CASES, "fp8_kv_variants"
+        elif args.by_batch:
             variants, cases, name = BY_BATCH_VARIANTS, BY_BATCH_CASES, "fp8_kv_by_batch"
         else:
             variants = OCCUPANCY_VARIANTS if args.occupancy else None
             cases, name = SWEEP_CASES, "fp8_kv_occupancy" if args.occupancy else "fp8_kv_sweep"
+        if args.cases:
+            cases = tuple(tuple(int(x) for x in c.split("x")) for c in args.cases.split(","))
         res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
                **sweep(bw, sms, workspace, variants, cases)}
         if args.by_batch:

@@ -38,7 +38,8 @@ same attention over the same e4m3 values.
 
 Against FlashInfer's tensor-core decode as the graphs plan it, a little faster in whole decode
 steps at every batch and context measured (benchmarks/ab_decode_attention.py). 64 keys a step in
-3 stages: fewer keys or stages lost at long contexts in a sweep.
+3 stages: fewer keys or stages lost at long contexts in a sweep (at 3-4 stages K / V have one buffer: see
+LAUNCH).
 """
 
 from __future__ import annotations
@@ -226,11 +227,20 @@ FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
 # (e4m3, H200 sweep of bench_fp8_kv.py --sweep, K/V bytes / time / copy bandwidth at batch 64-128 x
 # 2k-8k: bits_vreg at 128 keys 0.57-0.65, fp16_vreg 0.57-0.63, fp16 0.50-0.56, q_dtype at 64 keys
 # (the old default) 0.37-0.45; FlashInfer's e4m3 decode 0.51-0.60. 8 warps or 256 keys lose; 3 and 4
-# stages tie (the pipeline double-buffers either way). maxnreg: the register cap, None: the compiler's.
+# stages tie (K / V have one buffer either way: see below). maxnreg: the register cap, None: the compiler's.
 # H100 sweep of --sweep --occupancy (benchmarks/results/session33/fp8_kv_occupancy_h100.log): capped at
 # 128 registers, 64 keys a step (4 programs a SM instead of 2 at 195 registers) take 0.79-0.86 of copy
 # bandwidth at 64-128 x 2k-8k (geomean 0.83) against 128 keys uncapped 0.75-0.83 (0.79); a loss only at
 # 32 x 2048 (0.59 against 0.70), a gain at 512 tokens (0.68-0.73 against 0.61-0.68)
+# num_stages and the K / V buffers (session 39, the TTGIR of the sm90 build with the launch's divisibility
+# hints, tests/kernels/test_fp8_kv_compile.py): the page index load is a stage of its own before K / V's,
+# so Triton's pipeliner gives K / V one shared-memory buffer at 3-4 stages, two at 5-6, three at 7. With
+# one buffer a program waits for all its loads at the top of each step and issues the next tile's after
+# its math: nothing of its own is in flight while it computes, and an SM's bytes in flight are its
+# programs x one tile. The bf16 tile (32 KB at 64 keys) keeps an H200 streaming that way; the e4m3 tile
+# (16 KB) is the suspect of its ~2.6 TB/s (0.61-0.65 of copy). 5 stages double-buffer K / V (55.8 KB of
+# shared memory a program: 4 still fit an SM, as the register cap allows; no spills): not measured yet,
+# so not the default (the bench_fp8_kv.py --sweep --variants A/B is queued for a GPU)
 LAUNCH = {
     "16-bit": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=None),
     "e4m3": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128, fp8_math="bits_vreg"),

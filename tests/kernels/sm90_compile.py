@@ -16,17 +16,21 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), **options):
+def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool = False, **options):
     """triton.compile of fn for sm_90: arguments named in constexprs take those values, those in
     pointers their pointer types, those in scalars fp32 and the rest i32; options (num_warps,
-    num_stages) as given."""
+    num_stages, maxnreg) as given. aligned: every pointer and i32 argument marked divisible by 16, as a
+    launch specializes them when their values are (torch's allocations, strides of head_dim 128): the
+    vector widths, and so whether loads can be asynchronous copies (the pipeliner), follow from it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in scalars else "i32")
            for n in fn.arg_names}
-    return triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if aligned and sig[n] not in ("constexpr", "fp32")}
+    return triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                           options=options)
 
 

@@ -6,17 +6,69 @@ the "_vreg" ones included). The interpreter (test_kv_store.py, test_decode_atten
 compiler: a construct it accepts and the compiler refuses showed only on a GPU (a @triton.jit helper whose
 constexpr branches returned different types). Each kernel is compiled ahead of time for the Llama-3-8B
 shapes, with the ptxas that ships with Triton, in a child process without TRITON_INTERPRET.
+
+The decode kernel's default launches (decode_attention.launch_for, batch 1-128), and the e4m3 ones at
+5 stages, are also built as a launch specializes them (pointers and strides divisible by 16:
+compile_sm90's aligned), which is what lets K / V load as asynchronous copies; their TTGIR gives the
+shared-memory buffers the pipeliner gave K / V, and cuobjdump their spills. At 3-4 stages K / V have one
+buffer (a program has nothing of its own in flight while it computes: decode_attention.LAUNCH), at 5
+two, without spills at the register cap.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 from sm90_compile import ROOT, compile_sm90, run_child
 
 
-def _compile_all() -> list[str]:
+DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32", o_ptr="*bf16",
+                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32")
+
+
+def _default_launches() -> dict:
+    """{"<cache> batch <B>[ stages <n>]": (K / V buffers, stack bytes)} of the decode kernel's default
+    launch at each batch where launch_for changes (e4m3: also at 5 stages), built as a launch specializes
+    it."""
+    import triton
+
+    from model_wrapper.kernels import decode_attention
+    from sm90_compile import compile_sm90
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    out = {}
+    for fp8, batches in ((False, (64,)), (True, (16, 32, 64, 128))):
+        cache, elem = ("*fp8e4nv", "f8E4M3FN") if fp8 else ("*bf16", "bf16")
+        for B, stages in [(B, None) for B in batches] + [(B, 5) for B in batches if fp8]:
+            launch = decode_attention.launch_for(fp8, B)
+            launch["num_stages"] = stages or launch["num_stages"]
+            opts = dict(num_warps=launch["num_warps"], num_stages=launch["num_stages"])
+            if launch["maxnreg"] is not None:
+                opts["maxnreg"] = launch["maxnreg"]
+            kernel = compile_sm90(
+                decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
+                dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=launch["block_n"], SPLITS=4, FP8=fp8,
+                     MATH=decode_attention.FP8_MATHS[launch["fp8_math"]] if fp8 else 0, INTERPRET=False, PDL=True,
+                     PF_LINES=0), scalars=("scale_log2",), aligned=True, **opts)
+            # K's and V's multi-buffers: local_alloc () -> memdesc<buffers x BLOCK_N x D x elem>
+            tiles = re.findall(rf"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x{launch['block_n']}x128x{elem}",
+                               kernel.asm["ttgir"])
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(kernel.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                                       text=True, check=True).stdout
+            out[f"{'e4m3' if fp8 else 'bf16'} batch {B}{f' stages {stages}' if stages else ''}"] = (min(map(int, tiles)) if len(tiles) == 2 else 0,
+                                                            int(re.search(r"STACK:(\d+)", usage).group(1)))
+    return out
+
+
+def _compile_all() -> dict:
     from model_wrapper.kernels import decode_attention, kv_store
 
     built = []
@@ -52,14 +104,20 @@ def _compile_all() -> list[str]:
               dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
                    INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2),
               scalars=("scale_log2",))
-    return built
+    return {"built": built, "default_launches": _default_launches()}
 
 
 def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches():
-    built = run_child(__file__)
+    res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(built) == 9 + len(FP8_MATHS)
+    assert len(res["built"]) == 9 + len(FP8_MATHS)
+    launches = res["default_launches"]
+    assert len(launches) == 9 and all(stack == 0 for _, stack in launches.values()), launches  # no spills
+    # K / V's buffers: one under the defaults' 3 stages, two at 5 (the next tile loads while a program computes)
+    assert {name: buffers for name, (buffers, _) in launches.items()} == {
+        **{f"{c} batch {B}": 1 for c, B in (("bf16", 64), ("e4m3", 16), ("e4m3", 32), ("e4m3", 64), ("e4m3", 128))},
+        **{f"e4m3 batch {B} stages 5": 2 for B in (16, 32, 64, 128)}}, launches
 
 
 if __name__ == "__main__":
