@@ -106,6 +106,46 @@ def _v_in_registers(v, BITS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def e4m3_scales(q, scale_log2, ks_ptr, vs_ptr, FP8: tl.constexpr, MATH: tl.constexpr):
+    """An e4m3 cache's scales (FP8; the decode and prefill kernels): e4m3 scores are q.k~ / k_scale, so the
+    K scale goes into the softmax scale, and the V scale onto the output. MATH (FP8_MATHS) != 0: q enters
+    as fp16(q * 2^-8), its 2^8 back into the scale; MATH 3: V comes as value * 2^-8, its 2^8 onto the
+    output. -> (q, scale_log2, out_scale)"""
+    out_scale = 1.0
+    if FP8:
+        scale_log2 = scale_log2 * tl.load(ks_ptr)
+        out_scale = tl.load(vs_ptr)
+        if MATH != 0:
+            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
+            scale_log2 = scale_log2 * 256.0
+        if MATH == 3:
+            out_scale = out_scale * 256.0
+    return q, scale_log2, out_scale
+
+
+@triton.jit
+def e4m3_operands(k, v, q_dtype: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr, INTERPRET: tl.constexpr):
+    """A K / V tile as the tensor-core products take it: a 16-bit cache's as it is; e4m3 through fp8_math
+    MATH (K to fp16 and V in its registers for the "_vreg" modes, else both to q's dtype). -> (k, v)"""
+    if MATH >= 2:
+        k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
+    elif FP8:
+        k, v = k.to(q_dtype), v.to(q_dtype)
+    return k, v
+
+
+def fp8_math_id(fp8_math: str, fp8: bool, device: torch.device, caller: str) -> int:
+    """The kernels' MATH constant for fp8_math (a key of FP8_MATHS; 0 for a 16-bit cache); "fp16_vreg"'s
+    cvt.f16x2.e4m3x2 is sm89+: "fp16" (Triton's own conversion, emulated there) on older GPUs."""
+    if fp8_math not in FP8_MATHS:
+        raise ValueError(f"{caller}: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
+    math_id = FP8_MATHS[fp8_math] if fp8 else 0
+    if math_id == 2 and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        math_id = 1
+    return math_id
+
+
+@triton.jit
 def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, stride_kt, kv_head, PAGE: tl.constexpr,
                          BLOCK_N: tl.constexpr, D: tl.constexpr, PF_LINES: tl.constexpr):
     """Into L2 (prefetch.global.L2, a hint nothing waits for): the K and V rows of the split's first BLOCK_N keys,
@@ -164,15 +204,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    out_scale = 1.0
-    if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
-        scale_log2 = scale_log2 * tl.load(ks_ptr)
-        out_scale = tl.load(vs_ptr)
-        if MATH != 0:  # q as fp16(q * 2^-8): its 2^8 back into the scale
-            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
-            scale_log2 = scale_log2 * 256.0
-        if MATH == 3:  # V comes as value * 2^-8
-            out_scale = out_scale * 256.0
+    q, scale_log2, out_scale = e4m3_scales(q, scale_log2, ks_ptr, vs_ptr, FP8, MATH)
     kv_head = h * D  # column offset of this KV head within a token's row
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
@@ -181,10 +213,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if MATH >= 2:
-            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
-        elif FP8:
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        k, v = e4m3_operands(k, v, q.dtype, FP8, MATH, INTERPRET)
         m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
     if FP8:
         acc = acc * out_scale
@@ -331,11 +360,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     cap = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET") == "1" else {"maxnreg": maxnreg}
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
-    if fp8_math not in FP8_MATHS:
-        raise ValueError(f"paged_decode_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
-    math_id = FP8_MATHS[fp8_math] if fp8 else 0
-    if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
-        math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
+    math_id = fp8_math_id(fp8_math, fp8, q.device, "paged_decode_attention")
     # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
     pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
     _decode_kernel[(B, KVH, splits)](

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.decode_attention import FP8_MATHS, _v_in_registers
+from model_wrapper.kernels.decode_attention import e4m3_operands, e4m3_scales, fp8_math_id
 from model_wrapper.kernels.verify_attention import _merge_kernel
 
 
@@ -88,15 +88,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
     start = lo + s * chunk
     stop = tl.minimum(start + chunk, end)
 
-    out_scale = 1.0
-    if FP8:  # e4m3 scores are q.k~ / k_scale: the K scale goes into the softmax scale
-        scale_log2 = scale_log2 * tl.load(ks_ptr)
-        out_scale = tl.load(vs_ptr)
-        if MATH != 0:  # decode_attention's fp16 modes: q as fp16(q * 2^-8), its 2^8 back into the scale
-            q = (q.to(tl.float32) * 0.00390625).to(tl.float16)
-            scale_log2 = scale_log2 * 256.0
-        if MATH == 3:  # V comes as value * 2^-8
-            out_scale = out_scale * 256.0
+    q, scale_log2, out_scale = e4m3_scales(q, scale_log2, ks_ptr, vs_ptr, FP8, MATH)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
@@ -108,10 +100,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
         off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
         k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        if MATH >= 2:
-            k, v = k.to(tl.float16), _v_in_registers(v, MATH == 3, INTERPRET)
-        elif FP8:
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        k, v = e4m3_operands(k, v, q.dtype, FP8, MATH, INTERPRET)
         vis = (row_ok[:, None] & ok[None, :]) & (t[None, :] <= row_kv[:, None])
         if HAS_WINDOW:
             c = t - prefix  # column among the request's new tokens (< 0: a cached key)
@@ -241,11 +230,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_prefill_attention: an e4m3 cache needs k_scale and v_scale")
     fp8_math = E4M3_MATH if fp8_math is None else fp8_math
-    if fp8_math not in FP8_MATHS:
-        raise ValueError(f"paged_prefill_attention: fp8_math must be one of {sorted(FP8_MATHS)}, got {fp8_math!r}")
-    math_id = FP8_MATHS[fp8_math] if fp8 else 0
-    if math_id == 2 and q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
-        math_id = 1  # cvt.f16x2.e4m3x2 is sm89+: Triton's own conversion (emulated there)
+    math_id = fp8_math_id(fp8_math, fp8, q.device, "paged_prefill_attention")
     rows = max(16, triton.next_power_of_2(block_t * group))
     if num_warps is None:  # a 128-row fp32 accumulator of 128 columns spills over 4 warps' registers
         num_warps = 8 if rows >= 128 else 4
