@@ -191,11 +191,11 @@ class KernelConfig:
     # direct / through fp32: qkv 26.9 / 16.4, o 22.7 / 12.8, gate_up + SiLU 91.5 / 50.0, down 53.5 / 34.2 (bf16 19.9 /
     # 14.9 / 83.0 / 43.3); decode step B=4 7.49 -> 4.67 ms (bench_fp8.py --kind channel --decode-only)
     fp8_skinny_f32_upcast: bool = True
-    # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized per
-    # token and 128 columns in the kernel, as the block prefill path quantizes it; W8A8 where "skinny" is weight-only)
-    # H100 (session 39, e4), Llama-3-8B shape, decode step ms at batch 4 / 8 / 16, weight-only skinny (fp32 upcast where
-    # per-channel) against this: per-channel 4.67 / 6.31 / 6.95 against 4.88 / 5.01 / 5.32; block 5.67 / 5.75 / 5.90
-    # against 5.20 / 5.30 / 5.55 (bf16 5.87 / 6.05 / 6.26)
+    # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized first
+    # per token, and 128 columns for block weights, as the prefill paths quantize it; W8A8 where "skinny" is
+    # weight-only; a scale a row with bf16 x only). H100 (session 39, e6), Llama-3-8B shape, decode step ms at batch
+    # 4 / 8 / 16, weight-only skinny (fp32 upcast where per-channel) against this: per-channel 4.76 / 6.07 / 6.86
+    # against 4.39 / 4.64 / 4.94; block 5.67 / 5.89 / 6.09 against 5.26 / 5.47 / 5.64 (bf16, e4: 5.87 / 6.05 / 6.26)
     fp8_skinny_mma: bool = True
     fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs
     fp8_skinny_mma_min_programs: int = 128
