@@ -160,14 +160,15 @@ OCCUPANCY_VARIANTS = [dict(fp8_math="q_dtype", block_n=64, num_warps=4, num_stag
 
 # the launch by batch (decode_attention.E4M3_BY_BATCH): the candidates at every batch of the decode
 # graphs' range, each context a graph may replay; the choice may follow the batch only
-BY_BATCH_CASES = ((16, 2048), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048), (128, 8192))
-# (2 stages: a program's shared memory 3 -> 2 K/V tiles, room for a 4th program an SM at 64 keys;
-# maxnreg 255, the hardware's limit: uncapped, where None would take LAUNCH's cap of 128)
+BY_BATCH_CASES = ((1, 8192), (4, 8192), (8, 2048), (8, 8192), (16, 2048), (16, 8192), (32, 2048), (32, 8192),
+                  (64, 2048), (64, 8192), (128, 2048), (128, 8192))
+# (session 40's candidates: 3 stages give K / V one shared-memory buffer, 5 two; 64 or 128 keys, the two
+# fastest e4m3 maths, the decode rule's splits or twice them)
 BY_BATCH_VARIANTS = [
-    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=st, maxnreg=r, **({"split_factor": f} if f > 1 else {}))
-    for m, b, st, r, f in (("bits_vreg", 64, 3, 128, 1), ("bits_vreg", 64, 3, 128, 2), ("bits_vreg", 64, 3, 128, 4),
-                           ("bits_vreg", 64, 2, 128, 1), ("bits_vreg", 64, 2, 128, 2), ("bits_vreg", 128, 3, 255, 1),
-                           ("bits_vreg", 128, 3, 255, 2))]
+    dict(fp8_math=m, block_n=b, num_warps=4, num_stages=st, maxnreg=128, **({"split_factor": f} if f > 1 else {}))
+    for m, b, st, f in (("bits_vreg", 64, 3, 1), ("bits_vreg", 64, 3, 2), ("bits_vreg", 64, 5, 1), ("bits_vreg", 64, 5, 2),
+                        ("fp16_vreg", 64, 5, 1), ("fp16_vreg", 64, 5, 2), ("bits_vreg", 128, 5, 1),
+                        ("bits_vreg", 128, 5, 2), ("fp16_vreg", 128, 5, 1))]
 
 
 def best_by_batch(res: dict) -> dict:
@@ -309,7 +310,7 @@ def main(argv=None) -> int:
     p.add_argument("--occupancy", action="store_true",
                    help="with --sweep: the register-cap variants only (fp8_kv_occupancy.json)")
     p.add_argument("--by-batch", action="store_true",
-                   help="with --sweep: the launch candidates per batch, batch 16-128 x 2k (/ 8k) (fp8_kv_by_batch.json)")
+                   help="with --sweep: the launch candidates per batch, batch 1-128 x 2k / 8k (fp8_kv_by_batch.json; with --variants: those)")
     p.add_argument("--variants", help="with --sweep: a JSON list of launches (paged_decode_attention's arguments and "
                    "split_factor) instead of the built-in ones (fp8_kv_variants.json)")
     p.add_argument("--cases", help="with --sweep: batch x context cases, e.g. 64x2048,128x8192")

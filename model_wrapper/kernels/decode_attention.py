@@ -267,24 +267,28 @@ FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
 # one buffer a program waits for all its loads at the top of each step and issues the next tile's after
 # its math: nothing of its own is in flight while it computes, and an SM's bytes in flight are its
 # programs x one tile. The bf16 tile (32 KB at 64 keys) keeps an H200 streaming that way; the e4m3 tile
-# (16 KB) is the suspect of its ~2.6 TB/s (0.61-0.65 of copy). 5 stages double-buffer K / V (55.8 KB of
-# shared memory a program: 4 still fit an SM, as the register cap allows; no spills): not measured yet,
-# so not the default (the bench_fp8_kv.py --sweep --variants A/B is queued for a GPU)
+# (16 KB) was the suspect of its ~2.6 TB/s (0.61-0.65 of copy). 5 stages double-buffer K / V (55.8 KB of
+# shared memory a program at 64 keys: 4 still fit an SM, as the register cap allows; no spills). Measured
+# (session 40, H100, bench_fp8_kv.py --sweep --by-batch --variants, results/session40/kv_bybatch*): at
+# 64-128 x 2k-8k 0.865 of copy bandwidth against 0.822 at 3 stages (geomean; fp16_vreg 0.872), and a
+# gain at every batch from 1 to 128 (E4M3_BY_BATCH); 7 stages (three buffers) lose (0.762)
 LAUNCH = {
     "16-bit": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=None),
-    "e4m3": dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128, fp8_math="bits_vreg"),
+    "e4m3": dict(block_n=64, num_warps=4, num_stages=5, maxnreg=128, fp8_math="fp16_vreg"),
 }
 MAX_SPLITS = 16
 
 # e4m3 launches by batch: (largest batch, what replaces LAUNCH["e4m3"]'s values there; split_factor:
 # decode_splits' splits times it), the first row whose batch is not below the step's. A decode graph
 # runs one batch, so it keeps one launch; the context plays no part (graphs replay any context).
-# H100, bench_fp8_kv.py --sweep --by-batch (session 34, K/V bytes / time / copy bandwidth at 2k / 8k):
-# batch 32 with one split a (request, KV head) runs 256 programs for 3-4 slots a SM on 132 SMs:
-# 0.59 / 0.64, with two 0.72 / 0.81 (four 0.68 / 0.80; 128 keys 0.70 / 0.78); batch 64: V through
-# "fp16_vreg" 0.80 / 0.85 against "bits_vreg" 0.76 / 0.84 (session 33: 0.80 / 0.86 against 0.79 /
-# 0.85); batch 16 (4 splits already) and 128: the plain row is the best or within 1%
-E4M3_BY_BATCH = ((16, {}), (32, {"split_factor": 2}), (64, {"fp8_math": "fp16_vreg"}))
+# H100, bench_fp8_kv.py --sweep --by-batch --variants (session 40, all at 5 stages; K/V bytes / time /
+# copy bandwidth, geomean over 8k at batch 1-4, 2k and 8k from 8 on): 128 keys "bits_vreg" at batch 1
+# 0.361 (64 keys 0.317; the old 3-stage default 0.260) and 32 0.839 (64 keys 0.703, with two splits
+# 0.790; the old two-split 3-stage row 0.758); the plain row (64 keys, "fp16_vreg") at 4 / 8 / 16 /
+# 64 / 128: 0.631 / 0.604 / 0.706 / 0.861 / 0.883 (old rows 0.621 / 0.589 / 0.687 / ~0.815 / 0.830);
+# no batch gains from twice the splits any more
+E4M3_BY_BATCH = ((1, {"block_n": 128, "fp8_math": "bits_vreg"}), (16, {}),
+                 (32, {"block_n": 128, "fp8_math": "bits_vreg"}))
 
 
 def launch_for(fp8: bool, batch: int) -> dict:
