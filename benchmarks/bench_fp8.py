@@ -210,6 +210,7 @@ def main():
                     help="JSON file of KernelConfig fields to override (benchmarks/pick_fp8_config.py writes one)")
     ap.add_argument("--decode-only", action="store_true", help="the decode rows alone (no accuracy, prefill, engine)")
     ap.add_argument("--batches", default=None, help="comma-separated decode batch sizes (default 1,8,32,128)")
+    ap.add_argument("--context", type=int, default=None, help="the decode rows' context in tokens (default 512)")
     ap.add_argument("--configs", default="bf16,fp8,fp8+fp8kv", help="comma-separated decode rows: bf16, fp8, fp8+fp8kv")
     ap.add_argument("--prefill-only", action="store_true",
                     help="the prefill rows alone: bf16, FP8 with the fused activation quantization and without")
@@ -234,7 +235,7 @@ def main():
     batches = [1, 8, 32, 128] if not args.tiny else [1, 4]
     if args.batches:
         batches = [int(b) for b in args.batches.split(",")]
-    ctx = 512 if not args.tiny else 64
+    ctx = args.context or (512 if not args.tiny else 64)
     T_pre = args.prefill_tokens or (4096 if not args.tiny else 128)
     iters = 30 if dev == "cuda" else 2
     bs = 16

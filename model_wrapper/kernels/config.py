@@ -208,6 +208,10 @@ class KernelConfig:
     fp8_skinny_mma_row_block_k: int = 512
     fp8_skinny_mma_warps: int = 4
     fp8_skinny_mma_stages: int = 4
+    # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
+    # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input
+    # comes out of gate_up's SiLU epilogue in bf16 and is still quantized by a kernel of its own
+    fp8_skinny_mma_fused_quant: bool = True
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

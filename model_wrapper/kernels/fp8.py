@@ -66,7 +66,7 @@ from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.r
     MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
     silu_and_mul_fp8)
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
-from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma, skinny_mma_fits
+from model_wrapper.kernels.fp8_skinny_mma import act_group, fp8_skinny_mma, skinny_mma_fits
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
@@ -300,12 +300,16 @@ def fp8_scaled_mm_block(x, weight, block_scale, bias=None, cfg: KernelConfig | N
 
 def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_scale: torch.Tensor | None,
                          bias: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
-                         cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+                         cfg: KernelConfig = DEFAULT, group: int | None = None) -> torch.Tensor:
     """The GEMM of an activation its producer quantized (kernels/fp8_act.py), act.q [Mp, K] e4m3 ->
-    [act.rows, N] in act.dtype: "scaled_mm_block" for act.scale [Mp, K / 128] (stride(0) == 1) and
-    a weight with 128 x 128 block_scale; "scaled_mm" for act.scale [Mp, 1] (one scale a token,
-    group K) and weight_scale [N, 1] (one a row)."""
+    [act.rows, N] in act.dtype: up to fp8_skinny_max_tokens rows "skinny_mma" (group: the weight's
+    scale group; quantized_input_group asks for an activation there only where that path runs);
+    else "scaled_mm_block" for act.scale [Mp, K / 128] (stride(0) == 1) and a weight with 128 x 128
+    block_scale; "scaled_mm" for act.scale [Mp, 1] (one scale a token, group K) and weight_scale
+    [N, 1] (one a row)."""
     K = act.q.shape[1]
+    if act.rows <= cfg.fp8_skinny_max_tokens and group is not None and weight_scale is not None:
+        return fp8_skinny_mma(act, weight, weight_scale, group, bias, cfg=cfg)
     if act.group == 128 and block_scale is not None:
         return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype, cfg)
     if act.group == K and weight_scale is not None and weight_scale.shape[1] == 1:
@@ -445,16 +449,21 @@ def takes_quantized_input(M: int, dtype: torch.dtype, device: torch.device, weig
 
 def quantized_input_group(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
                           weight_scale: torch.Tensor, block_scale: torch.Tensor | None,
-                          cfg: KernelConfig = DEFAULT) -> int | None:
+                          cfg: KernelConfig = DEFAULT, group: int | None = None) -> int | None:
     """The column group by which the kernel producing an M-row input may quantize it for this
     linear (a QuantizedActivation, which fp8_linear multiplies as it comes), or None: 128 where
     takes_quantized_input (the block-scaled GEMM); K (one scale a token) where the step runs the
     row-wise "scaled_mm" path (one weight scale a row, dynamic activations) and
     cfg.fp8_fused_act_quant_per_token is on, for rows a producer's program holds whole
-    (fp8_act.MAX_NORM_COLS)."""
+    (fp8_act.MAX_NORM_COLS). Up to 16 rows, where the step runs "skinny_mma" for a weight of scale
+    group `group` and cfg.fp8_skinny_mma_fused_quant is on: that path's own quantization of x
+    (fp8_skinny_mma.act_group: 128, or K for a scale a weight row)."""
     if takes_quantized_input(M, dtype, device, weight, weight_scale, block_scale, cfg):
         return 128
     K = weight.shape[1]
+    if (group is not None and cfg.fp8_skinny_mma_fused_quant and device.type == "cuda" and M <= 16
+            and path_for(M, dtype, device, weight, weight_scale, group, cfg) == "skinny_mma"):
+        return act_group(K, group)
     if (not cfg.fp8_fused_act_quant_per_token or device.type != "cuda" or M <= cfg.fp8_skinny_max_tokens
             or weight_scale.shape[1] != 1 or triton.next_power_of_2(K) > MAX_NORM_COLS):
         return None
@@ -472,7 +481,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     has them (Fp8Method.block_scale; None: no cuBLASLt block path). Off CUDA: the torch reference
     (weight-only up to fp8_skinny_max_tokens, quantized beyond)."""
     if isinstance(x, QuantizedActivation):  # quantized by its producer (quantized_input_group said so)
-        return fp8_linear_quantized(x, weight, block_scale, bias, weight_scale, cfg)
+        return fp8_linear_quantized(x, weight, block_scale, bias, weight_scale, cfg, group)
     if input_scale is not None:
         block_scale = None  # static activations: one scale, not per token and group
     path = fp8_path(x, weight, weight_scale, group, cfg, block_scale=block_scale) if x.is_cuda else "reference"
@@ -502,8 +511,8 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     the prefill paths run the GEMM, then silu_and_mul. quant_group (the down projection takes a
     quantized input, takes_quantized_input, and this step runs a prefill path): SiLU-and-mul and
     down's quantization in one kernel -> a QuantizedActivation instead."""
-    if isinstance(x, QuantizedActivation):
-        path = "scaled_mm_block"
+    if isinstance(x, QuantizedActivation):  # (quantized_input_group: skinny_mma's rows, else a prefill GEMM's)
+        path = "skinny_mma" if x.rows <= cfg.fp8_skinny_max_tokens else "scaled_mm_block"
     else:
         path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
         x = _unit_cols(x)

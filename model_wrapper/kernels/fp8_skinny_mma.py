@@ -38,14 +38,15 @@ import triton.language as tl
 from model_wrapper.kernels.common import DEFAULT, launch_args, skinny_rows, skinny_store, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
+from model_wrapper.kernels.fp8_reference import QuantizedActivation
 
 QGROUP = 128  # the activation's quantization group (columns): a K step
 
 
 @triton.jit
 def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
-                           stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr, BM: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                           stride_qg, stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr,
+                           BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                            PDL: tl.constexpr):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
@@ -63,7 +64,8 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
                 xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :],
                                       mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
                 g_ok = k + j * 128 < K
-                scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128, mask=tok_ok & g_ok, other=0.0)
+                scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128 * stride_qg, mask=tok_ok & g_ok,
+                                other=0.0)
                 w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
                 sw = tl.load(s_rows + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
                 acc += tl.dot(w, xt) * (sw[:, None] * scale[None, :])
@@ -94,14 +96,24 @@ def skinny_mma_fits(K: int, group: int) -> bool:
     return K % 16 == 0 and (group >= K or group % QGROUP == 0)
 
 
-def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, group: int,
-                   bias: torch.Tensor | None = None, silu: bool = False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
+def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: int, bias: torch.Tensor | None = None,
+                   silu: bool = False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
     """x [M, K] bf16 / fp16 (M <= 16, unit column stride), weight e4m3 [N, K] with weight_scale [N, KG]
     (skinny_mma_fits) -> x @ W^T (+ bias) [M, N] in x's dtype, x quantized per token and 128 columns
-    (silu: gate_up's silu(gate) * up, [M, N // 2])."""
-    M, K = x.shape
+    (silu: gate_up's silu(gate) * up, [M, N // 2]). x may also come quantized by its producer (a
+    QuantizedActivation of act_group(K, group) columns a scale, fp8_act.add_rms_norm_fp8): the same
+    operands without the quantize kernel."""
+    K = weight.shape[1]
+    if isinstance(x, QuantizedActivation):
+        if x.group != act_group(K, group) or x.q.shape[1] != K:
+            raise ValueError(f"fp8_skinny_mma: expected an activation of {K} columns quantized by "
+                             f"{act_group(K, group)} columns a scale, got {x.q.shape[1]} columns by {x.group}")
+        M, dtype, q, qs = x.rows, x.dtype, x.q, x.scale
+    else:
+        M, dtype = x.shape[0], x.dtype
+        q, qs = quantize_fp8_per_token_group(x, act_group(K, group)) if M else (None, None)
     n_out = weight.shape[0] // 2 if silu else weight.shape[0]
-    out = torch.empty(M, n_out, dtype=x.dtype, device=x.device)
+    out = torch.empty(M, n_out, dtype=dtype, device=weight.device)
     if not M:
         return out
     block_n = cfg.fp8_skinny_mma_block_n
@@ -110,13 +122,18 @@ def fp8_skinny_mma(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     rows = block_n // 2 if silu else block_n
-    q, qs = quantize_fp8_per_token_group(x, QGROUP if group < K else K)
-    pdl = uses_pdl(x.device, cfg)
+    pdl = uses_pdl(weight.device, cfg)
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
-        q, qs, weight, weight_scale, x if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
-        weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
+        q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
+        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
         BLOCK_N=block_n, BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k,
         HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
         num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out
+
+
+def act_group(K: int, group: int) -> int:
+    """The columns a scale of x's quantization for a weight of K columns and scale group `group`: 128 for
+    block weights (a 128-column K step each), K (one scale a token) for a scale a weight row."""
+    return QGROUP if group < K else K

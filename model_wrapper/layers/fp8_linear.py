@@ -75,7 +75,7 @@ class Fp8Method:
                                          cfg=kernels.config, add_norm=x.add_norm())
         if isinstance(x, QuantizedActivation):
             return _fp8().fp8_linear_quantized(x, linear.weight, self.block_scale(linear), bias, linear.weight_scale,
-                                               kernels.config)
+                                               kernels.config, self.group)
         fp8 = _kernels(x)
         if fp8 is not None:
             return fp8.fp8_linear(x, linear.weight, linear.weight_scale, self.group, bias, linear.input_scale,
@@ -118,7 +118,7 @@ class Fp8Method:
         if fp8 is None:
             return None
         return fp8.quantized_input_group(rows, dtype, device, linear.weight, linear.weight_scale,
-                                         self.block_scale(linear), kernels.config)
+                                         self.block_scale(linear), kernels.config, self.group)
 
     def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
         """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1

@@ -137,6 +137,37 @@ def test_norm_fits_whole_rows_of_power_of_two_groups():
     assert not fp8_act.norm_fp8_fits(x.t(), 128)
 
 
+@pytest.mark.parametrize("M", [3, 16])
+def test_skinny_mma_takes_the_norms_quantized_activation_as_its_own(M):
+    """3-16 tokens ("skinny_mma", KernelConfig.fp8_skinny_mma_fused_quant): the norm's QuantizedActivation of
+    act_group(K, group) columns a scale (128 for block weights, K for a scale a row), in the norm's layout
+    (scales with stride(0) == 1, rows padded to 16), gives fp8_skinny_mma, fp8_linear and fp8_gate_up_silu
+    the bytes they give on the normed rows the norm wrote (which they quantize themselves): the same
+    operands, bit for bit. An activation of another grouping is refused."""
+    from model_wrapper.kernels import KernelConfig, fp8
+    from model_wrapper.kernels.fp8_skinny_mma import act_group, fp8_skinny_mma
+
+    g = torch.Generator().manual_seed(M)
+    cfg, K, dtype = KernelConfig(), 256, torch.bfloat16
+    x = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+    r = torch.randn(M, K, generator=g).to(DEVICE, dtype)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
+    for group in (128, K):  # block weights; a scale a row
+        w = (torch.randn(96, K, generator=g) * 64).clamp(-448, 448).to(DEVICE).to(E4M3)
+        s = (torch.rand(96, -(-K // group), generator=g) * 1e-2 + 1e-3).to(DEVICE)
+        act = fp8_act.add_rms_norm_fp8(x, r.clone(), nw, 1e-5, act_group(K, group), write_x=True)
+        assert act.group == (128 if group < K else K)
+        assert_is_reference_quantization(act, act.x, act.group)
+        assert torch.equal(fp8_skinny_mma(act, w, s, group, cfg=cfg), fp8_skinny_mma(act.x, w, s, group, cfg=cfg))
+        assert torch.equal(fp8.fp8_linear(act, w, s, group, cfg=cfg),
+                           fp8_skinny_mma(act.x, w, s, group, cfg=cfg))
+        assert torch.equal(fp8.fp8_gate_up_silu(act, w, s, group, cfg=cfg),
+                           fp8_skinny_mma(act.x, w, s, group, silu=True, cfg=cfg))
+        other = fp8_act.add_rms_norm_fp8(x, r.clone(), nw, 1e-5, 64)
+        with pytest.raises(ValueError, match="quantized by"):
+            fp8_skinny_mma(other, w, s, group, cfg=cfg)
+
+
 # -- CUDA: the FP8 linears fed the fused activations ---------------------------------------------------
 
 @pytest.mark.cuda
@@ -324,4 +355,49 @@ def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoi
     off = KernelConfig(fp8_fused_act_quant_per_token=False, fp8_fast_accum=False)
     _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=off)
     assert not calls
+    assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
+@pytest.mark.parametrize("fmt", ["block", "channel_dynamic"])
+def test_fp8_model_decode_steps_quantize_in_the_norms_for_skinny_mma(checkpoint_dir, tmp_path, monkeypatch, fmt):
+    """A tiny FP8 Llama on CUDA (hidden 512), eager: its multi-token decode steps (3 and 6 tokens: the
+    "skinny_mma" path) take qkv's and gate_up's inputs quantized by the add + RMSNorm
+    (KernelConfig.fp8_skinny_mma_fused_quant; counted, each call's e4m3 values and scales the reference
+    quantization of its rows); quantized_input_group asks for exactly that (128 for block weights, K for a
+    scale a row) and for nothing with the switch off; the logits stay as close to transformers on the
+    dequantized weights as with the switch off (skinny_mma's own quantize kernel on the norm's bf16 rows)."""
+    from conftest import make_checkpoint
+    from fp8_checkpoints import write_fp8
+    from model_wrapper.kernels import KernelConfig, fp8
+    from test_fp8_checkpoint import _cuda_vs_reference
+
+    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                          num_key_value_heads=2)
+    fp8_dir, deq, _ = write_fp8(src, tmp_path, fmt)
+    want_group = 128 if fmt == "block" else 512
+    small = []
+    norm = fp8_act.add_rms_norm_fp8
+
+    def observed_norm(x, residual, weight, eps, group, write_x=False):
+        act = norm(x, residual, weight, eps, group, write_x=True)
+        assert_is_reference_quantization(act, act.x, group)
+        if x.shape[0] <= 16:
+            small.append(group)
+        return act
+
+    monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", observed_norm)
+    gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False)
+    layers = gen.model_wrapper.model.model.layers
+    qkv = layers[0].self_attn.qkv_proj
+    on, off = KernelConfig(), KernelConfig(fp8_skinny_mma_fused_quant=False)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    group = fp8.quantized_input_group(3, bf16, cuda, qkv.weight, qkv.weight_scale, None, on, qkv.method.group)
+    assert group == want_group, group
+    assert fp8.quantized_input_group(3, bf16, cuda, qkv.weight, qkv.weight_scale, None, off, qkv.method.group) is None
+    assert small and set(small) == {want_group} and len(small) >= 2 * 2 * len(layers), small
+    small.clear()
+    _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=off)
+    assert not small
     assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)
