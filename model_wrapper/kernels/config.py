@@ -210,8 +210,11 @@ class KernelConfig:
     fp8_skinny_mma_stages: int = 4
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
     # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input
-    # comes out of gate_up's SiLU epilogue in bf16 and is still quantized by a kernel of its own
-    fp8_skinny_mma_fused_quant: bool = True
+    # comes out of gate_up's SiLU epilogue in bf16 and is still quantized by a kernel of its own. Off: even in
+    # the step (H100, session 40 c3, bench_fp8.py --decode-only --batches 4,8,16, ms on / off / off again:
+    # block 5.10 / 5.18 / 5.26, 5.39 / 5.33 / 5.40, 5.56 / 5.57 / 5.56; per-channel 4.35 / 4.28 / 4.46,
+    # 4.64 / 4.54 / 4.65, 4.79 / 4.80 / 4.80): the norm's quantizing program a row costs what the launch saved
+    fp8_skinny_mma_fused_quant: bool = False
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

@@ -282,12 +282,14 @@ MAX_SPLITS = 16
 # decode_splits' splits times it), the first row whose batch is not below the step's. A decode graph
 # runs one batch, so it keeps one launch; the context plays no part (graphs replay any context).
 # H100, bench_fp8_kv.py --sweep --by-batch --variants (session 40, all at 5 stages; K/V bytes / time /
-# copy bandwidth, geomean over 8k at batch 1-4, 2k and 8k from 8 on): 128 keys "bits_vreg" at batch 1
-# 0.361 (64 keys 0.317; the old 3-stage default 0.260) and 32 0.839 (64 keys 0.703, with two splits
-# 0.790; the old two-split 3-stage row 0.758); the plain row (64 keys, "fp16_vreg") at 4 / 8 / 16 /
-# 64 / 128: 0.631 / 0.604 / 0.706 / 0.861 / 0.883 (old rows 0.621 / 0.589 / 0.687 / ~0.815 / 0.830);
-# no batch gains from twice the splits any more
-E4M3_BY_BATCH = ((1, {"block_n": 128, "fp8_math": "bits_vreg"}), (16, {}),
+# copy bandwidth, geomean over 8k at batch 1-4, 2k and 8k from 8 on): 128 keys "bits_vreg" at batch 32
+# 0.839 (64 keys 0.703, with two splits 0.790; the old two-split 3-stage row 0.758); the plain row (64
+# keys, "fp16_vreg") at 4 / 8 / 16 / 64 / 128: 0.631 / 0.604 / 0.706 / 0.861 / 0.883 (old rows 0.621 /
+# 0.589 / 0.687 / ~0.815 / 0.830); no batch gains from twice the splits any more. Batch 1 keeps the old
+# row: at 1 x 8k the kernel alone took 0.361 with 128 keys against 0.260, but the FP8 + FP8 KV decode step
+# at context 2048 ran 3.51 / 3.51 ms against 3.42 / 3.44 (session 40 c3, two rounds each; batch 32: 6.11 /
+# 6.13 against 6.22 / 6.23, 128: 11.15 / 11.21 against 11.42 / 11.50)
+E4M3_BY_BATCH = ((1, {"num_stages": 3, "fp8_math": "bits_vreg"}), (16, {}),
                  (32, {"block_n": 128, "fp8_math": "bits_vreg"}))
 
 

@@ -139,7 +139,7 @@ def test_norm_fits_whole_rows_of_power_of_two_groups():
 
 @pytest.mark.parametrize("M", [3, 16])
 def test_skinny_mma_takes_the_norms_quantized_activation_as_its_own(M):
-    """3-16 tokens ("skinny_mma", KernelConfig.fp8_skinny_mma_fused_quant): the norm's QuantizedActivation of
+    """3-16 tokens ("skinny_mma" with KernelConfig.fp8_skinny_mma_fused_quant, off by default): the norm's QuantizedActivation of
     act_group(K, group) columns a scale (128 for block weights, K for a scale a row), in the norm's layout
     (scales with stride(0) == 1, rows padded to 16), gives fp8_skinny_mma, fp8_linear and fp8_gate_up_silu
     the bytes they give on the normed rows the norm wrote (which they quantize themselves): the same
@@ -362,9 +362,9 @@ def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoi
 @on_cuda_skip
 @pytest.mark.parametrize("fmt", ["block", "channel_dynamic"])
 def test_fp8_model_decode_steps_quantize_in_the_norms_for_skinny_mma(checkpoint_dir, tmp_path, monkeypatch, fmt):
-    """A tiny FP8 Llama on CUDA (hidden 512), eager: its multi-token decode steps (3 and 6 tokens: the
-    "skinny_mma" path) take qkv's and gate_up's inputs quantized by the add + RMSNorm
-    (KernelConfig.fp8_skinny_mma_fused_quant; counted, each call's e4m3 values and scales the reference
+    """A tiny FP8 Llama on CUDA (hidden 512), eager: with KernelConfig.fp8_skinny_mma_fused_quant (off by
+    default) its multi-token decode steps (3 and 6 tokens: the "skinny_mma" path) take qkv's and gate_up's
+    inputs quantized by the add + RMSNorm (counted, each call's e4m3 values and scales the reference
     quantization of its rows); quantized_input_group asks for exactly that (128 for block weights, K for a
     scale a row) and for nothing with the switch off; the logits stay as close to transformers on the
     dequantized weights as with the switch off (skinny_mma's own quantize kernel on the norm's bf16 rows)."""
@@ -388,10 +388,10 @@ def test_fp8_model_decode_steps_quantize_in_the_norms_for_skinny_mma(checkpoint_
         return act
 
     monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", observed_norm)
-    gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False)
+    on, off = KernelConfig(fp8_skinny_mma_fused_quant=True), KernelConfig()  # (off: the default)
+    gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=on)
     layers = gen.model_wrapper.model.model.layers
     qkv = layers[0].self_attn.qkv_proj
-    on, off = KernelConfig(), KernelConfig(fp8_skinny_mma_fused_quant=False)
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
     group = fp8.quantized_input_group(3, bf16, cuda, qkv.weight, qkv.weight_scale, None, on, qkv.method.group)
     assert group == want_group, group

@@ -115,9 +115,10 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     launches = res["default_launches"]
     assert len(launches) == 7 and all(stack == 0 for _, stack in launches.values()), launches  # no spills
     # K / V's buffers: two under the e4m3 defaults' 5 stages (the next tile loads while a program computes), one at
-    # 3 stages (bf16's default; e4m3's before session 40)
+    # 3 stages (bf16's default, e4m3's at batch 1; e4m3's everywhere before session 40)
     assert {name: buffers for name, (buffers, _) in launches.items()} == {
-        "bf16 batch 64": 1, "e4m3 batch 16 stages 3": 1, **{f"e4m3 batch {B}": 2 for B in (1, 16, 32, 64, 128)}}, launches
+        "bf16 batch 64": 1, "e4m3 batch 1": 1, "e4m3 batch 16 stages 3": 1,
+        **{f"e4m3 batch {B}": 2 for B in (16, 32, 64, 128)}}, launches
 
 
 if __name__ == "__main__":
