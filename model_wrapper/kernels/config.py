@@ -197,6 +197,9 @@ class KernelConfig:
     # 4 / 8 / 16, weight-only skinny (fp32 upcast where per-channel) against this: per-channel 4.76 / 6.07 / 6.86
     # against 4.39 / 4.64 / 4.94; block 5.67 / 5.89 / 6.09 against 5.26 / 5.47 / 5.64 (bf16, e4: 5.87 / 6.05 / 6.26)
     fp8_skinny_mma: bool = True
+    # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
+    # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
+    fp8_skinny_mma_max_tokens: int = 16
     fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs
     fp8_skinny_mma_min_programs: int = 128
     # K step (a multiple of 128): block weights (one product per 128 columns), a scale a row (products in place).

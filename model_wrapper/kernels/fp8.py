@@ -66,7 +66,7 @@ from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.r
     MAX_NORM_COLS, _quantize, _unit_cols, quantize_fp8_per_token_group, quantize_fp8_static, round_to_e4m3,
     silu_and_mul_fp8)
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
-from model_wrapper.kernels.fp8_skinny_mma import act_group, fp8_skinny_mma, skinny_mma_fits
+from model_wrapper.kernels.fp8_skinny_mma import MAX_TOKENS, act_group, fp8_skinny_mma, skinny_mma_fits
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
 
 
@@ -308,7 +308,7 @@ def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_s
     block_scale; "scaled_mm" for act.scale [Mp, 1] (one scale a token, group K) and weight_scale
     [N, 1] (one a row)."""
     K = act.q.shape[1]
-    if act.rows <= cfg.fp8_skinny_max_tokens and group is not None and weight_scale is not None:
+    if _quantized_skinny(act, weight, weight_scale, group, cfg):
         return fp8_skinny_mma(act, weight, weight_scale, group, bias, cfg=cfg)
     if act.group == 128 and block_scale is not None:
         return _block_mm(act.q, act.scale, act.rows, weight, block_scale, bias, act.dtype, cfg)
@@ -318,6 +318,14 @@ def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_s
                      f"block scales, or one group a token (group {K}) and one weight scale a row; got group "
                      f"{act.group}, block scales {None if block_scale is None else tuple(block_scale.shape)}, "
                      f"weight scales {None if weight_scale is None else tuple(weight_scale.shape)}")
+
+
+def _quantized_skinny(act: QuantizedActivation, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                      group: int | None, cfg: KernelConfig) -> bool:
+    """Whether the step of act's rows runs "skinny_mma" on this weight (its producer then quantized it
+    for that path: quantized_input_group)."""
+    return (group is not None and weight_scale is not None
+            and path_for(act.rows, act.dtype, weight.device, weight, weight_scale, group, cfg) == "skinny_mma")
 
 
 def _block_mm(a, a_s, M, weight, block_scale, bias, out_dtype, cfg: KernelConfig | None) -> torch.Tensor:
@@ -423,10 +431,10 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
         return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"
+    if (cfg.fp8_skinny_mma and M <= min(cfg.fp8_skinny_mma_max_tokens, MAX_TOKENS) and skinny_mma_fits(K, group)
+            and _fp8_mma(device) and (group < K or dtype == torch.bfloat16)):  # a scale a row: bf16 only
+        return "skinny_mma"  # (kernels/fp8_skinny_mma.py)
     if M <= cfg.fp8_skinny_max_tokens:
-        if (cfg.fp8_skinny_mma and M <= 16 and skinny_mma_fits(K, group) and _fp8_mma(device)
-                and (group < K or dtype == torch.bfloat16)):  # a scale a row: bf16 only (kernels/fp8_skinny_mma.py)
-            return "skinny_mma"
         return "skinny"
     if weight_scale.shape[1] == 1 and _rowwise_fits(dtype, device, weight):
         return "scaled_mm"
@@ -455,13 +463,13 @@ def quantized_input_group(M: int, dtype: torch.dtype, device: torch.device, weig
     takes_quantized_input (the block-scaled GEMM); K (one scale a token) where the step runs the
     row-wise "scaled_mm" path (one weight scale a row, dynamic activations) and
     cfg.fp8_fused_act_quant_per_token is on, for rows a producer's program holds whole
-    (fp8_act.MAX_NORM_COLS). Up to 16 rows, where the step runs "skinny_mma" for a weight of scale
+    (fp8_act.MAX_NORM_COLS). Where the step runs "skinny_mma" for a weight of scale
     group `group` and cfg.fp8_skinny_mma_fused_quant is on: that path's own quantization of x
     (fp8_skinny_mma.act_group: 128, or K for a scale a weight row)."""
     if takes_quantized_input(M, dtype, device, weight, weight_scale, block_scale, cfg):
         return 128
     K = weight.shape[1]
-    if (group is not None and cfg.fp8_skinny_mma_fused_quant and device.type == "cuda" and M <= 16
+    if (group is not None and cfg.fp8_skinny_mma_fused_quant and device.type == "cuda"
             and path_for(M, dtype, device, weight, weight_scale, group, cfg) == "skinny_mma"):
         return act_group(K, group)
     if (not cfg.fp8_fused_act_quant_per_token or device.type != "cuda" or M <= cfg.fp8_skinny_max_tokens
@@ -512,7 +520,7 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
     quantized input, takes_quantized_input, and this step runs a prefill path): SiLU-and-mul and
     down's quantization in one kernel -> a QuantizedActivation instead."""
     if isinstance(x, QuantizedActivation):  # (quantized_input_group: skinny_mma's rows, else a prefill GEMM's)
-        path = "skinny_mma" if x.rows <= cfg.fp8_skinny_max_tokens else "scaled_mm_block"
+        path = "skinny_mma" if _quantized_skinny(x, weight, weight_scale, group, cfg) else "scaled_mm_block"
     else:
         path = fp8_path(x, weight, weight_scale, group, cfg, silu=True) if x.is_cuda else "reference"
         x = _unit_cols(x)

@@ -41,6 +41,7 @@ from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.fp8_reference import QuantizedActivation
 
 QGROUP = 128  # the activation's quantization group (columns): a K step
+MAX_TOKENS = 64  # the token tile (BM) is M rounded up to 16, 32 or 64
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def skinny_mma_fits(K: int, group: int) -> bool:
 
 def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: int, bias: torch.Tensor | None = None,
                    silu: bool = False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
-    """x [M, K] bf16 / fp16 (M <= 16, unit column stride), weight e4m3 [N, K] with weight_scale [N, KG]
+    """x [M, K] bf16 / fp16 (M <= MAX_TOKENS, unit column stride), weight e4m3 [N, K] with weight_scale [N, KG]
     (skinny_mma_fits) -> x @ W^T (+ bias) [M, N] in x's dtype, x quantized per token and 128 columns
     (silu: gate_up's silu(gate) * up, [M, N // 2]). x may also come quantized by its producer (a
     QuantizedActivation of act_group(K, group) columns a scale, fp8_act.add_rms_norm_fp8): the same
@@ -112,6 +113,8 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     else:
         M, dtype = x.shape[0], x.dtype
         q, qs = quantize_fp8_per_token_group(x, act_group(K, group)) if M else (None, None)
+    if M > MAX_TOKENS:
+        raise ValueError(f"fp8_skinny_mma: at most {MAX_TOKENS} tokens, got {M}")
     n_out = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(M, n_out, dtype=dtype, device=weight.device)
     if not M:
@@ -125,9 +128,9 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     pdl = uses_pdl(weight.device, cfg)
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
-        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K, BM=16,
-        BLOCK_N=block_n, BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
+        BM=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n,
+        BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
         num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out

@@ -210,7 +210,7 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
                                  KernelConfig(fp8_skinny_mma_block_k=512, fp8_skinny_mma_row_block_k=256)],
                          ids=["default", "n32-k128", "k512-256"])
 def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
-    """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-16 tokens): x quantized per token and 128
+    """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-64 tokens): x quantized per token and 128
     columns for block weights, per token for a scale a row (the prefill paths' rounding: quantize_oracle), e4m3
     products: weight groups of 128 and 256 (several products a group), one group a row with K not a multiple of
     the K step (a part-filled last step), N odd, bias, strided rows, the SiLU epilogue; K steps of 128 to 512."""
@@ -219,7 +219,9 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     g = torch.Generator().manual_seed(12)
     dtype = torch.float16
     for M, N, K, group, bias, strided in ((1, 40, 300, 128, True, False), (3, 70, 512, 256, False, True),
-                                          (16, 33, 1000, 1000, True, False), (9, 64, 384, 128, True, True)):
+                                          (16, 33, 1000, 1000, True, False), (9, 64, 384, 128, True, True),
+                                          (17, 40, 384, 128, False, False), (32, 33, 1000, 1000, True, True),
+                                          (50, 64, 256, 128, True, False)):  # token tiles of 16, 32 and 64
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)
@@ -258,8 +260,9 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
-    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM (W8A8 "skinny_mma" up to 16 tokens
-    where it fits, else weight-only), beyond the
+    """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM (W8A8 "skinny_mma" up to
+    fp8_skinny_mma_max_tokens, 16, where it fits, else weight-only; skinny_mma also past fp8_skinny_max_tokens
+    where its bound is moved there, up to its 64-token tile), beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
     a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
     fp8_linear and fp8_gate_up_silu are the reference: weight-only up to fp8_skinny_max_tokens,
@@ -276,6 +279,9 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
     assert [path(M, moved) for M in (4, 5, 16, 17, 32, 33)] == ["gemv", "skinny_mma", "skinny_mma", "skinny", "skinny",
                                                                 "gemm"]  # skinny_mma up to 16 tokens
+    wide = KernelConfig(fp8_skinny_mma_max_tokens=64)  # skinny_mma past fp8_skinny_max_tokens, in the GEMM's place
+    assert [path(M, wide) for M in (3, 17, 64, 65)] == ["skinny_mma", "skinny_mma", "skinny_mma", "gemm"]
+    assert path(100, KernelConfig(fp8_skinny_mma_max_tokens=128)) == "gemm"  # (its token tile: at most 64)
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.float16), w, s[:, :1], 256) == "skinny"  # a scale a row:
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.bfloat16), w, s[:, :1], 256) == "skinny_mma"  # bf16 only
     weight_only = KernelConfig(fp8_skinny_mma=False)
