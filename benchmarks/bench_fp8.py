@@ -184,16 +184,43 @@ def run_engine(gen, kv_dtype, prompts, out_len, device) -> dict:
     warm_up(engine)
     if device == "cuda":
         torch.cuda.synchronize()
+    compiles, restore = _count_compiles() if device == "cuda" else ([], None)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params, use_tqdm=False)
     if device == "cuda":
         torch.cuda.synchronize()
     el = time.perf_counter() - t0
+    if restore is not None:
+        restore()
     n = sum(len(o.token_ids) for o in outs)
-    res = dict(num_blocks=num_blocks, output_tokens=n, seconds=el, tokens_per_s=n / el)
+    # compiles_in_timed_pass: Triton kernel specializations first built inside the timed pass (compiled, ~0.5-1.5 s
+    # each, or loaded from Triton's disk cache): what the start-up pass did not reach
+    res = dict(num_blocks=num_blocks, output_tokens=n, seconds=el, tokens_per_s=n / el,
+               compiles_in_timed_pass=compiles)
     del engine
     gc.collect()
     return res
+
+
+def _count_compiles():
+    """-> (list the Triton JIT appends a kernel's name to whenever it compiles one, a function that removes the
+    hook again): Triton's jit_cache_hook, called before each compile; returning None lets it compile."""
+    try:
+        from triton import knobs
+    except ImportError:  # (a Triton without knobs: nothing counted)
+        return [], None
+    seen, before = [], knobs.runtime.jit_cache_hook
+
+    def hook(*, fn, **_):
+        seen.append(getattr(fn, "name", str(fn)))
+        return None
+
+    knobs.runtime.jit_cache_hook = hook
+
+    def restore():
+        knobs.runtime.jit_cache_hook = before
+
+    return seen, restore
 
 
 def main():

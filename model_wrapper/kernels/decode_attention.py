@@ -285,7 +285,8 @@ MAX_SPLITS = 16
 # copy bandwidth, geomean over 8k at batch 1-4, 2k and 8k from 8 on): 128 keys "bits_vreg" at batch 32
 # 0.839 (64 keys 0.703, with two splits 0.790; the old two-split 3-stage row 0.758); the plain row (64
 # keys, "fp16_vreg") at 4 / 8 / 16 / 64 / 128: 0.631 / 0.604 / 0.706 / 0.861 / 0.883 (old rows 0.621 /
-# 0.589 / 0.687 / ~0.815 / 0.830); no batch gains from twice the splits any more. Batch 1 keeps the old
+# 0.589 / 0.687 / - / 0.830; at 64 the old "fp16_vreg" row was not swept, "bits_vreg" at 3 stages took
+# 0.815); no batch gains from twice the splits any more. Batch 1 keeps the old
 # row: at 1 x 8k the kernel alone took 0.361 with 128 keys against 0.260, but the FP8 + FP8 KV decode step
 # at context 2048 ran 3.51 / 3.51 ms against 3.42 / 3.44 (session 40 c3, two rounds each; batch 32: 6.11 /
 # 6.13 against 6.22 / 6.23, 128: 11.15 / 11.21 against 11.42 / 11.50)
