@@ -169,13 +169,15 @@ SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_r
 FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_packed_round=False),
                 "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
                 "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
-                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768)}
+                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
+                "w8a8-fp8": dict(moe_fp8_w8a8=True)}  # (session 40: the sorted path's grouped GEMMs W8A8)
+SORTED_FP8_SWITCHES = {"w8a8-fp8"}  # the FP8 switches that act past the decode path (the others: only on it)
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = None, tokens=(1, 2, 4),
                  rounds: int = 2) -> None:
     """new against each of SWITCHES (those named in only, if given) at 1, 2 and 4 tokens (or tokens), and on e4m3
-    experts where they take the decode path against FP8_SWITCHES, rounds times in turn (the second round shows the
+    experts against FP8_SWITCHES where they take the decode path (past it: SORTED_FP8_SWITCHES), rounds times in turn (the second round shows the
     spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
@@ -184,9 +186,12 @@ def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = N
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
         cases = [("new", new, False)] + [(n, dataclasses.replace(new, **kw), False) for n, kw in SWITCHES.items()
                                          if only is None or n in only]
-        if takes_decode_path(T * K, E, new, fp8=True):
+        decode_fp8 = takes_decode_path(T * K, E, new, fp8=True)
+        fp8_switches = {n: kw for n, kw in FP8_SWITCHES.items() if (only is None or n in only)
+                        and (decode_fp8 or n in SORTED_FP8_SWITCHES)}
+        if decode_fp8 or fp8_switches:
             cases += [("new-fp8", new, True)] + [(n, dataclasses.replace(new, **kw), True)
-                                                 for n, kw in FP8_SWITCHES.items() if only is None or n in only]
+                                                 for n, kw in fp8_switches.items()]
         # diagnostic rows: the layers' experts alone (fused_moe on routings computed beforehand, no router kernel in the
         # graph): what new spends beyond them is the router and its hand-off to the experts
         for fp8 in (False, True) if only is None or "experts-only" in only else ():

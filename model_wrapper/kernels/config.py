@@ -118,6 +118,11 @@ class KernelConfig:
     # layer at 1 token: 39.4 us (32k, one-value rounding), 37.3 (32k, packed), 36.2 (16k), 35.6 (16k, packed);
     # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
     moe_fp8_gemv_tile: int = 8192
+    # FP8 experts' grouped GEMMs (the sorted path: more pairs than moe_fp8_decode_pairs) as W8A8 e4m3 products
+    # (kernels/moe.py) instead of weight tiles dequantized to the model dtype in registers; off until measured
+    moe_fp8_w8a8: bool = False
+    moe_w8a8_large_block_n: int = 64  # its prefill tiles' columns (128: each product's fp32 tile beside the sums
+    # spills at 8 warps, sm90 compile: 552 bytes gate_up, 56 down)
     moe_fp8_gemv_down_tile: int = 8192
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)

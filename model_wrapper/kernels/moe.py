@@ -25,7 +25,12 @@ token's k experts runs in fp32 (the reference adds them one by one in the model 
 
 FP8 experts (e4m3 weights, float32 scales [E, rows, ceil(cols / 128)], one per row and 128 columns): each
 weight tile is dequantized to the model dtype in registers before its dot (weight-only: activations stay
-in the model dtype), which is what the reference computes on the dequantized tensors.
+in the model dtype), which is what the reference computes on the dequantized tensors. With
+KernelConfig.moe_fp8_w8a8 the grouped GEMMs multiply e4m3 by e4m3 instead (W8A8, as the dense FP8 linears'
+prefill and skinny_mma paths and vLLM's block-FP8 MoE): x quantized per token and 128 columns before gate_up,
+gate_up's output per pair and 128 columns before down (kernels/fp8_act.py, the reference quantizer), one
+tensor-core product per 128 columns scaled by both operands' scales into an fp32 sum; the rounding of each
+product to the model dtype and the epilogues as above. The decode path (a few pairs) stays weight-only.
 """
 
 from __future__ import annotations
@@ -36,16 +41,21 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
 from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
 
 
 @triton.jit
-def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a, stride_we,
-                     stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr, SILU: tl.constexpr,
-                     WEIGHTED: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a,
+                     stride_as, stride_asg, stride_we, stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr,
+                     SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr, W8A8: tl.constexpr,
+                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PDL: tl.constexpr):
+    # W8A8 (FP8 experts, KernelConfig.moe_fp8_w8a8): a is e4m3 with float32 scales as_ptr [rows, groups] (per row
+    # and GROUP columns); BLOCK_K == GROUP, so each K step is one e4m3 x e4m3 product scaled by its row's and
+    # column's scales before it joins the fp32 sum. Otherwise FP8 dequantizes the weight tile to a's dtype.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if PDL:
@@ -76,17 +86,26 @@ def _moe_gemm_kernel(a_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw
         a = tl.load(a_ptr + row[:, None].to(tl.int64) * stride_a + kk[None, :], mask=valid[:, None] & k_ok[None, :],
                     other=0.0)
         w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
+        if W8A8:
+            sa = tl.load(as_ptr + row.to(tl.int64) * stride_as + (k0 // GROUP) * stride_asg, mask=valid, other=0.0)
             s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
-            w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
-        acc = tl.dot(a, w, acc)
+            acc += tl.dot(a, w) * (sa[:, None] * s[None, :])
+        else:
+            if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
+                s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
+                w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
+            acc = tl.dot(a, w, acc)
         if SILU:
             wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
                          other=0.0)
-            if FP8:
+            if W8A8:
                 su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
-                wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
-            acc_up = tl.dot(a, wu, acc_up)
+                acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
+            else:
+                if FP8:
+                    su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
+                    wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
+                acc_up = tl.dot(a, wu, acc_up)
     dtype = o_ptr.dtype.element_ty
     if SILU:
         g = acc.to(dtype).to(tl.float32)
@@ -113,6 +132,15 @@ def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOC
     rows = tl.load(out_ptr + (t * TOP_K + j)[:, None] * N + n[None, :], mask=(j < TOP_K)[:, None] & (n < N)[None, :],
                    other=0.0)
     tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
+
+
+def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, its scales) for the grouped GEMM: W8A8, x [M, K] quantized per row and FP8_GROUP columns
+    (fp8_act.quantize_fp8_per_token_group: e4m3 [M, K], float32 [M, ceil(K / 128)]); else x itself, with
+    x standing in for the scales (never read)."""
+    if not w8a8:
+        return x, x
+    return quantize_fp8_per_token_group(x, FP8_GROUP)
 
 
 def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: bool = False) -> bool:
@@ -145,13 +173,16 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         return moe_decode(x, weights, ids, gate_up, down, cfg, gate_up_scale, down_scale)
     x = x.contiguous()
     fp8 = gate_up_scale is not None
+    w8a8 = fp8 and cfg.moe_fp8_w8a8
     if P <= cfg.moe_small_pairs:
         bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
     else:
         bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
         warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
     if fp8:
-        bk = min(bk, FP8_GROUP)
+        bk = FP8_GROUP if w8a8 else min(bk, FP8_GROUP)
+    if w8a8 and P > cfg.moe_small_pairs:
+        bn = cfg.moe_w8a8_large_block_n
     pdl = uses_pdl(x.device, cfg)
     if cfg.moe_fused_align:
         pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk, pdl)
@@ -161,16 +192,18 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    launch = dict(TOP_K=k, FP8=fp8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=warps,
-                  num_stages=stages, **launch_args(pdl))
+    launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
+                  num_warps=warps, num_stages=stages, **launch_args(pdl))
+    a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
-        x, gate_up, s, act, pairs, block_expert, rw, P, E, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        sse, ssn, act.stride(0), SILU=True, WEIGHTED=False, **launch)
+        a, a_s, gate_up, s, act, pairs, block_expert, rw, P, E, inter, H, a.stride(0), a_s.stride(0), a_s.stride(1),
+        gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0), SILU=True, WEIGHTED=False, **launch)
+    a, a_s = _w8a8_operand(act, w8a8)  # (W8A8: each pair's activation row per 128 columns)
     s, sse, ssn = scale_args(down_scale, down)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
-        act, down, s, out, pairs, block_expert, rw, P, E, H, inter, act.stride(0), down.stride(0), down.stride(1),
-        sse, ssn, out.stride(0), SILU=False, WEIGHTED=True, **launch)
+        a, a_s, down, s, out, pairs, block_expert, rw, P, E, H, inter, a.stride(0), a_s.stride(0), a_s.stride(1),
+        down.stride(0), down.stride(1), sse, ssn, out.stride(0), SILU=False, WEIGHTED=True, **launch)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _sum_k_kernel[(T, triton.cdiv(H, cfg.moe_sum_block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
                                                            BLOCK_N=cfg.moe_sum_block, PDL=pdl, **launch_args(pdl))

@@ -437,10 +437,14 @@ def _within_fp8_bounds(err, top1, err16, top1_16):
 
 @pytest.mark.cuda
 @needs_cuda
-def test_cuda_block_fp8_experts(checkpoint_dir, tmp_path):
-    """Stacked e4m3 experts + block scales through kernels.moe_experts(..., gate_up_scale, down_scale)."""
+@pytest.mark.parametrize("w8a8", [False, True], ids=["weight-only", "w8a8"])
+def test_cuda_block_fp8_experts(checkpoint_dir, tmp_path, w8a8):
+    """Stacked e4m3 experts + block scales through kernels.moe_experts(..., gate_up_scale, down_scale); w8a8:
+    KernelConfig.moe_fp8_w8a8 (the steps past the decode path multiply e4m3 activations)."""
+    from model_wrapper.kernels import KernelConfig
+
     fp8, deq, _ = write_fp8(checkpoint_dir("qwen3_moe"), tmp_path, "block", ignore=("lm_head", "mlp.gate"))
-    gen, err, top1 = _cuda_vs_reference(fp8, deq, seed=8)
+    gen, err, top1 = _cuda_vs_reference(fp8, deq, seed=8, kernel_config=KernelConfig(moe_fp8_w8a8=w8a8))
     experts = gen.model_wrapper.model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.dtype == E4M3 and experts.down_proj_scale.dtype == torch.float32
     _, err16, top1_16 = _cuda_vs_reference(deq, deq, seed=8)
