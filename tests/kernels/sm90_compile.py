@@ -34,6 +34,21 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool
                           options=options)
 
 
+def stack_bytes(kernel) -> int:
+    """A compiled kernel's stack frame in bytes (cuobjdump -res-usage of its cubin): 0 unless registers spill."""
+    import re
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
+
+
 def run_child(script: str, tool: str = ""):
     """Runs script (a test file) from the repository root in a process without TRITON_INTERPRET ->
     the JSON on the last line it printed. Skips without Triton or its NVIDIA backend tools (the
