@@ -55,12 +55,25 @@ from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch
 
 
 @triton.jit
-def _attend(q, k, v, ok, m_i, l_i, acc, scale_log2):
-    """One block of keys into the online softmax: -> (m_i, l_i, acc)."""
+def paged_kv(k_ptr, v_ptr, indices_ptr, p0, t, ok, stride_kb, stride_kt, kv_head, d, PAGE: tl.constexpr):
+    """The K and V rows of a request's keys t [BLOCK_N] (ok: t is one of them) from the paged cache, the
+    request's pages listed at indices_ptr + p0, a KV head's columns kv_head + d -> (k, v) [BLOCK_N, D]
+    (zeros where not ok). Shared by the decode, verify and prefill kernels."""
+    page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
+    off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
+    k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+    v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def attend(q, k, v, vis, m_i, l_i, acc, scale_log2):
+    """One block of keys into the online softmax of q's rows: vis [ROWS, BLOCK_N] (or [1, BLOCK_N]) which
+    keys a row sees -> (m_i, l_i, acc). Shared by the decode, verify and prefill kernels."""
     qk = tl.dot(q, tl.trans(k)) * scale_log2
-    qk = tl.where(ok[None, :], qk, float("-inf"))
+    qk = tl.where(vis, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet (an empty split): no NaN
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet (an empty split): no NaN
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(qk - m_use[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -209,12 +222,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         ok = t < end
-        page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
-        off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        k, v = paged_kv(k_ptr, v_ptr, indices_ptr, p0, t, ok, stride_kb, stride_kt, kv_head, d, PAGE)
         k, v = e4m3_operands(k, v, q.dtype, FP8, MATH, INTERPRET)
-        m_i, l_i, acc = _attend(q, k, v, ok, m_i, l_i, acc, scale_log2)
+        m_i, l_i, acc = attend(q, k, v, ok[None, :], m_i, l_i, acc, scale_log2)
     if FP8:
         acc = acc * out_scale
 

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.decode_attention import e4m3_operands, e4m3_scales, fp8_math_id
+from model_wrapper.kernels.decode_attention import attend, e4m3_operands, e4m3_scales, fp8_math_id, paged_kv
 from model_wrapper.kernels.verify_attention import _merge_kernel
 
 
@@ -96,10 +96,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
     for n0 in range(start, stop, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         ok = t < stop
-        page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
-        off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        k, v = paged_kv(k_ptr, v_ptr, indices_ptr, p0, t, ok, stride_kb, stride_kt, kv_head, d, PAGE)
         k, v = e4m3_operands(k, v, q.dtype, FP8, MATH, INTERPRET)
         vis = (row_ok[:, None] & ok[None, :]) & (t[None, :] <= row_kv[:, None])
         if HAS_WINDOW:
@@ -108,15 +105,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, indptr_ptr, indices_ptr, last_p
             key_pos = tl.load(pos_ptr + q0 + c, mask=ok & new, other=0).to(tl.int32)
             key_pos = tl.where(new, key_pos, t)
             vis = vis & ((row_pos[:, None] - key_pos[None, :]) < window)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2
-        qk = tl.where(vis, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(qk - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = attend(q, k, v, vis, m_i, l_i, acc, scale_log2)
     if FP8:
         acc = acc * out_scale
 

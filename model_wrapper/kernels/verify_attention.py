@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels.decode_attention import attend, paged_kv
+
 MAX_Q = 16  # new tokens per request the mask bits hold (one int32 per token)
 
 
@@ -79,10 +81,7 @@ def _verify_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, qlen_
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         ok = t < end
-        page = tl.load(indices_ptr + p0 + t // PAGE, mask=ok, other=0).to(tl.int64)
-        off = page * stride_kb + (t % PAGE) * stride_kt + kv_head
-        k = tl.load(k_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
-        v = tl.load(v_ptr + off[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        k, v = paged_kv(k_ptr, v_ptr, indices_ptr, p0, t, ok, stride_kb, stride_kt, kv_head, d, PAGE)
         c = t - prefix  # column among the request's new tokens (< 0: a cached key)
         new = c >= 0
         bit = (bits[:, None] >> tl.minimum(tl.maximum(c, 0), 31)[None, :]) & 1
@@ -91,15 +90,7 @@ def _verify_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, qlen_
             key_pos = tl.load(pos_ptr + tok0 + c, mask=ok & new, other=0).to(tl.int32)
             key_pos = tl.where(new, key_pos, t)
             vis = vis & ((row_pos[:, None] - key_pos[None, :]) < window)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2
-        qk = tl.where(vis, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(qk - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = attend(q, k, v, vis, m_i, l_i, acc, scale_log2)
 
     seen = l_i > 0  # padding rows (and an empty split) saw nothing: zeros, lse -inf
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
