@@ -125,18 +125,24 @@ def scale_args(scale: torch.Tensor | None, w: torch.Tensor) -> tuple:
     return scale, scale.stride(0), scale.stride(1)
 
 
+def decode_operands(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                    gate_up_scale: torch.Tensor | None) -> tuple:
+    """The decode path's sizes and buffers (moe_decode, moe_gemv.moe_gemv): (T, H, k, I, fp8, x, ids and
+    weights contiguous, act [T * k, I] and y [T, H] in x's dtype, uninitialised)."""
+    T, H = x.shape
+    k = ids.shape[1]
+    inter = gate_up.shape[1] // 2
+    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    return T, H, k, inter, gate_up_scale is not None, x.contiguous(), ids.contiguous(), weights.contiguous(), act, y
+
+
 def moe_decode(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                cfg: KernelConfig, gate_up_scale: torch.Tensor | None = None,
                down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], gate_up [E, 2I, H], down [E, H, I] (model dtype, or e4m3 with
     scales [E, 2I, ceil(H / 128)] and [E, H, ceil(I / 128)]) -> [T, H] in x's dtype, in two kernels."""
-    T, H = x.shape
-    k = ids.shape[1]
-    inter = gate_up.shape[1] // 2
-    fp8 = gate_up_scale is not None
-    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
-    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
-    y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    T, H, k, inter, fp8, x, ids, rw, act, y = decode_operands(x, weights, ids, gate_up, gate_up_scale)
     # FP8 tiles span twice the columns: the same bytes a load as the model-dtype tiles
     bk, bk_down = cfg.moe_decode_block_k * (2 if fp8 else 1), cfg.moe_decode_down_block_k * (2 if fp8 else 1)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)

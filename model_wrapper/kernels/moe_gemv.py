@@ -43,7 +43,7 @@ import triton.language as tl
 
 from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, loads_fence, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
-from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, scale_args
+from model_wrapper.kernels.moe_decode import FP8_GROUP, _dequant, decode_operands, scale_args
 
 
 @triton.jit
@@ -157,13 +157,7 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
              down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k], ids [T, k], gate_up [E, 2I, H], down [E, H, I] (model dtype, or e4m3 with
     scales [E, 2I, ceil(H / 128)] and [E, H, ceil(I / 128)]) -> [T, H] in x's dtype, in two kernels."""
-    T, H = x.shape
-    k = ids.shape[1]
-    inter = gate_up.shape[1] // 2
-    fp8 = gate_up_scale is not None
-    x, ids, rw = x.contiguous(), ids.contiguous(), weights.contiguous()
-    act = torch.empty(T * k, inter, dtype=x.dtype, device=x.device)
-    y = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    T, H, k, inter, fp8, x, ids, rw, act, y = decode_operands(x, weights, ids, gate_up, gate_up_scale)
     tile, down_tile = _tiles(cfg, fp8)
     kp_h, kp_i = triton.next_power_of_2(H), triton.next_power_of_2(inter)
     slots = max(2, triton.next_power_of_2(k))
