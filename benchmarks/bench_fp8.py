@@ -57,7 +57,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import copy_bandwidth, decode_step, gemm_chain, prefill_step, timed  # noqa: E402
-from benchmarks.common import LLAMA3_8B, pyplot, quantize_fp8, random_text_generator, tiny  # noqa: E402
+from benchmarks.common import (LLAMA3_8B, count_triton_compiles, pyplot, quantize_fp8,  # noqa: E402
+                               random_text_generator, tiny)
 
 E4M3 = torch.float8_e4m3fn
 
@@ -184,7 +185,7 @@ def run_engine(gen, kv_dtype, prompts, out_len, device) -> dict:
     warm_up(engine)
     if device == "cuda":
         torch.cuda.synchronize()
-    compiles, restore = _count_compiles() if device == "cuda" else ([], None)
+    compiles, restore = count_triton_compiles() if device == "cuda" else ([], None)
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params, use_tqdm=False)
     if device == "cuda":
@@ -200,27 +201,6 @@ def run_engine(gen, kv_dtype, prompts, out_len, device) -> dict:
     del engine
     gc.collect()
     return res
-
-
-def _count_compiles():
-    """-> (list the Triton JIT appends a kernel's name to whenever it compiles one, a function that removes the
-    hook again): Triton's jit_cache_hook, called before each compile; returning None lets it compile."""
-    try:
-        from triton import knobs
-    except ImportError:  # (a Triton without knobs: nothing counted)
-        return [], None
-    seen, before = [], knobs.runtime.jit_cache_hook
-
-    def hook(*, fn, **_):
-        seen.append(getattr(fn, "name", str(fn)))
-        return None
-
-    knobs.runtime.jit_cache_hook = hook
-
-    def restore():
-        knobs.runtime.jit_cache_hook = before
-
-    return seen, restore
 
 
 def main():

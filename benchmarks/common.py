@@ -272,3 +272,25 @@ def pyplot():
         print("matplotlib not installed: no plot (pip install matplotlib)")
         return None
     return plt
+
+
+def count_triton_compiles():
+    """-> (a list the Triton JIT appends a kernel's name to whenever this process first builds one of its
+    specializations (compiled, or loaded from the disk cache), a function that removes the hook again):
+    Triton's jit_cache_hook, called before each such build; returning None lets it build."""
+    try:
+        from triton import knobs
+    except ImportError:  # (a Triton without knobs: nothing counted)
+        return [], None
+    seen, before = [], knobs.runtime.jit_cache_hook
+
+    def hook(*, fn, **_):
+        seen.append(getattr(fn, "name", str(fn)))
+        return None
+
+    knobs.runtime.jit_cache_hook = hook
+
+    def restore():
+        knobs.runtime.jit_cache_hook = before
+
+    return seen, restore
