@@ -302,7 +302,7 @@ def fp8_linear_quantized(act: QuantizedActivation, weight: torch.Tensor, block_s
                          bias: torch.Tensor | None = None, weight_scale: torch.Tensor | None = None,
                          cfg: KernelConfig = DEFAULT, group: int | None = None) -> torch.Tensor:
     """The GEMM of an activation its producer quantized (kernels/fp8_act.py), act.q [Mp, K] e4m3 ->
-    [act.rows, N] in act.dtype: up to fp8_skinny_max_tokens rows "skinny_mma" (group: the weight's
+    [act.rows, N] in act.dtype: "skinny_mma" where path_for sends act's rows there (group: the weight's
     scale group; quantized_input_group asks for an activation there only where that path runs);
     else "scaled_mm_block" for act.scale [Mp, K / 128] (stride(0) == 1) and a weight with 128 x 128
     block_scale; "scaled_mm" for act.scale [Mp, 1] (one scale a token, group K) and weight_scale
