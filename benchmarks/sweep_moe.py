@@ -177,8 +177,8 @@ SORTED_FP8_SWITCHES = {"w8a8-fp8"}  # the FP8 switches that act past the decode 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = None, tokens=(1, 2, 4),
                  rounds: int = 2) -> None:
     """new against each of SWITCHES (those named in only, if given) at 1, 2 and 4 tokens (or tokens), and on e4m3
-    experts against FP8_SWITCHES where they take the decode path (past it: SORTED_FP8_SWITCHES), rounds times in turn (the second round shows the
-    spread), the same layers and floors as decode_sweep."""
+    experts against FP8_SWITCHES where they take the decode path (past it: SORTED_FP8_SWITCHES), rounds times in
+    turn (the second round shows the spread), the same layers and floors as decode_sweep."""
     layers = {False: make_layers(False, g), True: make_layers(True, g)}
     router = E * H * 2
     new = KernelConfig()

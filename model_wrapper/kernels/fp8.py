@@ -324,7 +324,7 @@ def _quantized_skinny(act: QuantizedActivation, weight: torch.Tensor, weight_sca
                       group: int | None, cfg: KernelConfig) -> bool:
     """Whether the step of act's rows runs "skinny_mma" on this weight (its producer then quantized it
     for that path: quantized_input_group)."""
-    return (group is not None and weight_scale is not None
+    return (group is not None and weight_scale is not None and act.rows <= cfg.fp8_skinny_mma_max_tokens
             and path_for(act.rows, act.dtype, weight.device, weight, weight_scale, group, cfg) == "skinny_mma")
 
 

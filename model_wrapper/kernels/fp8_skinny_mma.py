@@ -1,4 +1,5 @@
-"""FP8 linears at 3-16 tokens on the e4m3 tensor cores (W8A8): the "skinny_mma" path of kernels/fp8.py.
+"""FP8 linears at 3-16 tokens (up to 64: KernelConfig.fp8_skinny_mma_max_tokens) on the e4m3 tensor cores
+(W8A8): the "skinny_mma" path of kernels/fp8.py.
 
     fp8_skinny_mma(x, weight, weight_scale, group, bias=None, silu=False, cfg) -> [M, N] (silu: [M, N // 2])
 
@@ -47,8 +48,8 @@ MAX_TOKENS = 64  # the token tile (BM) is M rounded up to 16, 32 or 64
 @triton.jit
 def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
                            stride_qg, stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr,
-                           BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                           PDL: tl.constexpr):
+                           BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           SILU: tl.constexpr, PDL: tl.constexpr):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
     # and scaled once at the end
@@ -105,16 +106,17 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     QuantizedActivation of act_group(K, group) columns a scale, fp8_act.add_rms_norm_fp8): the same
     operands without the quantize kernel."""
     K = weight.shape[1]
+    M = x.rows if isinstance(x, QuantizedActivation) else x.shape[0]
+    if M > MAX_TOKENS:
+        raise ValueError(f"fp8_skinny_mma: at most {MAX_TOKENS} tokens, got {M}")
     if isinstance(x, QuantizedActivation):
         if x.group != act_group(K, group) or x.q.shape[1] != K:
             raise ValueError(f"fp8_skinny_mma: expected an activation of {K} columns quantized by "
                              f"{act_group(K, group)} columns a scale, got {x.q.shape[1]} columns by {x.group}")
-        M, dtype, q, qs = x.rows, x.dtype, x.q, x.scale
+        dtype, q, qs = x.dtype, x.q, x.scale
     else:
-        M, dtype = x.shape[0], x.dtype
+        dtype = x.dtype
         q, qs = quantize_fp8_per_token_group(x, act_group(K, group)) if M else (None, None)
-    if M > MAX_TOKENS:
-        raise ValueError(f"fp8_skinny_mma: at most {MAX_TOKENS} tokens, got {M}")
     n_out = weight.shape[0] // 2 if silu else weight.shape[0]
     out = torch.empty(M, n_out, dtype=dtype, device=weight.device)
     if not M:
@@ -130,8 +132,8 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
         BM=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n,
-        BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
-        num_warps=cfg.fp8_skinny_mma_warps,
+        BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k,
+        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
     return out
 

@@ -235,6 +235,8 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
         got = fp8_skinny_mma(x, w2, s2, group, b2, silu=True, cfg=cfg)
         gate, up = (xq @ dequant(w2, s2, group).t() + (0 if b2 is None else b2.double())).to(dtype).chunk(2, -1)
         assert rel_err(got, F.silu(gate.double()) * up.double()) < TOL[dtype], (M, N, K, group)
+    with pytest.raises(ValueError, match="at most 64 tokens, got 65"):  # (its widest token tile)
+        fp8_skinny_mma(rows(65, 256, dtype, g), *make_weight(32, 256, 128, g), 128, cfg=cfg)
 
 
 def test_fp8_gemm_is_the_product_of_quantized_activations():
