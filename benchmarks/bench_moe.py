@@ -26,7 +26,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
                    tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k); w8a8-fp8 with
-                   the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8)
+                   the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
+                   the default since session 41), wonly-fp8 with them weight-only (dequantized tiles)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -106,8 +107,10 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
             "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
             "gemv-r2-fp8": dataclasses.replace(KernelConfig(), gemv_rounds=2),
-            # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products
-            "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True)}
+            # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products (the default
+            # since session 41, with its own prefill tiles); wonly-fp8: weight-only, as before
+            "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True),
+            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -20,7 +20,9 @@ Kernels per layer are counted with torch.profiler (one eager layer) for old and 
 --switches: only new against SWITCHES / FP8_SWITCHES (the register-tile GEMVs' load order and warps, the routing's
 top-k; FP8: the rounding and the tiles' size) at 1-4 tokens (--only, --tokens, --rounds narrow it); with
 --only experts-only also the layers' experts alone on routings computed beforehand (what the router costs on top).
-Prefill (--prefill): fused_moe alone at 128 / 1024 / 4096 tokens over grouped-GEMM tilings.
+Prefill (--prefill, or --prefill-only without the decode rows): fused_moe alone at 128 / 1024 / 4096 tokens
+(--prefill-tokens) over grouped-GEMM tilings, for bf16 experts and, with --prefill-kinds, FP8 experts weight-only
+(fp8) and W8A8 (w8a8), each beside its default launch, with TFLOP/s and the error against the default's output.
 """
 
 from __future__ import annotations
@@ -217,28 +219,70 @@ def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = N
                       f"x{us / floor_us:5.2f}", flush=True)
 
 
-def prefill_sweep(rows: list, bw: float, g: torch.Generator) -> None:
+# FP8 experts' prefill tiles: weight-only dequantizes a [BLOCK_K <= 128] weight tile a step; W8A8 takes BLOCK_K 128
+PREFILL_FP8_CANDIDATES = [(64, 64, 128, 4, 3), (128, 64, 128, 8, 3), (64, 128, 128, 8, 3), (64, 64, 128, 4, 4),
+                          (128, 64, 128, 4, 3), (64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (32, 64, 128, 4, 4)]
+# W8A8 (BLOCK_K 128): around session 41's first sweep's best, 64 x 64 at 4 warps, 3 stages
+PREFILL_W8A8_CANDIDATES = [(64, 64, 128, 4, 3), (64, 64, 128, 4, 2), (64, 64, 128, 4, 4), (64, 64, 128, 8, 3),
+                           (64, 32, 128, 4, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 4), (128, 64, 128, 8, 4),
+                           (128, 32, 128, 4, 3), (32, 64, 128, 4, 3), (16, 64, 128, 4, 3)]
+PREFILL_KINDS = ("bf16", "fp8", "w8a8")
+
+
+def prefill_sweep(rows: list, bw: float, g: torch.Generator, kinds=("bf16",), tokens=(128, 1024, 4096)) -> None:
+    """fused_moe alone over grouped-GEMM tilings (moe_small_pairs raised so the moe_block_* set takes every
+    step): bf16 experts, FP8 weight-only ("fp8") and W8A8 ("w8a8", KernelConfig.moe_fp8_w8a8) on e4m3 experts.
+    Each tile's output is compared with the default tile's of the same kind (max |diff| / max |ref|); the
+    first row of every kind and T is the default launch (variant "default")."""
     gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    for T in (128, 1024, 4096):
+    gq, gs = quantize_fp8_blockwise(gate_up)
+    dq, ds = quantize_fp8_blockwise(down)
+    for T in tokens:
         x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g)
         w, ids = torch.softmax(torch.randn(T, E, device="cuda", generator=g), -1).topk(K, -1)
         w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
-        floor_us = ids.unique().numel() * expert_bytes(False) / bw * 1e6
-        for bm, bn, bk, warps, stages in PREFILL_CANDIDATES:
-            cfg = dataclasses.replace(KernelConfig(), moe_small_pairs=1 << 30, moe_block_m=bm, moe_block_n=bn,
-                                      moe_block_k=bk, moe_warps=warps, moe_stages=stages)
-            us = graph_ms(lambda: fused_moe(x, w, ids, gate_up, down, cfg)) * 1e3
-            rows.append(dict(part="prefill", tokens=T, variant="tile", us=us, floor_us=floor_us, block_m=bm,
-                             block_n=bn, block_k=bk, warps=warps, stages=stages))
-            print(f"T={T:5d} tile {bm} {bn} {bk} {warps} {stages}: {us:8.1f} us (bytes floor {floor_us:.1f})",
-                  flush=True)
+        flops = 2 * T * K * 3 * H * I
+        for kind in kinds:
+            fp8 = kind != "bf16"
+            floor_us = ids.unique().numel() * expert_bytes(fp8) / bw * 1e6
+            args = (gq, dq, gs, ds) if fp8 else (gate_up, down)
+            base = dataclasses.replace(KernelConfig(), moe_fp8_w8a8=kind == "w8a8")
+            cands = [None] + {"bf16": PREFILL_CANDIDATES, "fp8": PREFILL_FP8_CANDIDATES,
+                              "w8a8": PREFILL_W8A8_CANDIDATES}[kind]
+            ref = None
+            for cand in cands:
+                if cand is None:
+                    cfg = base
+                else:
+                    bm, bn, bk, warps, stages = cand
+                    cfg = dataclasses.replace(base, moe_small_pairs=1 << 30, moe_block_m=bm, moe_block_n=bn,
+                                              moe_block_k=bk, moe_warps=warps, moe_stages=stages)
+                try:
+                    y = fused_moe(x, w, ids, *args[:2], cfg, *args[2:])
+                    us = graph_ms(lambda: fused_moe(x, w, ids, *args[:2], cfg, *args[2:])) * 1e3
+                except Exception as e:  # noqa: BLE001  (a tile that does not build costs its row)
+                    print(f"T={T:5d} {kind:5s} tile {cand}: failed {e!r}"[:300], flush=True)
+                    continue
+                ref = y.float() if ref is None else ref
+                err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
+                row = dict(part="prefill", kind=kind, tokens=T, variant="default" if cand is None else "tile", us=us,
+                           floor_us=floor_us, tflops=flops / us / 1e6, err_vs_default=err)
+                if cand is not None:
+                    row.update(block_m=bm, block_n=bn, block_k=bk, warps=warps, stages=stages)
+                rows.append(row)
+                print(f"T={T:5d} {kind:5s} {'default' if cand is None else 'tile %d %d %d %d %d' % cand:18s}: "
+                      f"{us:8.1f} us  {flops / us / 1e6:6.1f} TFLOP/s  err {err:.1e}  (bytes floor {floor_us:.1f})",
+                      flush=True)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results/moe_sweep.json")
     ap.add_argument("--prefill", action="store_true", help="also the grouped-GEMM tiles at 128-4096 tokens")
+    ap.add_argument("--prefill-only", action="store_true", help="the grouped-GEMM tiles alone (no decode rows)")
+    ap.add_argument("--prefill-kinds", default="bf16", help=f"with --prefill: expert kinds of {PREFILL_KINDS}")
+    ap.add_argument("--prefill-tokens", default="128,1024,4096", help="with --prefill: the token counts")
     ap.add_argument("--switches", action="store_true", help="only the decode path's switches against new, 1-4 tokens")
     ap.add_argument("--only", default="", help="with --switches: the switches to run (comma-separated; default all)")
     ap.add_argument("--tokens", default="1,2,4", help="with --switches: the token counts")
@@ -256,9 +300,12 @@ def main():
             json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows),
                       f, indent=1)
         return
-    counts = decode_sweep(rows, bw, g)
-    if args.prefill:
-        prefill_sweep(rows, bw, g)
+    counts = {} if args.prefill_only else decode_sweep(rows, bw, g)
+    if args.prefill or args.prefill_only:
+        kinds = tuple(args.prefill_kinds.split(","))
+        if not set(kinds) <= set(PREFILL_KINDS):
+            ap.error(f"--prefill-kinds: expected some of {PREFILL_KINDS}, got {args.prefill_kinds!r}")
+        prefill_sweep(rows, bw, g, kinds, tuple(int(t) for t in args.prefill_tokens.split(",")))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows,

@@ -26,10 +26,11 @@ materialized, not a stride-0 expand: the kernels index groups with unit stride a
 the scale contiguous each call. It costs 4 bytes per 128 e4m3 bytes (3.1%): Qwen3-30B-A3B's experts
 27.0 GiB e4m3 + 0.84 GiB scales, against 54.0 GiB in bf16. Under TP any column cut of a channel / tensor
 expert is exact (the scale is per row): a rank's local K gets ceil(K_local / 128) groups.
-The MoE kernels are weight-only (kernels/moe.py: each e4m3 tile dequantized in registers, activations in
-the model dtype) whatever the checkpoint's activation scheme: a dynamic per-token scheme has nothing to
-store, and a static per-tensor input_scale on experts (Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and
-not used. The dense linears (Fp8Method) keep the checkpoint's scheme, static input_scale included.
+The MoE kernels quantize activations dynamically whatever the checkpoint's activation scheme
+(kernels/moe.py: the decode path is weight-only, each e4m3 tile dequantized in registers; the grouped
+GEMMs past it are W8A8 with activations quantized per token and 128 columns, KernelConfig.moe_fp8_w8a8):
+a dynamic per-token scheme has nothing to store, and a static per-tensor input_scale on experts
+(Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and not used. The dense linears (Fp8Method) keep the checkpoint's scheme, static input_scale included.
 
 On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations);
 on CUDA every quantized linear does except where a row-parallel TP shard starts inside a block.

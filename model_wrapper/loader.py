@@ -258,7 +258,7 @@ def _fill_fp8(hf_name: str, file: str, t: torch.Tensor, dst: torch.Tensor, rng, 
     first = col0 // group  # keep_fp8_storage kept e4m3 only where col0 is a multiple of group
     # channel / tensor rows are [n, 1]: broadcast over the K groups (stacked experts keep [n, ceil(k / 128)])
     scale.copy_(rows[:, first : first + scale.shape[-1]])
-    # the MoE kernels are weight-only: an expert's input_scale is not used (fp8_weights.py)
+    # the MoE kernels quantize activations dynamically: an expert's input_scale is not used (fp8_weights.py)
     if hf_name in fp8.input_scales and part.param.endswith(".weight"):
         inp = params[part.param[: -len("weight")] + "input_scale"].data
         inp.copy_(torch.maximum(inp, small[fp8.input_scales[hf_name]].reshape(())))

@@ -119,10 +119,16 @@ class KernelConfig:
     # bench_moe.py FP8 batch 1 3.22 (32k, one-value) -> 3.06 / 3.02 (16k, packed; two runs) -> 2.93 (8k, packed)
     moe_fp8_gemv_tile: int = 8192
     # FP8 experts' grouped GEMMs (the sorted path: more pairs than moe_fp8_decode_pairs) as W8A8 e4m3 products
-    # (kernels/moe.py) instead of weight tiles dequantized to the model dtype in registers; off until measured
-    moe_fp8_w8a8: bool = False
-    moe_w8a8_large_block_n: int = 64  # its prefill tiles' columns (128: each product's fp32 tile beside the sums
-    # spills at 8 warps, sm90 compile: 552 bytes gate_up, 56 down)
+    # (kernels/moe.py) instead of weight tiles dequantized to the model dtype in registers. H200, bench_moe.py
+    # Qwen3-30B-A3B FP8 decode at batch 8 / 32 / 128: 6.35 / 10.99 / 13.18 ms weight-only, 4.37 / 10.24 / 12.62 W8A8
+    moe_fp8_w8a8: bool = True
+    # its prefill tiles (more than moe_small_pairs pairs; BLOCK_K is 128, one scale group a step). H200, sweep_moe.py
+    # --prefill-only, one layer at 1k / 4k tokens: 64 x 64, 4 warps 354 / 1024 us; the bf16 large tile's 128 rows
+    # (128 x 64, 8 warps) 507 / 1263; weight-only FP8 489 / 1321, bf16 410 / 890 (128 x 128 at 8 warps spills)
+    moe_w8a8_large_block_m: int = 64
+    moe_w8a8_large_block_n: int = 64
+    moe_w8a8_large_warps: int = 4
+    moe_w8a8_large_stages: int = 3
     moe_fp8_gemv_down_tile: int = 8192
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)

@@ -26,7 +26,7 @@ token's k experts runs in fp32 (the reference adds them one by one in the model 
 FP8 experts (e4m3 weights, float32 scales [E, rows, ceil(cols / 128)], one per row and 128 columns): each
 weight tile is dequantized to the model dtype in registers before its dot (weight-only: activations stay
 in the model dtype), which is what the reference computes on the dequantized tensors. With
-KernelConfig.moe_fp8_w8a8 the grouped GEMMs multiply e4m3 by e4m3 instead (W8A8, as the dense FP8 linears'
+KernelConfig.moe_fp8_w8a8 (the default) the grouped GEMMs multiply e4m3 by e4m3 instead (W8A8, as the dense FP8 linears'
 prefill and skinny_mma paths and vLLM's block-FP8 MoE): x quantized per token and 128 columns before gate_up,
 gate_up's output per pair and 128 columns before down (kernels/fp8_act.py, the reference quantizer), one
 tensor-core product per 128 columns scaled by both operands' scales into an fp32 sum; the rounding of each
@@ -134,6 +134,23 @@ def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOC
     tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
 
 
+def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[int, int, int, int, int]:
+    """The sorted path's grouped-GEMM launch (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a step of pairs
+    token-expert pairs: the moe_* set up to moe_small_pairs, then moe_large_* (W8A8: moe_w8a8_large_*); FP8 experts
+    step K by at most one scale group (W8A8: exactly one)."""
+    if pairs <= cfg.moe_small_pairs:
+        bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
+    elif w8a8:
+        bm, bn, bk = cfg.moe_w8a8_large_block_m, cfg.moe_w8a8_large_block_n, FP8_GROUP
+        warps, stages = cfg.moe_w8a8_large_warps, cfg.moe_w8a8_large_stages
+    else:
+        bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
+        warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
+    if fp8:
+        bk = FP8_GROUP if w8a8 else min(bk, FP8_GROUP)
+    return bm, bn, bk, warps, stages
+
+
 def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, its scales) for the grouped GEMM: W8A8, x [M, K] quantized per row and FP8_GROUP columns
     (fp8_act.quantize_fp8_per_token_group: e4m3 [M, K], float32 [M, ceil(K / 128)]); else x itself, with
@@ -174,15 +191,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     x = x.contiguous()
     fp8 = gate_up_scale is not None
     w8a8 = fp8 and cfg.moe_fp8_w8a8
-    if P <= cfg.moe_small_pairs:
-        bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
-    else:
-        bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
-        warps, stages = cfg.moe_large_warps, cfg.moe_large_stages
-    if fp8:
-        bk = FP8_GROUP if w8a8 else min(bk, FP8_GROUP)
-    if w8a8 and P > cfg.moe_small_pairs:
-        bn = cfg.moe_w8a8_large_block_n
+    bm, bn, bk, warps, stages = grouped_tile(cfg, P, fp8, w8a8)
     pdl = uses_pdl(x.device, cfg)
     if cfg.moe_fused_align:
         pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk, pdl)

@@ -86,19 +86,16 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed),
                   *gemv_launch)
-        for pre in ("moe_", "moe_large_"):
-            bm, bn, bk, warps, stages = (getattr(cfg, pre + f) for f in ("block_m", "block_n", "block_k", "warps",
-                                                                         "stages"))
+        for pre, pairs in (("moe_", 1), ("moe_large_", cfg.moe_small_pairs + 1)):
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
+                    bm, bn, bk, warps, stages = moe.grouped_tile(cfg, pairs, fp8, w8a8)
                     build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}",
                           moe._moe_gemm_kernel,
                           dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
                                o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16", **weights),
                           dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128, BLOCK_M=bm,
-                               BLOCK_N=cfg.moe_w8a8_large_block_n if w8a8 and pre == "moe_large_" else bn,
-                               BLOCK_K=128 if w8a8 else min(bk, 128) if fp8 else bk, PDL=True), warps,
-                          stages)
+                               BLOCK_N=bn, BLOCK_K=bk, PDL=True), warps, stages)
     for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
         tag = " sort" if sort else ""
         build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),

@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("triton")
 from triton_interpret import INTERPRET, on_cuda_skip  # noqa: E402  (sets the interpreter up before the kernels import)
 from conftest import dequantize_fp8_blockwise, quantize_fp8_blockwise  # noqa: E402
+from moe_w8a8_oracle import w8a8_experts_reference  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 from model_wrapper.kernels.moe import fused_moe, takes_decode_path  # noqa: E402
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference  # noqa: E402
@@ -37,7 +38,7 @@ DECODE_LOOP = KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 2
 DECODE = dataclasses.replace(DECODE_LOOP, moe_decode_gemv=True, moe_gemv_tile=256, moe_gemv_down_tile=512)
 SORTED = KernelConfig(moe_decode_pairs=0, moe_block_m=16, moe_block_n=16, moe_block_k=32, moe_stages=1,
                       moe_small_pairs=40, moe_large_block_m=32, moe_large_block_n=16, moe_large_block_k=32,
-                      moe_large_stages=1, moe_align_chunk=32)
+                      moe_large_stages=1, moe_align_chunk=32, moe_fp8_w8a8=False)  # (FP8 experts: weight-only)
 SORTED_TORCH_ALIGN = dataclasses.replace(SORTED, moe_fused_align=False)
 
 
@@ -150,38 +151,8 @@ def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, 
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def _w8a8_reference(x, w, ids, gq, gs, dq, ds):
-    """FP8 experts multiplied W8A8 (KernelConfig.moe_fp8_w8a8), written out: x quantized per token and 128
-    columns by the reference quantizer (kernels/fp8_reference.quantize_fp8_reference, on the CPU), each
-    expert's products in float64 over the dequantized e4m3 operands, rounded as the reference experts round
-    (gate and up products to x's dtype, silu in fp32 rounded, times up rounded), the activation quantized the
-    same way before down, down's product rounded, times the routing weight rounded; the k experts summed in
-    fp32 -> [T, H] in x's dtype."""
-    from model_wrapper.kernels.fp8_reference import quantize_fp8_reference
-
-    def deq(q, scale):  # e4m3 [..., C] and its per-128-column scales -> float64
-        cols = torch.arange(q.shape[-1]) // 128
-        return q.cpu().double() * scale.cpu().double()[..., cols]
-
-    def quant(a):
-        return deq(*quantize_fp8_reference(a.cpu(), 128))
-
-    dt = x.dtype
-    T, k = ids.shape
-    inter = gq.shape[1] // 2
-    xq = quant(x)
-    y = torch.zeros(T, x.shape[1], dtype=torch.float32)
-    for t in range(T):
-        for j in range(k):
-            e = int(ids[t, j])
-            h = (xq[t] @ deq(gq[e], gs[e]).t()).to(dt).float()
-            act = ((h[:inter] / (1 + torch.exp(-h[:inter]))).to(dt) * h[inter:].to(dt)).to(dt)
-            o = (quant(act[None])[0] @ deq(dq[e], ds[e]).t()).to(dt)
-            y[t] += (o.float() * w[t, j].cpu().float()).to(dt).float()
-    return y.to(dt).to(x.device)
-
-
-W8A8_SORTED = dataclasses.replace(SORTED, moe_fp8_w8a8=True, moe_w8a8_large_block_n=16)
+W8A8_SORTED = dataclasses.replace(SORTED, moe_fp8_w8a8=True, moe_w8a8_large_block_m=32, moe_w8a8_large_block_n=16,
+                                  moe_w8a8_large_stages=1)
 
 
 @interpreter_only
@@ -190,13 +161,13 @@ def test_fp8_experts_w8a8_are_the_products_of_quantized_activations_interpreter(
     """KernelConfig.moe_fp8_w8a8: the sorted path's grouped GEMMs multiply e4m3 activations (x per token, gate_up's
     output per pair, 128 columns a scale) by the e4m3 experts, one product per 128 columns. H = 200 and
     I = 136: two groups each, the second partly filled; 21 tokens x 2 (42 pairs > moe_small_pairs): the
-    prefill tiles. Against the float64 products of the same quantized operands (_w8a8_reference); an
-    activation that rounds across an e4m3 boundary in one sum order and not the other moves an output by
+    prefill tiles. Against the float64 products of the same quantized operands
+    (moe_w8a8_oracle.w8a8_experts_reference); an activation that rounds across an e4m3 boundary in one sum order and not the other moves an output by
     well under 1e-2 of its largest entry, a wrong scale or group by far more."""
     x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, W8A8_SORTED, gate_up_scale=gs, down_scale=ds)
-    want = _w8a8_reference(x, w, ids, gq, gs, dq, ds)
+    want = w8a8_experts_reference(x, w, ids, gq, gs, dq, ds)
     err = float((got - want).abs().max() / want.abs().max())
     assert err < 1e-2, err
     weight_only = fused_moe(x, w, ids, gq, dq, SORTED, gate_up_scale=gs, down_scale=ds)
@@ -236,8 +207,9 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
               "decode-fp8-s33": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
                                                     moe_fp8_gemv_down_tile=32768),
-              "sorted": KernelConfig(moe_decode_pairs=0), "sorted-torch-align": KernelConfig(moe_decode_pairs=0,
-                                                                                             moe_fused_align=False)}
+              # (FP8 experts: weight-only, against the reference on the dequantized weights; W8A8 has its own tests)
+              "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
+              "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False)}
 
 
 @pytest.mark.cuda
@@ -271,18 +243,20 @@ def test_fp8_experts_match_reference_cuda(path, T):
 def test_fp8_experts_w8a8_cuda(T):
     """KernelConfig.moe_fp8_w8a8 on the GPU in bf16 (3 and 16 tokens: the small tiles of the sorted path, its
     decode bound moved; 257 and 4096: 2056 / 32768 pairs, the prefill tiles from 2049): against the float64
-    products of the same quantized operands (_w8a8_reference; its loops over sampled tokens at 4096), within
+    products of the same quantized operands (moe_w8a8_oracle.w8a8_experts_reference; its loops over sampled tokens at 4096), within
     2e-2 of the output's largest entry (the weight-only path is ~5e-2 off it), and within FP8 activations'
     error of the weight-only path."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=True)
+    cfg = KernelConfig(moe_decode_pairs=0)  # (the default: W8A8)
+    assert cfg.moe_fp8_w8a8
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     rows = torch.arange(T) if T <= 257 else torch.randperm(T, generator=torch.Generator().manual_seed(0))[:64]
-    want = _w8a8_reference(x[rows], w[rows], ids[rows], gq, gs, dq, ds)
+    want = w8a8_experts_reference(x[rows], w[rows], ids[rows], gq, gs, dq, ds)
     err = float((got[rows].float() - want.float()).abs().max() / want.float().abs().max())
     assert err < 2e-2, err  # (bf16: a product's last bit may round the other way, then its quantization)
-    weight_only = fused_moe(x, w, ids, gq, dq, KernelConfig(moe_decode_pairs=0), gate_up_scale=gs, down_scale=ds)
+    weight_only = fused_moe(x, w, ids, gq, dq, KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False), gate_up_scale=gs,
+                            down_scale=ds)
     assert float((got.float() - weight_only.float()).abs().max() / weight_only.float().abs().max()) < 0.15
 
 

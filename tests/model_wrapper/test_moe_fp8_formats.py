@@ -200,11 +200,12 @@ def test_cuda_ct_experts_within_fp8_bounds(checkpoint_dir, tmp_path, family, fmt
 @needs_cuda
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cuda_expert_kernels_on_expanded_scales(tmp_path, fmt):
-    """The fused FP8 MoE kernels (default, decode GEMVs, sorted grouped GEMMs) on e4m3 experts with expanded
-    channel / tensor scales (H 256, I 384: several K-groups) against the reference experts on the dequantized
-    weights, within twice the bf16 reference's own error against float64."""
+    """The fused FP8 MoE kernels (default, decode GEMVs, sorted grouped GEMMs weight-only and W8A8) on e4m3
+    experts with expanded channel / tensor scales (H 256, I 384: several K-groups) against the reference experts
+    on the dequantized weights, within twice the bf16 reference's own error against float64 (W8A8 steps: the
+    float64 products of the same quantized activations; test_moe_fp8_shards.check_expert_case)."""
     from conftest import make_checkpoint
-    from test_moe_fp8_shards import cuda_moe_cases
+    from test_moe_fp8_shards import check_expert_case, cuda_moe_cases
 
     H, E, inter = 256, 16, 384
     src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=inter, hidden_size=H,
@@ -219,8 +220,4 @@ def test_cuda_expert_kernels_on_expanded_scales(tmp_path, fmt):
         w, ids = kernels.moe_router(x.cuda(), layer.gate.weight, layer.spec)
         w, ids = w.cpu(), ids.cpu()
         got = layer(x.cuda(), None, kernels)[0].cpu().double()
-        exact = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(), fe.down_proj.double())
-        ref = experts_reference(x, w, ids, fe.gate_up_proj.bfloat16(), fe.down_proj.bfloat16())
-        ref_err = float((ref.double() - exact).abs().max())
-        err = float((got - exact).abs().max())
-        assert err <= 2 * ref_err + 1e-3, (name, T, err, ref_err)
+        check_expert_case(name, kernels, got, x, w, ids, layer.experts, fe.gate_up_proj, fe.down_proj)

@@ -195,8 +195,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def cuda_moe_cases(H: int):
-    """(path name, FlashInferKernels, T, bf16 x [T, H] on the CPU) for the CUDA expert tests: the default dispatch, the
-    decode path (its GEMVs, to 16 tokens) and the sorted grouped GEMMs, at 1, 3, 16 and 257 tokens."""
+    """(path name, FlashInferKernels, T, bf16 x [T, H] on the CPU) for the CUDA expert tests, at 1, 3, 16 and 257
+    tokens: the default dispatch (the decode GEMVs, then the W8A8 grouped GEMMs), the decode path forced (its
+    GEMVs, to 16 tokens), and the sorted grouped GEMMs forced, weight-only and W8A8 (KernelConfig.moe_fp8_w8a8).
+    check_expert_case holds each path to its oracle."""
     pytest.importorskip("triton")
     pytest.importorskip("flashinfer")
     from model_wrapper.kernels.config import KernelConfig
@@ -205,12 +207,48 @@ def cuda_moe_cases(H: int):
     paths = {"default": KernelConfig(),
              "decode": KernelConfig(moe_decode_pairs=1 << 20, moe_fp8_decode_pairs=1 << 20,
                                     moe_decode_pairs_per_expert=1 << 20),
-             "sorted": KernelConfig(moe_decode_pairs=0)}
+             "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
+             "sorted-w8a8": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=True)}
     for name, kcfg in paths.items():
         kernels = FlashInferKernels(torch.ones(16, device="cuda"), torch.bfloat16, 64, kcfg)
         for T in (1, 3, 16, 257):
             if name != "decode" or T <= 16:
                 yield name, kernels, T, torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(torch.bfloat16)
+
+
+def runs_w8a8(kernels, ids, num_experts: int) -> bool:
+    """Whether FP8 experts take the W8A8 grouped GEMMs for this routing (KernelConfig.moe_fp8_w8a8, past the
+    decode path), rather than a weight-only path."""
+    from model_wrapper.kernels.moe import takes_decode_path
+
+    cfg = kernels.config
+    return cfg.moe_fp8_w8a8 and not takes_decode_path(ids.numel(), num_experts, cfg, fp8=True)
+
+
+def check_expert_case(name, kernels, got, x, w, ids, experts, gate_up, down) -> tuple[torch.Tensor, float]:
+    """got [T, H] (float64, CPU) of a sparse layer whose e4m3 experts (experts: gate_up_proj, down_proj and their
+    scales) dequantize to gate_up / down (float32, CPU), for the case cuda_moe_cases named. Weight-only steps (the
+    decode path, or moe_fp8_w8a8 off): within twice the bf16 reference's own error against float64 on the
+    dequantized weights. W8A8 steps: within 2e-2 of the largest entry of the float64 products of the same
+    quantized activations (moe_w8a8_oracle; a product whose last bf16 bit rounds the other way moves an
+    activation across an e4m3 step, a wrong scale or group moves it by far more). -> (the oracle, the bound)."""
+    T = ids.shape[0]
+    if runs_w8a8(kernels, ids, gate_up.shape[0]):
+        from moe_w8a8_oracle import w8a8_experts_reference
+
+        want = w8a8_experts_reference(x, w, ids, experts.gate_up_proj, experts.gate_up_proj_scale, experts.down_proj,
+                                      experts.down_proj_scale).double()
+        scale = float(want.abs().max())
+        err = float((got - want).abs().max())
+        bound = 2e-2 * scale + 1e-6
+        assert err <= bound, (name, T, err, scale)
+        return want, bound
+    exact = experts_reference(x.double(), w.double(), ids, gate_up.double(), down.double())
+    ref = experts_reference(x, w, ids, gate_up.bfloat16(), down.bfloat16())
+    ref_err = float((ref.double() - exact).abs().max())
+    err = float((got - exact).abs().max())
+    assert err <= 2 * ref_err + 1e-3, (name, T, err, ref_err)
+    return exact, 2 * ref_err + 1e-3
 
 
 @pytest.mark.cuda
@@ -221,7 +259,8 @@ def test_cuda_rank_slices_run_the_fp8_moe_kernels(tmp_path, inter, world):
     partial sum comes back) runs its e4m3 experts through the fused FP8 kernels (the decode GEMVs, the sorted
     grouped GEMMs), or adds zeros where it holds no block (768 over 8 ranks), and matches the reference
     experts on its dequantized slice of the checkpoint within twice the bf16 reference's own error against
-    float64; the ranks' partials add up to the unsharded layer."""
+    float64 (W8A8 steps: the float64 products of its quantized activations, check_expert_case); the ranks'
+    partials add up to the sum of their oracles, and the weight-only oracles to the unsharded layer's."""
     H, E = 256, 16
     src = make_checkpoint(tmp_path / "src", "qwen3_moe", moe_intermediate_size=inter, hidden_size=H,
                           num_experts=E, num_experts_per_tok=4, num_attention_heads=8)
@@ -237,24 +276,24 @@ def test_cuda_rank_slices_run_the_fp8_moe_kernels(tmp_path, inter, world):
     for name, kernels, T, x in cuda_moe_cases(H):
         w, ids = kernels.moe_router(x.cuda(), ranks[0].gate.weight, ranks[0].spec)  # the router is replicated
         w, ids = w.cpu(), ids.cpu()
-        total, bound = torch.zeros(T, H, dtype=torch.float64), 0.0
+        total, wanted, bound = torch.zeros(T, H, dtype=torch.float64), torch.zeros(T, H, dtype=torch.float64), 0.0
         for r, layer in enumerate(ranks):
             got = layer(x.cuda(), None, kernels)[0].cpu().double()
             a, n = block_split(inter, world, r)
             gu = torch.cat([fe.gate_up_proj[:, a:a + n], fe.gate_up_proj[:, inter + a:inter + a + n]], dim=1)
             dn = fe.down_proj[:, :, a:a + n]
-            exact = experts_reference(x.double(), w.double(), ids, gu.double(), dn.double())
-            ref = experts_reference(x, w, ids, gu.bfloat16(), dn.bfloat16())
-            ref_err = float((ref.double() - exact).abs().max())
-            err = float((got - exact).abs().max())
-            assert err <= 2 * ref_err + 1e-3, (name, T, r, err, ref_err)
             if n == 0:
                 assert torch.equal(got, torch.zeros_like(got))
+                continue
+            want, b = check_expert_case(f"{name} rank {r}", kernels, got, x, w, ids, layer.experts, gu, dn)
             total += got
-            bound += 2 * ref_err + 1e-3
-        exact_full = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(),
-                                       fe.down_proj.double())
-        assert float((total - exact_full).abs().max()) <= bound, (name, T)
+            wanted += want
+            bound += b
+        if not runs_w8a8(kernels, ids, E):  # the ranks' slices cover the unsharded layer's experts
+            exact_full = experts_reference(x.double(), w.double(), ids, fe.gate_up_proj.double(),
+                                           fe.down_proj.double())
+            assert float((wanted - exact_full).abs().max()) <= 1e-9 * float(exact_full.abs().max()) + 1e-12
+        assert float((total - wanted).abs().max()) <= bound, (name, T)
 
 
 def _nccl_worker(rank, store, path, out_dir):
