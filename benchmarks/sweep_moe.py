@@ -276,6 +276,36 @@ def prefill_sweep(rows: list, bw: float, g: torch.Generator, kinds=("bf16",), to
                       flush=True)
 
 
+def plot_prefill(rows: list, path: str) -> None:
+    """The prefill tiles' TFLOP/s per kind and token count (the default launch hatched) -> path (PNG)."""
+    from benchmarks.common import pyplot
+
+    plt = pyplot()
+    pre = [r for r in rows if r["part"] == "prefill"]
+    if plt is None or not pre:
+        return
+    kinds = [k for k in PREFILL_KINDS if any(r.get("kind", "bf16") == k for r in pre)]
+    tokens = sorted({r["tokens"] for r in pre})
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(12, 3.2 * len(kinds)), squeeze=False)
+    for ax, kind in zip(axes[:, 0], kinds):
+        for i, T in enumerate(tokens):
+            rs = [r for r in pre if r.get("kind", "bf16") == kind and r["tokens"] == T]
+            xs = [i + (j - len(rs) / 2) * 0.8 / max(1, len(rs)) for j in range(len(rs))]
+            ax.bar(xs, [r.get("tflops", 0.0) for r in rs], width=0.8 / max(1, len(rs)),
+                   color=[f"C{j % 10}" for j in range(len(rs))],
+                   hatch=None, edgecolor=["black" if r["variant"] == "default" else "none" for r in rs])
+            best = max(rs, key=lambda r: r.get("tflops", 0.0)) if rs else None
+            if best is not None:
+                label = "default" if best["variant"] == "default" else "%d x %d x %d, %dw %ds" % tuple(
+                    best[f] for f in ("block_m", "block_n", "block_k", "warps", "stages"))
+                ax.annotate(f"best {label}", (i, best.get("tflops", 0.0)), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(tokens)), [f"T={T}" for T in tokens])
+        ax.set(ylabel="TFLOP/s", title=f"fused_moe {kind} experts, one Qwen3-30B-A3B layer: tiles (outlined: default)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results/moe_sweep.json")
@@ -310,6 +340,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows,
                        kernels=counts), f, indent=1)
+    plot_prefill(rows, os.path.splitext(args.out)[0] + ".png")
     print("\nper layer (us, x its bytes floor): old -> new, bf16 and fp8")
     for T in sorted({r["tokens"] for r in rows if r["part"] == "decode"}):
         by = {r["variant"]: r for r in rows if r["tokens"] == T and r["part"] == "decode"}
