@@ -273,6 +273,10 @@ class KernelConfig:
     # batch 1 / ctx 512 (benchmarks/RESULTS.md, session 35): Qwen3-30B-A3B shape 3.05 / 3.03 (new, run twice) ->
     # 3.00 ms, FP8 experts 2.80 -> 2.76; Llama-3-8B FP8 3.327 / 3.354 -> 3.321; logits bit-equal
     decode_attention_prefetch: bool = True
+    # the graphs' split decode attention merged by the last split program of each (request, KV head) instead of
+    # a merge kernel after it (kernels/decode_attention.py: one launch a layer fewer where the step splits its
+    # keys, batch x KV heads below the SMs); not yet measured
+    decode_attention_fused_merge: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -12,7 +12,7 @@ The decode kernel's default launches (decode_attention.launch_for, batch 1-128),
 compile_sm90's aligned), which is what lets K / V load as asynchronous copies; their TTGIR gives the
 shared-memory buffers the pipeliner gave K / V, and cuobjdump their spills. At 3-4 stages K / V have one
 buffer (a program has nothing of its own in flight while it computes: decode_attention.LAUNCH), at 5
-two, without spills at the register cap.
+two, without spills at the register cap except batch 32's 128 keys a step (a bounded spill, measured faster).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sm90_compile import ROOT, compile_sm90, run_child
 
 
 DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32", o_ptr="*bf16",
-                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32")
+                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32", count_ptr="*i32")
 
 
 def _default_launches() -> dict:
@@ -54,7 +54,7 @@ def _default_launches() -> dict:
                 decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
                 dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=launch["block_n"], SPLITS=4, FP8=fp8,
                      MATH=decode_attention.FP8_MATHS[launch["fp8_math"]] if fp8 else 0, INTERPRET=False, PDL=True,
-                     PF_LINES=0), scalars=("scale_log2",), aligned=True, **opts)
+                     PF_LINES=0, FUSED_MERGE=False, SPLITS_PAD=4), scalars=("scale_log2",), aligned=True, **opts)
             # K's and V's multi-buffers: local_alloc () -> memdesc<buffers x BLOCK_N x D x elem>
             tiles = re.findall(rf"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x{launch['block_n']}x128x{elem}",
                                kernel.asm["ttgir"])
@@ -92,18 +92,18 @@ def _compile_all() -> dict:
                        SCALED=False, NB=1, FP8=fp8, QK_NORM=qk_norm), scalars=("inv_n", "eps", "qk_eps"))
         for math_name, math_id in (decode_attention.FP8_MATHS.items() if fp8 else [("", 0)]):
             build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel,
-                  dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
-                       o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
+                  dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
-                       PDL=True, PF_LINES=0),
+                       PDL=True, PF_LINES=0, FUSED_MERGE=False, SPLITS_PAD=4),
                   scalars=("scale_log2",))
-        # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
-        build(f"decode {tag} prefetch", decode_attention._decode_kernel,
-              dict(q_ptr="*bf16", k_ptr=cache, v_ptr=cache, indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32",
-                   o_ptr="*bf16", part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32"),
-              dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
-                   INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2),
-              scalars=("scale_log2",))
+        # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait;
+        # also with the last split program merging (KernelConfig.decode_attention_fused_merge)
+        for fused in (False, True):
+            build(f"decode {tag} prefetch{' fused merge' if fused else ''}", decode_attention._decode_kernel,
+                  dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
+                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
+                       INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2, FUSED_MERGE=fused, SPLITS_PAD=16),
+                  scalars=("scale_log2",))
     return {"built": built, "default_launches": _default_launches()}
 
 
@@ -111,9 +111,13 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(res["built"]) == 9 + len(FP8_MATHS)
+    assert len(res["built"]) == 11 + len(FP8_MATHS)
     launches = res["default_launches"]
-    assert len(launches) == 7 and all(stack == 0 for _, stack in launches.values()), launches  # no spills
+    # no spills, but at batch 32: 128 keys a step under the 128-register cap spill 48-184 bytes a thread (Triton 3.7.1 /
+    # 3.8.0 / 3.9.0: 64 / 48 / 184), and that launch was still the fastest at batch 32 (0.839 of copy bandwidth
+    # against 0.703 with 64 keys, H100, session 40): bounded here, so that a launch spilling more shows
+    spills = {name: stack for name, (_, stack) in launches.items() if stack}
+    assert len(launches) == 7 and set(spills) <= {"e4m3 batch 32"} and spills.get("e4m3 batch 32", 0) <= 256, launches
     # K / V's buffers: two under the e4m3 defaults' 5 stages (the next tile loads while a program computes), one at
     # 3 stages (bf16's default, e4m3's at batch 1; e4m3's everywhere before session 40)
     assert {name: buffers for name, (buffers, _) in launches.items()} == {
