@@ -28,13 +28,13 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k); w8a8-fp8 with
                    the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
                    the default since session 41), wonly-fp8 with them weight-only (dequantized tiles)
-         fmerge, fmerge-fp8  new / new-fp8 with the split decode attention merged by its last split program instead of
-                   a merge kernel (KernelConfig.decode_attention_fused_merge)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
          and the scales for FP8). With random weights the router spreads tokens evenly, so B tokens reach
          E * (1 - (1 - k / E)^B) distinct experts of a layer in expectation (the floor uses that count).
+         Every variant's decode rows read the same random K / V (fill_kv, since session 41; before, the cache held
+         zeros or what an earlier variant's prefill wrote, and the routing followed it).
 prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes (bf16): per layer qkv, o
          and the experts as batched matmuls of T * k / E rows each (balanced routing), and lm_head.
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
@@ -112,10 +112,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products (the default
             # since session 41, with its own prefill tiles); wonly-fp8: weight-only, as before
             "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True),
-            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False),
-            # session 41: the split decode attention merged by its last program (no merge kernel)
-            "fmerge": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True),
-            "fmerge-fp8": dataclasses.replace(KernelConfig(), decode_attention_fused_merge=True)}
+            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -189,6 +186,17 @@ def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = F
              "router GEMV": L * s["E"] * s["H"] * elem, "attention": L * 2 * s["kv"] * ctx * B * elem,
              "lm_head": s["V"] * s["H"] * elem}
     return {k: v / bw * 1e6 for k, v in parts.items()}
+
+
+def fill_kv(kv, seed: int = 0) -> None:
+    """Every cache block to the same random K / V (standard normal, the scale of a projection of normalized rows),
+    before each variant's decode rows: the routing, and so the experts a step reads, follows what attention reads.
+    (Session 41: over the allocator's zeros, or over what an earlier variant's prefill left, the same FP8 batch-8
+    step took 6.3 or 4.4 ms on an H200.)"""
+    g = torch.Generator(device=kv[0][0].device).manual_seed(seed)
+    for k, v in kv:
+        k.normal_(generator=g)
+        v.normal_(generator=g)
 
 
 def quantize_fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,6 +313,7 @@ def main():
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+        fill_kv(kv)
         for B in batches:
             for ctx in contexts:
                 if B * -(-ctx // 16) > num_blocks:

@@ -189,7 +189,6 @@ class GraphAttention(AttentionBackend):
             return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, s.kv_indptr,
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
                                           k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
-                                          fused_merge=cfg.decode_attention_fused_merge,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
                                           and uses_pdl(q.device, cfg))
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))

@@ -120,7 +120,8 @@ class KernelConfig:
     moe_fp8_gemv_tile: int = 8192
     # FP8 experts' grouped GEMMs (the sorted path: more pairs than moe_fp8_decode_pairs) as W8A8 e4m3 products
     # (kernels/moe.py) instead of weight tiles dequantized to the model dtype in registers. H200, bench_moe.py
-    # Qwen3-30B-A3B FP8 decode at batch 8 / 32 / 128: 6.35 / 10.99 / 13.18 ms weight-only, 4.37 / 10.24 / 12.62 W8A8
+    # Qwen3-30B-A3B FP8 decode at batch 8 / 32 / 128: 4.75 / 10.81 / 13.56 ms weight-only, 4.41 / 10.41 / 12.87 W8A8
+    # (a zeroed cache: batch 8 / 32 6.53 / 11.07 against 6.25 / 10.65); prefill 1k / 4k 24.7 / 89.2 against 21.3 / 82.0
     moe_fp8_w8a8: bool = True
     # its prefill tiles (more than moe_small_pairs pairs; BLOCK_K is 128, one scale group a step). H200, sweep_moe.py
     # --prefill-only, one layer at 1k / 4k tokens: 64 x 64, 4 warps 354 / 1024 us; the bf16 large tile's 128 rows
@@ -273,10 +274,6 @@ class KernelConfig:
     # batch 1 / ctx 512 (benchmarks/RESULTS.md, session 35): Qwen3-30B-A3B shape 3.05 / 3.03 (new, run twice) ->
     # 3.00 ms, FP8 experts 2.80 -> 2.76; Llama-3-8B FP8 3.327 / 3.354 -> 3.321; logits bit-equal
     decode_attention_prefetch: bool = True
-    # the graphs' split decode attention merged by the last split program of each (request, KV head) instead of
-    # a merge kernel after it (kernels/decode_attention.py: one launch a layer fewer where the step splits its
-    # keys, batch x KV heads below the SMs); not yet measured
-    decode_attention_fused_merge: bool = False
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

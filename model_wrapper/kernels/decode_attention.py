@@ -11,9 +11,7 @@ A program takes one (request, KV head, split): the GQA group's query heads as th
 tensor-core product (padded to 16), a contiguous share of the request's (windowed) KV range,
 read BLOCK_N keys a step with an online softmax in fp32. With one split it writes the output;
 with several, each writes its normalised partial output and log2-sum-exp, and a second kernel
-merges the splits of each (request, head), or (fused_merge) the last of a (request, KV head)'s split
-programs to finish does, counted by an atomic in a device buffer it resets (as kernels/moe_route.py's
-router + routing kernel hands the routing to its last program).
+merges the splits of each (request, head).
 
 FP8 (e4m3) caches: the layer's K scale goes into the softmax scale and its V scale into the
 output (float32 scalars read through pointers once a program, so CUDA graphs see later changes;
@@ -178,14 +176,11 @@ def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, s
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
-                   ks_ptr, vs_ptr, count_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
+                   ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
                    stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, FUSED_MERGE: tl.constexpr,
-                   SPLITS_PAD: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
-    # FUSED_MERGE (SPLITS > 1): the last split program of a (request, KV head) to finish, counted in count_ptr,
-    # merges the splits of its query heads (_merge_rows) instead of the merge kernel
     # (3: the same in PTX)
     # PF_LINES > 0 (with PDL): the page metadata read, and the split's first tile of K / V prefetched into L2
     # (PF_LINES 128-byte lines a row), before the wait: no kernel of the step writes the metadata (the host's
@@ -245,41 +240,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
         base = (r.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * SPLITS + s  # [B, H, S] flat
         tl.store(part_ptr + base[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + base, lse, mask=row_ok)
-        if FUSED_MERGE:
-            # every thread's partial stored (barrier), then the count with release (cumulative over the
-            # barrier): the last program, acquiring it, reads all splits' partials (through L2)
-            tl.debug_barrier()
-            cnt = count_ptr + r * tl.num_programs(1) + h
-            done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                first = (r.to(tl.int64) * tl.num_programs(1) * GROUP + heads) * SPLITS  # [GROUP_PAD]
-                out = _merge_rows(part_ptr, lse_ptr, first, row_ok, d, GROUP_PAD, SPLITS, SPLITS_PAD, D)
-                tl.store(o_ptr + r.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                         out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-                tl.atomic_xchg(cnt, 0)  # ready for the next launch (a graph replays this one)
-
-
-@triton.jit
-def _merge_rows(part_ptr, lse_ptr, first, row_ok, d, ROWS: tl.constexpr, SPLITS: tl.constexpr,
-                SPLITS_PAD: tl.constexpr, D: tl.constexpr):
-    """The fused merge: rows [R] of (request, head) whose SPLITS partials start at first [R] (flat [B, H, S]
-    index) -> their merged outputs [R, D] (fp32), the merge kernel's arithmetic: weights 2^(lse - max lse), the
-    partials' weighted sum over the weights' sum, the splits in order. Loads bypass L1 (.cg): other programs of
-    the launch wrote them."""
-    sp = tl.arange(0, SPLITS_PAD)
-    lse = tl.load(lse_ptr + first[:, None] + sp[None, :], mask=row_ok[:, None] & (sp < SPLITS)[None, :],
-                  other=float("-inf"), cache_modifier=".cg")
-    top = tl.max(lse, 1)
-    top = tl.where(top == float("-inf"), 0.0, top)  # (padding rows: no NaN)
-    acc = tl.zeros([ROWS, D], tl.float32)
-    wsum = tl.zeros([ROWS], tl.float32)
-    for j in tl.static_range(SPLITS):
-        w = tl.exp2(tl.load(lse_ptr + first + j, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
-        part = tl.load(part_ptr + (first + j)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += part * w[:, None]
-        wsum += w
-    return acc / tl.where(row_ok, wsum, 1.0)[:, None]
 
 
 @triton.jit
@@ -377,27 +337,13 @@ def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
 
 
-_MERGE_COUNTS: dict = {}
-MERGE_COUNTERS = 4096  # (request, KV head) pairs a fused-merge launch may hold (more: the merge kernel)
-
-
-def _merge_counts(device: torch.device) -> torch.Tensor:
-    """The device's int32 counters of finished splits per (request, KV head), zero between launches (the
-    merging program resets its own). Made once, on the first (eager, warm-up) call; captures record the address."""
-    c = _MERGE_COUNTS.get(device)
-    if c is None:
-        c = _MERGE_COUNTS[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
-    return c
-
-
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False,
-                           fused_merge: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -408,9 +354,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
-    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype).
-    fused_merge (KernelConfig.decode_attention_fused_merge): with splits, the last split program of each (request,
-    KV head) merges them (one launch instead of two) where B x KV heads <= MERGE_COUNTERS."""
+    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype)."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -436,19 +380,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     math_id = fp8_math_id(fp8_math, fp8, q.device, "paged_decode_attention")
     # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
     pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
-    fused = fused_merge and splits > 1 and B * KVH <= MERGE_COUNTERS
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
-        _merge_counts(q.device) if fused else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
         PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, num_warps=num_warps,
-        num_stages=num_stages, FUSED_MERGE=fused, SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+        num_stages=num_stages,
         **cap, **launch_args(pdl))
-    if splits > 1 and not fused:
+    if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
                               **launch_args(pdl))

@@ -83,40 +83,13 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
     torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 2)])
-@pytest.mark.parametrize("splits", [2, 16])
-@pytest.mark.parametrize("window", [None, 5])
-def test_fused_merge_is_the_direct_softmax(heads, kv_heads, splits, window):
-    """fused_merge (KernelConfig.decode_attention_fused_merge): the last split program of each (request, KV head)
-    merges the splits in place of the merge kernel: the direct softmax (empty splits included), the merge kernel's
-    output within the last bit of its dtype (the same weights, summed in another order), the counters back at
-    zero after the launch, and the same output bit for bit when launched again (as a graph replays it)."""
-    from model_wrapper.kernels import decode_attention as da
-
-    lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
-    k, v, tables, indptr, indices, last = _paged(lens, kv_heads, seed=3 * heads + splits)
-    q = torch.randn(len(lens), heads, D, generator=torch.Generator().manual_seed(2)).to(DTYPE)
-    scale = 1 / math.sqrt(D)
-    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
-    kw = dict(window=window, splits=splits, block_n=8 if INTERPRET else 64)
-    got = paged_decode_attention(*on[:3], *on[3:], scale, fused_merge=True, **kw)
-    tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
-    torch.testing.assert_close(got.double().cpu(), _direct(q, k, v, tables, lens, scale, window), atol=tol, rtol=0)
-    plain = paged_decode_attention(*on[:3], *on[3:], scale, **kw)
-    ulp = torch.finfo(DTYPE).eps * plain.float().abs().clamp(min=1)
-    assert ((got.float() - plain.float()).abs() <= ulp).all()
-    assert not da._merge_counts(got.device).any()
-    assert torch.equal(got, paged_decode_attention(*on[:3], *on[3:], scale, fused_merge=True, **kw))
-
-
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("splits", [1, 4, 16])
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("fused_merge", [False, True])
-def test_pdl_launch_is_the_direct_softmax(splits, prefetch, fused_merge):
-    """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q, with the
-    merge kernel or the fused merge: the direct softmax of the q it wrote, as without PDL, bit for bit; prefetch (KernelConfig.decode_attention_prefetch):
+def test_pdl_launch_is_the_direct_softmax(splits, prefetch):
+    """Launched with PDL (the graphs', KernelConfig.decode_attention_pdl_max_batch) after a kernel that writes q: the
+    direct softmax of the q it wrote, as without PDL, bit for bit; prefetch (KernelConfig.decode_attention_prefetch):
     the metadata read and the first K / V tile prefetched into L2 before the wait, the same output."""
     lens = [1, PAGE + 1, 9 * PAGE + 3, 300]
     k, v, tables, indptr, indices, last = _paged(lens, 2, seed=11)
@@ -124,11 +97,10 @@ def test_pdl_launch_is_the_direct_softmax(splits, prefetch, fused_merge):
     on = [x.to(DEVICE) for x in (k, v, indptr, indices, last)]
     qd = torch.zeros_like(q, device=DEVICE)
     qd.copy_(q.to(DEVICE))  # written just before the launch
-    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, prefetch=prefetch,
-                                 fused_merge=fused_merge)
+    got = paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, pdl=True, prefetch=prefetch)
     want = _direct(q, k, v, tables, lens, 1 / math.sqrt(D), None)
     torch.testing.assert_close(got.double().cpu(), want, atol=1.6e-2, rtol=0)
-    assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits, fused_merge=fused_merge))
+    assert torch.equal(got, paged_decode_attention(qd, *on, 1 / math.sqrt(D), splits=splits))
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,

@@ -28,7 +28,7 @@ from sm90_compile import ROOT, compile_sm90, run_child
 
 
 DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32", o_ptr="*bf16",
-                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32", count_ptr="*i32")
+                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32")
 
 
 def _default_launches() -> dict:
@@ -54,7 +54,7 @@ def _default_launches() -> dict:
                 decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
                 dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=launch["block_n"], SPLITS=4, FP8=fp8,
                      MATH=decode_attention.FP8_MATHS[launch["fp8_math"]] if fp8 else 0, INTERPRET=False, PDL=True,
-                     PF_LINES=0, FUSED_MERGE=False, SPLITS_PAD=4), scalars=("scale_log2",), aligned=True, **opts)
+                     PF_LINES=0), scalars=("scale_log2",), aligned=True, **opts)
             # K's and V's multi-buffers: local_alloc () -> memdesc<buffers x BLOCK_N x D x elem>
             tiles = re.findall(rf"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x{launch['block_n']}x128x{elem}",
                                kernel.asm["ttgir"])
@@ -94,16 +94,13 @@ def _compile_all() -> dict:
             build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel,
                   dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
-                       PDL=True, PF_LINES=0, FUSED_MERGE=False, SPLITS_PAD=4),
+                       PDL=True, PF_LINES=0),
                   scalars=("scale_log2",))
-        # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait;
-        # also with the last split program merging (KernelConfig.decode_attention_fused_merge)
-        for fused in (False, True):
-            build(f"decode {tag} prefetch{' fused merge' if fused else ''}", decode_attention._decode_kernel,
-                  dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
-                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
-                       INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2, FUSED_MERGE=fused, SPLITS_PAD=16),
-                  scalars=("scale_log2",))
+        # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
+        build(f"decode {tag} prefetch", decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
+              dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
+                   INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2),
+              scalars=("scale_log2",))
     return {"built": built, "default_launches": _default_launches()}
 
 
@@ -111,7 +108,7 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(res["built"]) == 11 + len(FP8_MATHS)
+    assert len(res["built"]) == 9 + len(FP8_MATHS)
     launches = res["default_launches"]
     # no spills, but at batch 32: 128 keys a step under the 128-register cap spill 48-184 bytes a thread (Triton 3.7.1 /
     # 3.8.0 / 3.9.0: 64 / 48 / 184), and that launch was still the fastest at batch 32 (0.839 of copy bandwidth
