@@ -30,7 +30,8 @@ The MoE kernels quantize activations dynamically whatever the checkpoint's activ
 (kernels/moe.py: the decode path is weight-only, each e4m3 tile dequantized in registers; the grouped
 GEMMs past it are W8A8 with activations quantized per token and 128 columns, KernelConfig.moe_fp8_w8a8):
 a dynamic per-token scheme has nothing to store, and a static per-tensor input_scale on experts
-(Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and not used. The dense linears (Fp8Method) keep the checkpoint's scheme, static input_scale included.
+(Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and not used. The dense linears (Fp8Method) keep the
+checkpoint's scheme, static input_scale included.
 
 On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations);
 on CUDA every quantized linear does except where a row-parallel TP shard starts inside a block.

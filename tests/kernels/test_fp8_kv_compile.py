@@ -97,7 +97,8 @@ def _compile_all() -> dict:
                        PDL=True, PF_LINES=0),
                   scalars=("scale_log2",))
         # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
-        build(f"decode {tag} prefetch", decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
+        build(f"decode {tag} prefetch", decode_attention._decode_kernel,
+              dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
               dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=16, FP8=fp8, MATH=3 if fp8 else 0,
                    INTERPRET=False, PDL=True, PF_LINES=1 if fp8 else 2),
               scalars=("scale_log2",))

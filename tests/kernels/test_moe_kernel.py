@@ -162,8 +162,9 @@ def test_fp8_experts_w8a8_are_the_products_of_quantized_activations_interpreter(
     output per pair, 128 columns a scale) by the e4m3 experts, one product per 128 columns. H = 200 and
     I = 136: two groups each, the second partly filled; 21 tokens x 2 (42 pairs > moe_small_pairs): the
     prefill tiles. Against the float64 products of the same quantized operands
-    (moe_w8a8_oracle.w8a8_experts_reference); an activation that rounds across an e4m3 boundary in one sum order and not the other moves an output by
-    well under 1e-2 of its largest entry, a wrong scale or group by far more."""
+    (moe_w8a8_oracle.w8a8_experts_reference); an activation that rounds across an e4m3 boundary in one sum
+    order and not the other moves an output by well under 1e-2 of its largest entry, a wrong scale or group by
+    far more."""
     x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, W8A8_SORTED, gate_up_scale=gs, down_scale=ds)
@@ -243,9 +244,9 @@ def test_fp8_experts_match_reference_cuda(path, T):
 def test_fp8_experts_w8a8_cuda(T):
     """KernelConfig.moe_fp8_w8a8 on the GPU in bf16 (3 and 16 tokens: the small tiles of the sorted path, its
     decode bound moved; 257 and 4096: 2056 / 32768 pairs, the prefill tiles from 2049): against the float64
-    products of the same quantized operands (moe_w8a8_oracle.w8a8_experts_reference; its loops over sampled tokens at 4096), within
-    2e-2 of the output's largest entry (the weight-only path is ~5e-2 off it), and within FP8 activations'
-    error of the weight-only path."""
+    products of the same quantized operands (moe_w8a8_oracle.w8a8_experts_reference; its loops over sampled
+    tokens at 4096), within 2e-2 of the output's largest entry (the weight-only path is ~5e-2 off it), and
+    within FP8 activations' error of the weight-only path."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     cfg = KernelConfig(moe_decode_pairs=0)  # (the default: W8A8)
