@@ -16,5 +16,5 @@ timeout 90 taskset -c 0-15 python3 benchmarks/sweep_moe.py --prefill-only --pref
 timeout 220 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --batches 1,8,32,128 --contexts 512 \
   --variants new,new-fp8,lag-fp8,wonly-fp8 --out $OUT/moe > $OUT/bench_moe.log 2>&1; echo "bench_moe rc=$? $(date +%T)" >> $OUT/rc.txt
 cat $OUT/gpus.txt $OUT/rc.txt; tail -1 $OUT/t_moe_w8a8.log; grep -E "^T=" $OUT/switches.log | cut -c1-100
-grep -E "default|best" $OUT/small_tiles.log | cut -c1-110; grep -hE "decode B=|prefill T=|logits" $OUT/bench_moe.log | cut -c1-150
+grep -E "^T=" $OUT/small_tiles.log | cut -c1-110; grep -hE "decode B=|prefill T=|logits" $OUT/bench_moe.log | cut -c1-150
 cd $OUT && tar -czf /tmp/all.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name rc.txt -exec rm -rf {} + && mv /tmp/all.tgz $OUT/all.tgz
