@@ -165,8 +165,8 @@ def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[
     step K by at most one scale group (W8A8: exactly one)."""
     if pairs <= cfg.moe_small_pairs:
         bm, bn, bk, warps, stages = cfg.moe_block_m, cfg.moe_block_n, cfg.moe_block_k, cfg.moe_warps, cfg.moe_stages
-    elif w8a8:
-        bm, bn, bk = cfg.moe_w8a8_large_block_m, cfg.moe_w8a8_large_block_n, FP8_GROUP
+    elif w8a8:  # (BLOCK_K: the scale group, below)
+        bm, bn, bk = cfg.moe_w8a8_large_block_m, cfg.moe_w8a8_large_block_n, cfg.moe_large_block_k
         warps, stages = cfg.moe_w8a8_large_warps, cfg.moe_w8a8_large_stages
     else:
         bm, bn, bk = cfg.moe_large_block_m, cfg.moe_large_block_n, cfg.moe_large_block_k
