@@ -27,8 +27,7 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
                    tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k); w8a8-fp8 with
                    the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
-                   the default since session 41), wonly-fp8 with them weight-only (dequantized tiles), lag-fp8
-                   with the small tiles' W8A8 products scaled a K step late (KernelConfig.moe_w8a8_lag)
+                   the default since session 41), wonly-fp8 with them weight-only (dequantized tiles)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -113,9 +112,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products (the default
             # since session 41, with its own prefill tiles); wonly-fp8: weight-only, as before
             "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True),
-            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False),
-            # session 41: W8A8 products of the small tiles scaled a K step late (KernelConfig.moe_w8a8_lag)
-            "lag-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_lag=True)}
+            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False)}
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

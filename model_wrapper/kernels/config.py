@@ -130,10 +130,6 @@ class KernelConfig:
     moe_w8a8_large_block_n: int = 64
     moe_w8a8_large_warps: int = 4
     moe_w8a8_large_stages: int = 3
-    # its grouped GEMMs of steps up to moe_small_pairs pairs (decode batches 2-256 on Qwen3-30B-A3B) scaling each
-    # K step's products one step late (kernels/moe.py, LAG: the next products are issued before the last ones are
-    # waited on); the same sums; not yet measured. (The prefill tile's gate_up would spill: 232 bytes, sm90 compile)
-    moe_w8a8_lag: bool = False
     moe_fp8_gemv_down_tile: int = 8192
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)

@@ -52,13 +52,10 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
                      stride_as, stride_asg, stride_we, stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr,
                      SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr, W8A8: tl.constexpr,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PDL: tl.constexpr, LAG: tl.constexpr = False):
+                     PDL: tl.constexpr):
     # W8A8 (FP8 experts, KernelConfig.moe_fp8_w8a8): a is e4m3 with float32 scales as_ptr [rows, groups] (per row
     # and GROUP columns); BLOCK_K == GROUP, so each K step is one e4m3 x e4m3 product scaled by its row's and
     # column's scales before it joins the fp32 sum. Otherwise FP8 dequantizes the weight tile to a's dtype.
-    # LAG (W8A8, KernelConfig.moe_w8a8_lag): each step scales and adds the product of the step before it, after
-    # issuing its own, so that a product's wait need not hold up the next one's issue; the sums are the same
-    # (the first step adds a zero product), in the same order.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if PDL:
@@ -83,12 +80,6 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SILU:
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if LAG:  # the step before's products (gate's, and up's with SILU) and scales: none before the first
-        prev = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        prev_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        prev_sa = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        prev_s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        prev_su = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         k_ok = kk < K
@@ -98,12 +89,7 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
         if W8A8:
             sa = tl.load(as_ptr + row.to(tl.int64) * stride_as + (k0 // GROUP) * stride_asg, mask=valid, other=0.0)
             s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
-            if LAG:
-                cur = tl.dot(a, w)
-                acc += prev * (prev_sa[:, None] * prev_s[None, :])
-                prev, prev_s = cur, s
-            else:
-                acc += tl.dot(a, w) * (sa[:, None] * s[None, :])
+            acc += tl.dot(a, w) * (sa[:, None] * s[None, :])
         else:
             if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
                 s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
@@ -114,23 +100,12 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
                          other=0.0)
             if W8A8:
                 su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
-                if LAG:
-                    cur_up = tl.dot(a, wu)
-                    acc_up += prev_up * (prev_sa[:, None] * prev_su[None, :])
-                    prev_up, prev_su = cur_up, su
-                else:
-                    acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
+                acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
             else:
                 if FP8:
                     su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
                     wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
                 acc_up = tl.dot(a, wu, acc_up)
-        if LAG:
-            prev_sa = sa
-    if LAG:  # the last step's products
-        acc += prev * (prev_sa[:, None] * prev_s[None, :])
-        if SILU:
-            acc_up += prev_up * (prev_sa[:, None] * prev_su[None, :])
     dtype = o_ptr.dtype.element_ty
     if SILU:
         g = acc.to(dtype).to(tl.float32)
@@ -227,8 +202,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
-                  LAG=w8a8 and cfg.moe_w8a8_lag and P <= cfg.moe_small_pairs, num_warps=warps, num_stages=stages,
-                  **launch_args(pdl))
+                  num_warps=warps, num_stages=stages, **launch_args(pdl))
     a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](

@@ -88,16 +88,14 @@ def _compile_all() -> dict:
                   *gemv_launch)
         for pre, pairs in (("moe_", 1), ("moe_large_", cfg.moe_small_pairs + 1)):
             for silu in (True, False):
-                # FP8: weight-only, KernelConfig.moe_fp8_w8a8, and with moe_w8a8_lag (the small tiles only)
-                cases = ((False, False), (True, False)) + (((True, True),) if pre == "moe_" else ())
-                for w8a8, lag in cases if fp8 else ((False, False),):
+                for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
                     bm, bn, bk, warps, stages = moe.grouped_tile(cfg, pairs, fp8, w8a8)
-                    build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}"
-                          f"{' lag' if lag else ''}", moe._moe_gemm_kernel,
+                    build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}",
+                          moe._moe_gemm_kernel,
                           dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
                                o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16", **weights),
                           dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128, BLOCK_M=bm,
-                               BLOCK_N=bn, BLOCK_K=bk, PDL=True, LAG=lag), warps, stages)
+                               BLOCK_N=bn, BLOCK_K=bk, PDL=True), warps, stages)
     for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
         tag = " sort" if sort else ""
         build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
@@ -126,7 +124,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 35
+    assert len(stacks) == 33
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
