@@ -31,12 +31,23 @@ from model_wrapper.kernels.config import KernelConfig
 
 
 def _skinny_config(BM: int, N: int, K: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, STAGES, warps) for BM padded tokens, N output columns, K inputs."""
+    """(BLOCK_N, BLOCK_K, STAGES, warps) for BM padded tokens, N output columns, K inputs. The classes
+    came from sweeps on an H100: Llama-3-8B's shapes (benchmarks/ab_skinny.py), then Qwen3-30B-A3B's
+    attention and router shapes (session 42, benchmarks/results/session42: us a GEMM, 48 in a graph):
+    few output rows against long ones want fewer rows a program (more programs) or a deeper pipeline."""
     if BM <= 16:
-        return (16, 256, 6, 2) if N < 96 * 64 and K > 8192 else (64, 256, 3, 4)  # down: 256 programs
+        if N < 96 * 64 and K > 8192:  # down: 256 programs
+            return 16, 256, 6, 2
+        if K >= 4096 and N <= 2048:  # Qwen3-30B-A3B's o [2048, 4096], 8 / 16 tokens: 9.56 / 8.60 us (was 11.15 / 11.13)
+            return 32, 512, 4, 4
+        if K >= 4096 and N <= 4096:  # Llama-3-8B's o: 13.49 / 13.74 (was 14.57 / 14.62)
+            return 64, 256, 4, 4
+        return 64, 256, 3, 4
+    if N <= 2048:  # Qwen3-30B-A3B's o, 32 / 64 tokens: 8.63 / 11.05 us (was 10.48 / 13.48); router [128, 2048]:
+        return 16, 512, 4 if BM <= 32 and K >= 4096 else 3, 4  # 3.93 / 5.49 (was 4.98 / 6.92)
     if N >= 96 * 128:  # gate_up, lm_head: >= 96 programs of 128 rows
         return 128, 128, 3, 8
-    if N >= 96 * 64:  # qkv
+    if N >= 96 * 64 or K <= 2048:  # qkv (Qwen3-30B-A3B's [5120, 2048] at 32 / 64 tokens: 10.13 / 10.72, was 13.00 / 15.37)
         return 64, 256, 3, 4
     return (32, 512, 3, 4) if BM <= 32 else (32, 256, 4, 4)  # o, down: 128 programs of 32 rows
 

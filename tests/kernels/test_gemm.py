@@ -27,9 +27,11 @@ def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
     rows per program and K steps). bf16 runs on CUDA (test_skinny_gemm_matches_the_product, below)."""
     g = torch.Generator().manual_seed(4)
     cases = ((3, 70, 300, True), (17, 6150, 64, False), (64, 100, 520, True), (33, 12300, 32, True),
-             (9, 33, 1000, False), (20, 50, 1100, True), (4, 40, 8300, True))
+             (9, 33, 1000, False), (20, 50, 1100, True), (4, 40, 8300, True), (5, 40, 4100, False),
+             (6, 2100, 4100, True), (20, 50, 4100, False), (20, 2100, 2200, True), (40, 2100, 2200, False))
     used = {_skinny_config(max(16, 1 << (M - 1).bit_length()), N, K) for M, N, K, _ in cases}
-    assert used == {(64, 256, 3, 4), (16, 256, 6, 2), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8)}
+    assert used == {(64, 256, 3, 4), (16, 256, 6, 2), (32, 512, 3, 4), (32, 256, 4, 4), (128, 128, 3, 8),
+                    (16, 512, 3, 4), (32, 512, 4, 4), (64, 256, 4, 4), (16, 512, 4, 4)}
     for M, N, K, bias in cases:
         w = (torch.randn(N, K, generator=g) / K**0.5).to(DEVICE, dtype)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
@@ -46,8 +48,8 @@ def test_skinny_gemm_is_the_product_for_every_token_count_and_config(dtype):
 def test_skinny_gemm_matches_the_product(dt):
     """triton_ops.skinny_gemm (steps of 3-64 tokens on Hopper) against the float64 product: its
     error at most that of cuBLAS on the same operands plus a floor, at token counts padding to
-    16 / 32 / 64 and on shapes of each config class (Llama-3-8B's qkv, o, gate_up, down, and a
-    ragged N with a bias); its fits rules."""
+    16 / 32 / 64 and on shapes of each config class (Llama-3-8B's qkv, o, gate_up, down, a ragged N
+    with a bias, Qwen3-30B-A3B's qkv, o and router); its fits rules."""
     from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -55,7 +57,8 @@ def test_skinny_gemm_matches_the_product(dt):
     torch.manual_seed(2)
     for M in (3, 16, 31, 64):
         for (N, K), bias in (((6144, 4096), False), ((4096, 4096), False), ((28672, 4096), False),
-                             ((4096, 14336), False), ((1000, 520), True)):
+                             ((4096, 14336), False), ((1000, 520), True),  # and Qwen3-30B-A3B's qkv, o, router
+                             ((5120, 2048), False), ((2048, 4096), False), ((128, 2048), False)):
             w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
             b = torch.randn(N, device="cuda", dtype=dt) if bias else None
             x = torch.randn(M, K, device="cuda", dtype=dt)
