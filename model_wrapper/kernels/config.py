@@ -212,7 +212,12 @@ class KernelConfig:
     # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
     # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
     fp8_skinny_mma_max_tokens: int = 16
-    fp8_skinny_mma_block_n: int = 64  # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs
+    # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the per-channel
+    # K step below from session 42's sweep (c8 H200, c9 H100: results/session42/scripts/mma_sweep.py, us a layer at 4-16
+    # tokens, block / per-channel: H200 125-127 -> 121-122 / 103 -> 88-89, H100 135-137 -> 132-133 / 113-114 ->
+    # 106-107; was 64 rows, 4 stages, 512 columns): decode steps at batch 4 / 8 / 16 (bench_fp8.py, rows twice),
+    # per-channel H200 -8 / -10 / -10.5%, H100 -2 / -5.5 / -5.4%; block H200 +1.3 / -1.5 / -3.7%, H100 -0.5 / -2.3 / -3.9%
+    fp8_skinny_mma_block_n: int = 128
     fp8_skinny_mma_min_programs: int = 128
     # K step (a multiple of 128): block weights (one product per 128 columns), a scale a row (products in place).
     # H100, bench_fp8_gemm.py --tokens 8 (session 39, e5), us of qkv / o / gate_up + SiLU / down at K steps 128 / 256
@@ -220,9 +225,9 @@ class KernelConfig:
     # 21.8 / 15.8 / 68.3 / 38.7); a scale a row 17.5 / 15.2 / 51.4 / 43.5, 15.8 / 13.0 / 61.3 / 34.4, 16.2 / 12.5 /
     # 55.0 / 32.5 (skinny 16.9 / 13.0 / 50.2 / 34.1)
     fp8_skinny_mma_block_k: int = 128
-    fp8_skinny_mma_row_block_k: int = 512
+    fp8_skinny_mma_row_block_k: int = 256
     fp8_skinny_mma_warps: int = 4
-    fp8_skinny_mma_stages: int = 4
+    fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
     # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input
     # comes out of gate_up's SiLU epilogue in bf16 and is still quantized by a kernel of its own. Off: even in
