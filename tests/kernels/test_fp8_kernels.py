@@ -207,8 +207,9 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
 
 
 @pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_mma_block_n=32, fp8_skinny_mma_row_block_k=128),
-                                 KernelConfig(fp8_skinny_mma_block_k=512, fp8_skinny_mma_row_block_k=256)],
-                         ids=["default", "n32-k128", "k512-256"])
+                                 KernelConfig(fp8_skinny_mma_block_k=512, fp8_skinny_mma_row_block_k=256),
+                                 KernelConfig(fp8_skinny_mma_min_programs=1)],  # the default's 128 rows a program
+                         ids=["default", "n32-k128", "k512-256", "n128"])
 def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-64 tokens): x quantized per token and 128
     columns for block weights, per token for a scale a row (the prefill paths' rounding: quantize_oracle), e4m3
