@@ -431,7 +431,7 @@ def _within_fp8_bounds(err, top1, err16, top1_16):
     quantize activations to e4m3 per token (3 mantissa bits: ~2-3% relative error per GEMM, which a
     random tiny model's near-flat logits turn into argmax flips); decode steps of 1-2 tokens are weight-only,
     of 3-16 tokens quantize per token and 128 columns (kernels/fp8_skinny_mma.py). The additive term covers the
-    spread of that rounding over equivalent kernels: on an H200 (session 42) per-token models gave 0.12-0.17 across
+    spread of that rounding over equivalent kernels: on an H100 (session 42) per-token models gave 0.12-0.17 across
     seeds 3-4, fast accumulation on or off and the norm's rounding before quantizing (bf16's own error: 0.016-0.021);
     a wrong scale or layout gives errors near 1."""
     assert err <= 4 * err16 + 0.15, (err, err16)
