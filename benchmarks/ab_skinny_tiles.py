@@ -113,17 +113,19 @@ def steps(bw: float, batches=(8, 16, 32, 64), rounds: int = 2) -> list:
 
 def plot(res: dict, path: str) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    parts = [k for k in ("sweep", "steps") if res.get(k)]
+    fig, axes = plt.subplots(1, len(parts), figsize=(7 * len(parts), 4.5), squeeze=False)
+    axes = dict(zip(parts, axes[0]))
     if res.get("sweep"):
-        ax = axes[0]
+        ax = axes["sweep"]
         names = [f"{r['shape']}\n{r['M']}" for r in res["sweep"]]
         for key, label in (("previous_us", "previous rule"), ("current_us", "current rule"), ("cublas_us", "cuBLAS")):
             ax.plot(range(len(names)), [r[key] / r["floor_us"] for r in res["sweep"]], "o", label=label)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
-        ax.set(ylabel="us / bytes floor", title="one GEMM (graph of one a layer)")
+        ax.set(ylabel="us / bytes floor", yscale="log", title="one GEMM (graph of one a layer)")
         ax.legend()
     if res.get("steps"):
-        ax = axes[1]
+        ax = axes["steps"]
         for model in dict.fromkeys(r["model"] for r in res["steps"]):
             rows = [r for r in res["steps"] if r["model"] == model]
             bs = sorted({r["batch"] for r in rows})
