@@ -28,6 +28,9 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k); w8a8-fp8 with
                    the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
                    the default since session 41), wonly-fp8 with them weight-only (dequantized tiles)
+         ckpt-fp8  new-fp8 with the attention projections (q / k / v / o) in block FP8 too, as the shipped
+                   Qwen3-30B-A3B-FP8 checkpoint holds them (router, norms, embeddings and lm_head stay bf16);
+                   quantized in place, so it runs after every other variant; its floor counts those bytes
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
@@ -62,7 +65,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
                                       timed)
-from benchmarks.common import pyplot, random_text_generator  # noqa: E402
+from benchmarks.common import pyplot, quantize_fp8, random_text_generator  # noqa: E402
 from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
@@ -112,7 +115,10 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products (the default
             # since session 41, with its own prefill tiles); wonly-fp8: weight-only, as before
             "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True),
-            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False)}
+            "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False),
+            # session 42: the attention projections in block FP8 as well (the FP8 checkpoint's layout)
+            "ckpt-fp8": KernelConfig()}
+CKPT_FP8 = {"ckpt-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -137,16 +143,25 @@ def shapes(cfg: dict) -> dict:
     return dict(H=H, q=q, kv=kv, E=E, k=k, I=inter, L=cfg["num_hidden_layers"], V=cfg["vocab_size"])
 
 
-def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: bool = False) -> float:
+def attn_proj_bytes(s: dict, elem: int = 2, fp8: bool = False) -> int:
+    """A layer's q / k / v / o weights: elem bytes a weight, or (block FP8, Fp8Method's layout) one byte a weight
+    and a float32 scale per row and 128 columns."""
+    n_qkv, weights = s["q"] + 2 * s["kv"], s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"]
+    if not fp8:
+        return weights * elem
+    return weights + 4 * (n_qkv * -(-s["H"] // 128) + s["H"] * -(-s["q"] // 128))
+
+
+def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: bool = False,
+                       fp8_attn: bool = False) -> float:
     s = shapes(cfg)
-    attn = s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"] + s["E"] * s["H"] + 2 * s["H"]  # + router, norms
     if fp8_experts:  # a byte a weight and a float32 scale per row and 128 columns
         expert = 3 * s["H"] * s["I"] + 4 * (2 * s["I"] * -(-s["H"] // 128) + s["H"] * -(-s["I"] // 128))
     else:
         expert = 3 * s["H"] * s["I"] * elem
     touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
     kv = 2 * s["kv"] * ctx * B
-    per_layer = (attn + kv) * elem + touched * expert
+    per_layer = attn_proj_bytes(s, elem, fp8_attn) + (s["E"] * s["H"] + 2 * s["H"] + kv) * elem + touched * expert
     return s["L"] * per_layer + (s["V"] * s["H"] + s["H"]) * elem
 
 
@@ -172,7 +187,7 @@ def logit_checks(step_logits: dict, variants: list[str]) -> list[dict]:
     return out
 
 
-def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = False) -> dict:
+def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = False, fp8_attn: bool = False) -> dict:
     """Microseconds each part of a decode step must take to read its bytes at bw (bytes / s): the
     moe_breakdown parts that read weights or KV (decode_floor_bytes, split)."""
     s = shapes(cfg)
@@ -182,7 +197,7 @@ def part_floors_us(cfg: dict, B: int, ctx: int, bw: float, fp8_experts: bool = F
     else:
         expert = 3 * s["H"] * s["I"] * elem
     touched = s["E"] * (1 - (1 - s["k"] / s["E"]) ** B)
-    parts = {"experts": L * touched * expert, "attn proj": L * (s["H"] * (s["q"] + 2 * s["kv"]) + s["q"] * s["H"]) * elem,
+    parts = {"experts": L * touched * expert, "attn proj": L * attn_proj_bytes(s, elem, fp8_attn),
              "router GEMV": L * s["E"] * s["H"] * elem, "attention": L * 2 * s["kv"] * ctx * B * elem,
              "lm_head": s["V"] * s["H"] * elem}
     return {k: v / bw * 1e6 for k, v in parts.items()}
@@ -222,6 +237,26 @@ def quantize_experts(model) -> None:
                 q, scale = quantize_fp8_blockwise(getattr(ex, name).data)
                 setattr(ex, name, torch.nn.Parameter(q, requires_grad=False))
                 setattr(ex, scale_name, scale)
+
+
+def quantize_attention(model) -> None:
+    """Every attention projection (q / k / v / o, fused as the model holds them) to block FP8 in place: e4m3 and a
+    float32 scale per 128 x 128 block, held per row as Fp8Method holds a fine-grained FP8 checkpoint's scales."""
+    from model_wrapper.layers.fp8_linear import Fp8Method
+
+    for name, lin in model.named_modules():
+        if ".self_attn." not in name + "." or not isinstance(getattr(lin, "weight", None), torch.nn.Parameter):
+            continue
+        if lin.weight.dim() != 2 or lin.weight.dtype == torch.float8_e4m3fn:
+            continue
+        N = lin.weight.shape[0]
+        q, scale = quantize_fp8(lin.weight.data, "block")
+        del lin.weight
+        lin.method = Fp8Method(128)
+        lin.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
+        lin.weight_scale = torch.nn.Parameter(scale.repeat_interleave(128, dim=0)[:N].contiguous().float(),
+                                              requires_grad=False)
+        lin.input_scale = None
 
 
 def grouped_chain(cfg: dict, T: int, iters: int, dev: str = "cuda") -> float:
@@ -278,7 +313,8 @@ def main():
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     # in VARIANTS' order, every bf16 variant before the first FP8 one (which quantizes the model in place: a bf16
     # variant listed after it, e.g. new2 or attn-nopf, would otherwise run on the FP8 experts)
-    variants = sorted((v for v in VARIANTS if v in args.variants.split(",")), key=lambda v: v.endswith("fp8"))
+    variants = sorted((v for v in VARIANTS if v in args.variants.split(",")),
+                      key=lambda v: (v.endswith("fp8"), v in CKPT_FP8))
     dev = args.device
     cuda = dev == "cuda"
     cfg = tiny_moe(QWEN3_30B_A3B) if args.tiny else dict(QWEN3_30B_A3B)
@@ -302,13 +338,16 @@ def main():
     print(f"KV cache: {num_blocks} blocks of 16 ({num_blocks * 16 * kv_tok / 2**30:.2f} GiB)", flush=True)
     perm = torch.randperm(num_blocks)
     decode, prefill, profiles, step_logits = [], [], [], {}
-    quantized = False
+    quantized = attn_quantized = False
     for variant in variants:
         kc = VARIANTS[variant]
-        fp8 = variant.endswith("fp8")
+        fp8, fp8_attn = variant.endswith("fp8"), variant in CKPT_FP8
         if fp8 and not quantized:
             quantize_experts(gen.model_wrapper.model)
             quantized = True
+        if fp8_attn and not attn_quantized:
+            quantize_attention(gen.model_wrapper.model)
+            attn_quantized = True
         gen.model_wrapper.set_kernel_config(kc)  # drops the graphs the variant before captured
         gc.collect()
         if cuda:
@@ -319,7 +358,7 @@ def main():
                 if B * -(-ctx // 16) > num_blocks:
                     continue
                 t = decode_case(gen, kv, 16, B, ctx, perm, 30 if cuda else 2)
-                floor = decode_floor_bytes(cfg, B, ctx, fp8_experts=fp8) / bw
+                floor = decode_floor_bytes(cfg, B, ctx, fp8_experts=fp8, fp8_attn=fp8_attn) / bw
                 decode.append(dict(variant=variant, batch=B, context=ctx, step_ms=t * 1e3, floor_ms=floor * 1e3,
                                    ratio=t / floor))
                 print(f"{variant:8s} decode B={B:4d} ctx={ctx:5d}: {t * 1e3:7.2f} ms  floor {floor * 1e3:6.2f} ms"
@@ -346,7 +385,7 @@ def main():
             except Exception as e:  # noqa: BLE001
                 print(f"--- {variant} B={B}: profile failed: {e!r}", flush=True)
                 continue
-            s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8))
+            s = summary(steps, part_floors_us(cfg, B, ctx, bw, fp8_experts=fp8, fp8_attn=fp8_attn))
             profiles.append(dict(variant=variant, batch=B, context=ctx, mode=mode, **s))
             print(f"--- {variant} B={B} ctx={ctx}: one decode step's kernels ({mode}, median of 5)\n"
                   f"{table(s)}", flush=True)
