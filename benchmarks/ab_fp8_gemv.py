@@ -55,7 +55,8 @@ def new_variants(M: int, smoke: bool) -> dict:
                 "t1k w2 ch8": dict(fp8_gemv_tile=1024, fp8_gemv_warps=2, fp8_gemv_chunk=8)}
     out = {"default": {}, "t16k w4": dict(fp8_gemv_tile=16384)}
     if M == 1:
-        out.update({"t8k w4": dict(fp8_gemv_tile=8192), "t32k w8": dict(fp8_gemv_warps=8),
+        out.update({"t8k w4": dict(fp8_gemv_tile=8192), "t64k w4": dict(fp8_gemv_tile=65536),  # (t64k: session 42)
+                    "t32k w8": dict(fp8_gemv_warps=8),
                     "t32k w4 ch32": dict(fp8_gemv_chunk=32), "r1": dict(fp8_gemv_rounds=1),
                     "r4": dict(fp8_gemv_rounds=4)})
     else:
