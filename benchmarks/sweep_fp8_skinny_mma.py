@@ -1,0 +1,119 @@
+"""The e4m3 skinny GEMM's launch (kernels/fp8_skinny_mma.py: rows a program, pipeline stages, K step) at decode
+batches of 4-16 tokens on Llama-3-8B's four projections, block (128 x 128) and per-channel e4m3 weights, on one GPU.
+
+Per launch and token count: microseconds a layer (qkv, o, gate_up with its SiLU epilogue, down), the median replay of
+a CUDA graph running the four over 32 layers' distinct random weights, against the floor of the layer's e4m3 weight
+bytes over the copy bandwidth measured here. The best launch of each format (the least summed over the token counts)
+is printed as KernelConfig overrides, ready for `bench_fp8.py --fp8-variants`. Session 42 picked its defaults this way
+(benchmarks/RESULTS.md).
+
+    source .gpu/device-setup.sh && python3 benchmarks/sweep_fp8_skinny_mma.py --out DIR   # -> fp8_skinny_mma.json/.png
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.ab_gemv import graph_ms  # noqa: E402
+from benchmarks.bench_forward import copy_bandwidth  # noqa: E402
+from benchmarks.common import pyplot  # noqa: E402
+from model_wrapper.kernels.config import KernelConfig  # noqa: E402
+from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma  # noqa: E402
+
+SHAPES = (("qkv", 6144, 4096, False), ("o", 4096, 4096, False), ("gate_up", 28672, 4096, True),
+          ("down", 4096, 14336, False))  # (name, N, K, SiLU epilogue)
+LAYERS = 32
+ROWS, STAGES = (32, 64, 128), (3, 4, 5)
+K_STEPS = {"block": ("fp8_skinny_mma_block_k", (128, 256)), "channel": ("fp8_skinny_mma_row_block_k", (256, 512))}
+
+
+def weights(kind: str) -> list:
+    """LAYERS copies of each projection: e4m3 weight and float32 scales per row and 128 columns (block) or per row."""
+    out = []
+    for name, N, K, silu in SHAPES:
+        group = 128 if kind == "block" else K
+        ws = [(torch.randn(N, K, device="cuda") * 0.05).to(torch.float8_e4m3fn) for _ in range(LAYERS)]
+        ss = [torch.rand(N, K // group, device="cuda") * 1e-2 + 1e-3 for _ in range(LAYERS)]
+        out.append((name, K, silu, group, ws, ss))
+    return out
+
+
+def sweep(kind: str, tokens, bw: float) -> dict:
+    layers = weights(kind)
+    floor_us = sum(ws[0].numel() for *_, ws, _ in layers) / bw * 1e6
+    field, k_steps = K_STEPS[kind]
+    default = KernelConfig()
+    rows = []
+    for block_n, stages, block_k in itertools.product(ROWS, STAGES, k_steps):
+        cfg = KernelConfig(fp8_skinny_mma_block_n=block_n, fp8_skinny_mma_stages=stages, **{field: block_k})
+        row = dict(fp8_skinny_mma_block_n=block_n, fp8_skinny_mma_stages=stages, **{field: block_k}, us={},
+                   default=(block_n, stages, block_k) == (default.fp8_skinny_mma_block_n, default.fp8_skinny_mma_stages,
+                                                         getattr(default, field)))
+        for M in tokens:
+            xs = {K: torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _, K, *_ in layers}
+
+            def layer_chain():
+                for _, K, silu, group, ws, ss in layers:
+                    for w, s in zip(ws, ss):
+                        fp8_skinny_mma(xs[K], w, s, group, silu=silu, cfg=cfg)
+            try:
+                row["us"][M] = graph_ms(layer_chain) * 1e3 / LAYERS
+            except Exception as e:  # a launch past the shared memory
+                row["us"][M] = float("inf")
+                print(f"  {kind} {block_n} {stages} {block_k} M={M}: {type(e).__name__}", flush=True)
+        rows.append(row)
+        print(f"{kind:7s} rows {block_n:3d} stages {stages} K step {block_k:3d}{' (default)' if row['default'] else '':10s} "
+              + "  ".join(f"M={m}: {u:7.2f}" for m, u in row["us"].items()), flush=True)
+    best = min(rows, key=lambda r: sum(r["us"].values()))
+    variant = {k: v for k, v in best.items() if k.startswith("fp8_")}
+    print(f"{kind}: floor {floor_us:.2f} us a layer; best {variant}: {best['us']}", flush=True)
+    del layers
+    torch.cuda.empty_cache()
+    return dict(floor_us=floor_us, rows=rows, best=variant)
+
+
+def plot(res: dict, path: str) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(res["kinds"]), figsize=(7 * len(res["kinds"]), 4.5), squeeze=False)
+    for ax, (kind, r) in zip(axes[0], res["kinds"].items()):
+        names = [f"{x['fp8_skinny_mma_block_n']}/{x['fp8_skinny_mma_stages']}/{x[K_STEPS[kind][0]]}" for x in r["rows"]]
+        for M in res["tokens"]:
+            ax.plot(range(len(names)), [x["us"][M] / r["floor_us"] for x in r["rows"]], "o-", label=f"{M} tokens")
+        for i, x in enumerate(r["rows"]):
+            if x["default"]:
+                ax.axvline(i, color="gray", ls="--", lw=1)
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+        ax.set(ylabel="us a layer / bytes floor", xlabel="rows / stages / K step (dashed: the default)",
+               title=f"{kind} e4m3 weights")
+        ax.legend()
+    fig.suptitle(f"fp8_skinny_mma launches, Llama-3-8B layer, on {res['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--kinds", default="block,channel")
+    ap.add_argument("--tokens", default="4,8,16")
+    args = ap.parse_args()
+    bw = copy_bandwidth("cuda")
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, copy_bandwidth_TBps=bw / 1e12,
+               tokens=tokens, kinds={k: sweep(k, tokens, bw) for k in args.kinds.split(",")})
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fp8_skinny_mma.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, os.path.join(args.out, "fp8_skinny_mma.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
