@@ -68,7 +68,8 @@ def sweep(kind: str, tokens, bw: float) -> dict:
                 row["us"][M] = float("inf")
                 print(f"  {kind} {block_n} {stages} {block_k} M={M}: {type(e).__name__}", flush=True)
         rows.append(row)
-        print(f"{kind:7s} rows {block_n:3d} stages {stages} K step {block_k:3d}{' (default)' if row['default'] else '':10s} "
+        tag = " (default)" if row["default"] else ""
+        print(f"{kind:7s} rows {block_n:3d} stages {stages} K step {block_k:3d}{tag:10s} "
               + "  ".join(f"M={m}: {u:7.2f}" for m, u in row["us"].items()), flush=True)
     best = min(rows, key=lambda r: sum(r["us"].values()))
     variant = {k: v for k, v in best.items() if k.startswith("fp8_")}

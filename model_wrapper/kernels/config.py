@@ -212,11 +212,12 @@ class KernelConfig:
     # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
     # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
     fp8_skinny_mma_max_tokens: int = 16
-    # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the per-channel
-    # K step below from session 42's sweep (c8 H200, c9 H100; now benchmarks/sweep_fp8_skinny_mma.py), us a layer at 4-16
-    # tokens, block / per-channel: H200 125-127 -> 121-122 / 103 -> 88-89, H100 135-137 -> 132-133 / 113-114 ->
-    # 106-107; was 64 rows, 4 stages, 512 columns): decode steps at batch 4 / 8 / 16 (bench_fp8.py, rows twice),
-    # per-channel H200 -8 / -10 / -10.5%, H100 -2 / -5.5 / -5.4%; block H200 +1.3 / -1.5 / -3.7%, H100 -0.5 / -2.3 / -3.9%
+    # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the
+    # per-channel K step below from session 42's sweep (c8 H200, c9 H100; now benchmarks/sweep_fp8_skinny_mma.py;
+    # was 64 rows, 4 stages, 512 columns). us a layer at 4-16 tokens, block / per-channel: H200 125-127 -> 121-122 /
+    # 103 -> 88-89, H100 135-137 -> 132-133 / 113-114 -> 106-107. Decode steps at batch 4 / 8 / 16 (bench_fp8.py,
+    # rows twice): per-channel H200 -8 / -10 / -10.5%, H100 -2 / -5.5 / -5.4%; block H200 +1.3 / -1.5 / -3.7%,
+    # H100 -0.5 / -2.3 / -3.9%
     fp8_skinny_mma_block_n: int = 128
     fp8_skinny_mma_min_programs: int = 128
     # K step (a multiple of 128): block weights (one product per 128 columns), a scale a row (products in place).

@@ -47,7 +47,7 @@ def _skinny_config(BM: int, N: int, K: int) -> tuple[int, int, int, int]:
         return 16, 512, 4 if BM <= 32 and K >= 4096 else 3, 4  # 3.93 / 5.49 (was 4.98 / 6.92)
     if N >= 96 * 128:  # gate_up, lm_head: >= 96 programs of 128 rows
         return 128, 128, 3, 8
-    if N >= 96 * 64 or K <= 2048:  # qkv (Qwen3-30B-A3B's [5120, 2048] at 32 / 64 tokens: 10.13 / 10.72, was 13.00 / 15.37)
+    if N >= 96 * 64 or K <= 2048:  # qkv (Qwen3-30B-A3B's [5120, 2048], 32 / 64 tokens: 10.13 / 10.72, was 13.00 / 15.37)
         return 64, 256, 3, 4
     return (32, 512, 3, 4) if BM <= 32 else (32, 256, 4, 4)  # o, down: 128 programs of 32 rows
 
