@@ -57,7 +57,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import copy_bandwidth, decode_step, gemm_chain, prefill_step, timed  # noqa: E402
-from benchmarks.common import (LLAMA3_8B, count_triton_compiles, pyplot, quantize_fp8,  # noqa: E402
+from benchmarks.common import (LLAMA3_8B, count_triton_compiles, linear_to_fp8, pyplot,  # noqa: E402
                                random_text_generator, tiny)
 
 E4M3 = torch.float8_e4m3fn
@@ -66,27 +66,12 @@ E4M3 = torch.float8_e4m3fn
 def to_fp8(gen_fp8, gen_ref, kind: str) -> int:
     """Quantize gen_fp8's decoder projections in place to FP8 (Fp8Method) and give gen_ref the
     dequantized weights; -> bytes of the FP8 weights and scales."""
-    from model_wrapper.layers.fp8_linear import Fp8Method
-
     ref = gen_ref.model_wrapper.lora_linears()
     nbytes = 0
     for key, lin in gen_fp8.model_wrapper.lora_linears().items():
-        w = lin.weight.data
-        N, K = w.shape
-        q, s = quantize_fp8(w, kind)
-        if kind == "block":
-            scale, group = s.repeat_interleave(128, dim=0)[:N].contiguous(), 128
-        else:
-            scale, group = s.reshape(N, 1).contiguous(), K
-        method = Fp8Method(group)
-        del lin.weight
-        lin.method = method
-        lin.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
-        lin.weight_scale = torch.nn.Parameter(scale.float(), requires_grad=False)
-        lin.input_scale = None
-        ref[key].weight.data.copy_(method.dequantized(lin, w.dtype))
-        nbytes += q.numel() + scale.numel() * 4
-        del w
+        dtype = lin.weight.dtype
+        nbytes += linear_to_fp8(lin, kind)
+        ref[key].weight.data.copy_(lin.method.dequantized(lin, dtype))
     return nbytes
 
 

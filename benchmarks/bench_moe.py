@@ -65,7 +65,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
                                       timed)
-from benchmarks.common import pyplot, quantize_fp8, random_text_generator  # noqa: E402
+from benchmarks.common import linear_to_fp8, pyplot, random_text_generator  # noqa: E402
 from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
 
@@ -242,21 +242,11 @@ def quantize_experts(model) -> None:
 def quantize_attention(model) -> None:
     """Every attention projection (q / k / v / o, fused as the model holds them) to block FP8 in place: e4m3 and a
     float32 scale per 128 x 128 block, held per row as Fp8Method holds a fine-grained FP8 checkpoint's scales."""
-    from model_wrapper.layers.fp8_linear import Fp8Method
-
     for name, lin in model.named_modules():
-        if ".self_attn." not in name + "." or not isinstance(getattr(lin, "weight", None), torch.nn.Parameter):
-            continue
-        if lin.weight.dim() != 2 or lin.weight.dtype == torch.float8_e4m3fn:
-            continue
-        N = lin.weight.shape[0]
-        q, scale = quantize_fp8(lin.weight.data, "block")
-        del lin.weight
-        lin.method = Fp8Method(128)
-        lin.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
-        lin.weight_scale = torch.nn.Parameter(scale.repeat_interleave(128, dim=0)[:N].contiguous().float(),
-                                              requires_grad=False)
-        lin.input_scale = None
+        w = getattr(lin, "weight", None)
+        if ".self_attn." in name + "." and isinstance(w, torch.nn.Parameter) and w.dim() == 2 and w.is_floating_point() \
+                and w.dtype != torch.float8_e4m3fn:
+            linear_to_fp8(lin, "block")
 
 
 def grouped_chain(cfg: dict, T: int, iters: int, dev: str = "cuda") -> float:

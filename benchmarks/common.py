@@ -199,6 +199,26 @@ def quantize_fp8(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor
     return q.to(torch.float8_e4m3fn), scale
 
 
+def linear_to_fp8(lin: torch.nn.Module, kind: str) -> int:
+    """A model's projection (its `weight` [N, K] a float Parameter) to FP8 in place, as a checkpoint of `kind` loads:
+    the e4m3 weight of quantize_fp8 and Fp8Method with its scales per row and 128 columns ("block": the block's
+    scale on each of its rows) or per row ("channel"); dynamic activations. -> bytes of the e4m3 weight and scales."""
+    from model_wrapper.layers.fp8_linear import Fp8Method
+
+    N, K = lin.weight.shape
+    q, s = quantize_fp8(lin.weight.data, kind)
+    if kind == "block":
+        scale, group = s.repeat_interleave(128, dim=0)[:N].contiguous(), 128
+    else:
+        scale, group = s.reshape(N, 1).contiguous(), K
+    del lin.weight
+    lin.method = Fp8Method(group)
+    lin.weight = torch.nn.Parameter(q.contiguous(), requires_grad=False)
+    lin.weight_scale = torch.nn.Parameter(scale.float(), requires_grad=False)
+    lin.input_scale = None
+    return q.numel() + scale.numel() * 4
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear-interpolated q-th percentile (0..100); nan for no values."""
     if not values:
