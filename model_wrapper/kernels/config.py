@@ -213,7 +213,7 @@ class KernelConfig:
     # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
     fp8_skinny_mma_max_tokens: int = 16
     # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the
-    # per-channel K step below from session 42's sweep (c8 H200, c9 H100; now benchmarks/sweep_fp8_skinny_mma.py;
+    # per-channel K step below from session 42's sweep (c8 H200, c9 H100; rewritten as sweep_fp8_skinny_mma.py;
     # was 64 rows, 4 stages, 512 columns). us a layer at 4-16 tokens, block / per-channel: H200 125-127 -> 121-122 /
     # 103 -> 88-89, H100 135-137 -> 132-133 / 113-114 -> 106-107. Decode steps at batch 4 / 8 / 16 (bench_fp8.py,
     # rows twice): per-channel H200 -8 / -10 / -10.5%, H100 -2 / -5.5 / -5.4%; block H200 +1.3 / -1.5 / -3.7%,
