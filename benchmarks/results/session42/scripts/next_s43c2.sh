@@ -3,7 +3,8 @@
 # Issue 25 on the H200, where the launches tuned on H100s fall furthest short (session 42 c7 / c6):
 # FP8 batch 1 at 1.38x its floor (H100 1.20x), the e4m3 KV decode attention at 0.60-0.66 of copy bandwidth.
 # 1. the FP8 GEMV's tiles / warps / rounds at 1-2 tokens on the H200 (ab_fp8_gemv.py's sweep, t64k added)
-# 2. the e4m3 decode attention's launches by batch on the H200 (bench_fp8_kv.py --sweep --by-batch)
+# 2. the e4m3 decode attention's launches by batch on the H200 (bench_fp8_kv.py --sweep --by-batch; with session 42's
+#    8-warp 128-key candidates: sm90 build at 96 registers, no spills, two K / V buffers)
 source .gpu/device-setup.sh > $OUT/setup.log 2>&1
 nvidia-smi -L > $OUT/gpus.txt
 if grep -q H200 $OUT/gpus.txt; then
