@@ -169,9 +169,11 @@ BY_BATCH_VARIANTS = [
     for m, b, st, f in (("bits_vreg", 64, 3, 1), ("bits_vreg", 64, 3, 2), ("bits_vreg", 64, 5, 1), ("bits_vreg", 64, 5, 2),
                         ("fp16_vreg", 64, 5, 1), ("fp16_vreg", 64, 5, 2), ("bits_vreg", 128, 5, 1),
                         ("bits_vreg", 128, 5, 2), ("fp16_vreg", 128, 5, 1))] + [
-    # (session 42: for the H200, where the e4m3 kernel stays near 2.8 TB/s as on an H100: 8 warps a program)
+    # (session 42: for the H200, where the e4m3 kernel stays near 2.8 TB/s as on an H100: 8 warps a program; offline
+    # sm90 builds: 128 keys at 5 stages 96 registers, two programs and 16 warps a SM as the default's four of 4 warps;
+    # 64 keys at 3 stages capped at 80 registers (78, no spill): three programs, 24 warps a SM, one K / V buffer)
     dict(fp8_math="bits_vreg", block_n=128, num_warps=8, num_stages=5, maxnreg=128, **({"split_factor": f} if f > 1 else {}))
-    for f in (1, 2)]
+    for f in (1, 2)] + [dict(fp8_math="fp16_vreg", block_n=64, num_warps=8, num_stages=3, maxnreg=80)]
 
 
 def best_by_batch(res: dict) -> dict:
