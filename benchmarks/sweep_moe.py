@@ -176,7 +176,7 @@ FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_p
                 "wonly-fp8": dict(moe_fp8_w8a8=False)}  # (session 41: W8A8 is the default; this, weight-only)
 # (session 41's lag-fp8, KernelConfig.moe_w8a8_lag, W8A8 products scaled a K step late: 1-3% slower at 2-128
 # tokens on an H100 in session 42, removed)
-SORTED_FP8_SWITCHES = {"w8a8-fp8", "wonly-fp8"  # the FP8 switches past the decode path (the others: on it)
+SORTED_FP8_SWITCHES = {"w8a8-fp8", "wonly-fp8"}  # the FP8 switches past the decode path (the others: on it)
 
 
 def switch_sweep(rows: list, bw: float, g: torch.Generator, only: set | None = None, tokens=(1, 2, 4),
