@@ -43,6 +43,28 @@ def sm90(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+SM90_SHARED_MEMORY = 232448  # bytes of shared memory a Hopper program may opt into (H100, H200)
+
+
+@functools.cache
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory a program on `device` may have: the limit Triton checks at launch (232448 on sm90,
+    101376 on sm89, e.g. an L4 or L40S); off CUDA (the interpreter has none) sm90's."""
+    if device.type != "cuda":
+        return SM90_SHARED_MEMORY
+    from triton.runtime import driver
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def stages_that_fit(stages: int, stage_bytes: int, shared: int, reserve: int = 1024) -> int:
+    """A software pipeline's depth: `stages`, fewer where that many buffers of stage_bytes (Triton keeps one a
+    stage) and `reserve` bytes (barriers, the epilogue's scratch: 512 in fp8_skinny_mma's sm90 builds) would not
+    fit `shared` bytes; at least 1."""
+    return max(1, min(stages, (shared - reserve) // stage_bytes))
+
+
 @triton.jit
 def silu_mul(g, u):
     """silu(g) * u in fp32 (g, u of any float dtype)."""

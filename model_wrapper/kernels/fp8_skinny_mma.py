@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import DEFAULT, launch_args, skinny_rows, skinny_store, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, launch_args, max_shared_memory, skinny_rows, skinny_store,
+                                         stages_that_fit, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.fp8_reference import QuantizedActivation
@@ -98,6 +99,14 @@ def skinny_mma_fits(K: int, group: int) -> bool:
     return K % 16 == 0 and (group >= K or group % QGROUP == 0)
 
 
+def skinny_mma_stages(cfg: KernelConfig, block_n: int, bm: int, block_k: int, shared: int) -> int:
+    """cfg.fp8_skinny_mma_stages, fewer where that many K steps of e4m3 operands (block_n weight rows, gate's and
+    up's together, and bm token rows of block_k bytes a step) would not fit `shared` bytes (max_shared_memory).
+    At 64 tokens a scale a row, 5 steps of (128 + 64) x 256 bytes asked for 240 KiB and the launch failed
+    (session 43); an sm89 GPU (99 KiB) holds 2-3 of the 16-token steps."""
+    return stages_that_fit(cfg.fp8_skinny_mma_stages, (block_n + bm) * block_k, shared)
+
+
 def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: int, bias: torch.Tensor | None = None,
                    silu: bool = False, cfg: KernelConfig = DEFAULT) -> torch.Tensor:
     """x [M, K] bf16 / fp16 (M <= MAX_TOKENS, unit column stride), weight e4m3 [N, K] with weight_scale [N, KG]
@@ -127,14 +136,15 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
     rows = block_n // 2 if silu else block_n
+    bm = max(16, triton.next_power_of_2(M))
+    block_k = cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k
     pdl = uses_pdl(weight.device, cfg)
     _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
-        BM=max(16, triton.next_power_of_2(M)), BLOCK_N=block_n,
-        BLOCK_K=cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k,
-        HAS_BIAS=bias is not None, SILU=silu, PDL=pdl, num_warps=cfg.fp8_skinny_mma_warps,
-        num_stages=cfg.fp8_skinny_mma_stages, **launch_args(pdl))
+        BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        num_warps=cfg.fp8_skinny_mma_warps,
+        num_stages=skinny_mma_stages(cfg, block_n, bm, block_k, max_shared_memory(weight.device)), **launch_args(pdl))
     return out
 
 
