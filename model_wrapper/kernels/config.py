@@ -212,6 +212,10 @@ class KernelConfig:
     # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
     # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
     fp8_skinny_mma_max_tokens: int = 16
+    # the same for a scale a weight row (per channel / tensor). H100 (session 43, c3), Llama-3-8B shape, decode step ms
+    # at batch 24 / 32, cuBLASLt's row-wise GEMM against skinny_mma's 32-token tile: 5.78 / 5.67 against 5.00 / 5.13
+    # (block weights: 5.87 / 5.74 against 5.93 / 6.02, so block stays at 16)
+    fp8_skinny_mma_row_max_tokens: int = 32
     # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the
     # per-channel K step below from session 42's sweep (c8 H200, c9 H100; rewritten as sweep_fp8_skinny_mma.py;
     # was 64 rows, 4 stages, 512 columns). us a layer at 4-16 tokens, block / per-channel: H200 125-127 -> 121-122 /

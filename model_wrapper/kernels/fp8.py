@@ -324,7 +324,7 @@ def _quantized_skinny(act: QuantizedActivation, weight: torch.Tensor, weight_sca
                       group: int | None, cfg: KernelConfig) -> bool:
     """Whether the step of act's rows runs "skinny_mma" on this weight (its producer then quantized it
     for that path: quantized_input_group)."""
-    return (group is not None and weight_scale is not None and act.rows <= cfg.fp8_skinny_mma_max_tokens
+    return (group is not None and weight_scale is not None and act.rows <= mma_max_tokens(weight.shape[1], group, cfg)
             and path_for(act.rows, act.dtype, weight.device, weight, weight_scale, group, cfg) == "skinny_mma")
 
 
@@ -419,6 +419,12 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     return path_for(x.shape[0], x.dtype, x.device, weight, weight_scale, group, cfg, silu, block_scale)
 
 
+def mma_max_tokens(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
+    """The most tokens "skinny_mma" takes for a weight of K columns and scale group `group`: block scales
+    cfg.fp8_skinny_mma_max_tokens, a scale a row cfg.fp8_skinny_mma_row_max_tokens (at most its 64-token tile)."""
+    return min(cfg.fp8_skinny_mma_max_tokens if group < K else cfg.fp8_skinny_mma_row_max_tokens, MAX_TOKENS)
+
+
 def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor, weight_scale: torch.Tensor,
              group: int, cfg: KernelConfig = DEFAULT, silu: bool = False,
              block_scale: torch.Tensor | None = None) -> str:
@@ -431,7 +437,7 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
         return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"
-    if (cfg.fp8_skinny_mma and M <= min(cfg.fp8_skinny_mma_max_tokens, MAX_TOKENS) and skinny_mma_fits(K, group)
+    if (cfg.fp8_skinny_mma and M <= mma_max_tokens(K, group, cfg) and skinny_mma_fits(K, group)
             and _fp8_mma(device) and (group < K or dtype == torch.bfloat16)):  # a scale a row: bf16 only
         return "skinny_mma"  # (kernels/fp8_skinny_mma.py)
     if M <= cfg.fp8_skinny_max_tokens:

@@ -264,7 +264,8 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM (W8A8 "skinny_mma" up to
-    fp8_skinny_mma_max_tokens, 16, where it fits, else weight-only; skinny_mma also past fp8_skinny_max_tokens
+    fp8_skinny_mma_max_tokens, 16, where it fits, else weight-only; a scale a row up to
+    fp8_skinny_mma_row_max_tokens, 32; skinny_mma also past fp8_skinny_max_tokens
     where its bound is moved there, up to its 64-token tile), beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
     a group no K step divides, fp32 x and rows wider than the GEMV holds go elsewhere. Off CUDA
@@ -287,6 +288,11 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     assert path(100, KernelConfig(fp8_skinny_mma_max_tokens=128)) == "gemm"  # (its token tile: at most 64)
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.float16), w, s[:, :1], 256) == "skinny"  # a scale a row:
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.bfloat16), w, s[:, :1], 256) == "skinny_mma"  # bf16 only
+    def row(M, cfg=KernelConfig()):  # a scale a row: skinny_mma up to fp8_skinny_mma_row_max_tokens, 32
+        return fp8.fp8_path(torch.zeros(M, 256, dtype=torch.bfloat16), w, s[:, :1], 256, cfg)
+
+    assert [row(M) for M in (3, 17, 32, 33)] == ["skinny_mma", "skinny_mma", "skinny_mma", "gemm"]
+    assert [row(M, KernelConfig(fp8_skinny_mma_row_max_tokens=16)) for M in (16, 17)] == ["skinny_mma", "gemm"]
     weight_only = KernelConfig(fp8_skinny_mma=False)
     assert [path(M, weight_only) for M in (3, big)] == ["skinny", "skinny"]
     w264, s264 = make_weight(24, 264, 128, g, "cpu")
