@@ -167,15 +167,19 @@ def decode_floor_bytes(cfg: dict, B: int, ctx: int, elem: int = 2, fp8_experts: 
 
 def logit_checks(step_logits: dict, variants: list[str]) -> list[dict]:
     """Each variant's logits of the same step {(variant, B): [B, V]} against new's (FP8 variants: the first FP8
-    one's): bit-equal where only launches change (PDL), apart where a kernel rounds differently and a near-tie of
-    two experts' router scores routes a token apart (random weights)."""
+    one's, and bf16's new): bit-equal where only launches change (PDL), apart where a kernel rounds differently and
+    a near-tie of two experts' router scores routes a token apart (random weights)."""
     out = []
     for (variant, B), logits in step_logits.items():
         fp8 = variant.endswith("fp8")
         same_kind = [v for v in variants if v.endswith("fp8") == fp8]
         ref = "new" if not fp8 and "new" in same_kind else same_kind[0]
-        # and against new2 (new run again later) where it ran: whether a difference is the variant's or the order's
-        for against in [ref] + (["new2"] if not fp8 and "new2" in variants and variant not in ("new2", ref) else []):
+        # and against new2 (new run again later) where it ran: whether a difference is the variant's or the order's;
+        # an FP8 variant also against bf16's new (the scale of FP8's own rounding through this many random layers,
+        # beside which an FP8 variant's difference from the first FP8 one reads)
+        extra = ["new2"] if not fp8 and "new2" in variants and variant not in ("new2", ref) else []
+        extra += ["new"] if fp8 and "new" in variants else []
+        for against in [ref] + extra:
             if variant == against:
                 continue
             want = step_logits[against, B]

@@ -16,8 +16,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool = False, **options):
-    """triton.compile of fn for sm_90: arguments named in constexprs take those values, those in
+def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool = False, arch: int = 90,
+                 **options):
+    """triton.compile of fn for sm_90 (arch: another compute capability, 89 for Ada, 80 for Ampere): arguments named in constexprs take those values, those in
     pointers their pointer types, those in scalars fp32 and the rest i32; options (num_warps,
     num_stages, maxnreg) as given. aligned: every pointer and i32 argument marked divisible by 16, as a
     launch specializes them when their values are (torch's allocations, strides of head_dim 128): the
@@ -30,7 +31,7 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if aligned and sig[n] not in ("constexpr", "fp32")}
-    return triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+    return triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                           options=options)
 
 
