@@ -1,8 +1,8 @@
-"""Triton kernels compiled ahead of time for Hopper (sm_90) on a machine without a GPU, with the ptxas
-that ships with Triton (the *_compile tests). The interpreter runs a kernel's arithmetic but not the
-compiler, which refuses some constructs the interpreter accepts; so a test runs its own file as a
-child process without TRITON_INTERPRET (run_child), which compiles (compile_sm90) and prints what it
-built as JSON on its last line."""
+"""Triton kernels compiled ahead of time for Hopper (sm_90; Ada's sm_89 and Ampere's sm_80 by arch) on a
+machine without a GPU, with the ptxas that ships with Triton (the *_compile tests). The interpreter runs
+a kernel's arithmetic but not the compiler, which refuses some constructs the interpreter accepts; so a
+test runs its own file as a child process without TRITON_INTERPRET (run_child), which compiles
+(compile_sm90) and prints what it built as JSON on its last line."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool = False, arch: int = 90,
                  **options):
-    """triton.compile of fn for sm_90 (arch: another compute capability, 89 for Ada, 80 for Ampere): arguments named in constexprs take those values, those in
-    pointers their pointer types, those in scalars fp32 and the rest i32; options (num_warps,
-    num_stages, maxnreg) as given. aligned: every pointer and i32 argument marked divisible by 16, as a
-    launch specializes them when their values are (torch's allocations, strides of head_dim 128): the
-    vector widths, and so whether loads can be asynchronous copies (the pipeliner), follow from it."""
+    """triton.compile of fn for sm_90 (arch: another compute capability, 89 for Ada, 80 for Ampere):
+    arguments named in constexprs take those values, those in pointers their pointer types, those in
+    scalars fp32 and the rest i32; options (num_warps, num_stages, maxnreg) as given. aligned: every
+    pointer and i32 argument marked divisible by 16, as a launch specializes them when their values are
+    (torch's allocations, strides of head_dim 128): the vector widths, and so whether loads can be
+    asynchronous copies (the pipeliner), follow from it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource

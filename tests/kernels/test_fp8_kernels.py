@@ -288,6 +288,7 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     assert path(100, KernelConfig(fp8_skinny_mma_max_tokens=128)) == "gemm"  # (its token tile: at most 64)
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.float16), w, s[:, :1], 256) == "skinny"  # a scale a row:
     assert fp8.fp8_path(torch.zeros(3, 256, dtype=torch.bfloat16), w, s[:, :1], 256) == "skinny_mma"  # bf16 only
+
     def row(M, cfg=KernelConfig()):  # a scale a row: skinny_mma up to fp8_skinny_mma_row_max_tokens, 32
         return fp8.fp8_path(torch.zeros(M, 256, dtype=torch.bfloat16), w, s[:, :1], 256, cfg)
 
