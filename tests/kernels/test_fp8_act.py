@@ -347,12 +347,15 @@ def test_rowwise_fp8_model_prefill_quantizes_per_token_in_the_producers(checkpoi
 
     monkeypatch.setattr(fp8_act, "add_rms_norm_fp8", observed_norm)
     monkeypatch.setattr(fp8, "silu_and_mul_fp8", observed_silu)
-    cfg = KernelConfig(fp8_fused_act_quant_per_token=True, fp8_fast_accum=fast_accum)
+    # (the script's prefill steps are 17-32 tokens and more: past 16 on the row-wise GEMM, as before session 43 moved
+    # per-channel skinny_mma's bound to 32; with it, the steps up to 32 quantize for skinny_mma and none of these
+    # producers ran)
+    cfg = KernelConfig(fp8_fused_act_quant_per_token=True, fp8_fast_accum=fast_accum, fp8_skinny_mma_row_max_tokens=16)
     gen, err, top1 = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=cfg)
     layers = len(gen.model_wrapper.model.model.layers)
     assert set(calls) == {512, 1024} and calls[512] >= 2 * 2 * layers and calls[1024] >= 2 * layers, calls
     calls.clear()
-    off = KernelConfig(fp8_fused_act_quant_per_token=False, fp8_fast_accum=False)
+    off = KernelConfig(fp8_fused_act_quant_per_token=False, fp8_fast_accum=False, fp8_skinny_mma_row_max_tokens=16)
     _, err_off, top1_off = _cuda_vs_reference(fp8_dir, deq, seed=4, cuda_graphs=False, kernel_config=off)
     assert not calls
     assert err <= 1.5 * err_off + 0.02 and top1 >= top1_off - 0.2, (err, err_off, top1, top1_off)
