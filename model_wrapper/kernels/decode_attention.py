@@ -51,7 +51,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args
+from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launch_args, max_shared_memory,
+                                         stages_that_fit)
 
 
 @triton.jit
@@ -299,7 +300,8 @@ MAX_SPLITS = 16
 # 0.815); no batch gains from twice the splits any more. Batch 1 keeps the old
 # row: at 1 x 8k the kernel alone took 0.361 with 128 keys against 0.260, but the FP8 + FP8 KV decode step
 # at context 2048 ran 3.51 / 3.51 ms against 3.42 / 3.44 (session 40 c3, two rounds each; batch 32: 6.11 /
-# 6.13 against 6.22 / 6.23, 128: 11.15 / 11.21 against 11.42 / 11.50)
+# 6.13 against 6.22 / 6.23, 128: 11.15 / 11.21 against 11.42 / 11.50). On an sm89 GPU batch 32's 128 keys
+# run at 3 stages: two buffers of them do not fit its shared memory (decode_stages)
 E4M3_BY_BATCH = ((1, {"num_stages": 3, "fp8_math": "bits_vreg"}), (16, {}),
                  (32, {"block_n": 128, "fp8_math": "bits_vreg"}))
 
@@ -313,6 +315,23 @@ def launch_for(fp8: bool, batch: int) -> dict:
             if batch <= most:
                 return {**row, **over}
     return row
+
+
+def decode_stages(num_stages: int, block_n: int, D: int, kv_bytes: int, math_id: int, group_pad: int,
+                  shared: int) -> int:
+    """The decode kernel's pipeline depth: num_stages, fewer where K / V's shared-memory buffers would not fit
+    `shared` bytes (common.max_shared_memory). The pipeliner gives K / V (num_stages - 1) // 2 buffers (the page
+    index load is a stage of its own: LAUNCH), each a K and a V tile of block_n x D values of kv_bytes and their
+    block_n page indices; beside them q and p in 16 bits for the products ([group_pad, D], [group_pad, block_n])
+    and, in the "_vreg" maths (math_id 2, 3), V's tile converted to fp16. That is the sm89 and sm90 builds' shared
+    memory to the byte at 3-7 stages (tests/kernels/test_shared_memory_compile.py). E4M3_BY_BATCH's 128 keys at 5
+    stages take 107520 bytes, over an sm89 GPU's 101376 (L4, L40S): 3 stages there, one buffer (74240)."""
+    buffers = (num_stages - 1) // 2
+    if buffers < 1:
+        return num_stages
+    fixed = 2 * group_pad * (D + block_n) + (2 * block_n * D if math_id >= 2 else 0)
+    fit = stages_that_fit(buffers, 2 * block_n * D * kv_bytes + 4 * block_n, shared, reserve=fixed + 1024)
+    return num_stages if fit == buffers else 2 * fit + 1
 
 
 def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype | None = None) -> int:
@@ -354,7 +373,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
-    dtype, for e4m3 by batch: E4M3_BY_BATCH). splits: the caller's (decode_splits with the cache dtype)."""
+    dtype, for e4m3 by batch: E4M3_BY_BATCH); num_stages fewer where its buffers would not fit the device's
+    shared memory (decode_stages). splits: the caller's (decode_splits with the cache dtype)."""
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
@@ -370,7 +390,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     dflt = launch_for(fp8, B)
     block_n = dflt["block_n"] if block_n is None else block_n
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
-    num_stages = dflt["num_stages"] if num_stages is None else num_stages
     fp8_math = dflt.get("fp8_math", "q_dtype") if fp8_math is None else fp8_math
     maxnreg = dflt["maxnreg"] if maxnreg is None else maxnreg
     # registers per thread capped (more programs a SM) where asked; the interpreter takes no such option
@@ -378,6 +397,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
     math_id = fp8_math_id(fp8_math, fp8, q.device, "paged_decode_attention")
+    group_pad = max(16, triton.next_power_of_2(group))
+    num_stages = decode_stages(dflt["num_stages"] if num_stages is None else num_stages, block_n, D,
+                               k_cache.element_size(), math_id, group_pad, max_shared_memory(q.device))
     # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
     pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
     _decode_kernel[(B, KVH, splits)](
@@ -385,7 +407,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
-        PAGE=page, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=D,
+        PAGE=page, GROUP=group, GROUP_PAD=group_pad, D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
         INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, num_warps=num_warps,
         num_stages=num_stages,
