@@ -232,6 +232,11 @@ class KernelConfig:
     fp8_skinny_mma_block_k: int = 128
     fp8_skinny_mma_row_block_k: int = 256
     fp8_skinny_mma_warps: int = 4
+    # block weights: each K step's scales (x's per 128 columns, the weight rows') loaded a step ahead instead of in
+    # the step that uses them (plain loads, which Triton's pipeliner does not stage: in every step a memory round trip
+    # before the product could be scaled; the block path took 29.5 us a call against per-channel's 22.3, H100 session
+    # 43 c7 profile, batch 8)
+    fp8_skinny_mma_scales_ahead: bool = True
     fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
     # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input

@@ -51,7 +51,7 @@ MAX_TOKENS = 64  # the token tile (BM) is M rounded up to 16, 32 or 64
 def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
                            stride_qg, stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr,
                            BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           SILU: tl.constexpr, PDL: tl.constexpr):
+                           SILU: tl.constexpr, PDL: tl.constexpr, SCALES_AHEAD: tl.constexpr = True):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
     # and scaled once at the end
@@ -60,22 +60,39 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
     rows, live, w_rows, s_rows, toks, tok_ok = skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS, BM, PDL)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
+    # (PER_GROUP, SCALES_AHEAD) x's and the weight's scales of a K step's 128-column groups ([BM, G], [ROWS, G]),
+    # loaded a step ahead: the pipeliner stages the tiles' copies only, and a plain load used in its own step put a
+    # memory round trip in every step (sm90 TTGIR, session 43)
+    gs = tl.arange(0, BLOCK_K // 128 if PER_GROUP else 1)
+    sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, 0 if PER_GROUP and SCALES_AHEAD else K, gs,
+                                              N, K, stride_qs, stride_qg, stride_s, GROUP, SILU)
     for k in range(0, K, BLOCK_K):
         if PER_GROUP:
+            if SCALES_AHEAD:
+                sx_step, sw_step, su_step = sx_next, sw_next, su_next
+                sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, k + BLOCK_K, gs, N, K,
+                                                          stride_qs, stride_qg, stride_s, GROUP, SILU)
             for j in tl.static_range(BLOCK_K // 128):
                 kk = k + j * 128 + tl.arange(0, 128)
                 k_ok = kk < K
                 xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :],
                                       mask=tok_ok[:, None] & k_ok[None, :], other=0.0))
                 g_ok = k + j * 128 < K
-                scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128 * stride_qg, mask=tok_ok & g_ok,
-                                other=0.0)
+                if SCALES_AHEAD:  # column j of the step's scales
+                    scale = tl.sum(tl.where(gs[None, :] == j, sx_step, 0.0), axis=1)
+                    sw = tl.sum(tl.where(gs[None, :] == j, sw_step, 0.0), axis=1)
+                else:
+                    scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128 * stride_qg, mask=tok_ok & g_ok,
+                                    other=0.0)
+                    sw = tl.load(s_rows + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
                 w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
-                sw = tl.load(s_rows + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
                 acc += tl.dot(w, xt) * (sw[:, None] * scale[None, :])
                 if SILU:
                     wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
-                    su = tl.load(s_rows + N * stride_s + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
+                    if SCALES_AHEAD:
+                        su = tl.sum(tl.where(gs[None, :] == j, su_step, 0.0), axis=1)
+                    else:
+                        su = tl.load(s_rows + N * stride_s + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
                     up += tl.dot(wu, xt) * (su[:, None] * scale[None, :])
         else:
             kk = k + tl.arange(0, BLOCK_K)
@@ -91,6 +108,22 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         if SILU:
             up *= tl.load(s_rows + N * stride_s)[:, None] * sx
     skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
+
+
+@triton.jit
+def _group_scales(qs_ptr, s_rows, toks, tok_ok, k, gs, N, K, stride_qs, stride_qg, stride_s, GROUP: tl.constexpr,
+                  SILU: tl.constexpr):
+    """The scales of the 128-column groups gs of the K step at column k (0 past K): x's [BM, G], the weight rows'
+    [ROWS, G] and (SILU) their up rows' (else the weight rows' again)."""
+    col = k + gs * 128
+    ok = col < K
+    sx = tl.load(qs_ptr + toks[:, None] * stride_qs + (col // 128)[None, :] * stride_qg,
+                 mask=tok_ok[:, None] & ok[None, :], other=0.0)
+    sw = tl.load(s_rows[:, None] + (col // GROUP)[None, :], mask=ok[None, :], other=0.0)
+    su = sw
+    if SILU:
+        su = tl.load(s_rows[:, None] + N * stride_s + (col // GROUP)[None, :], mask=ok[None, :], other=0.0)
+    return sx, sw, su
 
 
 def skinny_mma_fits(K: int, group: int) -> bool:
@@ -144,6 +177,7 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
         BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead,
         num_warps=cfg.fp8_skinny_mma_warps,
         num_stages=skinny_mma_stages(cfg, block_n, bm, block_k, max_shared_memory(weight.device)), **launch_args(pdl))
     return out

@@ -208,13 +208,16 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
 
 @pytest.mark.parametrize("cfg", [KernelConfig(), KernelConfig(fp8_skinny_mma_block_n=32, fp8_skinny_mma_row_block_k=128),
                                  KernelConfig(fp8_skinny_mma_block_k=512, fp8_skinny_mma_row_block_k=256),
-                                 KernelConfig(fp8_skinny_mma_min_programs=1)],  # the default's 128 rows a program
-                         ids=["default", "n32-k128", "k512-256", "n128"])
+                                 KernelConfig(fp8_skinny_mma_min_programs=1),  # the default's 128 rows a program
+                                 KernelConfig(fp8_skinny_mma_scales_ahead=False),  # block scales loaded in their step
+                                 KernelConfig(fp8_skinny_mma_block_k=256, fp8_skinny_mma_scales_ahead=False)],
+                         ids=["default", "n32-k128", "k512-256", "n128", "scales-in-step", "scales-in-step-k256"])
 def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-64 tokens): x quantized per token and 128
     columns for block weights, per token for a scale a row (the prefill paths' rounding: quantize_oracle), e4m3
     products: weight groups of 128 and 256 (several products a group), one group a row with K not a multiple of
-    the K step (a part-filled last step), N odd, bias, strided rows, the SiLU epilogue; K steps of 128 to 512."""
+    the K step (a part-filled last step), N odd, bias, strided rows, the SiLU epilogue; K steps of 128 to 512; block
+    scales loaded a K step ahead (default: several groups a step with K steps of 512) or in their step."""
     from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma
 
     g = torch.Generator().manual_seed(12)

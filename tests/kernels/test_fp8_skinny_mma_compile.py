@@ -38,7 +38,8 @@ def _compile_all() -> dict[str, list[int]]:
         per_group = group < K
         block_k = cfg.fp8_skinny_mma_block_k if per_group else cfg.fp8_skinny_mma_row_block_k
         constexprs = dict(K=K, GROUP=group, PER_GROUP=per_group, BM=bm, BLOCK_N=cfg.fp8_skinny_mma_block_n,
-                          BLOCK_K=block_k, HAS_BIAS=False, SILU=silu, PDL=True)
+                          BLOCK_K=block_k, HAS_BIAS=False, SILU=silu, PDL=True,
+                          SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead)
         stages = fp8_skinny_mma.skinny_mma_stages(cfg, cfg.fp8_skinny_mma_block_n, bm, block_k, SM90_SHARED_MEMORY)
         kernel = compile_sm90(fn, pointers, constexprs, aligned=True, num_warps=cfg.fp8_skinny_mma_warps,
                               num_stages=stages)

@@ -111,7 +111,8 @@ def _compile_all() -> dict:
         build(f"skinny_mma gate_up {name} sm89", 89, fp8_skinny_mma._fp8_skinny_mma_kernel,
               dict(fp8_linear, q_ptr="*fp8e4nv", qs_ptr="*fp32"),
               dict(K=4096, GROUP=group, PER_GROUP=group < 4096, BM=bm, BLOCK_N=cfg.fp8_skinny_mma_block_n,
-                   BLOCK_K=block_k, HAS_BIAS=False, SILU=True, PDL=True), num_warps=cfg.fp8_skinny_mma_warps,
+                   BLOCK_K=block_k, HAS_BIAS=False, SILU=True, PDL=True,
+                   SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead), num_warps=cfg.fp8_skinny_mma_warps,
               num_stages=stages)
 
     # the verify and mixed-prefill attention (default 2 stages), their largest row tiles: Qwen3-30B-A3B's group 8
