@@ -235,7 +235,8 @@ class KernelConfig:
     # block weights: each K step's scales (x's per 128 columns, the weight rows') loaded a step ahead instead of in
     # the step that uses them (plain loads, which Triton's pipeliner does not stage: in every step a memory round trip
     # before the product could be scaled; the block path took 29.5 us a call against per-channel's 22.3, H100 session
-    # 43 c7 profile, batch 8)
+    # 43 c7 profile, batch 8). Decode steps (c8, bench_fp8.py --kind block --decode-only, ahead / in the step / ahead
+    # again) ms at batch 4 / 8 / 16: 4.764 / 5.016 / 4.899, 5.074 / 5.154 / 5.054, 5.374 / 5.384 / 5.342
     fp8_skinny_mma_scales_ahead: bool = True
     fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
