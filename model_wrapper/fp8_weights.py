@@ -33,8 +33,9 @@ a dynamic per-token scheme has nothing to store, and a static per-tensor input_s
 (Mixtral-8x7B-Instruct-v0.1-FP8) is read, checked and not used. The dense linears (Fp8Method) keep the
 checkpoint's scheme, static input_scale included.
 
-On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations);
-on CUDA every quantized linear does except where a row-parallel TP shard starts inside a block.
+On the CPU nothing keeps e4m3 (the reference path: dequantized weights, unquantized activations), nor
+on a GPU before compute capability 8.9 (A100: Triton has no e4m3 type there; layers/fp8_linear.runs_e4m3);
+on the others every quantized linear does except where a row-parallel TP shard starts inside a block.
 Under TP a block checkpoint's MLP widths are cut at block boundaries (parallel.block_split), so the
 experts' down_proj slice always starts on a block and they keep e4m3 on every rank (Qwen3-30B-A3B-FP8
 at TP 4: 128 / 256 / 128 / 256 of the 768 columns, each rank exactly its blocks' bytes; the even 192

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 import torch
+from loguru import logger
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
@@ -34,7 +35,7 @@ from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.fp8_weights import (Fp8Tensors, check_dtypes, dequantize_slice, group_of, is_fp8_aux,
                                        keep_fp8_storage, plan_fp8, row_scales)
-from model_wrapper.layers.fp8_linear import E4M3, Fp8Method
+from model_wrapper.layers.fp8_linear import E4M3, Fp8Method, runs_e4m3
 from model_wrapper.models.decoder import CausalLM
 from model_wrapper.online_fp8 import OnlineFp8
 from model_wrapper.parallel import TPGroup, TPShard
@@ -137,7 +138,7 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
     Nothing is allocated before the headers agree with the config (layer count, every tensor's
     name, shape and float dtype), so a config that lies about sizes is refused in milliseconds.
     progress: a tqdm bar on stderr over the shards (of two or more; rank 0 only under TP).
-    FP8 checkpoints (cfg.quant): keep_fp8 (None: on CUDA only) keeps the quantized linears' e4m3
+    FP8 checkpoints (cfg.quant): keep_fp8 (None: on CUDA GPUs with e4m3, runs_e4m3) keeps the quantized linears' e4m3
     weights and scales (layers/fp8_linear.py); otherwise every FP8 weight is dequantized once here
     into `dtype`. The checkpoint's k_scale / v_scale, if any, become model.checkpoint_kv_scales.
     """
@@ -152,7 +153,10 @@ def load_model(path: str, cfg: ModelConfig, *, dtype: torch.dtype, device: torch
         model = CausalLM(cfg, tp).to(dtype)
     shard = model.shard
     sizes = shard if tp.enabled else cfg
-    keep = (torch.device(device).type == "cuda") if keep_fp8 is None else keep_fp8
+    keep = runs_e4m3(device) if keep_fp8 is None else keep_fp8
+    if fp8 is not None and not keep and torch.device(device).type == "cuda":
+        logger.warning(f"{torch.cuda.get_device_name(device)} has no e4m3 support (compute capability before 8.9): the "
+                       f"FP8 checkpoint's weights are dequantized to {dtype} at load (its bytes and speed, not FP8's)")
     if fp8 is not None and keep:
         keep_fp8_storage(model, cfg, fp8, lambda name: _sources(cfg, sizes, name), shard, tp.enabled)
     model = model.to_empty(device=device)

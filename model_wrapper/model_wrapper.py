@@ -20,6 +20,7 @@ from model_wrapper.config import ModelConfig
 from model_wrapper.errors import ModelErrorCode, ModelLoadError
 from model_wrapper.forward_batch import ForwardBatch
 from model_wrapper.kernels.config import KernelConfig
+from model_wrapper.layers.fp8_linear import runs_e4m3
 from model_wrapper.layers.kernels import FlashInferKernels, TorchKernels
 from model_wrapper.layers.rotary import inv_frequencies
 from model_wrapper.loader import load_model
@@ -254,8 +255,10 @@ class ModelWrapper:
         return KVCacheSpec(self.cfg.num_layers, self.shard.num_kv_heads, self.cfg.head_dim, self.dtype)
 
     def kv_cache_dtypes(self) -> tuple[torch.dtype, ...]:
-        """The cache dtypes this model runs: its own dtype, and float8_e4m3fn (FP8 K/V with kv_scales)."""
-        return (self.dtype, FP8_DTYPE)
+        """The cache dtypes this model runs: its own dtype, and float8_e4m3fn (FP8 K/V with kv_scales) on the CPU
+        (the torch reference dequantizes) and on CUDA GPUs with e4m3 (runs_e4m3: sm89+; the attention kernels
+        read e4m3 tiles, which Triton cannot type before sm89)."""
+        return (self.dtype, FP8_DTYPE) if self.device.type != "cuda" or runs_e4m3(self.device) else (self.dtype,)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_cache) -> torch.Tensor:

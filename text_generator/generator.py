@@ -97,9 +97,15 @@ class TextGenerator:
         dtype as itself. Anything else: ForwardArgumentError(INVALID_KV_CACHE_DTYPE) naming kv_cache_dtype."""
         if dtype is None or dtype == "auto":
             return self.dtype
+        runs = self.model_wrapper.kv_cache_dtypes()
+        if dtype in ("fp8", "fp8_e4m3", torch.float8_e4m3fn) and torch.float8_e4m3fn not in runs:
+            raise ForwardArgumentError(ErrorCode.INVALID_KV_CACHE_DTYPE, "kv_cache_dtype",
+                                       f"expected None, 'auto' or {self.dtype}: an FP8 cache needs e4m3, a CUDA GPU "
+                                       f"of compute capability 8.9+ (L4, L40S, H100, H200) or the CPU, and "
+                                       f"{self.device} has none; got {dtype!r}")
         if dtype in ("fp8", "fp8_e4m3"):
             return torch.float8_e4m3fn
-        if isinstance(dtype, torch.dtype) and dtype in self.model_wrapper.kv_cache_dtypes():
+        if isinstance(dtype, torch.dtype) and dtype in runs:
             return dtype
         raise ForwardArgumentError(ErrorCode.INVALID_KV_CACHE_DTYPE, "kv_cache_dtype",
                                    f"expected None, 'auto', 'fp8' / 'fp8_e4m3', {self.dtype} or torch.float8_e4m3fn (e4m3 "
@@ -282,6 +288,7 @@ class TextGenerator:
             num_layers=cfg.num_layers, num_kv_heads=mw.shard.num_kv_heads, head_dim=cfg.head_dim,
             vocab_size=cfg.vocab_size, model_max_len=cfg.max_position_embeddings,
             dtype=mw.dtype, device=mw.device, loaded_adapters=self.loaded_adapters(), kv_memo=self._kv_memo,
+            cache_dtypes=mw.kv_cache_dtypes(),
         )
         batch = ForwardBatch.build(
             input_ids=step.input_ids, input_ids_cpu=step.input_ids_cpu, positions=step.positions, slots=step.slots,

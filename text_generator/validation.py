@@ -85,11 +85,14 @@ def _first_bad(mask: torch.Tensor) -> int:
 FP8_KV_DTYPE = torch.float8_e4m3fn  # the one FP8 cache format (K/V scaled per layer, see ModelWrapper.kv_scales)
 
 
-def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device) -> tuple[int, int]:
+def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, device,
+                      cache_dtypes: tuple | None = None) -> tuple[int, int]:
     """-> (num_blocks, block_size) shared by every layer; the 2 * num_layers tensors must not share
     memory (one pair for two layers, k is v, overlapping views of one buffer: each write would land
-    in another layer's or the other half's K/V). The cache dtype is the model's dtype or
-    float8_e4m3fn (an FP8 cache), the same for every tensor."""
+    in another layer's or the other half's K/V). The cache dtype is one of cache_dtypes (the model's:
+    ModelWrapper.kv_cache_dtypes; None: the model's dtype or float8_e4m3fn, an FP8 cache), the same
+    for every tensor."""
+    cache_dtypes = (dtype, FP8_KV_DTYPE) if cache_dtypes is None else tuple(cache_dtypes)
     if not isinstance(kv_cache, (list, tuple)):
         _fail(ErrorCode.INVALID_TYPE, "kv_cache", f"expected a list of (k_cache, v_cache), got {type(kv_cache).__name__}")
     if len(kv_cache) != num_layers:
@@ -108,9 +111,11 @@ def validate_kv_cache(kv_cache, *, num_layers, num_kv_heads, head_dim, dtype, de
             if ref is not None and tuple(t.shape) != ref:
                 _fail(ErrorCode.KV_CACHE_MISMATCH, arg, f"expected shape {list(ref)} like layer 0, got {_shape(t)}")
             ref = tuple(t.shape)
-            if t.dtype not in (dtype, FP8_KV_DTYPE):
+            if t.dtype not in cache_dtypes:
+                fp8 = FP8_KV_DTYPE in cache_dtypes
                 _fail(ErrorCode.INVALID_DTYPE, arg,
-                      f"expected the model dtype {dtype} or {FP8_KV_DTYPE} (an FP8 cache), got {t.dtype}")
+                      f"expected the model dtype {dtype}{f' or {FP8_KV_DTYPE} (an FP8 cache)' if fp8 else ''}, got "
+                      f"{t.dtype}{'' if fp8 or t.dtype != FP8_KV_DTYPE else ' (an FP8 cache needs a GPU with e4m3)'}")
             if t.dtype != kv_cache[0][0].dtype:
                 _fail(ErrorCode.INVALID_DTYPE, arg,
                       f"expected the dtype of kv_cache[0].k_cache ({kv_cache[0][0].dtype}) in every layer, got {t.dtype}")
@@ -199,8 +204,10 @@ def validate_step(
     max_seq_len, lm_head_indices, kwargs: dict,
     num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, model_max_len: int,
     dtype: torch.dtype, device: torch.device, loaded_adapters: Sequence[str], kv_memo: KVCacheMemo | None = None,
+    cache_dtypes: tuple | None = None,
 ) -> StepArgs:
-    """kv_memo: the caller's memo of the cache it validated last (KVCacheMemo), or None: check every time."""
+    """kv_memo: the caller's memo of the cache it validated last (KVCacheMemo), or None: check every time.
+    cache_dtypes: the cache dtypes the model runs (validate_kv_cache)."""
     unknown = sorted(set(kwargs) - KNOWN_KWARGS)
     if unknown:
         _fail(ErrorCode.UNKNOWN_ARGUMENT, unknown[0], f"expected one of {sorted(KNOWN_KWARGS)}, got {unknown}")
@@ -221,7 +228,8 @@ def validate_step(
     cache_shape = kv_memo.lookup(kv_cache, params) if kv_memo is not None else None
     if cache_shape is None:
         cache_shape = validate_kv_cache(
-            kv_cache, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+            kv_cache, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device,
+            cache_dtypes=cache_dtypes)
         if kv_memo is not None:
             kv_memo.remember(kv_cache, params, cache_shape)
     num_blocks, block_size = cache_shape

@@ -19,8 +19,9 @@ scales) and column-parallel TP a row slice. A row-parallel TP shard (o, down) wh
 is not a multiple of `group` would cut blocks: the loader dequantizes such a layer to the model
 dtype and gives it UnquantizedMethod instead (exact, and it only happens for odd shard widths).
 
-Where it runs: on CUDA only. On the CPU the loader dequantizes every FP8 weight once at load into
-the model dtype (UnquantizedMethod): the CPU path is the reference, dequantized weights and
+Where it runs: on CUDA GPUs with e4m3 support only (runs_e4m3: compute capability 8.9+, L4 / L40S / H100 /
+H200; Triton has no e4m3 type before it). On an older GPU (A100: sm80), as on the CPU, the loader
+dequantizes every FP8 weight once at load into the model dtype (UnquantizedMethod): the CPU path is the reference, dequantized weights and
 unquantized activations, which is exactly transformers' model on the dequantized weights. On
 CUDA apply() calls model_wrapper.kernels.fp8 (FP8 tensor cores and weight-only GEMVs; activations
 may be quantized per token there, or with input_scale, a speed choice within the GPU accuracy
@@ -37,6 +38,14 @@ from model_wrapper.layers.norm import PendingNorm
 from model_wrapper.kernels.fp8_reference import QuantizedActivation
 
 E4M3 = torch.float8_e4m3fn
+
+
+def runs_e4m3(device: torch.device | str) -> bool:
+    """Whether `device` runs the e4m3 kernels (FP8 weights kept e4m3, the Triton FP8 KV-cache paths): a CUDA GPU of
+    compute capability 8.9 or more. Triton refuses its e4m3 type (fp8e4nv) before sm89, so an A100 takes FP8
+    checkpoints dequantized at load and no FP8 KV cache."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:

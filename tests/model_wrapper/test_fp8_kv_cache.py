@@ -234,6 +234,48 @@ def test_cache_dtype_is_checked_against_the_model(checkpoint_dir):
     assert gen.allocate_kv_cache(2, 4, dtype=torch.float32)[0][0].dtype == torch.float32
 
 
+def test_gpus_without_e4m3_take_no_fp8_cache_and_dequantize_fp8_weights(checkpoint_dir, monkeypatch):
+    """Triton has no e4m3 type before compute capability 8.9, so on such a GPU (A100: sm80) FP8 weights are
+    dequantized at load (runs_e4m3 False) and the model runs no FP8 cache: ModelWrapper.kv_cache_dtypes leaves
+    e4m3 out there (a stand-in wrapper on a CUDA device of that capability), and a generator whose wrapper reports
+    that refuses "fp8" / e4m3 caches with TG_INVALID_KV_CACHE_DTYPE naming kv_cache_dtype, and an e4m3 cache
+    passed to forward_tensor with TG_INVALID_DTYPE naming the tensor, writing nothing."""
+    from types import SimpleNamespace
+
+    from model_wrapper import ModelWrapper
+    from model_wrapper.layers.fp8_linear import runs_e4m3
+
+    capability = {"cap": (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["cap"])
+    cuda = torch.device("cuda", 0)
+    wrapper = SimpleNamespace(device=cuda, dtype=torch.bfloat16)
+    assert not runs_e4m3(cuda) and ModelWrapper.kv_cache_dtypes(wrapper) == (torch.bfloat16,)
+    for cap in ((8, 9), (9, 0), (10, 0)):  # L4 / L40S, H100 / H200, B200
+        capability["cap"] = cap
+        assert runs_e4m3(cuda) and ModelWrapper.kv_cache_dtypes(wrapper) == (torch.bfloat16, FP8)
+    assert not runs_e4m3("cpu")  # the CPU dequantizes FP8 weights too, but runs an FP8 cache (the torch reference)
+    assert ModelWrapper.kv_cache_dtypes(SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)) == (
+        torch.float32, FP8)
+
+    gen = TextGenerator.from_pretrained(checkpoint_dir("llama"), device="cpu", dtype=torch.float32)
+    fp8_cache = gen.allocate_kv_cache(2, 4, dtype="fp8")
+    monkeypatch.setattr(gen.model_wrapper, "kv_cache_dtypes", lambda: (torch.float32,))  # as on an sm80 GPU
+    for bad in ("fp8", "fp8_e4m3", FP8):
+        with pytest.raises(ForwardArgumentError) as e:
+            gen.allocate_kv_cache(2, 4, dtype=bad)
+        assert e.value.code == ErrorCode.INVALID_KV_CACHE_DTYPE and e.value.argument == "kv_cache_dtype"
+        assert "compute capability 8.9" in str(e.value)
+    ids, pos, slots = torch.tensor([1, 2, 3]), torch.arange(3), torch.arange(3)
+    rest = (torch.tensor([[0]], dtype=torch.int32), slots, torch.tensor([3]), 16)
+    with pytest.raises(ForwardArgumentError) as e:
+        gen.forward_tensor(ids, pos, True, fp8_cache, *rest)
+    assert e.value.code == ErrorCode.INVALID_DTYPE and e.value.argument == "kv_cache[0].k_cache"
+    assert "needs a GPU with e4m3" in str(e.value)
+    assert all(not t.float().any() for pair in fp8_cache for t in pair)  # nothing written
+    cache = gen.allocate_kv_cache(2, 4)  # the model's own dtype still runs
+    assert gen.forward_tensor(ids, pos, True, cache, *rest).shape == (3, gen.vocab_size)
+
+
 def test_sizing_helpers_count_one_byte_elements(checkpoint_dir):
     """Bytes per block = 2 * layers * kv_heads * head_dim * block_size * element size: an e4m3 cache
     fits twice the blocks of a bf16 one (four times an fp32 one) in the same budget."""
