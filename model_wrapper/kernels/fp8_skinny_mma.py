@@ -60,12 +60,13 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
     rows, live, w_rows, s_rows, toks, tok_ok = skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS, BM, PDL)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
     up = tl.zeros([ROWS, BM], dtype=tl.float32)
-    # (PER_GROUP, SCALES_AHEAD) x's and the weight's scales of a K step's 128-column groups ([BM, G], [ROWS, G]),
-    # loaded a step ahead: the pipeliner stages the tiles' copies only, and a plain load used in its own step put a
-    # memory round trip in every step (sm90 TTGIR, session 43)
-    gs = tl.arange(0, BLOCK_K // 128 if PER_GROUP else 1)
-    sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, 0 if PER_GROUP and SCALES_AHEAD else K, gs,
-                                              N, K, stride_qs, stride_qg, stride_s, GROUP, SILU)
+    if PER_GROUP and SCALES_AHEAD:
+        # x's and the weight's scales of a K step's 128-column groups ([BM, G], [ROWS, G]), loaded a step ahead: the
+        # pipeliner stages the tiles' copies only, and a plain load used in its own step put a memory round trip in
+        # every step (sm90 TTGIR, session 43)
+        gs = tl.arange(0, BLOCK_K // 128)
+        sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, 0, gs, N, K, stride_qs, stride_qg,
+                                                  stride_s, GROUP, SILU)
     for k in range(0, K, BLOCK_K):
         if PER_GROUP:
             if SCALES_AHEAD:
