@@ -1,5 +1,5 @@
 # request for a session-44 device call, H200 only (session 42 wrote it for session 43, which got no H200; the script does nothing on an H100):
-#   cp benchmarks/results/session42/scripts/next_s44c2.sh .probe/c2.sh; run "bash .probe/c2.sh" carrying .gpu, .probe
+#   cp benchmarks/results/session43/scripts/next_s44c2.sh .probe/c2.sh; run "bash .probe/c2.sh" carrying .gpu, .probe
 # Issue 25 on the H200, where the launches tuned on H100s fall furthest short (session 42 c7 / c6):
 # FP8 batch 1 at 1.38x its floor (H100 1.20x), the e4m3 KV decode attention at 0.60-0.66 of copy bandwidth.
 # 0. (session 43) fp8_skinny_mma_row_max_tokens = 32 against 16 at batch 16-32, measured on H100s only
