@@ -68,6 +68,7 @@ from model_wrapper.kernels.fp8_act import (  # noqa: F401 (fp8.quantize_*, fp8.r
 from model_wrapper.kernels.fp8_gemv import fp8_gemv, gemv_padded_k  # noqa: F401 (fp8.fp8_gemv: the "gemv" path)
 from model_wrapper.kernels.fp8_skinny_mma import MAX_TOKENS, act_group, fp8_skinny_mma, skinny_mma_fits
 from model_wrapper.kernels.fp8_reference import QuantizedActivation, fp8_gate_up_silu_reference, fp8_linear_reference
+from model_wrapper.layers.fp8_linear import runs_e4m3
 
 
 # -- weight-only skinny tensor-core GEMM (up to fp8_skinny_max_tokens tokens) ---------------------
@@ -393,10 +394,9 @@ def _block_fits(dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
             and _block_mm_works(device, *weight.shape))
 
 
-@functools.lru_cache(maxsize=None)
 def _fp8_mma(device: torch.device) -> bool:
-    """Whether `device` multiplies e4m3 operands: sm89+ (and any device under the interpreter)."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+    """Whether `device` multiplies e4m3 operands: sm89+ (runs_e4m3; and any device under the interpreter)."""
+    return device.type != "cuda" or runs_e4m3(device)
 
 
 def _scaled_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -30,6 +30,8 @@ bounds); without Triton it falls back to dequantize-then-F.linear (correct, slow
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,10 +42,11 @@ from model_wrapper.kernels.fp8_reference import QuantizedActivation
 E4M3 = torch.float8_e4m3fn
 
 
+@functools.lru_cache(maxsize=None)
 def runs_e4m3(device: torch.device | str) -> bool:
     """Whether `device` runs the e4m3 kernels (FP8 weights kept e4m3, the Triton FP8 KV-cache paths): a CUDA GPU of
     compute capability 8.9 or more. Triton refuses its e4m3 type (fp8e4nv) before sm89, so an A100 takes FP8
-    checkpoints dequantized at load and no FP8 KV cache."""
+    checkpoints dequantized at load and no FP8 KV cache. (Cached: validation asks every step.)"""
     device = torch.device(device)
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 

@@ -249,10 +249,13 @@ def test_gpus_without_e4m3_take_no_fp8_cache_and_dequantize_fp8_weights(checkpoi
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["cap"])
     cuda = torch.device("cuda", 0)
     wrapper = SimpleNamespace(device=cuda, dtype=torch.bfloat16)
+    runs_e4m3.cache_clear()  # (a device's answer is cached; each capability below is a different GPU)
     assert not runs_e4m3(cuda) and ModelWrapper.kv_cache_dtypes(wrapper) == (torch.bfloat16,)
     for cap in ((8, 9), (9, 0), (10, 0)):  # L4 / L40S, H100 / H200, B200
         capability["cap"] = cap
+        runs_e4m3.cache_clear()
         assert runs_e4m3(cuda) and ModelWrapper.kv_cache_dtypes(wrapper) == (torch.bfloat16, FP8)
+    runs_e4m3.cache_clear()  # (no stubbed answer left behind for later tests)
     assert not runs_e4m3("cpu")  # the CPU dequantizes FP8 weights too, but runs an FP8 cache (the torch reference)
     assert ModelWrapper.kv_cache_dtypes(SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)) == (
         torch.float32, FP8)
