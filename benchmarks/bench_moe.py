@@ -25,9 +25,13 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          new-fp8   the same with every layer's experts in e4m3 + float32 scales per row and 128 columns
                    (quantized here from the random bf16 ones; the rest of the model stays bf16); s33-fp8 with
                    session 33's FP8 GEMVs (moe_fp8_packed_round off, tiles of 32k e4m3 weights), t16k-fp8 with
-                   tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile; default 8k); w8a8-fp8 with
+                   dequantized tiles of 16k (KernelConfig.moe_fp8_gemv_tile, moe_fp8_gemv_down_tile: 8k); w8a8-fp8 with
                    the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
-                   the default since session 41), wonly-fp8 with them weight-only (dequantized tiles)
+                   the default since session 41), wonly-fp8 with them weight-only (dequantized tiles); dequant-fp8
+                   with session 43's decode GEMVs (tiles dequantized to bf16, KernelConfig.moe_fp8_direct off, 8
+                   pairs), direct32-fp8 with 32k e4m3 tiles (default 16k), p16-fp8 with the decode path up to 16 pairs
+                   (default 32); ckpt-g1-fp8: ckpt-fp8 with the FP8 GEMV at 1 token only (fp8_gemv_max_tokens), ckpt-g2-fp8
+                   with every 2-token FP8 projection on it (fp8_gemv_multi_token_max_weights unbounded)
          ckpt-fp8  new-fp8 with the attention projections (q / k / v / o) in block FP8 too, as the shipped
                    Qwen3-30B-A3B-FP8 checkpoint holds them (router, norms, embeddings and lm_head stay bf16);
                    quantized in place, so it runs after every other variant; its floor counts those bytes
@@ -107,9 +111,11 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
             "attn-nopf-fp8": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
-            "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
+            "s33-fp8": dataclasses.replace(KernelConfig(), moe_fp8_direct=False, moe_fp8_packed_round=False,
+                                           moe_fp8_gemv_tile=32768,
                                            moe_fp8_gemv_down_tile=32768),
-            "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
+            "t16k-fp8": dataclasses.replace(KernelConfig(), moe_fp8_direct=False, moe_fp8_gemv_tile=16384,
+                                            moe_fp8_gemv_down_tile=16384),
             "norouter-norm-fp8": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
             "gemv-r2-fp8": dataclasses.replace(KernelConfig(), gemv_rounds=2),
             # session 40: FP8 experts' grouped GEMMs (batch 8 up, prefill) as W8A8 e4m3 products (the default
@@ -117,8 +123,21 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "w8a8-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=True),
             "wonly-fp8": dataclasses.replace(KernelConfig(), moe_fp8_w8a8=False),
             # session 42: the attention projections in block FP8 as well (the FP8 checkpoint's layout)
-            "ckpt-fp8": KernelConfig()}
-CKPT_FP8 = {"ckpt-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+            "ckpt-fp8": KernelConfig(),
+            # session 44: FP8 experts kept e4m3 in the decode GEMVs' registers, each group's sum scaled (moe_fp8_direct,
+            # now the default, with 16k tiles and the decode path up to 16 pairs); dequant-fp8: the session-43 default
+            # (tiles dequantized to bf16, 8k, 8 pairs); direct32-fp8: 32k tiles; p32-fp8: the decode path up to 32
+            # pairs; new2-fp8: the default again later in the run
+            "dequant-fp8": dataclasses.replace(KernelConfig(), moe_fp8_direct=False, moe_fp8_decode_pairs=8),
+            "direct32-fp8": dataclasses.replace(KernelConfig(), moe_fp8_direct_tile=32768,
+                                                moe_fp8_direct_down_tile=32768),
+            "p16-fp8": dataclasses.replace(KernelConfig(), moe_fp8_decode_pairs=16),
+            # the block-FP8 attention projections' 2-token steps on skinny_mma instead of the FP8 GEMV
+            "ckpt-g1-fp8": dataclasses.replace(KernelConfig(), fp8_gemv_max_tokens=1),
+            # every 2-token FP8 projection on the GEMV (fp8_gemv_multi_token_max_weights unbounded: before session 44)
+            "ckpt-g2-fp8": dataclasses.replace(KernelConfig(), fp8_gemv_multi_token_max_weights=1 << 40),
+            "new2-fp8": KernelConfig()}
+CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -168,10 +168,13 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 # session 36: the expert GEMVs at 4 warps (KernelConfig.moe_gemv_warps), bf16 and FP8
 SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False),
             "w4": dict(moe_gemv_warps=4)}
-FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_packed_round=False),
-                "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
-                "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384),
-                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768),
+FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_packed_round=False, moe_fp8_direct=False),
+                "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768, moe_fp8_direct=False),
+                "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384, moe_fp8_direct=False),
+                "s33-fp8": dict(moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768,
+                                moe_fp8_direct=False),
+                "dequant-fp8": dict(moe_fp8_direct=False, moe_fp8_decode_pairs=8),
+                "direct32-fp8": dict(moe_fp8_direct_tile=32768, moe_fp8_direct_down_tile=32768),
                 "w8a8-fp8": dict(moe_fp8_w8a8=True),  # (session 40: the sorted path's grouped GEMMs W8A8)
                 "wonly-fp8": dict(moe_fp8_w8a8=False)}  # (session 41: W8A8 is the default; this, weight-only)
 # (session 41's lag-fp8, KernelConfig.moe_w8a8_lag, W8A8 products scaled a K step late: 1-3% slower at 2-128

@@ -90,7 +90,9 @@ class KernelConfig:
     # the GEMVs dequantize every weight in fp32 FMAs and stop paying after one token (2 tokens: 2.72x
     # against 2.51x sorted; 4 tokens 2.31x against 1.78x)
     moe_decode_pairs: int = 32
-    moe_fp8_decode_pairs: int = 8
+    # (8 before moe_fp8_direct; with it, bench_moe.py FP8 experts, H100 c6: 2 tokens 4.11 -> 3.52 ms at 16 pairs; H200
+    # c7: 2 tokens 3.64 -> 3.10 at 16, 4 tokens 4.67 -> 4.51 at 32, batch 1 and 8 unchanged)
+    moe_fp8_decode_pairs: int = 32
     moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
     moe_decode_block_k: int = 256
@@ -131,6 +133,17 @@ class KernelConfig:
     moe_w8a8_large_warps: int = 4
     moe_w8a8_large_stages: int = 3
     moe_fp8_gemv_down_tile: int = 8192
+    # FP8 experts in those GEMVs kept e4m3 in registers (1 byte a weight), each 128-column group's sum of products
+    # scaled after the sum (W = e4m3 * scale in fp32, kernels/fp8_reference.py's, as the dense FP8 GEMV) instead of
+    # the tile dequantized and rounded to the model dtype before the products (2-4 bytes of registers a weight: the
+    # 8k tiles above, whose programs re-read x / act from L2 about as many bytes as their weights); its own tiles.
+    # H100, session 44 c6 (bench_moe.py, Qwen3-30B-A3B FP8 experts, ctx 512), ms at batch 1: dequantized 8k tiles 2.77
+    # / 2.72 (two rows), direct 32k 2.52, 16k 2.47, gate_up 32k + down 16k 2.51; batch 2 with the decode path up to 16
+    # pairs (moe_fp8_decode_pairs, was 8: 2 tokens sorted) 3.52 against 4.11. H200 (c7): batch 1 2.45 -> 2.10 ms (32k
+    # tiles 2.15), sweep_moe.py --switches (c8) a layer at 1 / 2 tokens 28.2 / 46.8 -> 20.7 / 35.8 us
+    moe_fp8_direct: bool = True
+    moe_fp8_direct_tile: int = 16384
+    moe_fp8_direct_down_tile: int = 16384
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
@@ -174,6 +187,11 @@ class KernelConfig:
     # (H100, benchmarks/ab_fp8_gemv.py, a layer's four projections: 2 tokens 124.6 us against the skinny
     # kernel's 140.5, 4 tokens 229 against 141)
     fp8_gemv_max_tokens: int = 2
+    # at 2..fp8_gemv_max_tokens tokens, only weights of at most this many values (N x K) stay on the GEMV; larger ones
+    # take skinny_mma where it runs. H200, session 44 c9 (bench_fp8.py / bench_moe.py decode at batch 2, the GEMV at 1
+    # token only against 1-2): Llama-3-8B block FP8 (qkv / o / gate_up / down 25-117M values) 4.51 -> 3.46-3.48 ms,
+    # per-channel 4.48-4.49 -> 4.38-4.39; Qwen3-30B-A3B block-FP8 attention (qkv 10.5M, o 8.4M) 3.01 -> 3.68
+    fp8_gemv_multi_token_max_weights: int = 12 << 20
     fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n; H100, 1
     # token: 8k-32k within 0.5%, 64k 7% slower)
     fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)

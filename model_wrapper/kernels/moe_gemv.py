@@ -70,10 +70,34 @@ def _dequant_tile(w, s_rows, row_ok, K, FP8: tl.constexpr, GROUP: tl.constexpr, 
 
 
 @triton.jit
+def _direct_scales(s_rows, row_ok, K, GROUP: tl.constexpr, KP: tl.constexpr):
+    """The DIRECT products' scales of rows s_rows [R] (pointers to the rows' first scale): [R] where a row lies in
+    one group, else [R, KP // GROUP] (groups past K: 0)."""
+    if KP <= GROUP:
+        return tl.load(s_rows, mask=row_ok, other=0.0)
+    else:
+        g = tl.arange(0, KP // GROUP)
+        return tl.load(s_rows[:, None] + g[None, :], mask=row_ok[:, None] & (g * GROUP < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _direct_dots(w, x, s, GROUP: tl.constexpr, KP: tl.constexpr):
+    """DIRECT FP8 products of e4m3 rows w [R, KP] with x [R or 1, KP] (fp32): each GROUP-column group's sum of
+    products times its scale (s: _direct_scales'), the groups summed -> [R] fp32. W = e4m3 * scale in fp32
+    (kernels/fp8_reference.py's arithmetic), not rounded to the model dtype."""
+    R: tl.constexpr = w.shape[0]
+    if KP <= GROUP:  # the row lies in one group
+        return tl.sum(w.to(tl.float32) * x, axis=1) * s
+    else:
+        part = tl.sum(tl.reshape(w.to(tl.float32) * x, (R, KP // GROUP, GROUP)), axis=2)
+        return tl.sum(part * s, axis=1)
+
+
+@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                         PACKED: tl.constexpr):
+                         PACKED: tl.constexpr, DIRECT: tl.constexpr = False):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -90,12 +114,20 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
     wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
     wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
+    gate_s = s_ptr + e * stride_se + offs_n * stride_sn
+    sg, su = 0.0, 0.0
+    if DIRECT:  # the scales' loads with the tile's, before the fence
+        sg = _direct_scales(gate_s, n_ok, K, GROUP, KP)
+        su = _direct_scales(gate_s + N * stride_sn, n_ok, K, GROUP, KP)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
         loads_fence()
-    gate_s = s_ptr + e * stride_se + offs_n * stride_sn
-    acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
-    acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
-                   axis=1)
+    if DIRECT:  # e4m3 tiles kept as loaded (1 byte a weight in registers), scaled per group after the sums
+        acc_g = _direct_dots(wg, xv[None, :], sg, GROUP, KP)
+        acc_u = _direct_dots(wu, xv[None, :], su, GROUP, KP)
+    else:
+        acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
+        acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
+                       axis=1)
     g = acc_g.to(dtype).to(tl.float32)
     silu = (g / (1.0 + tl.exp(-g))).to(dtype)
     out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
@@ -106,7 +138,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      PACKED: tl.constexpr):
+                      PACKED: tl.constexpr, DIRECT: tl.constexpr = False):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -127,20 +159,31 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
     w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
     s_rows = s_ptr + e * stride_se + rn * stride_sn
-    w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
+    ws = 0.0
+    if DIRECT:
+        ws = _direct_scales(s_rows, row_ok, K, GROUP, KP)
+    else:
+        w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
         gdc_launch_dependents()
     a = tl.load(act_ptr + p[:, None].to(tl.int64) * stride_act + cols[None, :], mask=slot_ok[:, None] & k_ok[None, :],
                 other=0.0).to(tl.float32)
-    acc = tl.sum(tl.reshape(w, (SLOTS, BLOCK_N, KP)) * a[:, None, :], axis=2)
+    if DIRECT:  # [SLOTS * BLOCK_N] rows against their slot's act row
+        a_rows = tl.reshape(tl.broadcast_to(a[:, None, :], (SLOTS, BLOCK_N, KP)), (SLOTS * BLOCK_N, KP))
+        acc = tl.reshape(_direct_dots(w, a_rows, ws, GROUP, KP), (SLOTS, BLOCK_N))
+    else:
+        acc = tl.sum(tl.reshape(w, (SLOTS, BLOCK_N, KP)) * a[:, None, :], axis=2)
     y = (acc.to(dtype).to(tl.float32) * rw[:, None]).to(dtype).to(tl.float32)  # masked slots: 0
     out_n = first + tl.arange(0, BLOCK_N)
     tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
 
 
 def _tiles(cfg: KernelConfig, fp8: bool) -> tuple[int, int]:
-    """Weights a gate_up and a down program hold: the model dtype's tiles, or the FP8 experts' own."""
+    """Weights a gate_up and a down program hold: the model dtype's tiles, or the FP8 experts' own (direct:
+    moe_fp8_direct_tile / moe_fp8_direct_down_tile)."""
+    if fp8 and cfg.moe_fp8_direct:
+        return cfg.moe_fp8_direct_tile, cfg.moe_fp8_direct_down_tile
     return (cfg.moe_fp8_gemv_tile, cfg.moe_fp8_gemv_down_tile) if fp8 else (cfg.moe_gemv_tile, cfg.moe_gemv_down_tile)
 
 
@@ -165,17 +208,18 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     block_n_down = _pow2_floor(max(1, down_tile // (slots * kp_i)))
     pdl = uses_pdl(x.device, cfg)
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
+    direct = fp8 and cfg.moe_fp8_direct
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
-        LOADS_FIRST=cfg.moe_gemv_loads_first and not fp8 and x.is_cuda, PACKED=packed, num_warps=cfg.moe_gemv_warps,
-        **launch_args(pdl))
+        LOADS_FIRST=cfg.moe_gemv_loads_first and (direct or not fp8) and x.is_cuda, PACKED=packed, DIRECT=direct,
+        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
-        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        DIRECT=direct, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

@@ -106,8 +106,8 @@ def test_the_decode_path_takes_few_pairs_on_many_experts():
     assert takes_decode_path(16, 8, dataclasses.replace(cfg, moe_decode_pairs_per_expert=2))
     assert not takes_decode_path(1, 128, dataclasses.replace(cfg, moe_decode_pairs=0))
     assert takes_decode_path(4 * 16, 4, DECODE) and not takes_decode_path(4 * 16, 4, SORTED)
-    # FP8 experts: one Qwen3-30B-A3B token only (the GEMVs' dequantization costs more than the sort beyond)
-    assert takes_decode_path(8, 128, cfg, fp8=True) and not takes_decode_path(16, 128, cfg, fp8=True)
+    # FP8 experts: as bf16, up to four Qwen3-30B-A3B tokens (moe_fp8_decode_pairs; the sort beyond)
+    assert takes_decode_path(32, 128, cfg, fp8=True) and not takes_decode_path(40, 128, cfg, fp8=True)
 
 
 CASES = [(1, 8, 2, "random"), (4, 8, 1, "random"), (3, 8, 3, "random"), (16, 4, 2, "random"), (16, 32, 2, "skew"),
@@ -134,16 +134,22 @@ DECODE_FP8 = dataclasses.replace(DECODE_LOOP, moe_decode_block_n=64, moe_decode_
 DECODE_FP8_WIDE = dataclasses.replace(DECODE_FP8, moe_decode_block_k=128, moe_decode_down_block_k=128)
 # register tiles: rows of H = 200 and I = 136 pad to 256 (two groups, the second partly filled); two gate_up
 # columns and two rows of each down a program
-DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_fp8_gemv_tile=1024, moe_fp8_gemv_down_tile=2048)
+# (the tiles dequantized to the model dtype: moe_fp8_direct off)
+DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_fp8_direct=False, moe_fp8_gemv_tile=1024, moe_fp8_gemv_down_tile=2048)
+# the same with the e4m3 tiles kept in registers and each group's sum scaled (KernelConfig.moe_fp8_direct, the
+# default); and H, I under one group (KP <= 128: a scale a row) below
+DECODE_FP8_DIRECT = dataclasses.replace(DECODE, moe_fp8_direct=True, moe_fp8_direct_tile=1024,
+                                        moe_fp8_direct_down_tile=2048)
 
 
 @interpreter_only
-@pytest.mark.parametrize("cfg", [DECODE_FP8, DECODE_FP8_WIDE, DECODE_FP8_GEMV, SORTED],
-                         ids=["decode", "decode-wide", "decode-gemv", "sorted"])
+@pytest.mark.parametrize("cfg,H,I", [(DECODE_FP8, 200, 136), (DECODE_FP8_WIDE, 200, 136), (DECODE_FP8_GEMV, 200, 136),
+                                     (SORTED, 200, 136), (DECODE_FP8_DIRECT, 200, 136), (DECODE_FP8_DIRECT, 96, 40)],
+                         ids=["decode", "decode-wide", "decode-gemv", "sorted", "decode-direct", "decode-direct-1g"])
 @pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
-def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, T, E, k, routing):
-    """H = 200 and I = 136: two scale groups each, the second partly filled."""
-    x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
+def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, H, I, T, E, k, routing):
+    """H = 200 and I = 136: two scale groups each, the second partly filled (H = 96, I = 40: one group a row)."""
+    x, w, ids, gate_up, down = _case(T, E, k, H, I, torch.float32, "cpu", routing)
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     ref = experts_reference(x, w, ids, dequantize_fp8_blockwise(gq, gs, x.dtype),
@@ -207,7 +213,12 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               # and tiles of the bf16 tiles' bytes (session 33's FP8 GEMVs)
               "decode-interleaved": dataclasses.replace(DECODE_CUDA, moe_gemv_loads_first=False),
               "decode-fp8-s33": dataclasses.replace(DECODE_CUDA, moe_fp8_packed_round=False, moe_fp8_gemv_tile=32768,
-                                                    moe_fp8_gemv_down_tile=32768),
+                                                    moe_fp8_gemv_down_tile=32768, moe_fp8_direct=False),
+              # FP8 experts' tiles dequantized to the model dtype in the GEMVs' registers (moe_fp8_direct off; on: the
+              # e4m3 tiles kept, groups scaled after their sums, the default), with tiles of 32k e4m3 weights
+              "decode-fp8-dequant": dataclasses.replace(DECODE_CUDA, moe_fp8_direct=False),
+              "decode-fp8-direct-32k": dataclasses.replace(DECODE_CUDA, moe_fp8_direct_tile=32768,
+                                                           moe_fp8_direct_down_tile=32768),
               # (FP8 experts: weight-only, against the reference on the dequantized weights; W8A8 has its own tests)
               "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
               "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False)}
@@ -227,7 +238,8 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-fp8-s33", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-fp8-s33", "decode-fp8-dequant", "decode-fp8-direct-32k",
+                                  "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
@@ -272,7 +284,7 @@ def test_fp8_packed_rounding_is_the_same_values_cuda(T):
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     for tile in (8192, 16384, 32768):
         packed, plain = (dataclasses.replace(DECODE_CUDA, moe_fp8_gemv_tile=tile, moe_fp8_gemv_down_tile=tile,
-                                             moe_fp8_packed_round=p) for p in (True, False))
+                                             moe_fp8_packed_round=p, moe_fp8_direct=False) for p in (True, False))
         assert torch.equal(fused_moe(x, w, ids, gq, dq, packed, gate_up_scale=gs, down_scale=ds),
                            fused_moe(x, w, ids, gq, dq, plain, gate_up_scale=gs, down_scale=ds))
 
