@@ -9,7 +9,7 @@ the dequantized weight, and the floor of the bytes each must read.
 Shapes as a decode step runs them: qkv 6144x4096, o 4096x4096, gate_up 28672x4096 with its SiLU
 epilogue, down 4096x14336. Rows named by KernelConfig overrides (new_variants: "default", tiles,
 warps and chunks; the session-32 kernel with --old; session 33 also timed a "bits" conversion since
-removed, RESULTS.md). Each
+removed, RESULTS.md; session 44 "half", fp16 products, also removed). Each
 time is bench_fp8_gemm's: the median CUDA-graph replay of calls rotating over weight copies of
 > 256 MB together (no L2 reuse), per call; consecutive calls in the graph overlap through PDL as
 a decode step's projections do. floor = (e4m3 weight + scales + x + y bytes) / the copy bandwidth
@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--old", action="store_true", help="also the session-32 kernel")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
+    ap.add_argument("--only", default=None, help="comma-separated variant names to run (default: all)")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("ab_fp8_gemv needs a CUDA GPU (or --smoke)")
@@ -115,6 +116,8 @@ def main():
             if M <= 2 and args.old:  # (its path's bound)
                 variants["old (session 32)"] = lambda i: old_fp8_gemv(x, ws[i], ss[i], group, silu)
             for name, over in new_variants(M, args.smoke).items():
+                if args.only and name not in args.only.split(","):
+                    continue
                 c = dataclasses.replace(base, **over)
                 variants[name] = (lambda c: lambda i: fp8.fp8_gemv(x, ws[i], ss[i], group, silu=silu, cfg=c))(c)
             variants["skinny"] = lambda i: fp8.fp8_skinny(x, ws[i], ss[i], group, silu=silu, cfg=base)

@@ -176,6 +176,17 @@ BY_BATCH_VARIANTS = [
     for f in (1, 2)] + [dict(fp8_math="fp16_vreg", block_n=64, num_warps=8, num_stages=3, maxnreg=80)]
 
 
+# (session 44) the 16-bit cache's launch by batch: LAUNCH["16-bit"] is one launch for every batch (64 keys, 4 warps,
+# 3 stages: one K / V buffer, so a program's second tile is read only after its first is used); candidates with
+# two buffers (5 stages), 128 keys, 8 warps, twice the splits
+BF16_BY_BATCH_VARIANTS = [dict(block_n=b, num_warps=w, num_stages=st, **({"split_factor": f} if f > 1 else {}))
+                          for b, w, st, f in ((64, 4, 3, 1), (64, 4, 3, 2), (64, 4, 5, 1), (64, 4, 5, 2), (128, 4, 3, 1),
+                                              (128, 4, 5, 1), (128, 8, 3, 1), (128, 8, 5, 1), (64, 8, 5, 1),
+                                              (128, 4, 3, 2))]
+BF16_BY_BATCH_CASES = ((1, 512), (1, 8192), (8, 512), (8, 2048), (16, 512), (16, 2048), (32, 512), (32, 2048),
+                       (64, 512), (64, 2048), (128, 512), (128, 2048))
+
+
 def best_by_batch(res: dict) -> dict:
     """{batch: (geomean fraction of copy bw over that batch's contexts, variant)} of the best variant."""
     import math
@@ -195,14 +206,15 @@ def best_by_batch(res: dict) -> dict:
     return out
 
 
-def sweep(bw: float, sms: int, workspace, variants: list | None = None, cases=SWEEP_CASES) -> dict:
+def sweep(bw: float, sms: int, workspace, variants: list | None = None, cases=SWEEP_CASES, dtype=FP8) -> dict:
     """The e4m3 path's launch space: every fp8_math x SWEEP_TILES at the decode rule's splits (and
     the "_vreg" modes at 64 and 128 keys, 4 warps, 3 stages with twice the splits) over SWEEP_CASES,
     FlashInfer alongside; or the given variants (paged_decode_attention's launch arguments, and
     split_factor: that many times the decode rule's splits).
     Per variant and case: us, fraction of copy bandwidth, max |out - the q_dtype default's out| (the
     modes compute the same attention: a GPU-only defect of one shows there). Then per variant the
-    geometric mean fraction over SWEEP_TARGET, best first."""
+    geometric mean fraction over SWEEP_TARGET, best first. dtype: the cache's (bf16: the 16-bit launches, the
+    reference LAUNCH["16-bit"]'s, FlashInfer's bf16 decode alongside)."""
     import math
 
     from model_wrapper.kernels.decode_attention import FP8_MATHS, decode_splits
@@ -213,14 +225,15 @@ def sweep(bw: float, sms: int, workspace, variants: list | None = None, cases=SW
                      for m in ("fp16_vreg", "bits_vreg") for b in (64, 128)]
     res = {"cases": [], "variants": []}
     for B, ctx in cases:
-        c = make_case(B, ctx, FP8, sms, workspace)
+        c = make_case(B, ctx, dtype, sms, workspace)
         splits = decode_splits(B, KV_HEADS, sms)
         fi = flashinfer_us(c)
-        ref = triton_out(c, splits=splits, fp8_math="q_dtype", block_n=64, num_warps=4, num_stages=3).float()
+        base = dict(fp8_math="q_dtype") if dtype == FP8 else {}
+        ref = triton_out(c, splits=splits, block_n=64, num_warps=4, num_stages=3, **base).float()
         fi_out = c["wrappers"][0].run(c["q"], (c["k"], c["v"]), **c["fi_kw"]).float()
         row = {"batch": B, "context": ctx, "splits": splits, "flashinfer_us": fi,
                "flashinfer_of_copy_bw": c["per_layer"] / (fi * 1e-6) / bw, "triton": []}
-        print(f"B={B:3d} ctx={ctx:5d}: FlashInfer e4m3 {fi:8.1f} us ({row['flashinfer_of_copy_bw']:.2f}); "
+        print(f"B={B:3d} ctx={ctx:5d} kv heads {KV_HEADS}: FlashInfer {str(dtype)[6:]} {fi:8.1f} us ({row['flashinfer_of_copy_bw']:.2f}); "
               f"Triton q_dtype vs FlashInfer max |diff| {(ref - fi_out).abs().max().item():.4f}", flush=True)
         for var in variants:
             launch = {k: x for k, x in var.items() if k != "split_factor"}
@@ -245,12 +258,12 @@ def sweep(bw: float, sms: int, workspace, variants: list | None = None, cases=SW
     for i, var in enumerate(variants):
         fr = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
         low = [r["triton"][i]["of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) not in SWEEP_TARGET]
-        res["variants"].append({**var, "geomean_target": geomean(fr), "min_target": min(fr),
+        res["variants"].append({**var, "geomean_target": geomean(fr), "min_target": min(fr or [float("nan")]),
                                 "geomean_other": geomean(low)})
     res["variants"].sort(key=lambda r: -r["geomean_target"])
-    fi = [r["flashinfer_of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET]
+    fi = [r["flashinfer_of_copy_bw"] for r in res["cases"] if (r["batch"], r["context"]) in SWEEP_TARGET] or [1.0]
     res["flashinfer_geomean_target"] = math.exp(sum(map(math.log, fi)) / len(fi))
-    print(f"FlashInfer e4m3: geomean {res['flashinfer_geomean_target']:.3f} of copy bw over {SWEEP_TARGET}")
+    print(f"FlashInfer: geomean {res['flashinfer_geomean_target']:.3f} of copy bw over {SWEEP_TARGET}")
     for r in res["variants"][:12]:
         print(f"  {r['geomean_target']:.3f} (min {r['min_target']:.3f}; other sizes {r['geomean_other']:.3f}): "
               f"{ {k: x for k, x in r.items() if not k.endswith(('target', 'other'))} }")
@@ -306,6 +319,7 @@ def plot(res: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
+    global KV_HEADS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                         "results")))
@@ -319,7 +333,12 @@ def main(argv=None) -> int:
     p.add_argument("--variants", help="with --sweep: a JSON list of launches (paged_decode_attention's arguments and "
                    "split_factor) instead of the built-in ones (fp8_kv_variants.json)")
     p.add_argument("--cases", help="with --sweep: batch x context cases, e.g. 64x2048,128x8192")
+    p.add_argument("--kv-dtype", default="e4m3", choices=["e4m3", "bf16"],
+                   help="with --sweep: the cache's dtype (bf16 --by-batch: BF16_BY_BATCH_VARIANTS over BF16_BY_BATCH_CASES)")
+    p.add_argument("--kv-heads", type=int, default=KV_HEADS,
+                   help="KV heads of the shape (32 query heads; 8: Llama-3-8B, 4: Qwen3-30B-A3B)")
     args = p.parse_args(argv)
+    KV_HEADS = args.kv_heads
     if not torch.cuda.is_available():
         print("bench_fp8_kv: needs a CUDA GPU (and flashinfer-python)", file=sys.stderr)
         return 2
@@ -336,6 +355,8 @@ def main(argv=None) -> int:
             import json
 
             variants, cases, name = json.loads(args.variants), SWEEP_CASES, "fp8_kv_variants"
+        elif args.by_batch and args.kv_dtype == "bf16":
+            variants, cases, name = BF16_BY_BATCH_VARIANTS, BF16_BY_BATCH_CASES, f"bf16_kv_by_batch_h{KV_HEADS}"
         elif args.by_batch:
             variants, cases, name = BY_BATCH_VARIANTS, BY_BATCH_CASES, "fp8_kv_by_batch"
         else:
@@ -344,7 +365,8 @@ def main(argv=None) -> int:
         if args.cases:
             cases = tuple(tuple(int(x) for x in c.split("x")) for c in args.cases.split(","))
         res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "copy_bandwidth_TBps": bw / 1e12,
-               **sweep(bw, sms, workspace, variants, cases)}
+               "kv_heads": KV_HEADS, **sweep(bw, sms, workspace, variants, cases,
+                                             FP8 if args.kv_dtype == "e4m3" else torch.bfloat16)}
         if args.by_batch:
             res["best_by_batch"] = {B: {"geomean": g, **v} for B, (g, v) in best_by_batch(res).items()}
             for B, row in res["best_by_batch"].items():

@@ -433,12 +433,15 @@ def path_for(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Ten
     K = weight.shape[1]
     if dtype not in (torch.bfloat16, torch.float16):
         return "reference"
+    mma = (cfg.fp8_skinny_mma and M <= mma_max_tokens(K, group, cfg) and skinny_mma_fits(K, group)
+           and _fp8_mma(device) and (group < K or dtype == torch.bfloat16))  # a scale a row: bf16 only
     if M <= cfg.fp8_gemv_max_tokens and gemv_padded_k(K, group, cfg) * (2 if silu else 1) <= cfg.fp8_gemv_max_k:
-        return "gemv"
+        # several tokens: weights of more than fp8_gemv_multi_token_max_weights go to skinny_mma where it runs
+        if M == 1 or not mma or weight.numel() <= cfg.fp8_gemv_multi_token_max_weights:
+            return "gemv"
     if _k_step(K, group, cfg.fp8_skinny_block_k) is None:
         return "reference"
-    if (cfg.fp8_skinny_mma and M <= mma_max_tokens(K, group, cfg) and skinny_mma_fits(K, group)
-            and _fp8_mma(device) and (group < K or dtype == torch.bfloat16)):  # a scale a row: bf16 only
+    if mma:
         return "skinny_mma"  # (kernels/fp8_skinny_mma.py)
     if M <= cfg.fp8_skinny_max_tokens:
         return "skinny"

@@ -23,11 +23,13 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, scalars=(), aligned: bool
     scalars fp32 and the rest i32; options (num_warps, num_stages, maxnreg) as given. aligned: every
     pointer and i32 argument marked divisible by 16, as a launch specializes them when their values are
     (torch's allocations, strides of head_dim 128): the vector widths, and so whether loads can be
-    asynchronous copies (the pipeliner), follow from it."""
+    asynchronous copies (the pipeliner), follow from it. A constexpr parameter with a default takes it
+    unless constexprs names it."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
 
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in scalars else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)

@@ -9,6 +9,7 @@ per-channel scales; bias; strided rows; the SiLU epilogue; a static input scale.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -283,6 +284,11 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
 
     assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny_mma", "skinny_mma", "gemm",
                                                                  "gemm"]
+    # 2 tokens: weights of more than fp8_gemv_multi_token_max_weights values to skinny_mma (where it runs)
+    two = KernelConfig(fp8_gemv_multi_token_max_weights=24 * 256 - 1)
+    assert [path(M, two) for M in (1, 2, 3)] == ["gemv", "skinny_mma", "skinny_mma"]
+    assert path(2, KernelConfig(fp8_gemv_multi_token_max_weights=24 * 256)) == "gemv"
+    assert path(2, dataclasses.replace(two, fp8_skinny_mma=False)) == "gemv"  # (the weight-only skinny: no)
     moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
     assert [path(M, moved) for M in (4, 5, 16, 17, 32, 33)] == ["gemv", "skinny_mma", "skinny_mma", "skinny", "skinny",
                                                                 "gemm"]  # skinny_mma up to 16 tokens
