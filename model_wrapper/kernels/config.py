@@ -91,7 +91,8 @@ class KernelConfig:
     # against 2.51x sorted; 4 tokens 2.31x against 1.78x)
     moe_decode_pairs: int = 32
     # (8 before moe_fp8_direct; with it, bench_moe.py FP8 experts, H100 c6: 2 tokens 4.11 -> 3.52 ms at 16 pairs; H200
-    # c7: 2 tokens 3.64 -> 3.10 at 16, 4 tokens 4.67 -> 4.51 at 32, batch 1 and 8 unchanged)
+    # c7: 2 tokens 3.64 -> 3.10 at 16, 4 tokens 4.67 -> 4.51 at 32, batch 1 and 8 unchanged; H100 c11: 4 tokens 5.63
+    # at 16 -> 4.96 / 4.99 at 32)
     moe_fp8_decode_pairs: int = 32
     moe_decode_pairs_per_expert: int = 1  # and per expert of the layer (Mixtral: 8 pairs, 4 tokens)
     moe_decode_block_n: int = 16  # gate_up columns a program (each a gate and an up row)
@@ -190,7 +191,9 @@ class KernelConfig:
     # at 2..fp8_gemv_max_tokens tokens, only weights of at most this many values (N x K) stay on the GEMV; larger ones
     # take skinny_mma where it runs. H200, session 44 c9 (bench_fp8.py / bench_moe.py decode at batch 2, the GEMV at 1
     # token only against 1-2): Llama-3-8B block FP8 (qkv / o / gate_up / down 25-117M values) 4.51 -> 3.46-3.48 ms,
-    # per-channel 4.48-4.49 -> 4.38-4.39; Qwen3-30B-A3B block-FP8 attention (qkv 10.5M, o 8.4M) 3.01 -> 3.68
+    # per-channel 4.48-4.49 -> 4.38-4.39; Qwen3-30B-A3B block-FP8 attention (qkv 10.5M, o 8.4M) 3.01 -> 3.68 (hence
+    # the bound). With it against without (c10 H200 / c11 H100, rows twice): 8B block 3.49-3.52 / 4.52-4.53 and
+    # 4.84-4.85 / 4.66-4.70 (an H100 loss of 3.5%), per-channel 4.38-4.40 / 4.48-4.50 and 4.07 / 4.67-4.69
     fp8_gemv_multi_token_max_weights: int = 12 << 20
     fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n; H100, 1
     # token: 8k-32k within 0.5%, 64k 7% slower)

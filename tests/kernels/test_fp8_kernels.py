@@ -427,17 +427,17 @@ def test_fp8_linear_on_cuda_every_path(dtype, group):
 @on_cuda_skip
 @pytest.mark.parametrize("group", [128, None], ids=["block128", "per-channel"])
 def test_fp8_skinny_mma_on_cuda(group):
-    """KernelConfig.fp8_skinny_mma on CUDA: fp8_linear and fp8_gate_up_silu at 3, 8 and 16 tokens take the
-    "skinny_mma" path, Llama-3-8B's shapes and a ragged one, block or per-channel scales, bf16: the float64 product
-    of x quantized per token and 128 columns, or per token (quantize_oracle, bit for bit the kernels'
-    quantization) with W."""
+    """KernelConfig.fp8_skinny_mma on CUDA: fp8_linear and fp8_gate_up_silu at 2 (every weight past
+    fp8_gemv_multi_token_max_weights, here 0), 3, 8 and 16 tokens take the "skinny_mma" path, Llama-3-8B's shapes
+    and a ragged one, block or per-channel scales, bf16: the float64 product of x quantized per token and 128
+    columns, or per token (quantize_oracle, bit for bit the kernels' quantization) with W."""
     g = torch.Generator().manual_seed(13)
-    cfg = KernelConfig(fp8_skinny_mma=True)
+    cfg = KernelConfig(fp8_skinny_mma=True, fp8_gemv_multi_token_max_weights=0)
     for N, K in LLAMA_SHAPES + ((1001, 528),):  # (K a multiple of 16, not of 128: skinny_mma_fits)
         grp = group or K
         w, s = make_weight(N, K, grp, g, "cuda")
         b = torch.randn(N, generator=g).to("cuda", torch.bfloat16) if N == 1001 else None
-        for M in (3, 8, 16):
+        for M in (2, 3, 8, 16):
             x = rows(M, K, torch.bfloat16, g, "cuda", strided=M == 3)
             assert fp8.fp8_path(x, w, s, grp, cfg) == "skinny_mma"
             xq = quantize_oracle(x, 128 if grp < K else K)

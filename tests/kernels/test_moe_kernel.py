@@ -261,14 +261,14 @@ def test_fp8_experts_w8a8_cuda(T):
     within FP8 activations' error of the weight-only path."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    cfg = KernelConfig(moe_decode_pairs=0)  # (the default: W8A8)
+    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0)  # (the default: W8A8; no decode path)
     assert cfg.moe_fp8_w8a8
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     rows = torch.arange(T) if T <= 257 else torch.randperm(T, generator=torch.Generator().manual_seed(0))[:64]
     want = w8a8_experts_reference(x[rows], w[rows], ids[rows], gq, gs, dq, ds)
     err = float((got[rows].float() - want.float()).abs().max() / want.float().abs().max())
     assert err < 2e-2, err  # (bf16: a product's last bit may round the other way, then its quantization)
-    weight_only = fused_moe(x, w, ids, gq, dq, KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False), gate_up_scale=gs,
+    weight_only = fused_moe(x, w, ids, gq, dq, dataclasses.replace(cfg, moe_fp8_w8a8=False), gate_up_scale=gs,
                             down_scale=ds)
     assert float((got.float() - weight_only.float()).abs().max() / weight_only.float().abs().max()) < 0.15
 
