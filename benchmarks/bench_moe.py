@@ -29,8 +29,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
                    the grouped GEMMs of batch 8 up and prefill multiplying e4m3 activations (KernelConfig.moe_fp8_w8a8,
                    the default since session 41), wonly-fp8 with them weight-only (dequantized tiles); dequant-fp8
                    with session 43's decode GEMVs (tiles dequantized to bf16, KernelConfig.moe_fp8_direct off, 8
-                   pairs), direct32-fp8 with 32k e4m3 tiles (default 16k), p16-fp8 with the decode path up to 16 pairs
-                   (default 32); ckpt-g1-fp8: ckpt-fp8 with the FP8 GEMV at 1 token only (fp8_gemv_max_tokens), ckpt-g2-fp8
+                   pairs), direct32-fp8 with 32k e4m3 tiles (default 16k), p16-fp8 / p64-fp8 / p128-fp8 with the decode
+                   path up to 16 / 64 / 128 pairs (default 32); ckpt-g1-fp8: ckpt-fp8 with the FP8 GEMV at 1 token only (fp8_gemv_max_tokens), ckpt-g2-fp8
                    with every 2-token FP8 projection on it (fp8_gemv_multi_token_max_weights unbounded)
          ckpt-fp8  new-fp8 with the attention projections (q / k / v / o) in block FP8 too, as the shipped
                    Qwen3-30B-A3B-FP8 checkpoint holds them (router, norms, embeddings and lm_head stay bf16);
@@ -132,6 +132,8 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "direct32-fp8": dataclasses.replace(KernelConfig(), moe_fp8_direct_tile=32768,
                                                 moe_fp8_direct_down_tile=32768),
             "p16-fp8": dataclasses.replace(KernelConfig(), moe_fp8_decode_pairs=16),
+            "p64-fp8": dataclasses.replace(KernelConfig(), moe_fp8_decode_pairs=64),
+            "p128-fp8": dataclasses.replace(KernelConfig(), moe_fp8_decode_pairs=128),
             # the block-FP8 attention projections' 2-token steps on skinny_mma instead of the FP8 GEMV
             "ckpt-g1-fp8": dataclasses.replace(KernelConfig(), fp8_gemv_max_tokens=1),
             # every 2-token FP8 projection on the GEMV (fp8_gemv_multi_token_max_weights unbounded: before session 44)
