@@ -22,8 +22,9 @@ gate_up's PDL wait (they need ids), and there ptxas interleaves them with the pr
 in the sm90 SASS each thread had one or two of its eight 16-byte loads in flight (37 registers), where
 the down kernel, whose loads precede its wait, issues all of them first. A CTA-scope fence after the
 loads (placed before the products; it costs a wait for the CTA's loads, which the products need anyway)
-makes ptxas issue all eight first (63 registers). The FP8 tiles are issued first without it (their
-scales' loads, inside the dequantization, would land behind the fence).
+makes ptxas issue all eight first (63 registers). The dequantized FP8 tiles are issued first without it
+(their scales' loads, inside the dequantization, would land behind the fence); the direct FP8 tiles take it, their
+scales loaded before it.
 
 FP8 on a GPU (KernelConfig.moe_fp8_packed_round): the dequantized weights are rounded to bf16 two an
 instruction (cvt.rn.bf16x2.f32) instead of Triton's one-value conversion (F2F, 132 a thread for 128 weights
@@ -31,8 +32,11 @@ in the sm90 SASS): the same values, fewer conversions.
 
 Rounding is kernels/moe.py's (the reference's): each product rounded to the model dtype, silu in fp32
 rounded, times up rounded; the routing weight applied to the rounded down product, the k terms summed in
-fp32, one final rounding. FP8 (e4m3, float32 scales per row and 128 columns) tiles are dequantized to the
-model dtype in registers (moe_decode._dequant), as the reference dequantizes the tensors.
+fp32, one final rounding. FP8 (e4m3, float32 scales per row and 128 columns) tiles, KernelConfig.moe_fp8_direct
+(default): kept e4m3 in registers, each 128-column group's sum of products scaled after the sum (W = e4m3 *
+scale in fp32, kernels/fp8_reference.py's arithmetic; its own tiles, moe_fp8_direct_tile). Off: dequantized to
+the model dtype in registers before the products (moe_decode._dequant, 2-4 bytes of registers a weight, hence
+the smaller moe_fp8_gemv_tile), as the reference dequantizes the tensors.
 """
 
 from __future__ import annotations
