@@ -86,9 +86,9 @@ class KernelConfig:
     # moe_decode_pairs token-expert pairs (FP8 experts: moe_fp8_decode_pairs), and few per expert (a
     # repeated expert is read once per pair), skip the sort and read each pair's expert in GEMVs (0: every
     # step sorts). H100 sweep (sweep_moe.py, one Qwen3-30B-A3B layer in a graph, x its bytes): 1 token
-    # 1.57x (sorted 1.90x), 2 tokens 1.43x (1.64x), 4 tokens 1.31x (1.34x), 8 tokens sorted 1.17x. FP8:
-    # the GEMVs dequantize every weight in fp32 FMAs and stop paying after one token (2 tokens: 2.72x
-    # against 2.51x sorted; 4 tokens 2.31x against 1.78x)
+    # 1.57x (sorted 1.90x), 2 tokens 1.43x (1.64x), 4 tokens 1.31x (1.34x), 8 tokens sorted 1.17x. FP8,
+    # with the tiles dequantized (moe_fp8_direct off): the GEMVs stopped paying after one token (2 tokens:
+    # 2.72x against 2.51x sorted; 4 tokens 2.31x against 1.78x), hence that mode's bound of 8 pairs
     moe_decode_pairs: int = 32
     # (8 before moe_fp8_direct; with it, bench_moe.py FP8 experts, H100 c6: 2 tokens 4.11 -> 3.52 ms at 16 pairs; H200
     # c7: 2 tokens 3.64 -> 3.10 at 16, 4 tokens 4.67 -> 4.51 at 32, batch 1 and 8 unchanged; H100 c11: 4 tokens 5.63
@@ -113,8 +113,9 @@ class KernelConfig:
     # (H100, sweep_moe.py --switches, a layer: 2 tokens 67.0 against 70.3 us, 4 tokens 108 against 114; 1 token within
     # the rounds' spread; bench_moe.py batch 1 3.18 against 3.25 ms)
     moe_gemv_loads_first: bool = True
-    # FP8 experts in those GEMVs: each dequantized weight's rounding to the model dtype two at a time (cvt.rn.bf16x2.f32)
-    # instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for 128 weights); the same values
+    # FP8 experts in those GEMVs, tiles dequantized (moe_fp8_direct off): each dequantized weight's rounding to the model
+    # dtype two at a time (cvt.rn.bf16x2.f32) instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for
+    # 128 weights); the same values
     moe_fp8_packed_round: bool = True
     # FP8 experts' GEMV tiles: e4m3 weights a gate_up / down program holds (32k: the bf16 tiles' bytes; sm90
     # registers a thread, packed rounding: gate_up 73 / 48 / 40, down 199 / 114 / 59 at 32k / 16k / 8k). H100, one
