@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model_wrapper.kernels.gemm as gemm  # noqa: E402
-from benchmarks.ab_gemv import graph_ms  # noqa: E402
+from benchmarks.ab_gemv import graph_ms, save_results  # noqa: E402
 from benchmarks.bench_forward import copy_bandwidth, decode_case  # noqa: E402
 from benchmarks.bench_moe import QWEN3_30B_A3B, decode_floor_bytes, fill_kv, quantize_experts  # noqa: E402
 from benchmarks.common import LLAMA3_8B, pyplot, random_text_generator  # noqa: E402
@@ -154,10 +153,7 @@ def main() -> int:
         res["sweep"] = sweep(bw)
     if args.steps:
         res["steps"] = steps(bw)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "skinny_tiles.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, os.path.join(args.out, "skinny_tiles.png"))
+    save_results(res, args.out, "skinny_tiles", plot)
     return 0
 
 

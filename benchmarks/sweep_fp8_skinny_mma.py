@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.ab_gemv import graph_ms  # noqa: E402
+from benchmarks.ab_gemv import graph_ms, save_results  # noqa: E402
 from benchmarks.bench_forward import copy_bandwidth  # noqa: E402
 from benchmarks.common import pyplot  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
@@ -109,10 +108,7 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, copy_bandwidth_TBps=bw / 1e12,
                tokens=tokens, kinds={k: sweep(k, tokens, bw) for k in args.kinds.split(",")})
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fp8_skinny_mma.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, os.path.join(args.out, "fp8_skinny_mma.png"))
+    save_results(res, args.out, "fp8_skinny_mma", plot)
     return 0
 
 
