@@ -138,8 +138,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "ckpt-g1-fp8": dataclasses.replace(KernelConfig(), fp8_gemv_max_tokens=1),
             # every 2-token FP8 projection on the GEMV (fp8_gemv_multi_token_max_weights unbounded: before session 44)
             "ckpt-g2-fp8": dataclasses.replace(KernelConfig(), fp8_gemv_multi_token_max_weights=1 << 40),
+            # session 45: the block-FP8 attention projections' skinny_mma launch of session 44 (rows halved to 128
+            # programs, K not split)
+            "ckpt-s44-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_min_programs=128,
+                                                fp8_skinny_mma_split_programs=0),
             "new2-fp8": KernelConfig()}
-CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -8,11 +8,13 @@ is printed as KernelConfig overrides, ready for `bench_fp8.py --fp8-variants`. S
 (benchmarks/RESULTS.md).
 
     source .gpu/device-setup.sh && python3 benchmarks/sweep_fp8_skinny_mma.py --out DIR   # -> fp8_skinny_mma.json/.png
+    ... --grid '{"fp8_skinny_mma_narrow_warps": [2, 4], "fp8_skinny_mma_min_programs": [64, 128]}' --per-shape
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 
@@ -43,53 +45,75 @@ def weights(kind: str) -> list:
     return out
 
 
-def sweep(kind: str, tokens, bw: float) -> dict:
+def grid_for(kind: str, grid: dict | list | None) -> dict | list:
+    """KernelConfig field -> values swept: `grid` (--grid), else rows x stages x the format's K step."""
+    if grid:
+        return grid
+    field, k_steps = K_STEPS[kind]
+    return {"fp8_skinny_mma_block_n": list(ROWS), "fp8_skinny_mma_stages": list(STAGES), field: list(k_steps)}
+
+
+def sweep(kind: str, tokens, bw: float, grid: dict | list | None = None, per_shape: bool = False) -> dict:
     layers = weights(kind)
     floor_us = sum(ws[0].numel() for *_, ws, _ in layers) / bw * 1e6
-    field, k_steps = K_STEPS[kind]
+    grid = grid_for(kind, grid)
     default = KernelConfig()
     rows = []
-    for block_n, stages, block_k in itertools.product(ROWS, STAGES, k_steps):
-        cfg = KernelConfig(fp8_skinny_mma_block_n=block_n, fp8_skinny_mma_stages=stages, **{field: block_k})
-        row = dict(fp8_skinny_mma_block_n=block_n, fp8_skinny_mma_stages=stages, **{field: block_k}, us={},
-                   default=(block_n, stages, block_k) == (default.fp8_skinny_mma_block_n, default.fp8_skinny_mma_stages,
-                                                         getattr(default, field)))
+    launches = [dict(zip(g, values)) for g in (grid if isinstance(grid, list) else [grid])
+                for values in itertools.product(*g.values())]
+    fields = list(dict.fromkeys(f for launch in launches for f in launch))
+    for launch in launches:
+        cfg = KernelConfig(**launch)
+        row = dict(launch, us={}, shape_us={},
+                   default=all(getattr(default, f) == v for f, v in launch.items()))
         for M in tokens:
             xs = {K: torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _, K, *_ in layers}
 
-            def layer_chain():
-                for _, K, silu, group, ws, ss in layers:
-                    for w, s in zip(ws, ss):
-                        fp8_skinny_mma(xs[K], w, s, group, silu=silu, cfg=cfg)
+            def chain(which):
+                for name, K, silu, group, ws, ss in layers:
+                    if which is None or name == which:
+                        for w, s in zip(ws, ss):
+                            fp8_skinny_mma(xs[K], w, s, group, silu=silu, cfg=cfg)
             try:
-                row["us"][M] = graph_ms(layer_chain) * 1e3 / LAYERS
+                row["us"][M] = graph_ms(lambda: chain(None)) * 1e3 / LAYERS
+                if per_shape:  # each projection alone, 32 layers of it in a graph
+                    row["shape_us"][M] = {name: graph_ms(lambda n=name: chain(n)) * 1e3 / LAYERS
+                                          for name, *_ in layers}
             except Exception as e:  # a launch past the shared memory
                 row["us"][M] = float("inf")
-                print(f"  {kind} {block_n} {stages} {block_k} M={M}: {type(e).__name__}", flush=True)
+                print(f"  {kind} {launch} M={M}: {type(e).__name__}", flush=True)
         rows.append(row)
         tag = " (default)" if row["default"] else ""
-        print(f"{kind:7s} rows {block_n:3d} stages {stages} K step {block_k:3d}{tag:10s} "
-              + "  ".join(f"M={m}: {u:7.2f}" for m, u in row["us"].items()), flush=True)
+        print(f"{kind:7s} " + " ".join(f"{f.replace('fp8_skinny_mma_', '')}={v}" for f, v in launch.items())
+              + f"{tag:10s} " + "  ".join(f"M={m}: {u:7.2f}" for m, u in row["us"].items()), flush=True)
+        for M, shapes in row["shape_us"].items():
+            print(f"          M={M}: " + "  ".join(f"{n} {u:6.2f}" for n, u in shapes.items()), flush=True)
     best = min(rows, key=lambda r: sum(r["us"].values()))
     variant = {k: v for k, v in best.items() if k.startswith("fp8_")}
     print(f"{kind}: floor {floor_us:.2f} us a layer; best {variant}: {best['us']}", flush=True)
+    if per_shape:
+        for name, *_ in layers:
+            b = min(rows, key=lambda r: sum(r["shape_us"].get(M, {}).get(name, float("inf")) for M in tokens))
+            print(f"{kind}: best for {name}: {({k: v for k, v in b.items() if k.startswith('fp8_')})}: "
+                  + "  ".join(f"M={M}: {b['shape_us'][M][name]:.2f}" for M in b["shape_us"]), flush=True)
     del layers
     torch.cuda.empty_cache()
-    return dict(floor_us=floor_us, rows=rows, best=variant)
+    return dict(floor_us=floor_us, rows=rows, best=variant, grid=grid, fields=fields)
 
 
 def plot(res: dict, path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(res["kinds"]), figsize=(7 * len(res["kinds"]), 4.5), squeeze=False)
     for ax, (kind, r) in zip(axes[0], res["kinds"].items()):
-        names = [f"{x['fp8_skinny_mma_block_n']}/{x['fp8_skinny_mma_stages']}/{x[K_STEPS[kind][0]]}" for x in r["rows"]]
+        names = ["/".join(str(x.get(f, "-")) for f in r["fields"]) for x in r["rows"]]
         for M in res["tokens"]:
             ax.plot(range(len(names)), [x["us"][M] / r["floor_us"] for x in r["rows"]], "o-", label=f"{M} tokens")
         for i, x in enumerate(r["rows"]):
             if x["default"]:
                 ax.axvline(i, color="gray", ls="--", lw=1)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-        ax.set(ylabel="us a layer / bytes floor", xlabel="rows / stages / K step (dashed: the default)",
+        fields = "/".join(f.replace("fp8_skinny_mma_", "") for f in r["fields"])
+        ax.set(ylabel="us a layer / bytes floor", xlabel=f"{fields} (dashed: the default)",
                title=f"{kind} e4m3 weights")
         ax.legend()
     fig.suptitle(f"fp8_skinny_mma launches, Llama-3-8B layer, on {res['device']}")
@@ -102,12 +126,16 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     ap.add_argument("--kinds", default="block,channel")
     ap.add_argument("--tokens", default="4,8,16")
+    ap.add_argument("--grid", default=None, help="JSON: KernelConfig field -> values to sweep, or a list of "
+                    "such grids (their launches in turn; default: rows x stages x the format's K step)")
+    ap.add_argument("--per-shape", action="store_true", help="also time each projection alone")
     args = ap.parse_args()
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, copy_bandwidth_TBps=bw / 1e12,
-               tokens=tokens, kinds={k: sweep(k, tokens, bw) for k in args.kinds.split(",")})
+               tokens=tokens, kinds={k: sweep(k, tokens, bw, json.loads(args.grid) if args.grid else None, args.per_shape)
+                                    for k in args.kinds.split(",")})
     save_results(res, args.out, "fp8_skinny_mma", plot)
     return 0
 

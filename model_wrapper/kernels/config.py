@@ -245,7 +245,7 @@ class KernelConfig:
     # rows twice): per-channel H200 -8 / -10 / -10.5%, H100 -2 / -5.5 / -5.4%; block H200 +1.3 / -1.5 / -3.7%,
     # H100 -0.5 / -2.3 / -3.9%
     fp8_skinny_mma_block_n: int = 128
-    fp8_skinny_mma_min_programs: int = 128
+    fp8_skinny_mma_min_programs: int = 64  # (session 45: was 128; split K below)
     # K step (a multiple of 128): block weights (one product per 128 columns), a scale a row (products in place).
     # H100, bench_fp8_gemm.py --tokens 8 (session 39, e5), us of qkv / o / gate_up + SiLU / down at K steps 128 / 256
     # / 512: block 18.9 / 16.7 / 54.0 / 48.8, 21.4 / 17.5 / 63.4 / 49.2, 21.5 / 16.5 / 70.6 / 42.9 (weight-only skinny
@@ -254,6 +254,26 @@ class KernelConfig:
     fp8_skinny_mma_block_k: int = 128
     fp8_skinny_mma_row_block_k: int = 256
     fp8_skinny_mma_warps: int = 4
+    # warps of a program of 32 rows or fewer (the halving above gives Llama-3-8B's qkv, o and down 32 rows at 4 warps).
+    # Below 64 rows Triton builds no wgmma: the e4m3 operands are converted to fp16 for mma.sync products, and at 4 warps
+    # a 32-row tile is computed twice over (warps 4 x 1 over 32 rows for block weights, 2 x 2 a scale a row). sm90 SASS
+    # of the K loop, warp instructions per KB of weight at 4 / 2 warps: block 135 / 86, a scale a row 92 / 61
+    # (64 rows on wgmma: 58)
+    fp8_skinny_mma_narrow_warps: int = 4
+    # split K: a launch of fewer row tiles than this many programs sums each tile's K columns in that many parts (each
+    # at least fp8_skinny_mma_split_min_steps K steps), the tile's last program to finish adding the parts in order
+    # (0: off). One program a row tile, Llama-3-8B's o and down (4096 rows) ran 128 programs of 32 rows, or 64 of 64,
+    # each streaming its whole K: H200, sweep_fp8_skinny_mma.py --per-shape at 2-16 tokens (session 45 c1), us against
+    # their bytes' floor, block / per-channel: o 14.2-14.9 / 10.5-11.5 (floor 4.0), down 39.8-40.4 / 25.2-27.7 (13.9),
+    # qkv 15.0-17.9 / 11.8-14.0 (6.0); gate_up (224-448 programs) 40.1-40.3 / 34.2 (27.9). Rows halved to 64 programs
+    # (was 128: 64-row tiles, wgmma) and block weights split to 132 programs (c2 H200, c3 H100, --per-shape), us a layer
+    # at 2-16 tokens, session 44's launch -> now: H200 block 110-119 -> 102-109, H100 block 127-131 -> 116-119,
+    # H100 per-channel 106-108 -> 102-104 (split: no gain a scale a row, where the products add in place). Decode steps
+    # (bench_fp8.py, H100 c3, rows twice) at batch 2 / 4 / 8 / 16, ms: block 4.88 / 4.95 / 5.06 / 5.38 -> 4.51-4.54 /
+    # 4.55-4.57 / 4.73-4.74 / 5.00; per-channel 4.08 / 4.16 / 4.30 / 4.53 -> 3.95 / 4.06-4.07 / 4.19-4.20 / 4.44-4.45
+    fp8_skinny_mma_split_programs: int = 132
+    fp8_skinny_mma_row_split_programs: int = 0  # the same for a scale a weight row
+    fp8_skinny_mma_split_min_steps: int = 2
     # block weights: each K step's scales (x's per 128 columns, the weight rows') loaded a step ahead instead of in
     # the step that uses them (plain loads, which Triton's pipeliner does not stage: in every step a memory round trip
     # before the product could be scaled; the block path took 29.5 us a call against per-channel's 22.3, H100 session

@@ -51,11 +51,19 @@ MAX_TOKENS = 64  # the token tile (BM) is M rounded up to 16, 32 or 64
 def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: tl.constexpr, stride_q, stride_qs,
                            stride_qg, stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr,
                            BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           SILU: tl.constexpr, PDL: tl.constexpr, SCALES_AHEAD: tl.constexpr = True):
+                           SILU: tl.constexpr, PDL: tl.constexpr, SCALES_AHEAD: tl.constexpr = True,
+                           ws_ptr=None, cnt_ptr=None, SPLIT: tl.constexpr = 1, SPLIT_COLS: tl.constexpr = 0):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
-    # and scaled once at the end
+    # and scaled once at the end. SPLIT > 1: program (i, j) sums K columns [j * SPLIT_COLS, (j + 1) * SPLIT_COLS)
+    # (whole K steps) of row tile i into ws, and the last of a tile's SPLIT programs to finish adds them in order
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
+    if SPLIT > 1:
+        k_start = tl.program_id(1) * SPLIT_COLS
+        k_end = tl.minimum(k_start + SPLIT_COLS, K)
+    else:
+        k_start = 0
+        k_end = K
     # (PDL: waits for the quantize kernel that wrote x's e4m3 rows and scales)
     rows, live, w_rows, s_rows, toks, tok_ok = skinny_rows(w_ptr, s_ptr, stride_w, stride_s, N, M, ROWS, BM, PDL)
     acc = tl.zeros([ROWS, BM], dtype=tl.float32)
@@ -65,9 +73,9 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         # pipeliner stages the tiles' copies only, and a plain load used in its own step put a memory round trip in
         # every step (sm90 TTGIR, session 43)
         gs = tl.arange(0, BLOCK_K // 128)
-        sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, 0, gs, N, K, stride_qs, stride_qg,
-                                                  stride_s, GROUP, SILU)
-    for k in range(0, K, BLOCK_K):
+        sx_next, sw_next, su_next = _group_scales(qs_ptr, s_rows, toks, tok_ok, k_start, gs, N, K, stride_qs,
+                                                  stride_qg, stride_s, GROUP, SILU)
+    for k in range(k_start, k_end, BLOCK_K):
         if PER_GROUP:
             if SCALES_AHEAD:
                 sx_step, sw_step, su_step = sx_next, sw_next, su_next
@@ -108,7 +116,27 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         acc *= tl.load(s_rows)[:, None] * sx
         if SILU:
             up *= tl.load(s_rows + N * stride_s)[:, None] * sx
-    skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
+    if SPLIT > 1:
+        # ws [SPLIT (x 2 with SILU: gate's, then up's), BM, N] fp32: this split's sums; every thread's stored (barrier),
+        # then the tile's count with release (cumulative over the barrier): its last program, acquiring it, reads
+        # all SPLIT partials (through L2) and adds them in split order, whichever program that is
+        slot = ws_ptr + toks[None, :] * N + rows[:, None]
+        tl.store(slot + tl.program_id(1) * BM * N, acc, mask=live[:, None])
+        if SILU:
+            tl.store(slot + (SPLIT + tl.program_id(1)) * BM * N, up, mask=live[:, None])
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            acc = tl.zeros([ROWS, BM], dtype=tl.float32)
+            up = tl.zeros([ROWS, BM], dtype=tl.float32)
+            for j in tl.static_range(SPLIT):
+                acc += tl.load(slot + j * BM * N, mask=live[:, None], other=0.0, cache_modifier=".cg")
+                if SILU:
+                    up += tl.load(slot + (SPLIT + j) * BM * N, mask=live[:, None], other=0.0, cache_modifier=".cg")
+            skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)  # ready for the next launch (a graph replays this one)
+    else:
+        skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, HAS_BIAS, SILU)
 
 
 @triton.jit
@@ -174,14 +202,48 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     bm = max(16, triton.next_power_of_2(M))
     block_k = cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k
     pdl = uses_pdl(weight.device, cfg)
-    _fp8_skinny_mma_kernel[(triton.cdiv(n_out, rows),)](
+    tiles = triton.cdiv(n_out, rows)
+    split, split_cols = split_k(tiles, K, block_k, cfg, group < K)
+    ws = cnt = None
+    if split > 1:
+        ws = torch.empty((2 if silu else 1) * split * bm, n_out, dtype=torch.float32, device=weight.device)
+        cnt = _counts(weight.device)
+    _fp8_skinny_mma_kernel[(tiles, split)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
         BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
-        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead,
-        num_warps=cfg.fp8_skinny_mma_warps,
+        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, ws_ptr=ws, cnt_ptr=cnt, SPLIT=split, SPLIT_COLS=split_cols,
+        num_warps=cfg.fp8_skinny_mma_narrow_warps if rows <= 32 else cfg.fp8_skinny_mma_warps,
         num_stages=skinny_mma_stages(cfg, block_n, bm, block_k, max_shared_memory(weight.device)), **launch_args(pdl))
     return out
+
+
+MAX_SPLIT_TILES = 1 << 16  # row tiles a split launch may have: the counters' length
+_COUNTS: dict = {}
+
+
+def _counts(device: torch.device) -> torch.Tensor:
+    """The device's int32 counters of finished split programs per row tile (zero between launches: each tile's last
+    program resets its own). Made once, on the first (eager, warm-up) call; a capture then records the address."""
+    c = _COUNTS.get(device)
+    if c is None:
+        c = _COUNTS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
+    return c
+
+
+def split_k(tiles: int, K: int, block_k: int, cfg: KernelConfig, per_group: bool = True) -> tuple[int, int]:
+    """-> (splits, columns a split) of a launch of `tiles` row tiles over K columns in K steps of block_k: as many
+    splits as bring the programs to cfg.fp8_skinny_mma_split_programs (block weights, per_group) or
+    fp8_skinny_mma_row_split_programs (a scale a row; 0: no split), each at least cfg.fp8_skinny_mma_split_min_steps
+    whole K steps, none empty; (1, K) where that is one."""
+    steps = triton.cdiv(K, block_k)
+    programs = cfg.fp8_skinny_mma_split_programs if per_group else cfg.fp8_skinny_mma_row_split_programs
+    want = triton.cdiv(programs, tiles) if programs else 1
+    split = max(1, min(want, steps // max(1, cfg.fp8_skinny_mma_split_min_steps)))
+    if split <= 1 or tiles > MAX_SPLIT_TILES:
+        return 1, K
+    per = triton.cdiv(steps, split)
+    return triton.cdiv(steps, per), per * block_k
 
 
 def act_group(K: int, group: int) -> int:

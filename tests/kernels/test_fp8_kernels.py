@@ -211,8 +211,16 @@ def test_fp8_skinny_is_the_weight_only_product(cfg):
                                  KernelConfig(fp8_skinny_mma_block_k=512, fp8_skinny_mma_row_block_k=256),
                                  KernelConfig(fp8_skinny_mma_min_programs=1),  # the default's 128 rows a program
                                  KernelConfig(fp8_skinny_mma_scales_ahead=False),  # block scales loaded in their step
-                                 KernelConfig(fp8_skinny_mma_block_k=256, fp8_skinny_mma_scales_ahead=False)],
-                         ids=["default", "n32-k128", "k512-256", "n128", "scales-in-step", "scales-in-step-k256"])
+                                 KernelConfig(fp8_skinny_mma_block_k=256, fp8_skinny_mma_scales_ahead=False),
+                                 KernelConfig(fp8_skinny_mma_narrow_warps=2),  # 32-row tiles at 2 warps, 1 warp
+                                 KernelConfig(fp8_skinny_mma_narrow_warps=1, fp8_skinny_mma_block_n=32),
+                                 # K split into up to 64 parts of one K step (and of two: uneven parts)
+                                 KernelConfig(fp8_skinny_mma_split_programs=64, fp8_skinny_mma_row_split_programs=64,
+                                              fp8_skinny_mma_split_min_steps=1),
+                                 KernelConfig(fp8_skinny_mma_split_programs=3, fp8_skinny_mma_row_split_programs=3,
+                                              fp8_skinny_mma_block_n=32, fp8_skinny_mma_block_k=256)],
+                         ids=["default", "n32-k128", "k512-256", "n128", "scales-in-step", "scales-in-step-k256",
+                              "narrow-w2", "narrow-w1", "split", "split-n32-k256"])
 def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     """The "skinny_mma" path (kernels/fp8_skinny_mma.py, W8A8 at 1-64 tokens): x quantized per token and 128
     columns for block weights, per token for a scale a row (the prefill paths' rounding: quantize_oracle), e4m3
@@ -242,6 +250,29 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
         assert rel_err(got, F.silu(gate.double()) * up.double()) < TOL[dtype], (M, N, K, group)
     with pytest.raises(ValueError, match="at most 64 tokens, got 65"):  # (its widest token tile)
         fp8_skinny_mma(rows(65, 256, dtype, g), *make_weight(32, 256, 128, g), 128, cfg=cfg)
+    from model_wrapper.kernels import fp8_skinny_mma as module
+    assert not any(c.any() for c in module._COUNTS.values())  # split launches: every tile's counter reset
+
+
+def test_fp8_skinny_mma_split_k_parts():
+    """split_k: parts that bring the programs to fp8_skinny_mma_split_programs, each of whole K steps (at least
+    fp8_skinny_mma_split_min_steps), none empty; no split where that is one part or the option is off."""
+    from model_wrapper.kernels.fp8_skinny_mma import split_k
+
+    on = KernelConfig(fp8_skinny_mma_split_programs=256, fp8_skinny_mma_split_min_steps=2)
+    assert split_k(64, 14336, 128, on) == (4, 3584)  # 64 tiles x 4 parts of 28 steps
+    assert split_k(64, 4096, 128, on) == (4, 1024)
+    assert split_k(48, 4096, 128, on) == (6, 768)  # 32 steps in 6 parts: 6 x 6 steps (the last 2)
+    assert split_k(300, 4096, 128, on) == (1, 4096)  # enough tiles
+    assert split_k(8, 512, 128, on) == (2, 256)  # 4 steps: parts of at least 2
+    assert split_k(8, 256, 128, on) == (1, 256)
+    assert split_k(7, 1000, 256, dataclasses.replace(on, fp8_skinny_mma_split_min_steps=1)) == (4, 256)
+    assert split_k(7, 4096, 256, dataclasses.replace(on, fp8_skinny_mma_split_programs=0)) == (1, 4096)
+    assert split_k(64, 4096, 128, on, per_group=False) == (1, 4096)  # a scale a row: its own bound (0: off)
+    assert split_k(64, 4096, 128, dataclasses.replace(on, fp8_skinny_mma_row_split_programs=128), False) == (2, 2048)
+    for tiles, K, bk in ((64, 14336, 128), (48, 4096, 128), (8, 1000, 256), (3, 4096, 512)):
+        parts, cols = split_k(tiles, K, bk, on)
+        assert cols % bk == 0 and (parts - 1) * cols < K <= parts * cols  # whole steps, the last part not empty
 
 
 def test_fp8_gemm_is_the_product_of_quantized_activations():
