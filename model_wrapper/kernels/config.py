@@ -274,6 +274,9 @@ class KernelConfig:
     fp8_skinny_mma_split_programs: int = 132
     fp8_skinny_mma_row_split_programs: int = 0  # the same for a scale a weight row
     fp8_skinny_mma_split_min_steps: int = 2
+    # where K splits, rows are not halved below this many a program (64: the smallest wgmma tile; Qwen3-30B-A3B's o,
+    # 2048 rows, would halve to 32-row mma.sync tiles for 64 programs)
+    fp8_skinny_mma_split_min_rows: int = 64
     # block weights: each K step's scales (x's per 128 columns, the weight rows') loaded a step ahead instead of in
     # the step that uses them (plain loads, which Triton's pipeliner does not stage: in every step a memory round trip
     # before the product could be scaled; the block path took 29.5 us a call against per-channel's 22.3, H100 session

@@ -194,7 +194,11 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     if not M:
         return out
     block_n = cfg.fp8_skinny_mma_block_n
-    while block_n > 32 and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_mma_min_programs:
+    # rows halved to min_programs programs; not below fp8_skinny_mma_split_min_rows where K splits (64: wgmma tiles)
+    splits = (cfg.fp8_skinny_mma_split_programs if group < K else cfg.fp8_skinny_mma_row_split_programs) > 0
+    least = cfg.fp8_skinny_mma_split_min_rows if splits else 0
+    while (block_n > 32 and (block_n // 2 if silu else block_n) > least
+           and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_mma_min_programs):
         block_n //= 2
     if silu:
         block_n = max(block_n, 32)  # its halves (gate, up) are products of at least 16 rows
