@@ -29,6 +29,13 @@ in one program) as the other skinny kernels: each product rounded to x's dtype, 
 
 This is the prefill paths' arithmetic (activations quantized) rather than the weight-only kernels'
 (x unquantized), as vLLM's FP8 linears do at every size; the GEMV (1-2 tokens) stays weight-only.
+
+The launch (session 45): sm90 builds wgmma e4m3 products only for tiles of 64 weight rows or more; a 32-row tile
+becomes mma.sync products on fp16 conversions of both operands (and at 4 warps computes it twice), so rows are halved
+only down to 64 programs (KernelConfig.fp8_skinny_mma_min_programs). One program a row tile left Llama-3-8B's o and
+down at 64 programs streaming their whole K, and block weights wait on each 128-column product before scaling it, so
+their K is split (split_k: fp8_skinny_mma_split_programs) and the last of a row tile's programs to finish (an atomic
+count it resets) adds the parts' fp32 sums in split order, whichever program that is: the same sums run to run.
 """
 
 from __future__ import annotations
