@@ -5,7 +5,10 @@ Per launch and token count: microseconds a layer (qkv, o, gate_up with its SiLU 
 a CUDA graph running the four over 32 layers' distinct random weights, against the floor of the layer's e4m3 weight
 bytes over the copy bandwidth measured here. The best launch of each format (the least summed over the token counts)
 is printed as KernelConfig overrides, ready for `bench_fp8.py --fp8-variants`. Session 42 picked its defaults this way
-(benchmarks/RESULTS.md).
+(benchmarks/RESULTS.md). `fp8_skinny_mma_block_n` is the most rows a program: fp8_skinny_mma halves it until
+`fp8_skinny_mma_min_programs` programs, so a row count swept alone reaches only the shapes that many rows already fill
+(session 42's sweep gave Llama-3-8B's qkv, o and down 32 rows whatever it asked for); `--per-shape` times each
+projection alone, which is how session 45 saw it.
 
     source .gpu/device-setup.sh && python3 benchmarks/sweep_fp8_skinny_mma.py --out DIR   # -> fp8_skinny_mma.json/.png
     ... --grid '{"fp8_skinny_mma_narrow_warps": [2, 4], "fp8_skinny_mma_min_programs": [64, 128]}' --per-shape
