@@ -40,6 +40,8 @@ count it resets) adds the parts' fp32 sums in split order, whichever program tha
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -200,8 +202,43 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     out = torch.empty(M, n_out, dtype=dtype, device=weight.device)
     if not M:
         return out
+    launch = skinny_mma_launch(M, n_out, K, group, silu, cfg, max_shared_memory(weight.device))
+    pdl = uses_pdl(weight.device, cfg)
+    ws = cnt = None
+    if launch.split > 1:  # each part's fp32 sums (gate's, then up's), and the row tiles' counts
+        ws = torch.empty((2 if silu else 1) * launch.split * launch.bm, n_out, dtype=torch.float32,
+                         device=weight.device)
+        cnt = _counts(weight.device)
+    _fp8_skinny_mma_kernel[(launch.tiles, launch.split)](
+        q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
+        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
+        BM=launch.bm, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
+        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, ws_ptr=ws, cnt_ptr=cnt, SPLIT=launch.split,
+        SPLIT_COLS=launch.split_cols, num_warps=launch.warps, num_stages=launch.stages, **launch_args(pdl))
+    return out
+
+
+class SkinnyMmaLaunch(NamedTuple):
+    """fp8_skinny_mma's launch of one call (skinny_mma_launch)."""
+
+    block_n: int  # weight rows a program (gate's and up's together with SILU)
+    rows: int  # output rows a program
+    bm: int  # the token tile
+    block_k: int
+    tiles: int  # row tiles: the grid's first axis
+    split: int  # K parts: the grid's second axis
+    split_cols: int  # K columns a part (whole K steps)
+    warps: int
+    stages: int
+
+
+def skinny_mma_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: KernelConfig,
+                      shared: int) -> SkinnyMmaLaunch:
+    """The launch of fp8_skinny_mma for M tokens, n_out output rows (SILU: gate_up's halves) over K columns of weights
+    of scale group `group`, on a device of `shared` bytes of shared memory a program (max_shared_memory): rows a
+    program halved from cfg.fp8_skinny_mma_block_n until cfg.fp8_skinny_mma_min_programs programs, not below
+    cfg.fp8_skinny_mma_split_min_rows where K splits (64: the smallest wgmma tile), then K split (split_k)."""
     block_n = cfg.fp8_skinny_mma_block_n
-    # rows halved to min_programs programs; not below fp8_skinny_mma_split_min_rows where K splits (64: wgmma tiles)
     splits = (cfg.fp8_skinny_mma_split_programs if group < K else cfg.fp8_skinny_mma_row_split_programs) > 0
     least = cfg.fp8_skinny_mma_split_min_rows if splits else 0
     while (block_n > 32 and (block_n // 2 if silu else block_n) > least
@@ -212,21 +249,11 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     rows = block_n // 2 if silu else block_n
     bm = max(16, triton.next_power_of_2(M))
     block_k = cfg.fp8_skinny_mma_block_k if group < K else cfg.fp8_skinny_mma_row_block_k
-    pdl = uses_pdl(weight.device, cfg)
     tiles = triton.cdiv(n_out, rows)
     split, split_cols = split_k(tiles, K, block_k, cfg, group < K)
-    ws = cnt = None
-    if split > 1:
-        ws = torch.empty((2 if silu else 1) * split * bm, n_out, dtype=torch.float32, device=weight.device)
-        cnt = _counts(weight.device)
-    _fp8_skinny_mma_kernel[(tiles, split)](
-        q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
-        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
-        BM=bm, BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
-        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, ws_ptr=ws, cnt_ptr=cnt, SPLIT=split, SPLIT_COLS=split_cols,
-        num_warps=cfg.fp8_skinny_mma_narrow_warps if rows <= 32 else cfg.fp8_skinny_mma_warps,
-        num_stages=skinny_mma_stages(cfg, block_n, bm, block_k, max_shared_memory(weight.device)), **launch_args(pdl))
-    return out
+    return SkinnyMmaLaunch(block_n, rows, bm, block_k, tiles, split, split_cols,
+                           cfg.fp8_skinny_mma_narrow_warps if rows <= 32 else cfg.fp8_skinny_mma_warps,
+                           skinny_mma_stages(cfg, block_n, bm, block_k, shared))
 
 
 MAX_SPLIT_TILES = 1 << 16  # row tiles a split launch may have: the counters' length

@@ -105,15 +105,14 @@ def _compile_all() -> dict:
           dict(K=4096, GROUP=128, PER_GROUP=True, HAS_BIAS=False, SILU=True, PDL=True,
                F32_UPCAST=cfg.fp8_skinny_f32_upcast, **{k: v for k, v in launch.items() if not k.startswith("num_")}),
           num_warps=launch["num_warps"], num_stages=launch["num_stages"])
-    for name, group, bm in (("block", 128, 16), ("row 32 tokens", 4096, 32)):
-        block_k = cfg.fp8_skinny_mma_block_k if group < 4096 else cfg.fp8_skinny_mma_row_block_k
-        stages = fp8_skinny_mma.skinny_mma_stages(cfg, cfg.fp8_skinny_mma_block_n, bm, block_k, LIMITS[89])
+    for name, group, tokens in (("block", 128, 16), ("row 32 tokens", 4096, 32)):
+        launch = fp8_skinny_mma.skinny_mma_launch(tokens, 14336, 4096, group, True, cfg, LIMITS[89])
         build(f"skinny_mma gate_up {name} sm89", 89, fp8_skinny_mma._fp8_skinny_mma_kernel,
-              dict(fp8_linear, q_ptr="*fp8e4nv", qs_ptr="*fp32"),
-              dict(K=4096, GROUP=group, PER_GROUP=group < 4096, BM=bm, BLOCK_N=cfg.fp8_skinny_mma_block_n,
-                   BLOCK_K=block_k, HAS_BIAS=False, SILU=True, PDL=True,
-                   SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead), num_warps=cfg.fp8_skinny_mma_warps,
-              num_stages=stages)
+              dict(fp8_linear, q_ptr="*fp8e4nv", qs_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32"),
+              dict(K=4096, GROUP=group, PER_GROUP=group < 4096, BM=launch.bm, BLOCK_N=launch.block_n,
+                   BLOCK_K=launch.block_k, HAS_BIAS=False, SILU=True, PDL=True,
+                   SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, SPLIT=launch.split, SPLIT_COLS=launch.split_cols),
+              num_warps=launch.warps, num_stages=launch.stages)
 
     # the verify and mixed-prefill attention (default 2 stages), their largest row tiles: Qwen3-30B-A3B's group 8
     # at 16 tokens a request (128 rows), the mixed graphs' 64 rows
