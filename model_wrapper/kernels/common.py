@@ -104,6 +104,31 @@ def skinny_store(acc, up, b_ptr, o_ptr, rows, live, toks, tok_ok, N, stride_o, H
     tl.store(o_ptr + toks[None, :] * stride_o + rows[:, None], acc.to(dtype), mask=live[:, None] & tok_ok[None, :])
 
 
+_COUNTERS: dict = {}
+
+
+def device_counters(owner: str, n: int, device: torch.device) -> torch.Tensor:
+    """owner's n int32 counters on device (zero between launches: the kernel that counts on them resets each one it
+    used, see last_to_arrive), made once, on the first (eager, warm-up) call; a graph capture then records their
+    address. Kernels that count on them run in stream order (a PDL launch waits before it counts)."""
+    c = _COUNTERS.get((owner, device))
+    if c is None:
+        c = _COUNTERS[(owner, device)] = torch.zeros(n, dtype=torch.int32, device=device)
+    elif c.numel() < n:  # (never replaced: a captured graph may hold the address)
+        raise ValueError(f"device_counters: {owner} has {c.numel()} counters on {device}, asked for {n}")
+    return c
+
+
+@triton.jit
+def last_to_arrive(count_ptr, programs):
+    """Whether this program is the last of `programs` to reach this point, counted at count_ptr: every thread's
+    stores before it made visible first (a barrier, then the count with acq_rel at GPU scope, cumulative over the
+    barrier), so the last program reads the others' stores (through L2: cache_modifier=".cg"). That program then
+    resets the count for the next launch (tl.atomic_xchg(count_ptr, 0): a graph replays the same launch)."""
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1
+
+
 @triton.jit
 def loads_fence():
     """A CTA-scope fence: ptxas issues every load before it ahead of it, instead of sinking loads into the

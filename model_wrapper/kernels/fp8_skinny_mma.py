@@ -46,14 +46,15 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import (DEFAULT, launch_args, max_shared_memory, skinny_rows, skinny_store,
-                                         stages_that_fit, uses_pdl)
+from model_wrapper.kernels.common import (DEFAULT, device_counters, last_to_arrive, launch_args, max_shared_memory,
+                                         skinny_rows, skinny_store, stages_that_fit, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.fp8_reference import QuantizedActivation
 
 QGROUP = 128  # the activation's quantization group (columns): a K step
 MAX_TOKENS = 64  # the token tile (BM) is M rounded up to 16, 32 or 64
+MAX_SPLIT_TILES = 1 << 16  # row tiles a split launch may have: its counters (common.device_counters)
 
 
 @triton.jit
@@ -126,16 +127,13 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
         if SILU:
             up *= tl.load(s_rows + N * stride_s)[:, None] * sx
     if SPLIT > 1:
-        # ws [SPLIT (x 2 with SILU: gate's, then up's), BM, N] fp32: this split's sums; every thread's stored (barrier),
-        # then the tile's count with release (cumulative over the barrier): its last program, acquiring it, reads
-        # all SPLIT partials (through L2) and adds them in split order, whichever program that is
+        # ws [SPLIT (x 2 with SILU: gate's, then up's), BM, N] fp32: this split's sums; the tile's last program to
+        # arrive reads all SPLIT partials (through L2) and adds them in split order, whichever program that is
         slot = ws_ptr + toks[None, :] * N + rows[:, None]
         tl.store(slot + tl.program_id(1) * BM * N, acc, mask=live[:, None])
         if SILU:
             tl.store(slot + (SPLIT + tl.program_id(1)) * BM * N, up, mask=live[:, None])
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT - 1:
+        if last_to_arrive(cnt_ptr + tl.program_id(0), SPLIT):
             acc = tl.zeros([ROWS, BM], dtype=tl.float32)
             up = tl.zeros([ROWS, BM], dtype=tl.float32)
             for j in tl.static_range(SPLIT):
@@ -208,7 +206,7 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
     if launch.split > 1:  # each part's fp32 sums (gate's, then up's), and the row tiles' counts
         ws = torch.empty((2 if silu else 1) * launch.split * launch.bm, n_out, dtype=torch.float32,
                          device=weight.device)
-        cnt = _counts(weight.device)
+        cnt = device_counters("fp8_skinny_mma", MAX_SPLIT_TILES, weight.device)
     _fp8_skinny_mma_kernel[(launch.tiles, launch.split)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
@@ -254,19 +252,6 @@ def skinny_mma_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: K
     return SkinnyMmaLaunch(block_n, rows, bm, block_k, tiles, split, split_cols,
                            cfg.fp8_skinny_mma_narrow_warps if rows <= 32 else cfg.fp8_skinny_mma_warps,
                            skinny_mma_stages(cfg, block_n, bm, block_k, shared))
-
-
-MAX_SPLIT_TILES = 1 << 16  # row tiles a split launch may have: the counters' length
-_COUNTS: dict = {}
-
-
-def _counts(device: torch.device) -> torch.Tensor:
-    """The device's int32 counters of finished split programs per row tile (zero between launches: each tile's last
-    program resets its own). Made once, on the first (eager, warm-up) call; a capture then records the address."""
-    c = _COUNTS.get(device)
-    if c is None:
-        c = _COUNTS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
-    return c
 
 
 def split_k(tiles: int, K: int, block_k: int, cfg: KernelConfig, per_group: bool = True) -> tuple[int, int]:

@@ -42,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import DEFAULT, gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
+from model_wrapper.kernels.common import (DEFAULT, device_counters, gdc_launch_dependents, gdc_wait, last_to_arrive,
+                                         launch_args, uses_pdl)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.norm import add_rms_norm_row
 
@@ -125,26 +126,11 @@ def _router_route_kernel(x_ptr, g_ptr, logits_ptr, w_ptr, ids_ptr, count_ptr, r_
             x = tl.load(x_ptr + m * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
         acc = tl.sum(g.to(tl.float32) * x[None, :], axis=1)
         tl.store(logits_ptr + m * stride_l + rows, acc.to(dtype), mask=live)
-    # every thread's logits stored (barrier), then the count with release (cumulative over the barrier):
-    # the last program, acquiring it, reads all programs' logits (through L2)
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if done == tl.num_programs(0) - 1:
+    # every thread's logits stored; the last program reads all programs' logits (through L2)
+    if last_to_arrive(count_ptr, tl.num_programs(0)):
         for t in range(M):  # a loop, not unrolled: two unrolled [EP, EP] rankings spill at M = 2
             _route_row(logits_ptr, w_ptr, ids_ptr, t, E, stride_l, TOP_K, KP, EP, RENORM, True, SORT)
         tl.atomic_xchg(count_ptr, 0)  # ready for the next launch (a graph replays this one)
-
-
-_COUNTS: dict = {}
-
-
-def _count(device: torch.device) -> torch.Tensor:
-    """The device's int32 counter of finished router programs (zero between launches: the last program
-    resets it). Made once, on the first (eager, warm-up) call; a capture then records its address."""
-    c = _COUNTS.get(device)
-    if c is None:
-        c = _COUNTS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return c
 
 
 def router_route_fits(x: torch.Tensor, gate: torch.Tensor, cfg: KernelConfig) -> bool:
@@ -193,7 +179,7 @@ def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm):
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
     xn = torch.empty_like(x) if add_norm is not None else x
     _router_route_kernel[(triton.cdiv(E, block_e),)](
-        x, gate, logits, weights, ids, _count(x.device), r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
+        x, gate, logits, weights, ids, device_counters("moe_route", 1, x.device), r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
         logits.stride(0), r.stride(0), r_out.stride(0), xn.stride(0), M=T, HP=hp, BLOCK_E=block_e, TOP_K=top_k,
         KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob,
         PDL=pdl, SORT=cfg.moe_route_sort, NORM=add_norm is not None, num_warps=cfg.gemv_warps, **launch_args(pdl))
