@@ -28,7 +28,9 @@ from benchmarks.ab_gemv import graph_ms, save_results  # noqa: E402
 from benchmarks.bench_forward import copy_bandwidth  # noqa: E402
 from benchmarks.common import pyplot  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
-from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma  # noqa: E402
+from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group  # noqa: E402
+from model_wrapper.kernels.fp8_reference import QuantizedActivation  # noqa: E402
+from model_wrapper.kernels.fp8_skinny_mma import act_group, fp8_skinny_mma  # noqa: E402
 
 SHAPES = (("qkv", 6144, 4096, False), ("o", 4096, 4096, False), ("gate_up", 28672, 4096, True),
           ("down", 4096, 14336, False))  # (name, N, K, SiLU epilogue)
@@ -56,7 +58,8 @@ def grid_for(kind: str, grid: dict | list | None) -> dict | list:
     return {"fp8_skinny_mma_block_n": list(ROWS), "fp8_skinny_mma_stages": list(STAGES), field: list(k_steps)}
 
 
-def sweep(kind: str, tokens, bw: float, grid: dict | list | None = None, per_shape: bool = False) -> dict:
+def sweep(kind: str, tokens, bw: float, grid: dict | list | None = None, per_shape: bool = False,
+          prequantized: bool = False) -> dict:
     layers = weights(kind)
     floor_us = sum(ws[0].numel() for *_, ws, _ in layers) / bw * 1e6
     grid = grid_for(kind, grid)
@@ -71,6 +74,10 @@ def sweep(kind: str, tokens, bw: float, grid: dict | list | None = None, per_sha
                    default=all(getattr(default, f) == v for f, v in launch.items()))
         for M in tokens:
             xs = {K: torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _, K, *_ in layers}
+            if prequantized:  # x quantized once outside the graph, as a producer would hand it over: the GEMMs alone
+                groups = {K: act_group(K, group) for _, K, _, group, *_ in layers}
+                xs = {K: QuantizedActivation(*quantize_fp8_per_token_group(x, groups[K]), M, groups[K], x.dtype)
+                      for K, x in xs.items()}
 
             def chain(which):
                 for name, K, silu, group, ws, ss in layers:
@@ -132,13 +139,16 @@ def main() -> int:
     ap.add_argument("--grid", default=None, help="JSON: KernelConfig field -> values to sweep, or a list of "
                     "such grids (their launches in turn; default: rows x stages x the format's K step)")
     ap.add_argument("--per-shape", action="store_true", help="also time each projection alone")
+    ap.add_argument("--prequantized", action="store_true", help="x quantized beforehand (a QuantizedActivation, as "
+                    "a producer quantizing for skinny_mma hands it over): the GEMMs without their quantize kernels")
     args = ap.parse_args()
     bw = copy_bandwidth("cuda")
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     tokens = [int(t) for t in args.tokens.split(",")]
     res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, copy_bandwidth_TBps=bw / 1e12,
-               tokens=tokens, kinds={k: sweep(k, tokens, bw, json.loads(args.grid) if args.grid else None, args.per_shape)
-                                    for k in args.kinds.split(",")})
+               tokens=tokens, prequantized=args.prequantized,
+               kinds={k: sweep(k, tokens, bw, json.loads(args.grid) if args.grid else None, args.per_shape,
+                               args.prequantized) for k in args.kinds.split(",")})
     save_results(res, args.out, "fp8_skinny_mma", plot)
     return 0
 

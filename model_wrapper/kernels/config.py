@@ -254,13 +254,13 @@ class KernelConfig:
     fp8_skinny_mma_block_k: int = 128
     fp8_skinny_mma_row_block_k: int = 256
     fp8_skinny_mma_warps: int = 4
-    # warps of a program of 32 rows or fewer (the halving above gives Llama-3-8B's qkv, o and down 32 rows at 4 warps).
-    # Below 64 rows Triton builds no wgmma: the e4m3 operands are converted to fp16 for mma.sync products, and at 4 warps
-    # a 32-row tile is computed twice over (warps 4 x 1 over 32 rows for block weights, 2 x 2 a scale a row). sm90 SASS
-    # of the K loop, warp instructions per KB of weight at 4 / 2 warps: block 135 / 86, a scale a row 92 / 61
-    # (64 rows on wgmma: 58). Measured (H200, session 45 c1, 32-row tiles as session 44 launched them): 2 warps gained
-    # block weights 1-2.5% at batch 4-16 and cost per-channel ones 15% (bench_fp8.py decode, 3.40-3.78 -> 4.05-4.36 ms);
-    # with the 64-row tiles below the 8B's projections no longer take 32-row tiles. Kept at 4
+    # warps of a program of 32 rows or fewer (session 44's halving gave Llama-3-8B's qkv, o and down 32 rows at 4
+    # warps). Below 64 rows Triton builds no wgmma: the e4m3 operands are converted to fp16 for mma.sync products, and
+    # at 4 warps a 32-row tile is computed twice over (warps 4 x 1 over 32 rows for block weights, 2 x 2 a scale a
+    # row). sm90 SASS of the K loop, warp instructions per KB of weight at 4 / 2 warps: block 135 / 86, a scale a row
+    # 92 / 61 (64 rows on wgmma: 58). Measured (H200, session 45 c1, 32-row tiles as session 44 launched them): 2
+    # warps gained block weights 1-2.5% at batch 4-16 and cost per-channel ones 15% (bench_fp8.py decode, 3.40-3.78 ->
+    # 4.05-4.36 ms); with the 64-row tiles below the 8B's projections no longer take 32-row tiles. Kept at 4
     fp8_skinny_mma_narrow_warps: int = 4
     # split K: a launch of fewer row tiles than this many programs sums each tile's K columns in that many parts (each
     # at least fp8_skinny_mma_split_min_steps K steps), the tile's last program to finish adding the parts in order

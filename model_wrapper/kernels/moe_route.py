@@ -178,8 +178,9 @@ def _router_route(x, gate, top_k, norm_topk_prob, fp32_weights, cfg, add_norm):
     # without a norm the add_norm pointers are placeholders the kernel never reads (NORM=False)
     r, nw, eps, r_out = add_norm if add_norm is not None else (x, x, 0.0, x)
     xn = torch.empty_like(x) if add_norm is not None else x
+    count = device_counters("moe_route", 1, x.device)  # finished programs (the last one routes)
     _router_route_kernel[(triton.cdiv(E, block_e),)](
-        x, gate, logits, weights, ids, device_counters("moe_route", 1, x.device), r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
+        x, gate, logits, weights, ids, count, r, nw, r_out, xn, eps, E, H, x.stride(0), gate.stride(0),
         logits.stride(0), r.stride(0), r_out.stride(0), xn.stride(0), M=T, HP=hp, BLOCK_E=block_e, TOP_K=top_k,
         KP=max(2, triton.next_power_of_2(top_k)), EP=max(2, triton.next_power_of_2(E)), RENORM=norm_topk_prob,
         PDL=pdl, SORT=cfg.moe_route_sort, NORM=add_norm is not None, num_warps=cfg.gemv_warps, **launch_args(pdl))

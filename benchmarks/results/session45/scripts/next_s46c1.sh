@@ -3,7 +3,8 @@
 # Session 44 kept the FP8 GEMV for 2-token steps of weights up to 12M values because skinny_mma then cost
 # Qwen3-30B-A3B's small block-FP8 attention projections 3.01 -> 3.68 ms at batch 2; session 45 changed skinny_mma's
 # launch for such shapes (64-row wgmma tiles, K split: o in 5 parts). Whether the bound still pays (ckpt-g1-fp8: every
-# 2-token step on skinny_mma), issue 26's rows under session 45's defaults, and the norms quantizing for skinny_mma.
+# 2-token step on skinny_mma), issue 26's rows under session 45's defaults, the norms quantizing for skinny_mma, and
+# what each projection's quantize kernel costs (sweep --prequantized).
 source .gpu/device-setup.sh > $OUT/setup.log 2>&1
 nvidia-smi -L > $OUT/gpus.txt
 timeout 120 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 1,2,3 --contexts 512 \
@@ -19,5 +20,11 @@ for k in block channel; do
     --fp8-variants '{"fq": {"fp8_skinny_mma_fused_quant": true}, "again": {}}' --out $OUT/fp8_$k > $OUT/fp8_$k.log 2>&1
   echo "fp8 $k rc=$? $(date +%T)" >> $OUT/rc.txt
 done
-cat $OUT/gpus.txt $OUT/rc.txt; grep -hE "^decode " $OUT/fp8_*.log; grep -hE "decode B=|prefill" $OUT/moe_*.log | cut -c1-150
+# what the quantize kernels cost each projection: the default launch per projection with x quantized beforehand
+for q in "" "--prequantized"; do
+  timeout 45 taskset -c 0-15 python3 benchmarks/sweep_fp8_skinny_mma.py --tokens 2,8,16 --per-shape $q \
+    --grid '{"fp8_skinny_mma_min_programs": [64]}' --out $OUT/sweep$q > $OUT/sweep$q.log 2>&1
+  echo "sweep $q rc=$? $(date +%T)" >> $OUT/rc.txt
+done
+cat $OUT/gpus.txt $OUT/rc.txt; grep -hE "^decode " $OUT/fp8_*.log; grep -hE "M=|best" $OUT/sweep*.log; grep -hE "decode B=|prefill" $OUT/moe_*.log | cut -c1-150
 cd $OUT && tar -czf /tmp/all.tgz --exclude=all.tgz . && find . -mindepth 1 -maxdepth 1 ! -name rc.txt -exec rm -rf {} + && mv /tmp/all.tgz $OUT/all.tgz
