@@ -209,10 +209,9 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
         cnt = device_counters("fp8_skinny_mma", MAX_SPLIT_TILES, weight.device)
     _fp8_skinny_mma_kernel[(launch.tiles, launch.split)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
-        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), GROUP=group, PER_GROUP=group < K,
-        BM=launch.bm, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, HAS_BIAS=bias is not None, SILU=silu, PDL=pdl,
-        SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, ws_ptr=ws, cnt_ptr=cnt, SPLIT=launch.split,
-        SPLIT_COLS=launch.split_cols, num_warps=launch.warps, num_stages=launch.stages, **launch_args(pdl))
+        qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), ws_ptr=ws, cnt_ptr=cnt,
+        **launch.constexprs(K, group, silu, bias is not None, pdl, cfg), num_warps=launch.warps,
+        num_stages=launch.stages, **launch_args(pdl))
     return out
 
 
@@ -229,6 +228,12 @@ class SkinnyMmaLaunch(NamedTuple):
     warps: int
     stages: int
 
+    def constexprs(self, K: int, group: int, silu: bool, has_bias: bool, pdl: bool, cfg: KernelConfig) -> dict:
+        """The kernel's constexpr arguments but K (which the launch passes in place) for this launch."""
+        return dict(GROUP=group, PER_GROUP=group < K, BM=self.bm, BLOCK_N=self.block_n, BLOCK_K=self.block_k,
+                    HAS_BIAS=has_bias, SILU=silu, PDL=pdl, SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead,
+                    SPLIT=self.split, SPLIT_COLS=self.split_cols)
+
 
 def skinny_mma_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: KernelConfig,
                       shared: int) -> SkinnyMmaLaunch:
@@ -237,8 +242,7 @@ def skinny_mma_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: K
     program halved from cfg.fp8_skinny_mma_block_n until cfg.fp8_skinny_mma_min_programs programs, not below
     cfg.fp8_skinny_mma_split_min_rows where K splits (64: the smallest wgmma tile), then K split (split_k)."""
     block_n = cfg.fp8_skinny_mma_block_n
-    splits = (cfg.fp8_skinny_mma_split_programs if group < K else cfg.fp8_skinny_mma_row_split_programs) > 0
-    least = cfg.fp8_skinny_mma_split_min_rows if splits else 0
+    least = cfg.fp8_skinny_mma_split_min_rows if _split_programs(cfg, group < K) else 0
     while (block_n > 32 and (block_n // 2 if silu else block_n) > least
            and triton.cdiv(n_out, block_n // 2 if silu else block_n) < cfg.fp8_skinny_mma_min_programs):
         block_n //= 2
@@ -254,13 +258,18 @@ def skinny_mma_launch(M: int, n_out: int, K: int, group: int, silu: bool, cfg: K
                            skinny_mma_stages(cfg, block_n, bm, block_k, shared))
 
 
+def _split_programs(cfg: KernelConfig, per_group: bool) -> int:
+    """The programs a split launch aims at: block weights' (per_group) or a scale a row's bound; 0: no split."""
+    return cfg.fp8_skinny_mma_split_programs if per_group else cfg.fp8_skinny_mma_row_split_programs
+
+
 def split_k(tiles: int, K: int, block_k: int, cfg: KernelConfig, per_group: bool = True) -> tuple[int, int]:
     """-> (splits, columns a split) of a launch of `tiles` row tiles over K columns in K steps of block_k: as many
     splits as bring the programs to cfg.fp8_skinny_mma_split_programs (block weights, per_group) or
     fp8_skinny_mma_row_split_programs (a scale a row; 0: no split), each at least cfg.fp8_skinny_mma_split_min_steps
     whole K steps, none empty; (1, K) where that is one."""
     steps = triton.cdiv(K, block_k)
-    programs = cfg.fp8_skinny_mma_split_programs if per_group else cfg.fp8_skinny_mma_row_split_programs
+    programs = _split_programs(cfg, per_group)
     want = triton.cdiv(programs, tiles) if programs else 1
     split = max(1, min(want, steps // max(1, cfg.fp8_skinny_mma_split_min_steps)))
     if split <= 1 or tiles > MAX_SPLIT_TILES:

@@ -61,10 +61,7 @@ def _compile_all() -> dict[str, list]:
     for name, N, K, silu, fmt, M in cases:
         group = 128 if fmt == "block" else K
         launch = fp8_skinny_mma.skinny_mma_launch(M, N // 2 if silu else N, K, group, silu, cfg, SM90_SHARED_MEMORY)
-        constexprs = dict(K=K, GROUP=group, PER_GROUP=group < K, BM=launch.bm, BLOCK_N=launch.block_n,
-                          BLOCK_K=launch.block_k, HAS_BIAS=False, SILU=silu, PDL=True,
-                          SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, SPLIT=launch.split,
-                          SPLIT_COLS=launch.split_cols)
+        constexprs = dict(K=K, **launch.constexprs(K, group, silu, False, True, cfg))
         kernel = compile_sm90(fn, pointers, constexprs, aligned=True, num_warps=launch.warps, num_stages=launch.stages)
         key = f"{name} {fmt} x{M}"
         built[key] = [stack_bytes(kernel), kernel.metadata.shared, launch.stages, launch.rows, launch.split,

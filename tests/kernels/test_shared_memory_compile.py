@@ -109,9 +109,7 @@ def _compile_all() -> dict:
         launch = fp8_skinny_mma.skinny_mma_launch(tokens, 14336, 4096, group, True, cfg, LIMITS[89])
         build(f"skinny_mma gate_up {name} sm89", 89, fp8_skinny_mma._fp8_skinny_mma_kernel,
               dict(fp8_linear, q_ptr="*fp8e4nv", qs_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32"),
-              dict(K=4096, GROUP=group, PER_GROUP=group < 4096, BM=launch.bm, BLOCK_N=launch.block_n,
-                   BLOCK_K=launch.block_k, HAS_BIAS=False, SILU=True, PDL=True,
-                   SCALES_AHEAD=cfg.fp8_skinny_mma_scales_ahead, SPLIT=launch.split, SPLIT_COLS=launch.split_cols),
+              dict(K=4096, **launch.constexprs(4096, group, True, False, True, cfg)),
               num_warps=launch.warps, num_stages=launch.stages)
 
     # the verify and mixed-prefill attention (default 2 stages), their largest row tiles: Qwen3-30B-A3B's group 8
