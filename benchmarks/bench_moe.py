@@ -47,7 +47,9 @@ prefill  T = 1024 / 4096 tokens against a grouped-GEMM chain of the same shapes 
 peer     transformers' Qwen3MoeForCausalLM, static-cache generate at batch 32 (prompt 512): ms / step.
 profile  (--profile VARIANTS) per variant named, one decode step at batch 1 and 32 (context 512) under
          torch.profiler, graph replay: its kernels put in parts of the model (benchmarks/moe_breakdown.py)
-         beside each part's bytes floor -> moe_profile.json and a table in the log.
+         beside each part's bytes floor -> moe_profile.json and a table in the log. --profile-prefill VARIANTS:
+         their prefill's GPU time by kernel name (one profiled call of --profile-prefill-tokens, default 4096)
+         -> the same file and the log.
 --device cpu --tiny: a smoke run of the script on a shrunk model (no profile, no peer).
 
 Memory: the model is built in bf16 on the GPU (about 61 GB for 48 layers) and the KV cache is sized to the
@@ -68,7 +70,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_forward import (copy_bandwidth, decode_case, decode_step, hf_decode_step, prefill_case,  # noqa: E402
-                                      timed)
+                                      prefill_step, timed)
 from benchmarks.common import linear_to_fp8, pyplot, random_text_generator  # noqa: E402
 from benchmarks.moe_breakdown import EXPERT_KERNELS, is_any, profile_steps, summary, table  # noqa: E402
 from model_wrapper.kernels.config import KernelConfig  # noqa: E402
@@ -104,6 +106,15 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "route-rank": dataclasses.replace(KernelConfig(), moe_route_sort=False),
             # session 35: the post-attention add + RMSNorm as its own kernel before the router (default: inside it)
             "norouter-norm": dataclasses.replace(KernelConfig(), gemv_add_norm_router=False),
+            # session 46: the fused RoPE + store (+ q / k norms) past 1024 tokens too (a prefill's steps; beyond
+            # rope_store_max_tokens the unfused chain ran): a program a token and head (rope-t1), or a head and 16 / 32
+            # tokens as one tile (rope_store_block_t)
+            "rope-t1": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1 << 30,
+                                           rope_store_block_t_min_tokens=1 << 30),
+            "rope-s45": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1024,
+                                            rope_store_block_t_min_tokens=1 << 30),  # the defaults before (A/B)
+            "rope-t16": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1 << 30, rope_store_block_t=16),
+            "rope-t32": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1 << 30, rope_store_block_t=32),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
@@ -330,6 +341,9 @@ def main():
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
     ap.add_argument("--profile", default="", help="variants (comma-separated) whose decode step at batch 1 and 32 "
                     "gets a kernel breakdown")
+    ap.add_argument("--profile-prefill", default="", help="variants (comma-separated) whose prefill gets a kernel "
+                    "breakdown: GPU time by kernel name, the largest first")
+    ap.add_argument("--profile-prefill-tokens", default="4096", help="with --profile-prefill: the prompt lengths")
     args = ap.parse_args()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     # in VARIANTS' order, every bf16 variant before the first FP8 one (which quantizes the model in place: a bf16
@@ -419,6 +433,14 @@ def main():
             prefill.append(dict(variant=variant, tokens=T, ms=t * 1e3, chain_ms=tg * 1e3, ratio=t / tg))
             print(f"{variant:8s} prefill T={T:5d}: {t * 1e3:7.2f} ms  grouped-GEMM chain {tg * 1e3:7.2f} ms  "
                   f"x{t / tg:.2f}", flush=True)
+        for T in (int(t) for t in args.profile_prefill_tokens.split(",")) if cuda and variant in \
+                args.profile_prefill.split(",") else ():
+            by = prefill_kernels(profile_steps(prefill_step(gen, kv, 16, T, perm), steps=2, warmup=1)[-1])
+            profiles.append(dict(variant=variant, prefill_tokens=T, kernels=by))
+            total = sum(r["us"] for r in by)
+            print(f"--- {variant} prefill T={T}: GPU time by kernel ({total / 1e3:.2f} ms in all, profiled)", flush=True)
+            for r in by[:16]:
+                print(f"  {r['us'] / 1e3:8.3f} ms  {r['count']:4d} x  {r['name'][:110]}", flush=True)
     res.update(decode=decode, prefill=prefill, logit_checks=logit_checks(step_logits, variants))
     if profiles:
         os.makedirs(args.out, exist_ok=True)
@@ -440,6 +462,16 @@ def main():
     with open(os.path.join(args.out, "moe.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(res, os.path.join(args.out, "moe.png"))
+
+
+def prefill_kernels(rows: list[dict]) -> list[dict]:
+    """One profiled step's kernel records -> [{name, us, count}] summed by kernel name, the largest first."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        d = by.setdefault(r["name"], dict(name=r["name"], us=0.0, count=0))
+        d["us"] += r["dur"]
+        d["count"] += 1
+    return sorted(by.values(), key=lambda d: -d["us"])
 
 
 def plot(res, path):

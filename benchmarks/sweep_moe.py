@@ -237,11 +237,13 @@ PREFILL_W8A8_CANDIDATES = [(64, 64, 128, 4, 3), (64, 64, 128, 4, 2), (64, 64, 12
 PREFILL_KINDS = ("bf16", "fp8", "w8a8")
 
 
-def prefill_sweep(rows: list, bw: float, g: torch.Generator, kinds=("bf16",), tokens=(128, 1024, 4096)) -> None:
+def prefill_sweep(rows: list, bw: float, g: torch.Generator, kinds=("bf16",), tokens=(128, 1024, 4096),
+                  tiles: list | None = None) -> None:
     """fused_moe alone over grouped-GEMM tilings (moe_small_pairs raised so the moe_block_* set takes every
     step): bf16 experts, FP8 weight-only ("fp8") and W8A8 ("w8a8", KernelConfig.moe_fp8_w8a8) on e4m3 experts.
     Each tile's output is compared with the default tile's of the same kind (max |diff| / max |ref|); the
-    first row of every kind and T is the default launch (variant "default")."""
+    first row of every kind and T is the default launch (variant "default"). tiles: the candidates of every kind
+    instead of the lists above ((block_m, block_n, block_k, warps, stages); W8A8 needs block_k 128)."""
     gate_up = torch.randn(E, 2 * I, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     down = torch.randn(E, H, I, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     gq, gs = quantize_fp8_blockwise(gate_up)
@@ -251,13 +253,19 @@ def prefill_sweep(rows: list, bw: float, g: torch.Generator, kinds=("bf16",), to
         w, ids = torch.softmax(torch.randn(T, E, device="cuda", generator=g), -1).topk(K, -1)
         w = (w / w.sum(-1, keepdim=True)).to(torch.bfloat16)
         flops = 2 * T * K * 3 * H * I
+        rows_e = max(1, T * K // E)  # torch.bmm on balanced groups (bench_moe's grouped-GEMM chain), for scale
+        xe, ae = (torch.randn(E, rows_e, n, device="cuda", dtype=torch.bfloat16, generator=g) for n in (H, I))
+        wgu, wd = gate_up.transpose(1, 2), down.transpose(1, 2)
+        us = graph_ms(lambda: (torch.bmm(xe, wgu), torch.bmm(ae, wd))) * 1e3
+        rows.append(dict(part="prefill", kind="bmm", tokens=T, variant="bmm", us=us, tflops=flops / us / 1e6))
+        print(f"T={T:5d} bf16  torch.bmm balanced : {us:8.1f} us  {flops / us / 1e6:6.1f} TFLOP/s", flush=True)
         for kind in kinds:
             fp8 = kind != "bf16"
             floor_us = ids.unique().numel() * expert_bytes(fp8) / bw * 1e6
             args = (gq, dq, gs, ds) if fp8 else (gate_up, down)
             base = dataclasses.replace(KernelConfig(), moe_fp8_w8a8=kind == "w8a8")
-            cands = [None] + {"bf16": PREFILL_CANDIDATES, "fp8": PREFILL_FP8_CANDIDATES,
-                              "w8a8": PREFILL_W8A8_CANDIDATES}[kind]
+            cands = [None] + (tiles if tiles is not None else {"bf16": PREFILL_CANDIDATES, "fp8": PREFILL_FP8_CANDIDATES,
+                                                               "w8a8": PREFILL_W8A8_CANDIDATES}[kind])
             ref = None
             for cand in cands:
                 if cand is None:
@@ -321,6 +329,8 @@ def main():
     ap.add_argument("--prefill-only", action="store_true", help="the grouped-GEMM tiles alone (no decode rows)")
     ap.add_argument("--prefill-kinds", default="bf16", help=f"with --prefill: expert kinds of {PREFILL_KINDS}")
     ap.add_argument("--prefill-tokens", default="128,1024,4096", help="with --prefill: the token counts")
+    ap.add_argument("--prefill-tiles", default="", help="with --prefill: a JSON list of [block_m, block_n, block_k, "
+                    "warps, stages] tried for every kind instead of the built-in lists")
     ap.add_argument("--switches", action="store_true", help="only the decode path's switches against new, 1-4 tokens")
     ap.add_argument("--only", default="", help="with --switches: the switches to run (comma-separated; default all)")
     ap.add_argument("--tokens", default="1,2,4", help="with --switches: the token counts")
@@ -343,7 +353,8 @@ def main():
         kinds = tuple(args.prefill_kinds.split(","))
         if not set(kinds) <= set(PREFILL_KINDS):
             ap.error(f"--prefill-kinds: expected some of {PREFILL_KINDS}, got {args.prefill_kinds!r}")
-        prefill_sweep(rows, bw, g, kinds, tuple(int(t) for t in args.prefill_tokens.split(",")))
+        tiles = [tuple(t) for t in json.loads(args.prefill_tiles)] if args.prefill_tiles else None
+        prefill_sweep(rows, bw, g, kinds, tuple(int(t) for t in args.prefill_tokens.split(",")), tiles)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(0), bandwidth_TBps=bw / 1e12, layers=LAYERS, rows=rows,

@@ -90,16 +90,18 @@ class KVStore:
         filtering: what a CUDA graph's static batch needs."""
         return self._kernels is not None
 
-    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype, qk_norm: bool = False) -> bool:
+    def fuses_rope(self, num_tokens: int, kv_dtype: torch.dtype, dtype: torch.dtype, qk_norm: bool = False,
+                   lora: bool = False) -> bool:
         """Whether rope_write takes a step of num_tokens tokens: the Triton kernel with a RoPE table
-        of a power-of-two head_dim, up to config.rope_store_max_tokens tokens (beyond, FlashInfer's
-        RoPE and the store kernel are faster), and a cache of the projection's dtype. qk_norm: the
-        layer has q / k norms (taken in the kernel unless config.rope_store_qk_norm is off)."""
+        of a power-of-two head_dim, up to config.rope_store_max_tokens tokens (config.rope_store_lora_max_tokens
+        where the step names adapters: their deltas go to the kernel's one-token programs, which lose to
+        FlashInfer's RoPE and the store kernel on long prompts), and a cache of the projection's dtype. qk_norm:
+        the layer has q / k norms (taken in the kernel unless config.rope_store_qk_norm is off)."""
         if self.rope_table is None or (qk_norm and not self.config.rope_store_qk_norm):
             return False
         head_dim = self.rope_table.shape[1]
-        return (head_dim & (head_dim - 1) == 0 and num_tokens <= self.config.rope_store_max_tokens
-                and kv_dtype in (dtype, FP8_DTYPE))
+        most = self.config.rope_store_lora_max_tokens if lora else self.config.rope_store_max_tokens
+        return head_dim & (head_dim - 1) == 0 and num_tokens <= most and kv_dtype in (dtype, FP8_DTYPE)
 
     def write(self, layer_kv, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, layer: int = 0) -> None:
         """Write k, v [T, kv_heads, head_dim] (rows may be strided) into layer_kv = (k_cache, v_cache)

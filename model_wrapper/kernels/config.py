@@ -66,9 +66,18 @@ class KernelConfig:
     # wide gate_up + SiLU GEMM (kernels/gemm.py), sm90: steps of at least this many tokens
     wide_min_tokens: int = 1024  # at 512 tokens it loses to cuBLAS + silu_and_mul
 
-    # RoPE + K/V store in one kernel (kernels/kv_store.py) up to this many tokens: a gain in
-    # decode, even at a 2k prefill, a loss at 4k against FlashInfer's RoPE + the store kernel
-    rope_store_max_tokens: int = 1024
+    # RoPE + K/V store in one kernel (kernels/kv_store.py) up to this many tokens. A program a token and head lost
+    # at 4k to FlashInfer's RoPE + the store kernel (1024 until session 46); with token tiles (below) it wins at
+    # every prefill size (H200, ab_rope_store.py, us a layer at 4k: Llama-3-8B 41.8 -> 36.4; Qwen3 with its q / k
+    # norms, which the unfused chain runs as FlashInfer RMSNorms on copied heads, 266 -> 33)
+    rope_store_max_tokens: int = 1 << 30
+    # ... in a step that names LoRA adapters: their deltas take the program-a-token kernel (session 34's bound)
+    rope_store_lora_max_tokens: int = 1024
+    # steps of at least rope_store_block_t_min_tokens tokens (without LoRA or a row scale): a program a head and
+    # rope_store_block_t tokens, one tile (a program a token and head is mostly launch and reduction latency there)
+    rope_store_block_t: int = 16
+    rope_store_block_t_min_tokens: int = 256
+    rope_rows_warps: int = 4
     rope_warps: int = 4  # (1 / 2 within noise, base and LoRA)
     # Qwen3's per-head q / k RMSNorms inside that kernel (before RoPE) instead of their own kernels (two
     # norms, the copies of the strided q and k, FlashInfer's RoPE and the store; H100, Qwen3-30B-A3B shape,

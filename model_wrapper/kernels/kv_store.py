@@ -7,7 +7,9 @@ store_kv       this step's K and V rows at their slots, one launch (attention/kv
 rope_store_kv  RoPE on q and k in place and k, v written at their slots in one launch, with the
                qkv LoRA delta and a deferred RMSNorm factor (lora_epilogues.RowScale) applied
                first where given, and Qwen3's per-head q / k RMSNorms before RoPE where given
-               (KVStore.rope_write, the fused path).
+               (KVStore.rope_write, the fused path). A program a token and head; a prefill's
+               step (KernelConfig.rope_store_block_t_min_tokens up, no LoRA, no row scale): a
+               program a head and rope_store_block_t tokens, as one tile.
 
 An FP8 (e4m3) cache stores round(x / scale) clamped to +-448 (FP8_MAX), x in float32, with the
 layer's K and V scales read from device pointers (so a CUDA graph sees a later change of scale);
@@ -150,6 +152,56 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_pt
             tl.store(vc_ptr + cache + full, _to_cache(v, vs_ptr, FP8, cdt))
 
 
+@triton.jit
+def _rope_store_rows_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, qn_ptr, kn_ptr, T,
+                            stride_qkv, stride_cs, HQ, HK, qk_eps, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                            PDL: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
+    """_rope_store_kernel's step for a prefill's many tokens, without LoRA or a row scale: program (token block,
+    head) takes BLOCK_T tokens' rows of one head as one [BLOCK_T, D / 2] tile pair (a program a token and head
+    is mostly launch and reduction latency there). The same operations and roundings per row."""
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    half = tl.arange(0, D // 2)
+    full = tl.arange(0, D)
+    tm = t < T
+    j = tl.maximum(head - HQ, 0)
+    kv = head >= HQ
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # the GEMM that wrote qkv is complete
+    pos = tl.load(pos_ptr + t, mask=tm, other=0).to(tl.int64)
+    cos = tl.load(cs_ptr + pos[:, None] * stride_cs + half[None, :], mask=tm[:, None], other=0.0)
+    sin = tl.load(cs_ptr + pos[:, None] * stride_cs + D // 2 + half[None, :], mask=tm[:, None], other=0.0)
+    row = qkv_ptr + t[:, None] * stride_qkv
+    col = tl.where(kv, HQ * D + j * D, head * D)  # q head `head`, or k head j
+    x1 = tl.load(row + col + half[None, :], mask=tm[:, None], other=0.0)
+    x2 = tl.load(row + col + D // 2 + half[None, :], mask=tm[:, None], other=0.0)
+    if QK_NORM:
+        if head < HQ:
+            w1 = tl.load(qn_ptr + half).to(tl.float32)
+            w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
+        else:
+            w1 = tl.load(kn_ptr + half).to(tl.float32)
+            w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        r = tl.math.rsqrt((tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / D + qk_eps)
+        x1 = (w1[None, :] * (a1 * r[:, None]).to(dtype).to(tl.float32)).to(dtype)
+        x2 = (w2[None, :] * (a2 * r[:, None]).to(dtype).to(tl.float32)).to(dtype)
+    slot = tl.load(slot_ptr + t, mask=tm & kv, other=-1).to(tl.int64)  # (a q head: neither is used)
+    v = tl.load(row + (HQ + HK) * D + j * D + full[None, :], mask=tm[:, None] & kv, other=0.0)
+    o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
+    tl.store(row + col + half[None, :], o1, mask=tm[:, None])
+    tl.store(row + col + D // 2 + half[None, :], o2, mask=tm[:, None])
+    if kv:
+        sm = (tm & (slot >= 0))[:, None]
+        cache = (slot * (HK * D) + j * D)[:, None]
+        cdt = kc_ptr.dtype.element_ty
+        tl.store(kc_ptr + cache + half[None, :], _to_cache(o1, ks_ptr, FP8, cdt), mask=sm)
+        tl.store(kc_ptr + cache + D // 2 + half[None, :], _to_cache(o2, ks_ptr, FP8, cdt), mask=sm)
+        tl.store(vc_ptr + cache + full[None, :], _to_cache(v, vs_ptr, FP8, cdt), mask=sm)
+
+
 def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
                   num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slots: torch.Tensor, d=None, scale: RowScale | None = None,
@@ -174,6 +226,14 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: tor
     ss, nb, inv_n, eps = scale_args(scale, qkv)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     qn, kn, qk_eps = qk_norm if qk_norm is not None else (qkv, qkv, 0.0)
+    if not lora and scale is None and T >= cfg.rope_store_block_t_min_tokens:  # a prefill's step: token tiles
+        bt = cfg.rope_store_block_t
+        _rope_store_rows_kernel[(triton.cdiv(T, bt), num_heads + num_kv_heads)](
+            qkv, positions, cos_sin_cache, k_cache, v_cache, slots, k_scale if fp8 else slots,
+            v_scale if fp8 else slots, qn, kn, T, qkv.stride(0), cos_sin_cache.stride(0), num_heads, num_kv_heads,
+            float(qk_eps), D=head_dim, BLOCK_T=bt, PDL=pdl, FP8=fp8, QK_NORM=qk_norm is not None,
+            num_warps=cfg.rope_rows_warps, **launch_args(pdl))
+        return
     _rope_store_kernel[(T, num_heads + num_kv_heads)](
         qkv, positions, cos_sin_cache, k_cache, v_cache, slots, k_scale if fp8 else slots,
         v_scale if fp8 else slots, s, bq, bk, bv, d.ranks if lora else slots,

@@ -41,11 +41,11 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.family.qk_norm else None
 
-    def fuses_rope_store(self, T: int, kv, backend, kernels) -> bool:
+    def fuses_rope_store(self, T: int, kv, backend, kernels, lora: bool = False) -> bool:
         """RoPE, the K/V store (and the qkv projection's tail, and Qwen3's q / k norms) in one kernel where
-        the K/V store has that path for this step (KVStore.fuses_rope)."""
+        the K/V store has that path for this step (KVStore.fuses_rope; lora: the step names adapters)."""
         # kernels.dtype: the projection's output dtype, the model's, whatever its weight format (FP8: e4m3)
-        return backend.kv_store.fuses_rope(T, kv[0].dtype, kernels.dtype, qk_norm=self.q_norm is not None)
+        return backend.kv_store.fuses_rope(T, kv[0].dtype, kernels.dtype, qk_norm=self.q_norm is not None, lora=lora)
 
     def forward(self, x, rope, batch: ForwardBatch, kv, backend, kernels, scale=None, fuse_tail: bool = False):
         """x [T, hidden] -> ([T, hidden], o's tail for the next norm or None); writes this step's
@@ -53,7 +53,7 @@ class Attention(nn.Module):
         undivided; the fused RoPE + store kernel divides them. fuse_tail: the next norm can take
         o's tail."""
         T = x.shape[0]
-        fused = self.fuses_rope_store(T, kv, backend, kernels)
+        fused = self.fuses_rope_store(T, kv, backend, kernels, batch.uses_lora)
         qkv, tail = self.qkv_proj(x, batch, kernels, fused)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(T, self.num_heads, self.head_dim)
@@ -176,7 +176,7 @@ class CausalLM(nn.Module):
         where it has one (its wrapper decides)."""
         return (self.model.norm.takes_tail(kernels) and all(l.mlp.takes_row_scale for l in self.model.layers)
                 and self.model.layers[0].self_attn.fuses_rope_store(batch.input_ids.shape[0], kv_cache[0], backend,
-                                                                     kernels))
+                                                                     kernels, batch.uses_lora))
 
     def projections(self) -> dict[tuple[int, str], tuple[nn.Module, str]]:
         """{(layer, name): (parent module, attribute)} of every decoder layer's projection: each

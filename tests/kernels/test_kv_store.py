@@ -88,8 +88,13 @@ def rope_table(positions: int) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
 
 
+# programs of one token (decode) and of two tokens in turn (a prefill's launch; 5 tokens: the last program has one)
+BLOCK_T = {"t1": KernelConfig(), "t2": KernelConfig(rope_store_block_t=2, rope_store_block_t_min_tokens=1)}
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
+@pytest.mark.parametrize("cfg", BLOCK_T.values(), ids=BLOCK_T.keys())
+def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v(cfg):
     """fp32 under the interpreter: q, k rotated (neox form) within fp32 rounding of the float64
     rotation; the cache rows equal the rotated k and the v of qkv, bit for bit."""
     g = torch.Generator().manual_seed(4)
@@ -105,10 +110,12 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
     rot = torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
     want = torch.cat(((x * cos + rot * sin)[:, : HQ + HK], x[:, HQ + HK:]), dim=1)  # q, k rotated; v as is
     kc, vc = caches(dt)
-    store = KVStore(triton=True, rope_table=table, config=KernelConfig())
+    store = KVStore(triton=True, rope_table=table, config=cfg)
     assert store.fuses_rope(T, dt, dt)
     assert not KVStore(triton=True, rope_table=torch.zeros(P, 24)).fuses_rope(T, dt, dt)  # head_dim not a power of 2
     assert not store.fuses_rope(KernelConfig().rope_store_max_tokens + 1, dt, dt)
+    long = KernelConfig().rope_store_lora_max_tokens + 1  # a prompt past the LoRA bound: fused without adapters only
+    assert store.fuses_rope(long, dt, dt) and not store.fuses_rope(long, dt, dt, lora=True)
     assert not store.fuses_rope(T, torch.float16 if dt != torch.float16 else torch.float32, dt)
     v_in = qkv.view(T, HQ + 2 * HK, D)[:, HQ + HK:].clone()
     store.rope_write((kc, vc), qkv, pos.to(DEVICE), HQ, HK, D, torch.tensor(slots, device=DEVICE))
@@ -122,7 +129,8 @@ def test_rope_write_rotates_q_and_k_in_place_and_stores_k_and_v():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_rope_write_with_qk_norm_normalises_q_and_k_heads_before_rope():
+@pytest.mark.parametrize("cfg", BLOCK_T.values(), ids=BLOCK_T.keys())
+def test_rope_write_with_qk_norm_normalises_q_and_k_heads_before_rope(cfg):
     """Qwen3's q / k norms in the fused kernel: each q head and k head divided by its RMS and times its
     norm weight (float64 here), then rotated; v untouched; the cache holds the normalised, rotated k.
     With KernelConfig(rope_store_qk_norm=False) the fused path is not offered to a layer with q / k norms."""
@@ -143,7 +151,7 @@ def test_rope_write_with_qk_norm_normalises_q_and_k_heads_before_rope():
     rot = torch.cat((-qk[..., D // 2:], qk[..., : D // 2]), dim=-1)
     want = torch.cat((qk * cos + rot * sin, x[:, HQ + HK:]), dim=1)
     kc, vc = caches(dt)
-    store = KVStore(triton=True, rope_table=table, config=KernelConfig())
+    store = KVStore(triton=True, rope_table=table, config=cfg)
     assert store.fuses_rope(T, dt, dt, qk_norm=True)
     off = KVStore(triton=True, rope_table=table, config=KernelConfig(rope_store_qk_norm=False))
     assert off.fuses_rope(T, dt, dt) and not off.fuses_rope(T, dt, dt, qk_norm=True)
@@ -223,7 +231,8 @@ def test_fp8_store_kernel_sees_a_later_change_of_scale_in_place():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v():
+@pytest.mark.parametrize("cfg", BLOCK_T.values(), ids=BLOCK_T.keys())
+def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v(cfg):
     """The fused RoPE + store into an e4m3 cache: the cache holds e4m3(k_rot / k_scale) and
     e4m3(v / v_scale) of the rows the kernel leaves in qkv (the rotated k, rounded to qkv's dtype)."""
     g = torch.Generator().manual_seed(8)
@@ -235,6 +244,7 @@ def test_fp8_rope_write_stores_e4m3_of_the_rotated_k_and_of_v():
     qkv = (torch.randn(T, (HQ + 2 * HK) * D, generator=g) * 12).to(DEVICE, dt)
     kc, vc = fp8_caches()
     store = scaled_store(DEVICE, True, rope_table=table)
+    store.config = cfg
     assert store.fuses_rope(T, FP8, dt)
     store.rope_write((kc, vc), qkv, pos, HQ, HK, D, torch.tensor(slots, device=DEVICE), layer=1)
     got = qkv.view(T, HQ + 2 * HK, D)

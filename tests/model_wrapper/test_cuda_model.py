@@ -162,19 +162,22 @@ WIDE = dict(GPU_TINY, hidden_size=512, intermediate_size=1024, num_attention_hea
             head_dim=128, max_position_embeddings=4096, num_hidden_layers=WIDE_LAYERS)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_long_prefill_runs_the_wide_gate_up_silu_and_matches_transformers(gpu_ckpt, family):
     """A 2100-token prompt on Hopper: gate_up with SiLU-and-mul through the wide GEMM (its calls
-    logged; a 40-token chunk after it through the skinny GEMM), then decode steps over the K/V that
+    logged; a 40-token chunk after it through the skinny GEMM), RoPE and the K/V store (Qwen3: and its
+    q / k norms) in the fused kernel's token tiles (its calls logged), then decode steps over the K/V that
     prefill stored. Every step's logits within the bf16 bound of transformers' fp32 logits."""
+    from model_wrapper.kernels import kv_store as kv_kernels
     from model_wrapper.kernels import ops as triton_ops
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wide GEMM runs on sm90 only")
     path = gpu_ckpt(family, **WIDE)
     gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
-    log = []
+    log, rope_log = [], []
     gen.model_wrapper.kernels._triton = _Logged(triton_ops, log, "wide_gate_up_silu")
+    gen.model_wrapper.kv_store._kernels = _Logged(kv_kernels, rope_log, "rope_store_kv")
     h = PagedHarness(gen, 160, 16, seed=6)
     g = torch.Generator().manual_seed(6)
     seq = torch.randint(0, 96, (2100,), generator=g).tolist()
@@ -182,6 +185,7 @@ def test_long_prefill_runs_the_wide_gate_up_silu_and_matches_transformers(gpu_ck
     first = h.step({0: seq}, is_prefill=True, lm_head_indices=torch.arange(len(seq) - tail, len(seq)),
                    max_seq_len=4096)
     assert len(log) == WIDE_LAYERS, len(log)  # every layer's gate_up
+    assert [a[0].shape[0] for a, _ in rope_log] == [2100] * WIDE_LAYERS  # every layer's RoPE + store, fused
     rows = [(seq[:len(seq) - tail + 1 + i], first[i]) for i in range(tail)]
     chunk = torch.randint(0, 96, (40,), generator=g).tolist()
     seq = seq + chunk
