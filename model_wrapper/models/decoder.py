@@ -59,7 +59,9 @@ class Attention(nn.Module):
         q = q.reshape(T, self.num_heads, self.head_dim)
         if scale is not None and (not fused or tail is None):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
-        if fused:
+        # a LoRA step past the kernel's LoRA bound: the projection added its own deltas (tail None), and the
+        # kernel's token tiles still take RoPE, the store and the q / k norms
+        if fused or (batch.uses_lora and self.fuses_rope_store(T, kv, backend, kernels)):
             qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
                                         lora=tail, scale=scale, layer=self.layer, qk_norm=qk_norm)

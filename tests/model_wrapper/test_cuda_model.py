@@ -362,6 +362,44 @@ def test_lora_decode_under_graphs_equals_eager(gpu_ckpt, tmp_path):
     assert rel_err(outs[1], outs[0]) < 2e-2
 
 
+def test_long_lora_prefill_takes_the_token_tiles_and_matches_peft(gpu_ckpt, tmp_path):
+    """A LoRA step past KernelConfig.rope_store_lora_max_tokens (two prompts of 700 and 600 tokens, two
+    adapters) on Qwen3: the projections add their own deltas and the fused kernel's token tiles still take
+    RoPE, the store and the q / k norms (rope_store_kv logged: every layer, all 1300 tokens, no delta handed
+    over). Each request's last logits within the bf16 bound of its peft model's fp32 logits."""
+    import copy
+
+    from model_wrapper.kernels import kv_store as kv_kernels
+    from test_lora import ADAPTERS, MAX_RANK, make_adapter
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wide GEMM's shapes are sm90's")
+    path = gpu_ckpt("qwen3", **WIDE)
+    names = list(ADAPTERS)[:2]
+    oracles = {n: make_adapter(path, tmp_path / n, i + 1, **ADAPTERS[n]) for i, n in enumerate(names)}
+    gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    gen.enable_lora(max_loras=2, max_rank=MAX_RANK)
+    for n in names:
+        gen.load_adapter(n, str(tmp_path / n))
+    rope_log = []
+    gen.model_wrapper.kv_store._kernels = _Logged(kv_kernels, rope_log, "rope_store_kv")
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (700, 600)]
+    assert sum(map(len, prompts)) > KernelConfig().rope_store_lora_max_tokens
+    h = PagedHarness(gen, 128, 16, seed=2)
+    last = [697, 698, 699, 1297, 1298, 1299]
+    out = h.step({0: prompts[0], 1: prompts[1]}, is_prefill=True, adapter_ids=names, max_seq_len=1024,
+                 lm_head_indices=torch.tensor(last))
+    assert [(a[0].shape[0], a[9]) for a, _ in rope_log] == [(1300, None)] * WIDE_LAYERS
+    with torch.no_grad():
+        for r, (n, prompt) in enumerate(zip(names, prompts)):
+            ids = torch.tensor([prompt])
+            w32 = oracles[n](ids).logits[0, -3:].float()
+            w16 = copy.deepcopy(oracles[n]).to(torch.bfloat16)(ids).logits[0, -3:].float()
+            got = out[3 * r:3 * r + 3].float().cpu()
+            assert rel_err(got, w32) <= 2 * rel_err(w16, w32) + 2e-3, (n, rel_err(got, w32), rel_err(w16, w32))
+
+
 def test_engine_running_ahead_on_cuda_equals_the_plain_order(gpu_ckpt):
     """On CUDA the engine runs ahead of its sampled tokens by default (graph replays take the ids
     from the device): the same greedy outputs as the plain order, token for token (length-limited
