@@ -395,6 +395,9 @@ class KernelConfig:
         if self.fp8_kv_prefill not in FP8_KV_PREFILL:
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_kv_prefill: expected one of "
                                  f"{list(FP8_KV_PREFILL)}, got {self.fp8_kv_prefill!r}")
+        if self.rope_store_block_t < 1 or self.rope_store_block_t & (self.rope_store_block_t - 1):
+            raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.rope_store_block_t: expected a power of 2 "
+                                 f"(the token tile's rows), got {self.rope_store_block_t!r}")
         if self.fp8_gemv_chunk < 1 or self.fp8_gemv_chunk & (self.fp8_gemv_chunk - 1):
             raise ModelLoadError(ModelErrorCode.BAD_CONFIG, f"KernelConfig.fp8_gemv_chunk: expected a power of 2, "
                                  f"got {self.fp8_gemv_chunk!r}")

@@ -88,7 +88,16 @@ def rope_table(positions: int) -> torch.Tensor:
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).float().to(DEVICE)
 
 
-# programs of one token (decode) and of two tokens in turn (a prefill's launch; 5 tokens: the last program has one)
+@pytest.mark.parametrize("bad", [0, 12, -16])
+def test_a_token_tile_that_is_not_a_power_of_two_is_refused(bad):
+    from model_wrapper.errors import ModelErrorCode, ModelLoadError
+
+    with pytest.raises(ModelLoadError) as e:
+        KernelConfig(rope_store_block_t=bad)
+    assert e.value.code == ModelErrorCode.BAD_CONFIG and "rope_store_block_t" in str(e.value) and str(bad) in str(e.value)
+
+
+# programs of one token (decode) and tiles of two tokens (a prefill's launch; 5 tokens: the last tile has one)
 BLOCK_T = {"t1": KernelConfig(), "t2": KernelConfig(rope_store_block_t=2, rope_store_block_t_min_tokens=1)}
 
 
