@@ -115,6 +115,9 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
                                             rope_store_block_t_min_tokens=1 << 30),  # the defaults before (A/B)
             "rope-t16": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1 << 30, rope_store_block_t=16),
             "rope-t32": dataclasses.replace(KernelConfig(), rope_store_max_tokens=1 << 30, rope_store_block_t=32),
+            # session 46: the grouped GEMMs' prefill weight tiles through pointer loads (the default since: TMA
+            # descriptors; its c7 ran "tma" / "tma-fp8" against "new" / "new-fp8" before the default changed)
+            "notma": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
@@ -155,6 +158,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
                                                 fp8_skinny_mma_split_programs=0),
             # ... and with rows halved to 32 where K splits (fp8_skinny_mma_split_min_rows): o's 2048 rows
             "ckpt-r32-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_split_min_rows=32),
+            "notma-fp8": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 

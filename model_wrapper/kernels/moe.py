@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, uses_pdl
+from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, sm90, uses_pdl
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
@@ -48,14 +48,16 @@ from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
 
 
 @triton.jit
-def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, P, E, N, K, stride_a,
-                     stride_as, stride_asg, stride_we, stride_wn, stride_se, stride_sn, stride_o, TOP_K: tl.constexpr,
-                     SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr, W8A8: tl.constexpr,
-                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PDL: tl.constexpr):
+def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert_ptr, rw_ptr, w_desc, P, E, N, K,
+                     stride_a, stride_as, stride_asg, stride_we, stride_wn, stride_se, stride_sn, stride_o, W_ROWS,
+                     TOP_K: tl.constexpr, SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr,
+                     W8A8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, TMA_W: tl.constexpr = False):
     # W8A8 (FP8 experts, KernelConfig.moe_fp8_w8a8): a is e4m3 with float32 scales as_ptr [rows, groups] (per row
     # and GROUP columns); BLOCK_K == GROUP, so each K step is one e4m3 x e4m3 product scaled by its row's and
     # column's scales before it joins the fp32 sum. Otherwise FP8 dequantizes the weight tile to a's dtype.
+    # TMA_W: weight tiles through w_desc, a tensor descriptor of w as [E * W_ROWS, K] rows with [BLOCK_N, BLOCK_K]
+    # blocks (rows past an expert's N are the next rows of the tensor or zeros: their columns are never stored).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if PDL:
@@ -85,7 +87,11 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
         k_ok = kk < K
         a = tl.load(a_ptr + row[:, None].to(tl.int64) * stride_a + kk[None, :], mask=valid[:, None] & k_ok[None, :],
                     other=0.0)
-        w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if TMA_W:
+            w = w_desc.load([e * W_ROWS + pid_n * BLOCK_N, k0]).T
+        else:
+            w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
+                        other=0.0)
         if W8A8:
             sa = tl.load(as_ptr + row.to(tl.int64) * stride_as + (k0 // GROUP) * stride_asg, mask=valid, other=0.0)
             s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
@@ -96,8 +102,11 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
                 w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
             acc = tl.dot(a, w, acc)
         if SILU:
-            wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
-                         other=0.0)
+            if TMA_W:
+                wu = w_desc.load([e * W_ROWS + N + pid_n * BLOCK_N, k0]).T
+            else:
+                wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None],
+                             mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             if W8A8:
                 su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
                 acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
@@ -151,6 +160,22 @@ def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[
     return bm, bn, bk, warps, stages
 
 
+def _tma_fits(w: torch.Tensor) -> bool:
+    """Whether a TMA descriptor takes w [E, rows, K]: contiguous, 16-byte aligned, rows of a multiple of 16 bytes."""
+    return w.is_contiguous() and w.data_ptr() % 16 == 0 and w.shape[2] * w.element_size() % 16 == 0
+
+
+def _weight_desc(w: torch.Tensor, block_n: int, block_k: int, tma: bool):
+    """The grouped GEMM's weight operand for TMA_W: a host tensor descriptor of w [E, rows, K] (contiguous) as
+    [E * rows, K] with [block_n, block_k] blocks; without TMA, w itself (never read as one)."""
+    if not tma:
+        return w
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    E, rows, K = w.shape
+    return TensorDescriptor.from_tensor(w.reshape(E * rows, K), [block_n, block_k])
+
+
 def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, its scales) for the grouped GEMM: W8A8, x [M, K] quantized per row and FP8_GROUP columns
     (fp8_act.quantize_fp8_per_token_group: e4m3 [M, K], float32 [M, ceil(K / 128)]); else x itself, with
@@ -201,18 +226,21 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
+    tma = cfg.moe_tma_weights and P > cfg.moe_small_pairs and sm90(x.device) and _tma_fits(gate_up) and _tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
-                  num_warps=warps, num_stages=stages, **launch_args(pdl))
+                  TMA_W=tma, num_warps=warps, num_stages=stages, **launch_args(pdl))
     a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
-        a, a_s, gate_up, s, act, pairs, block_expert, rw, P, E, inter, H, a.stride(0), a_s.stride(0), a_s.stride(1),
-        gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0), SILU=True, WEIGHTED=False, **launch)
+        a, a_s, gate_up, s, act, pairs, block_expert, rw, _weight_desc(gate_up, bn, bk, tma), P, E, inter, H,
+        a.stride(0), a_s.stride(0), a_s.stride(1), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
+        2 * inter, SILU=True, WEIGHTED=False, **launch)
     a, a_s = _w8a8_operand(act, w8a8)  # (W8A8: each pair's activation row per 128 columns)
     s, sse, ssn = scale_args(down_scale, down)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
-        a, a_s, down, s, out, pairs, block_expert, rw, P, E, H, inter, a.stride(0), a_s.stride(0), a_s.stride(1),
-        down.stride(0), down.stride(1), sse, ssn, out.stride(0), SILU=False, WEIGHTED=True, **launch)
+        a, a_s, down, s, out, pairs, block_expert, rw, _weight_desc(down, bn, bk, tma), P, E, H, inter, a.stride(0),
+        a_s.stride(0), a_s.stride(1), down.stride(0), down.stride(1), sse, ssn, out.stride(0), H, SILU=False,
+        WEIGHTED=True, **launch)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _sum_k_kernel[(T, triton.cdiv(H, cfg.moe_sum_block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
                                                            BLOCK_N=cfg.moe_sum_block, PDL=pdl, **launch_args(pdl))

@@ -41,7 +41,8 @@ def _compile_all() -> dict:
         sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
                for n in fn.arg_names}
         aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                   if n not in constexprs and (n in pointers or n.startswith("stride") or n in ("N", "K", "I", "H"))}
+                   if n not in constexprs and not sig[n].startswith("tensordesc")
+                   and (n in pointers or n.startswith("stride") or n in ("N", "K", "I", "H"))}
         kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
                                                                                 num_stages=num_stages))
@@ -100,12 +101,16 @@ def _compile_all() -> dict:
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
                     bm, bn, bk, warps, stages = moe.grouped_tile(cfg, pairs, fp8, w8a8)
-                    build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}",
-                          moe._moe_gemm_kernel,
-                          dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
-                               o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16", **weights),
-                          dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128, BLOCK_M=bm,
-                               BLOCK_N=bn, BLOCK_K=bk, PDL=True), warps, stages)
+                    # the prefill tiles also with their weights through TMA descriptors (KernelConfig.moe_tma_weights)
+                    for tma in (False, True) if pre == "moe_large_" else (False,):
+                        desc = dict(w_desc=f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{bn}, {bk}]>") if tma else {}
+                        build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}"
+                              f"{' tma' if tma else ''}", moe._moe_gemm_kernel,
+                              dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
+                                   o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16", **weights,
+                                   **desc),
+                              dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128, BLOCK_M=bm,
+                                   BLOCK_N=bn, BLOCK_K=bk, PDL=True, TMA_W=tma), warps, stages)
     for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
         tag = " sort" if sort else ""
         build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
@@ -134,7 +139,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 37
+    assert len(stacks) == 43
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

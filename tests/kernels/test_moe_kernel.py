@@ -221,7 +221,10 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
                                                            moe_fp8_direct_down_tile=32768),
               # (FP8 experts: weight-only, against the reference on the dequantized weights; W8A8 has its own tests)
               "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
-              "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False)}
+              "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False),
+              # the prefill tiles' weights through TMA descriptors (KernelConfig.moe_tma_weights; FP8 experts' rows of
+              # 200 e4m3 bytes do not fit one, so there the pointer loads run)
+              "sorted-tma": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_tma_weights=True)}
 
 
 @pytest.mark.cuda
@@ -252,8 +255,9 @@ def test_fp8_experts_match_reference_cuda(path, T):
 
 @pytest.mark.cuda
 @on_cuda_skip
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("T", [3, 16, 257, 4096])
-def test_fp8_experts_w8a8_cuda(T):
+def test_fp8_experts_w8a8_cuda(T, tma):
     """KernelConfig.moe_fp8_w8a8 on the GPU in bf16 (3 and 16 tokens: the small tiles of the sorted path, its
     decode bound moved; 257 and 4096: 2056 / 32768 pairs, the prefill tiles from 2049): against the float64
     products of the same quantized operands (moe_w8a8_oracle.w8a8_experts_reference; its loops over sampled
@@ -261,7 +265,7 @@ def test_fp8_experts_w8a8_cuda(T):
     within FP8 activations' error of the weight-only path."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0)  # (the default: W8A8; no decode path)
+    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0, moe_tma_weights=tma)  # (the default: W8A8)
     assert cfg.moe_fp8_w8a8
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     rows = torch.arange(T) if T <= 257 else torch.randperm(T, generator=torch.Generator().manual_seed(0))[:64]
