@@ -118,6 +118,8 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 46: the grouped GEMMs' prefill weight tiles through pointer loads (the default since: TMA
             # descriptors; its c7 ran "tma" / "tma-fp8" against "new" / "new-fp8" before the default changed)
             "notma": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
+            # ... and the small tiles' (decode batches 8-256) through TMA (moe_tma_small_weights; off by default)
+            "tma-small": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True),
             "new-fp8": KernelConfig(), "new-fp8-p64": dataclasses.replace(KernelConfig(), moe_decode_pairs=64),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
@@ -159,6 +161,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # ... and with rows halved to 32 where K splits (fp8_skinny_mma_split_min_rows): o's 2048 rows
             "ckpt-r32-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_split_min_rows=32),
             "notma-fp8": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
+            "tma-small-fp8": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 

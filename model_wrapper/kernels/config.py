@@ -192,6 +192,9 @@ class KernelConfig:
     # pointer loads (H200, Qwen3-30B-A3B 4k prefill, the grouped GEMMs' profiled time: bf16 34.80 -> 32.89 ms, W8A8
     # 38.91 -> 37.89; 1k prefill 17.31 -> 16.81 / 19.54 -> 19.13 ms)
     moe_tma_weights: bool = True
+    # ... and in the small tiles (decode batches past the decode path: 16-row tiles streaming the experts' weights);
+    # written in session 46, not yet measured
+    moe_tma_small_weights: bool = False
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only

@@ -226,7 +226,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    tma = cfg.moe_tma_weights and P > cfg.moe_small_pairs and sm90(x.device) and _tma_fits(gate_up) and _tma_fits(down)
+    tma = (cfg.moe_tma_weights if P > cfg.moe_small_pairs else cfg.moe_tma_small_weights) and sm90(x.device) \
+        and _tma_fits(gate_up) and _tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
                   TMA_W=tma, num_warps=warps, num_stages=stages, **launch_args(pdl))
     a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)

@@ -224,7 +224,8 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False),
               # the prefill tiles' weights through TMA descriptors (KernelConfig.moe_tma_weights; FP8 experts' rows of
               # 200 e4m3 bytes do not fit one, so there the pointer loads run)
-              "sorted-tma": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_tma_weights=True)}
+              "sorted-tma": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_tma_weights=True),
+              "sorted-tma-small": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_tma_small_weights=True)}
 
 
 @pytest.mark.cuda
@@ -265,7 +266,8 @@ def test_fp8_experts_w8a8_cuda(T, tma):
     within FP8 activations' error of the weight-only path."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0, moe_tma_weights=tma)  # (the default: W8A8)
+    cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0, moe_tma_weights=tma,  # (the default: W8A8)
+                       moe_tma_small_weights=tma)
     assert cfg.moe_fp8_w8a8
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     rows = torch.arange(T) if T <= 257 else torch.randperm(T, generator=torch.Generator().manual_seed(0))[:64]
