@@ -127,6 +127,26 @@ def test_fused_moe_matches_reference_interpreter(cfg, T, E, k, routing):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@interpreter_only
+@pytest.mark.parametrize("T,E,k,routing", [(5, 8, 2, "random"), (21, 8, 2, "skew"), (257, 16, 4, "random")])
+def test_fused_moe_with_tma_weight_tiles_matches_reference_interpreter(T, E, k, routing, monkeypatch):
+    """The grouped GEMMs' weight tiles through tensor descriptors (KernelConfig.moe_tma_weights and
+    moe_tma_small_weights; Hopper only, so the device check is patched): I = 40 is not a multiple of the 16-row
+    tiles (the last tile reads the next expert's rows, or past the tensor, and stores none of them) and H = 48
+    not of the 32-column K steps (the descriptor's zeros past K). Every launch took descriptors (logged)."""
+    from model_wrapper.kernels import moe
+
+    made = []
+    real = moe._weight_desc
+    monkeypatch.setattr(moe, "sm90", lambda device: True)
+    monkeypatch.setattr(moe, "_weight_desc", lambda *a: made.append(a[-1]) or real(*a))
+    cfg = dataclasses.replace(SORTED, moe_tma_weights=True, moe_tma_small_weights=True)
+    x, w, ids, gate_up, down = _case(T, E, k, 48, 40, torch.float32, "cpu", routing)
+    got = fused_moe(x, w, ids, gate_up, down, cfg)
+    assert made == [True, True]
+    torch.testing.assert_close(got, experts_reference(x, w, ids, gate_up, down), rtol=1e-5, atol=1e-5)
+
+
 # the FP8 cases' wider rows in fewer, larger tiles (the interpreter's time grows with the programs); FP8
 # tiles span twice the configured columns: 64 (inside one 128-column group) and 256 (two groups a tile)
 DECODE_FP8 = dataclasses.replace(DECODE_LOOP, moe_decode_block_n=64, moe_decode_block_k=32,
