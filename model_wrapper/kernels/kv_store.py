@@ -76,6 +76,24 @@ def _rotate_half_pair(x1, x2, cos, sin, dtype):
 
 
 @triton.jit
+def _qk_norm(x1, x2, qn_ptr, kn_ptr, is_q, half, eps, D: tl.constexpr, AXIS: tl.constexpr):
+    """Qwen3's q (is_q) or k norm (weights [D] at qn_ptr / kn_ptr) of a head's halves x1, x2 (their D / 2 columns
+    along AXIS: one row, or a tile of rows), the reference's rounding (layers/norm.rms_norm: fp32 statistics,
+    x / rms rounded, times the weight rounded)."""
+    if is_q:
+        w1 = tl.load(qn_ptr + half).to(tl.float32)
+        w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
+    else:
+        w1 = tl.load(kn_ptr + half).to(tl.float32)
+        w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
+    dtype = x1.dtype
+    a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(a1 * a1, axis=AXIS, keep_dims=True) + tl.sum(a2 * a2, axis=AXIS, keep_dims=True)) / D
+                      + eps)
+    return (w1 * (a1 * r).to(dtype).to(tl.float32)).to(dtype), (w2 * (a2 * r).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_ptr, vs_ptr, s_ptr, bq_ptr, bk_ptr, bv_ptr, rank_ptr,
                        lslot_ptr, ss_ptr, qn_ptr, kn_ptr, R, stride_qkv, stride_sp, stride_sm, stride_ss, stride_cs, HQ,
                        HK, nb, inv_n, eps, qk_eps, D: tl.constexpr, LORA: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -128,16 +146,7 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, ks_pt
         x2 = lora_add(x2, b2, s_ptr, rank, lslot, t, sub, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
         v = lora_add(v, bvt, s_ptr, rank_v, lslot, t, 2, R, stride_sp, stride_sm, stride_ss, BLOCK_R, NUM_SPLITS, rs)
     if QK_NORM:  # on the projection's final rows (after the row scale and the LoRA delta)
-        if head < HQ:
-            w1 = tl.load(qn_ptr + half).to(tl.float32)
-            w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
-        else:
-            w1 = tl.load(kn_ptr + half).to(tl.float32)
-            w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
-        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        r = tl.math.rsqrt((tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / D + qk_eps)
-        x1 = (w1 * (a1 * r).to(dtype).to(tl.float32)).to(dtype)
-        x2 = (w2 * (a2 * r).to(dtype).to(tl.float32)).to(dtype)
+        x1, x2 = _qk_norm(x1, x2, qn_ptr, kn_ptr, head < HQ, half, qk_eps, D, 0)
     o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)
     tl.store(base + half, o1)
     tl.store(base + D // 2 + half, o2)
@@ -178,16 +187,7 @@ def _rope_store_rows_kernel(qkv_ptr, pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, 
     x1 = tl.load(row + col + half[None, :], mask=tm[:, None], other=0.0)
     x2 = tl.load(row + col + D // 2 + half[None, :], mask=tm[:, None], other=0.0)
     if QK_NORM:
-        if head < HQ:
-            w1 = tl.load(qn_ptr + half).to(tl.float32)
-            w2 = tl.load(qn_ptr + D // 2 + half).to(tl.float32)
-        else:
-            w1 = tl.load(kn_ptr + half).to(tl.float32)
-            w2 = tl.load(kn_ptr + D // 2 + half).to(tl.float32)
-        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
-        r = tl.math.rsqrt((tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / D + qk_eps)
-        x1 = (w1[None, :] * (a1 * r[:, None]).to(dtype).to(tl.float32)).to(dtype)
-        x2 = (w2[None, :] * (a2 * r[:, None]).to(dtype).to(tl.float32)).to(dtype)
+        x1, x2 = _qk_norm(x1, x2, qn_ptr, kn_ptr, head < HQ, half, qk_eps, D, 1)
     slot = tl.load(slot_ptr + t, mask=tm & kv, other=-1).to(tl.int64)  # (a q head: neither is used)
     v = tl.load(row + (HQ + HK) * D + j * D + full[None, :], mask=tm[:, None] & kv, other=0.0)
     o1, o2 = _rotate_half_pair(x1, x2, cos, sin, dtype)

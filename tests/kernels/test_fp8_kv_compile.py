@@ -90,6 +90,10 @@ def _compile_all() -> dict:
                        rank_ptr="*i32", lslot_ptr="*i32", ss_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16"),
                   dict(R=16, HQ=32, HK=8, D=128, LORA=False, BLOCK_R=16, RPAD=16, NUM_SPLITS=1, PDL=False,
                        SCALED=False, NB=1, FP8=fp8, QK_NORM=qk_norm), scalars=("inv_n", "eps", "qk_eps"))
+            build(f"rope store rows {tag}{' qk-norm' if qk_norm else ''}", kv_store._rope_store_rows_kernel,
+                  dict(qkv_ptr="*bf16", pos_ptr="*i64", cs_ptr="*fp32", kc_ptr=cache, vc_ptr=cache, slot_ptr="*i64",
+                       ks_ptr="*fp32", vs_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16"),
+                  dict(HQ=32, HK=8, D=128, BLOCK_T=16, PDL=True, FP8=fp8, QK_NORM=qk_norm), scalars=("qk_eps",))
         for math_name, math_id in (decode_attention.FP8_MATHS.items() if fp8 else [("", 0)]):
             build(f"decode {tag} {math_name}".strip(), decode_attention._decode_kernel,
                   dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
@@ -109,7 +113,7 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(res["built"]) == 9 + len(FP8_MATHS)
+    assert len(res["built"]) == 13 + len(FP8_MATHS)
     launches = res["default_launches"]
     # no spills, but at batch 32: 128 keys a step under the 128-register cap spill 48-184 bytes a thread (Triton 3.7.1 /
     # 3.8.0 / 3.9.0: 64 / 48 / 184), and that launch was still the fastest at batch 32 (0.839 of copy bandwidth
