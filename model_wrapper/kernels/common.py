@@ -43,6 +43,21 @@ def sm90(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
+def tma_fits(w: torch.Tensor) -> bool:
+    """Whether a TMA tensor descriptor takes the weights w [..., K] as rows of K: contiguous, 16-byte aligned, rows
+    of a multiple of 16 bytes."""
+    return w.is_contiguous() and w.data_ptr() % 16 == 0 and w.shape[-1] * w.element_size() % 16 == 0
+
+
+def weight_descriptor(w: torch.Tensor, block_rows: int, block_k: int):
+    """A host TMA tensor descriptor of w [..., K] (tma_fits) as [rows, K] with [block_rows, block_k] blocks: a kernel's
+    weight tiles (rows past a matrix's own, or past the tensor, come back as the next rows or zeros; so do columns
+    past K): the MoE grouped GEMMs' experts [E, rows, K], the e4m3 skinny GEMM's [N, K]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(w.reshape(-1, w.shape[-1]), [block_rows, block_k])
+
+
 SM90_SHARED_MEMORY = 232448  # bytes of shared memory a Hopper program may opt into (H100, H200)
 
 

@@ -301,6 +301,9 @@ class KernelConfig:
     # 43 c7 profile, batch 8). Decode steps (c8, bench_fp8.py --kind block --decode-only, ahead / in the step / ahead
     # again) ms at batch 4 / 8 / 16: 4.764 / 5.016 / 4.899, 5.074 / 5.154 / 5.054, 5.374 / 5.384 / 5.342
     fp8_skinny_mma_scales_ahead: bool = True
+    # its weight tiles through TMA tensor descriptors (Hopper) instead of pointer loads: written in session 46, not
+    # yet measured
+    fp8_skinny_mma_tma: bool = False
     fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
     # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input

@@ -47,7 +47,8 @@ import triton
 import triton.language as tl
 
 from model_wrapper.kernels.common import (DEFAULT, device_counters, last_to_arrive, launch_args, max_shared_memory,
-                                         skinny_rows, skinny_store, stages_that_fit, uses_pdl)
+                                         skinny_rows, skinny_store, sm90, stages_that_fit, tma_fits, uses_pdl,
+                                         weight_descriptor)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.fp8_reference import QuantizedActivation
@@ -62,11 +63,14 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
                            stride_qg, stride_w, stride_s, stride_o, GROUP: tl.constexpr, PER_GROUP: tl.constexpr,
                            BM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                            SILU: tl.constexpr, PDL: tl.constexpr, SCALES_AHEAD: tl.constexpr = True,
-                           ws_ptr=None, cnt_ptr=None, SPLIT: tl.constexpr = 1, SPLIT_COLS: tl.constexpr = 0):
+                           ws_ptr=None, cnt_ptr=None, SPLIT: tl.constexpr = 1, SPLIT_COLS: tl.constexpr = 0,
+                           w_desc=None, TMA_W: tl.constexpr = False):
     # PER_GROUP (block weights): x's scales per 128 columns, each 128-column sub-step its own product scaled by
     # x's and the weight's scales; else (a scale a weight row) one scale a token, the products summed in place
     # and scaled once at the end. SPLIT > 1: program (i, j) sums K columns [j * SPLIT_COLS, (j + 1) * SPLIT_COLS)
-    # (whole K steps) of row tile i into ws, and the last of a tile's SPLIT programs to finish adds them in order
+    # (whole K steps) of row tile i into ws, and the last of a tile's SPLIT programs to finish adds them in order.
+    # TMA_W: the weight tiles through w_desc, a tensor descriptor of w [N (2N with SILU), K] with [ROWS, step] blocks
+    # (rows past N: up's rows or the descriptor's zeros, never stored; columns past K: zeros)
     ROWS: tl.constexpr = BLOCK_N // 2 if SILU else BLOCK_N
     if SPLIT > 1:
         k_start = tl.program_id(1) * SPLIT_COLS
@@ -104,10 +108,16 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
                     scale = tl.load(qs_ptr + toks * stride_qs + (k + j * 128) // 128 * stride_qg, mask=tok_ok & g_ok,
                                     other=0.0)
                     sw = tl.load(s_rows + (k + j * 128) // GROUP, mask=g_ok, other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+                if TMA_W:
+                    w = w_desc.load([tl.program_id(0) * ROWS, k + j * 128])
+                else:
+                    w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
                 acc += tl.dot(w, xt) * (sw[:, None] * scale[None, :])
                 if SILU:
-                    wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
+                    if TMA_W:
+                        wu = w_desc.load([N + tl.program_id(0) * ROWS, k + j * 128])
+                    else:
+                        wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
                     if SCALES_AHEAD:
                         su = tl.sum(tl.where(gs[None, :] == j, su_step, 0.0), axis=1)
                     else:
@@ -118,9 +128,17 @@ def _fp8_skinny_mma_kernel(q_ptr, qs_ptr, w_ptr, s_ptr, b_ptr, o_ptr, M, N, K: t
             k_ok = kk < K
             xt = tl.trans(tl.load(q_ptr + toks[:, None] * stride_q + kk[None, :], mask=tok_ok[:, None] & k_ok[None, :],
                                   other=0.0))
-            acc = tl.dot(tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0), xt, acc)
+            if TMA_W:
+                w = w_desc.load([tl.program_id(0) * ROWS, k])
+            else:
+                w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+            acc = tl.dot(w, xt, acc)
             if SILU:
-                up = tl.dot(tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0), xt, up)
+                if TMA_W:
+                    wu = w_desc.load([N + tl.program_id(0) * ROWS, k])
+                else:
+                    wu = tl.load(w_rows + N * stride_w + kk[None, :], mask=k_ok[None, :], other=0.0)
+                up = tl.dot(wu, xt, up)
     if not PER_GROUP:
         sx = tl.load(qs_ptr + toks * stride_qs, mask=tok_ok, other=0.0)[None, :]
         acc *= tl.load(s_rows)[:, None] * sx
@@ -207,10 +225,12 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
         ws = torch.empty((2 if silu else 1) * launch.split * launch.bm, n_out, dtype=torch.float32,
                          device=weight.device)
         cnt = device_counters("fp8_skinny_mma", MAX_SPLIT_TILES, weight.device)
+    tma = cfg.fp8_skinny_mma_tma and sm90(weight.device) and tma_fits(weight)
     _fp8_skinny_mma_kernel[(launch.tiles, launch.split)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), ws_ptr=ws, cnt_ptr=cnt,
-        **launch.constexprs(K, group, silu, bias is not None, pdl, cfg), num_warps=launch.warps,
+        w_desc=weight_descriptor(weight, launch.rows, 128 if group < K else launch.block_k) if tma else None,
+        TMA_W=tma, **launch.constexprs(K, group, silu, bias is not None, pdl, cfg), num_warps=launch.warps,
         num_stages=launch.stages, **launch_args(pdl))
     return out
 

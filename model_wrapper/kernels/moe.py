@@ -39,7 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import gdc_launch_dependents, gdc_wait, launch_args, sm90, uses_pdl
+from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launch_args, sm90, tma_fits, uses_pdl,
+                                          weight_descriptor)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
@@ -160,22 +161,6 @@ def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[
     return bm, bn, bk, warps, stages
 
 
-def _tma_fits(w: torch.Tensor) -> bool:
-    """Whether a TMA descriptor takes w [E, rows, K]: contiguous, 16-byte aligned, rows of a multiple of 16 bytes."""
-    return w.is_contiguous() and w.data_ptr() % 16 == 0 and w.shape[2] * w.element_size() % 16 == 0
-
-
-def _weight_desc(w: torch.Tensor, block_n: int, block_k: int, tma: bool):
-    """The grouped GEMM's weight operand for TMA_W: a host tensor descriptor of w [E, rows, K] (contiguous) as
-    [E * rows, K] with [block_n, block_k] blocks; without TMA, w itself (never read as one)."""
-    if not tma:
-        return w
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    E, rows, K = w.shape
-    return TensorDescriptor.from_tensor(w.reshape(E * rows, K), [block_n, block_k])
-
-
 def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, its scales) for the grouped GEMM: W8A8, x [M, K] quantized per row and FP8_GROUP columns
     (fp8_act.quantize_fp8_per_token_group: e4m3 [M, K], float32 [M, ceil(K / 128)]); else x itself, with
@@ -227,21 +212,21 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
     tma = (cfg.moe_tma_weights if P > cfg.moe_small_pairs else cfg.moe_tma_small_weights) and sm90(x.device) \
-        and _tma_fits(gate_up) and _tma_fits(down)
+        and tma_fits(gate_up) and tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
                   TMA_W=tma, num_warps=warps, num_stages=stages, **launch_args(pdl))
     a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
-        a, a_s, gate_up, s, act, pairs, block_expert, rw, _weight_desc(gate_up, bn, bk, tma), P, E, inter, H,
-        a.stride(0), a_s.stride(0), a_s.stride(1), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
-        2 * inter, SILU=True, WEIGHTED=False, **launch)
+        a, a_s, gate_up, s, act, pairs, block_expert, rw, weight_descriptor(gate_up, bn, bk) if tma else gate_up, P, E,
+        inter, H, a.stride(0), a_s.stride(0), a_s.stride(1), gate_up.stride(0), gate_up.stride(1), sse, ssn,
+        act.stride(0), 2 * inter, SILU=True, WEIGHTED=False, **launch)
     a, a_s = _w8a8_operand(act, w8a8)  # (W8A8: each pair's activation row per 128 columns)
     s, sse, ssn = scale_args(down_scale, down)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
-        a, a_s, down, s, out, pairs, block_expert, rw, _weight_desc(down, bn, bk, tma), P, E, H, inter, a.stride(0),
-        a_s.stride(0), a_s.stride(1), down.stride(0), down.stride(1), sse, ssn, out.stride(0), H, SILU=False,
-        WEIGHTED=True, **launch)
+        a, a_s, down, s, out, pairs, block_expert, rw, weight_descriptor(down, bn, bk) if tma else down, P, E, H, inter,
+        a.stride(0), a_s.stride(0), a_s.stride(1), down.stride(0), down.stride(1), sse, ssn, out.stride(0), H,
+        SILU=False, WEIGHTED=True, **launch)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _sum_k_kernel[(T, triton.cdiv(H, cfg.moe_sum_block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
                                                            BLOCK_N=cfg.moe_sum_block, PDL=pdl, **launch_args(pdl))

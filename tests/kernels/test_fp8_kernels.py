@@ -227,6 +227,30 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     products: weight groups of 128 and 256 (several products a group), one group a row with K not a multiple of
     the K step (a part-filled last step), N odd, bias, strided rows, the SiLU epilogue; K steps of 128 to 512; block
     scales loaded a K step ahead (default: several groups a step with K steps of 512) or in their step."""
+    _check_skinny_mma(cfg)
+
+
+@pytest.mark.parametrize("cfg", [KernelConfig(fp8_skinny_mma_tma=True),
+                                 KernelConfig(fp8_skinny_mma_tma=True, fp8_skinny_mma_split_programs=64,
+                                              fp8_skinny_mma_row_split_programs=64, fp8_skinny_mma_split_min_steps=1)],
+                         ids=["tma", "tma-split"])
+def test_fp8_skinny_mma_with_tma_weight_tiles(cfg, monkeypatch):
+    """The same cases with the weight tiles through tensor descriptors (KernelConfig.fp8_skinny_mma_tma; Hopper
+    only, so the device check is patched): row tiles past N (N odd; gate_up's tiles reach into up's rows) and K
+    steps past K come back as rows never stored and zeros. Weights of 300 and 1000 e4m3 bytes a row do not fit a
+    descriptor and keep the pointer loads; the others took descriptors (logged)."""
+    from model_wrapper.kernels import fp8_skinny_mma
+
+    made = []
+    real = fp8_skinny_mma.weight_descriptor
+    monkeypatch.setattr(fp8_skinny_mma, "sm90", lambda device: True)
+    monkeypatch.setattr(fp8_skinny_mma, "weight_descriptor", lambda w, *a: made.append(w.shape[1]) or real(w, *a))
+    # (and a scale a row over 640 columns: K steps of 256, the last past K)
+    _check_skinny_mma(cfg, extra=((5, 40, 640, 640, False, False),))
+    assert sorted(set(made)) == [256, 384, 512, 640]
+
+
+def _check_skinny_mma(cfg, extra=()):
     from model_wrapper.kernels.fp8_skinny_mma import fp8_skinny_mma
 
     g = torch.Generator().manual_seed(12)
@@ -234,7 +258,7 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     for M, N, K, group, bias, strided in ((1, 40, 300, 128, True, False), (3, 70, 512, 256, False, True),
                                           (16, 33, 1000, 1000, True, False), (9, 64, 384, 128, True, True),
                                           (17, 40, 384, 128, False, False), (32, 33, 1000, 1000, True, True),
-                                          (50, 64, 256, 128, True, False)):  # token tiles of 16, 32 and 64
+                                          (50, 64, 256, 128, True, False)) + tuple(extra):  # token tiles of 16-64
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)

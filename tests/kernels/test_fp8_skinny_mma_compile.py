@@ -15,7 +15,8 @@ fp8_skinny_mma launches it with (skinny_mma_stages), inside the shared memory a 
 It also reads which tensor-core products each build makes (its SASS): sm90 builds wgmma e4m3 products (QGMMA) for
 tiles of 64 rows or more and mma.sync ones (HMMA, on fp16 conversions of both operands) below; session 42's launch
 gave Llama-3-8B's qkv, o and down 32-row tiles, which ran their layer at 1.5-2x the bytes' time (session 45). Every
-Llama-3-8B projection's default launch is a wgmma one.
+Llama-3-8B projection's default launch is a wgmma one, with its weight tiles through TMA descriptors too
+(KernelConfig.fp8_skinny_mma_tma).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ def _compile_all() -> dict[str, list]:
         key = f"{name} {fmt} x{M}"
         built[key] = [stack_bytes(kernel), kernel.metadata.shared, launch.stages, launch.rows, launch.split,
                       _products(kernel)]
+        if name.startswith("8b") and M == 16:  # the weight tiles through TMA (KernelConfig.fp8_skinny_mma_tma)
+            desc = f"tensordesc<fp8e4nv[{launch.rows}, {128 if group < K else launch.block_k}]>"
+            tma = compile_sm90(fn, dict(pointers, w_desc=desc), dict(constexprs, TMA_W=True), aligned=True,
+                               num_warps=launch.warps, num_stages=launch.stages)
+            built[key + " tma"] = [stack_bytes(tma), tma.metadata.shared, launch.stages, launch.rows, launch.split,
+                                   _products(tma)]
         if launch.stages < cfg.fp8_skinny_mma_stages:  # what the clamp keeps out: cfg's depth would not fit
             deeper = compile_sm90(fn, pointers, constexprs, aligned=True, num_warps=launch.warps,
                                   num_stages=cfg.fp8_skinny_mma_stages)
@@ -79,7 +86,7 @@ def test_fp8_skinny_mma_compiles_for_sm90():
 
     built = run_child(__file__, "nvdisasm")
     launched = {name: v for name, v in built.items() if not name.endswith("unclamped")}
-    assert len(launched) == 2 * len(SHAPES) + 5
+    assert len(launched) == 2 * len(SHAPES) + 5 + 8
     assert {name: stack for name, (stack, *_) in launched.items() if stack} == {}  # no spills, 32- / 64-token tiles too
     assert {name: shared for name, (_, shared, *_) in launched.items() if shared > SM90_SHARED_MEMORY} == {}
     # the clamp's case: gate_up at 64 tokens a scale a row, 5 stages of (128 + 64) x 256 bytes, over the limit
@@ -89,7 +96,11 @@ def test_fp8_skinny_mma_compiles_for_sm90():
             if (products == "wgmma") != (rows >= 64) or products == "none"} == {}
     # Llama-3-8B: every projection on wgmma; block weights' K split where the row tiles are fewer than 132 (qkv 96
     # tiles in 2 parts, o and down 64 in 3), gate_up's 224 tiles whole; a scale a row never split
-    assert {name: v[3:] for name, v in launched.items() if name.startswith("8b") and "x16" in name} == {
+    # ... and with TMA weight tiles the same launches (wgmma, no spills: above), within 128 bytes of shared memory
+    assert {name: (v[3:], abs(v[1] - launched[name[:-4]][1]) <= 128) for name, v in launched.items()
+            if name.endswith(" tma")} == {name + " tma": (launched[name][3:], True) for name in launched
+                                          if name.startswith("8b") and name.endswith("x16")}
+    assert {name: v[3:] for name, v in launched.items() if name.startswith("8b") and name.endswith("x16")} == {
         "8b qkv block x16": [64, 2, "wgmma"], "8b qkv row x16": [64, 1, "wgmma"],
         "8b o block x16": [64, 3, "wgmma"], "8b o row x16": [64, 1, "wgmma"],
         "8b gate_up block x16": [64, 1, "wgmma"], "8b gate_up row x16": [64, 1, "wgmma"],

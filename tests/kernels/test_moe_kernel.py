@@ -137,13 +137,13 @@ def test_fused_moe_with_tma_weight_tiles_matches_reference_interpreter(T, E, k, 
     from model_wrapper.kernels import moe
 
     made = []
-    real = moe._weight_desc
+    real = moe.weight_descriptor
     monkeypatch.setattr(moe, "sm90", lambda device: True)
-    monkeypatch.setattr(moe, "_weight_desc", lambda *a: made.append(a[-1]) or real(*a))
+    monkeypatch.setattr(moe, "weight_descriptor", lambda *a: made.append(a[1:]) or real(*a))
     cfg = dataclasses.replace(SORTED, moe_tma_weights=True, moe_tma_small_weights=True)
     x, w, ids, gate_up, down = _case(T, E, k, 48, 40, torch.float32, "cpu", routing)
     got = fused_moe(x, w, ids, gate_up, down, cfg)
-    assert made == [True, True]
+    assert made == [(16, 32), (16, 32)]  # the small tiles' [BLOCK_N, BLOCK_K] (SORTED's)
     torch.testing.assert_close(got, experts_reference(x, w, ids, gate_up, down), rtol=1e-5, atol=1e-5)
 
 
