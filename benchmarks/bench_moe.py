@@ -160,10 +160,13 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
                                                 fp8_skinny_mma_split_programs=0),
             # ... and with rows halved to 32 where K splits (fp8_skinny_mma_split_min_rows): o's 2048 rows
             "ckpt-r32-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_split_min_rows=32),
+            # session 47: the block-FP8 attention projections' 2-16 token skinny_mma with pointer loads of its weight
+            # tiles (the default since: TMA descriptors, fp8_skinny_mma_tma)
+            "ckpt-ptr-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_tma=False),
             "notma-fp8": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
             "tma-small-fp8": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True),
             "new2-fp8": KernelConfig()}
-CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

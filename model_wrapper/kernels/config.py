@@ -192,8 +192,10 @@ class KernelConfig:
     # pointer loads (H200, Qwen3-30B-A3B 4k prefill, the grouped GEMMs' profiled time: bf16 34.80 -> 32.89 ms, W8A8
     # 38.91 -> 37.89; 1k prefill 17.31 -> 16.81 / 19.54 -> 19.13 ms)
     moe_tma_weights: bool = True
-    # ... and in the small tiles (decode batches past the decode path: 16-row tiles streaming the experts' weights);
-    # written in session 46, not yet measured
+    # ... and in the small tiles (decode batches past the decode path: 16-row tiles streaming the experts' weights):
+    # off, session 47 c1 (H200, bench_moe.py --decode-only, ms at batch 8 / 32 / 128, off / on): bf16 8.18 / 8.09,
+    # 14.99 / 14.98, 18.31 / 18.24; FP8 experts 6.32 / 6.69, 10.53 / 10.40, 12.83 / 12.89 (within the run's spread,
+    # and FP8 batch 8 slower)
     moe_tma_small_weights: bool = False
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
@@ -301,9 +303,20 @@ class KernelConfig:
     # 43 c7 profile, batch 8). Decode steps (c8, bench_fp8.py --kind block --decode-only, ahead / in the step / ahead
     # again) ms at batch 4 / 8 / 16: 4.764 / 5.016 / 4.899, 5.074 / 5.154 / 5.054, 5.374 / 5.384 / 5.342
     fp8_skinny_mma_scales_ahead: bool = True
-    # its weight tiles through TMA tensor descriptors (Hopper) instead of pointer loads: written in session 46, not
-    # yet measured
-    fp8_skinny_mma_tma: bool = False
+    # block weights' tiles (64 rows x 128 e4m3 columns, the 128-byte swizzle) through TMA tensor descriptors (Hopper)
+    # instead of cp.async pointer loads (sm90 SASS of 8B down: 5 UTMALDG a pipeline round against 25 LDGSTS). Written
+    # in session 46; decode steps (session 47 c1, H200, bench_fp8.py --kind block --decode-only, default / tma /
+    # default again) ms at batch 2 / 4 / 8 / 16: 3.769 / 3.589 / 3.881, 3.852 / 3.560 / 3.849, 3.982 / 3.677 /
+    # 3.975, 4.233 / 3.901 / 4.238; c2 (H200, default now tma / ptr / again / ptr again) 3.458 / 3.859 / 3.565 / 3.861
+    # ... 3.875 / 4.225 / 3.899 / 4.226 at 16 (4 or 6 stages: no better); c3 (H100) 4.299 / 4.524 / 4.356 / 4.524 ...
+    # 4.808 / 4.984 / 4.798 / 4.999
+    fp8_skinny_mma_tma: bool = True
+    # the same for a scale a row (fp8_skinny_mma_row_block_k columns a tile: at 256 the box is wider than the
+    # swizzle, one unswizzled copy a round): off, session 47 c1 (H200, --kind channel, default / tma / default
+    # again) at batch 2 / 4 / 8 / 16: 3.202 / 3.343 / 3.303, 3.342 / 3.371 / 3.345, 3.447 / 3.476 / 3.473,
+    # 3.637 / 3.700 / 3.655; c2 (H200) the same, and 128-column tiles (the swizzle's width) 3.727-4.067 through TMA,
+    # 3.644-3.996 without, against 3.211-3.641; c3 (H100) 3.861-4.437 off, 3.979-4.467 on, 3.938-4.442 off again
+    fp8_skinny_mma_row_tma: bool = False
     fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
     # same bytes as its own quantize kernel: one launch a linear fewer; fp8.quantized_input_group); down's input

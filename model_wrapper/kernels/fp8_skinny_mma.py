@@ -225,7 +225,8 @@ def fp8_skinny_mma(x, weight: torch.Tensor, weight_scale: torch.Tensor, group: i
         ws = torch.empty((2 if silu else 1) * launch.split * launch.bm, n_out, dtype=torch.float32,
                          device=weight.device)
         cnt = device_counters("fp8_skinny_mma", MAX_SPLIT_TILES, weight.device)
-    tma = cfg.fp8_skinny_mma_tma and sm90(weight.device) and tma_fits(weight)
+    tma = ((cfg.fp8_skinny_mma_tma if group < K else cfg.fp8_skinny_mma_row_tma) and sm90(weight.device)
+           and tma_fits(weight))
     _fp8_skinny_mma_kernel[(launch.tiles, launch.split)](
         q, qs, weight, weight_scale, out if bias is None else bias, out, M, n_out, K, q.stride(0), qs.stride(0),
         qs.stride(1), weight.stride(0), weight_scale.stride(0), out.stride(0), ws_ptr=ws, cnt_ptr=cnt,

@@ -230,15 +230,18 @@ def test_fp8_skinny_mma_is_the_product_of_x_quantized_per_128_columns(cfg):
     _check_skinny_mma(cfg)
 
 
-@pytest.mark.parametrize("cfg", [KernelConfig(fp8_skinny_mma_tma=True),
-                                 KernelConfig(fp8_skinny_mma_tma=True, fp8_skinny_mma_split_programs=64,
-                                              fp8_skinny_mma_row_split_programs=64, fp8_skinny_mma_split_min_steps=1)],
-                         ids=["tma", "tma-split"])
-def test_fp8_skinny_mma_with_tma_weight_tiles(cfg, monkeypatch):
-    """The same cases with the weight tiles through tensor descriptors (KernelConfig.fp8_skinny_mma_tma; Hopper
-    only, so the device check is patched): row tiles past N (N odd; gate_up's tiles reach into up's rows) and K
-    steps past K come back as rows never stored and zeros. Weights of 300 and 1000 e4m3 bytes a row do not fit a
-    descriptor and keep the pointer loads; the others took descriptors (logged)."""
+@pytest.mark.parametrize("cfg, took", [
+    (KernelConfig(), [256, 384, 512]),
+    (KernelConfig(fp8_skinny_mma_row_tma=True), [256, 384, 512, 640]),
+    (KernelConfig(fp8_skinny_mma_row_tma=True, fp8_skinny_mma_split_programs=64, fp8_skinny_mma_row_split_programs=64,
+                  fp8_skinny_mma_split_min_steps=1), [256, 384, 512, 640])], ids=["default", "tma", "tma-split"])
+def test_fp8_skinny_mma_with_tma_weight_tiles(cfg, took, monkeypatch):
+    """The same cases with the weight tiles through tensor descriptors (KernelConfig.fp8_skinny_mma_tma, on by
+    default: block weights; fp8_skinny_mma_row_tma, off: a scale a row; Hopper only, so the device check is
+    patched): row tiles past N (N odd; gate_up's tiles reach into up's rows) and K steps past K come back as rows
+    never stored and zeros. Weights of 300 and 1000 e4m3 bytes a row do not fit a descriptor and keep the pointer
+    loads; the others took descriptors where their format's switch is on (logged: block weights of 256-512
+    columns, a scale a row of 640)."""
     from model_wrapper.kernels import fp8_skinny_mma
 
     made = []
@@ -247,7 +250,7 @@ def test_fp8_skinny_mma_with_tma_weight_tiles(cfg, monkeypatch):
     monkeypatch.setattr(fp8_skinny_mma, "weight_descriptor", lambda w, *a: made.append(w.shape[1]) or real(w, *a))
     # (and a scale a row over 640 columns: K steps of 256, the last past K)
     _check_skinny_mma(cfg, extra=((5, 40, 640, 640, False, False),))
-    assert sorted(set(made)) == [256, 384, 512, 640]
+    assert sorted(set(made)) == took
 
 
 def _check_skinny_mma(cfg, extra=()):
