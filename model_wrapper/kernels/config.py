@@ -315,7 +315,9 @@ class KernelConfig:
     # swizzle, one unswizzled copy a round): off, session 47 c1 (H200, --kind channel, default / tma / default
     # again) at batch 2 / 4 / 8 / 16: 3.202 / 3.343 / 3.303, 3.342 / 3.371 / 3.345, 3.447 / 3.476 / 3.473,
     # 3.637 / 3.700 / 3.655; c2 (H200) the same, and 128-column tiles (the swizzle's width) 3.727-4.067 through TMA,
-    # 3.644-3.996 without, against 3.211-3.641; c3 (H100) 3.861-4.437 off, 3.979-4.467 on, 3.938-4.442 off again
+    # 3.644-3.996 without, against 3.211-3.641; c3 (H100) 3.861-4.437 off, 3.979-4.467 on, 3.938-4.442 off again;
+    # c4 (H200): the 256-column step as two swizzled 128-column boxes (10 UTMALDG a round in sm90 SASS), batch 2-32
+    # 3.540-4.208 against 3.211-3.980 off (that kernel was not kept)
     fp8_skinny_mma_row_tma: bool = False
     fp8_skinny_mma_stages: int = 5
     # skinny_mma's x quantized by the add + RMSNorm before qkv / gate_up (kernels/fp8_act.add_rms_norm_fp8, the
