@@ -243,18 +243,22 @@ class KernelConfig:
     # direct / through fp32: qkv 26.9 / 16.4, o 22.7 / 12.8, gate_up + SiLU 91.5 / 50.0, down 53.5 / 34.2 (bf16 19.9 /
     # 14.9 / 83.0 / 43.3); decode step B=4 7.49 -> 4.67 ms (bench_fp8.py --kind channel --decode-only)
     fp8_skinny_f32_upcast: bool = True
-    # up to 16 tokens, the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized first
+    # up to 16 tokens (32: below), the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized first
     # per token, and 128 columns for block weights, as the prefill paths quantize it; W8A8 where "skinny" is
     # weight-only; a scale a row with bf16 x only). H100 (session 39, e6), Llama-3-8B shape, decode step ms at batch
     # 4 / 8 / 16, weight-only skinny (fp32 upcast where per-channel) against this: per-channel 4.76 / 6.07 / 6.86
     # against 4.39 / 4.64 / 4.94; block 5.67 / 5.89 / 6.09 against 5.26 / 5.47 / 5.64 (bf16, e4: 5.87 / 6.05 / 6.26)
     fp8_skinny_mma: bool = True
     # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
-    # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch)
-    fp8_skinny_mma_max_tokens: int = 16
+    # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch). Block weights: 32 since their tiles
+    # come through TMA (fp8_skinny_mma_tma, session 47); Llama-3-8B decode step ms at batch 24 / 32 / 48, cuBLASLt
+    # (16, before) / skinny_mma up to 32 / up to 64 / 16 again: H200 c5 5.251 / 4.257 / 4.253 / 5.250, 5.142 / 4.404 /
+    # 4.414 / 5.128, 5.371 / 5.354 / 5.427 / 5.371 (64 tokens: 5.659 against 5.873 up to 64); H100 c6 (no 64 row)
+    # 5.727 / 5.086 / - / 5.909, 5.796 / 5.333 / - / 5.757, 6.220 / 6.172 / - / 6.160
+    fp8_skinny_mma_max_tokens: int = 32
     # the same for a scale a weight row (per channel / tensor). H100 (session 43, c3), Llama-3-8B shape, decode step ms
     # at batch 24 / 32, cuBLASLt's row-wise GEMM against skinny_mma's 32-token tile: 5.78 / 5.67 against 5.00 / 5.13
-    # (block weights: 5.87 / 5.74 against 5.93 / 6.02, so block stays at 16)
+    # (block weights, pointer loads then: 5.87 / 5.74 against 5.93 / 6.02; at 32 since session 47, above)
     fp8_skinny_mma_row_max_tokens: int = 32
     # rows a program, halving (to 32) until fp8_skinny_mma_min_programs programs; with the stages and the
     # per-channel K step below from session 42's sweep (c8 H200, c9 H100; rewritten as sweep_fp8_skinny_mma.py;

@@ -16,7 +16,7 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
                                             times its group's scale; x stays in its dtype
   M <= fp8_skinny_max_tokens   "skinny"     weight-only: e4m3 tiles upcast to x's dtype in registers,
                                             tensor-core products per K step, scaled per group in fp32
-                               "skinny_mma" (KernelConfig.fp8_skinny_mma, up to 16 tokens, sm89+; a scale
+                               "skinny_mma" (KernelConfig.fp8_skinny_mma, up to 32 tokens, sm89+; a scale
                                             a row: bf16 x only) x quantized per token (and 128
                                             columns for block weights) by a kernel before it, e4m3 x
                                             e4m3 tensor-core products (kernels/fp8_skinny_mma.py)
@@ -33,7 +33,7 @@ fp8_path picks the kernel by the step's token count M (thresholds in KernelConfi
 Decode wants its own paths: cuBLASLt's FP8 GEMM at 1-16 tokens reads at ~1.4 TB/s, no faster
 than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and its block-scaled
 GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). At 1-2 tokens the GEMV is
-weight-only; at 3-16 "skinny_mma" quantizes x per token (and 128 columns for block weights: the
+weight-only; at 3-32 "skinny_mma" quantizes x per token (and 128 columns for block weights: the
 prefill paths' arithmetic, as vLLM's FP8 linears at every size) where it fits, the weight-only "skinny" kernel
 otherwise (and at 17-fp8_skinny_max_tokens, or with KernelConfig.fp8_skinny_mma off). Where
 torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM takes them (about

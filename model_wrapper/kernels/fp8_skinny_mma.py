@@ -1,4 +1,4 @@
-"""FP8 linears at 3-16 tokens (3-32 a scale a row; up to 64: KernelConfig.fp8_skinny_mma_max_tokens,
+"""FP8 linears at 3-32 tokens (up to 64: KernelConfig.fp8_skinny_mma_max_tokens,
 fp8_skinny_mma_row_max_tokens) on the e4m3 tensor cores
 (W8A8): the "skinny_mma" path of kernels/fp8.py.
 

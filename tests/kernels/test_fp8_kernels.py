@@ -327,7 +327,7 @@ def test_fp8_gemm_is_the_product_of_quantized_activations():
 
 def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     """fp8_path: 1-2 tokens the GEMV, up to fp8_skinny_max_tokens the skinny GEMM (W8A8 "skinny_mma" up to
-    fp8_skinny_mma_max_tokens, 16, where it fits, else weight-only; a scale a row up to
+    fp8_skinny_mma_max_tokens, 32, where it fits, else weight-only; a scale a row up to
     fp8_skinny_mma_row_max_tokens, 32; skinny_mma also past fp8_skinny_max_tokens
     where its bound is moved there, up to its 64-token tile), beyond the
     quantized GEMM (off CUDA never cuBLASLt's, block scales or not); KernelConfig moves each bound;
@@ -341,14 +341,15 @@ def test_fp8_path_follows_the_token_count_and_the_kernel_config():
     def path(M, cfg=KernelConfig(), group=128, dtype=torch.float16):
         return fp8.fp8_path(torch.zeros(M, 256, dtype=dtype), w, s, group, cfg, block_scale=s[::128].t())
 
-    assert [path(M) for M in (1, 2, 3, big, big + 1, 4096)] == ["gemv", "gemv", "skinny_mma", "skinny_mma", "gemm",
-                                                                 "gemm"]
+    assert big == 16
+    assert [path(M) for M in (1, 2, 3, 16, 17, 32, 33, 4096)] == ["gemv", "gemv", "skinny_mma", "skinny_mma",
+                                                                   "skinny_mma", "skinny_mma", "gemm", "gemm"]
     # 2 tokens: weights of more than fp8_gemv_multi_token_max_weights values to skinny_mma (where it runs)
     two = KernelConfig(fp8_gemv_multi_token_max_weights=24 * 256 - 1)
     assert [path(M, two) for M in (1, 2, 3)] == ["gemv", "skinny_mma", "skinny_mma"]
     assert path(2, KernelConfig(fp8_gemv_multi_token_max_weights=24 * 256)) == "gemv"
     assert path(2, dataclasses.replace(two, fp8_skinny_mma=False)) == "gemv"  # (the weight-only skinny: no)
-    moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32)
+    moved = KernelConfig(fp8_gemv_max_tokens=4, fp8_skinny_max_tokens=32, fp8_skinny_mma_max_tokens=16)
     assert [path(M, moved) for M in (4, 5, 16, 17, 32, 33)] == ["gemv", "skinny_mma", "skinny_mma", "skinny", "skinny",
                                                                 "gemm"]  # skinny_mma up to 16 tokens
     wide = KernelConfig(fp8_skinny_mma_max_tokens=64)  # skinny_mma past fp8_skinny_max_tokens, in the GEMM's place

@@ -2,7 +2,7 @@
 without a GPU, as fp8_skinny_mma launches it by default (skinny_mma_launch: rows a program, K split, stages) for
 Llama-3-8B's and Qwen3-30B-A3B's projections: block weights (a product per 128 columns, K split into parts whose last
 program adds them) and a scale a row (products in place), with and without the SiLU epilogue, at token tiles of 16
-(and 32 for 17-32 tokens a scale a row, 64 where a config allows it).
+(and 32 for 17-32 tokens, 64 where a config allows it).
 
 The interpreter (test_fp8_kernels.py) runs the kernel's arithmetic but not the compiler, which refuses some
 constructs the interpreter accepts (a module global read inside the kernel, for one); here each launch is
@@ -57,7 +57,7 @@ def _compile_all() -> dict[str, list]:
     pointers = dict(q_ptr="*fp8e4nv", qs_ptr="*fp32", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
                     ws_ptr="*fp32", cnt_ptr="*i32")
     cases = [(name, N, K, silu, fmt, 16) for name, N, K, silu in SHAPES for fmt in ("block", "row")]
-    cases += [(name, N, K, silu, "row", 32) for name, N, K, silu in SHAPES[:4]]  # 17-32 tokens a scale a row
+    cases += [(name, N, K, silu, fmt, 32) for name, N, K, silu in SHAPES[:4] for fmt in ("row", "block")]  # 17-32
     cases.append(("8b gate_up", 28672, 4096, True, "row", 64))  # (where a config allows 64 tokens: the clamp's case)
     for name, N, K, silu, fmt, M in cases:
         group = 128 if fmt == "block" else K
@@ -86,7 +86,7 @@ def test_fp8_skinny_mma_compiles_for_sm90():
 
     built = run_child(__file__, "nvdisasm")
     launched = {name: v for name, v in built.items() if not name.endswith("unclamped")}
-    assert len(launched) == 2 * len(SHAPES) + 5 + 8
+    assert len(launched) == 2 * len(SHAPES) + 9 + 8
     assert {name: stack for name, (stack, *_) in launched.items() if stack} == {}  # no spills, 32- / 64-token tiles too
     assert {name: shared for name, (_, shared, *_) in launched.items() if shared > SM90_SHARED_MEMORY} == {}
     # the clamp's case: gate_up at 64 tokens a scale a row, 5 stages of (128 + 64) x 256 bytes, over the limit
