@@ -164,7 +164,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # tiles (the default since: TMA descriptors, fp8_skinny_mma_tma)
             "ckpt-ptr-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_tma=False),
             "notma-fp8": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
-            "tma-small-fp8": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True),
+            "tma-small-fp8": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True, moe_w8a8_swap=False),
+            # session 47: the W8A8 small tiles as W a^T with TMA weight tiles (moe_w8a8_swap; wgmma e4m3 products),
+            # the default since (session 47's c7 / c8 ran "swap-tma-fp8" against "new-fp8" before the switch, and a
+            # "swap-fp8" row, swapped with pointer loads, that the final rule no longer makes); noswap-fp8: before
+            "swap-tma-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=True, moe_tma_small_weights=True),
+            "noswap-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=False),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 

@@ -197,6 +197,16 @@ class KernelConfig:
     # 14.99 / 14.98, 18.31 / 18.24; FP8 experts 6.32 / 6.69, 10.53 / 10.40, 12.83 / 12.89 (within the run's spread,
     # and FP8 batch 8 slower)
     moe_tma_small_weights: bool = False
+    # FP8 experts' W8A8 small tiles (decode batches past the decode path) as W a^T, the weight rows on the MMA's M
+    # side: wgmma e4m3 products instead of mma.sync on fp16 conversions of both operands (kernels/moe.py SWAP), with
+    # their weight tiles through TMA (Hopper only; elsewhere the tiles stay unswapped). Swapped alone, session 45
+    # (H100, c6) was within the run's spread; with TMA, session 47 (H200, bench_moe.py --decode-only, Qwen3-30B-A3B
+    # FP8 experts, ms at batch 8 / 32 / 128, unswapped / swapped with TMA / unswapped again): c7 6.05 / 6.11 / 6.20,
+    # 10.35 / 9.93 / 10.31, 12.63 / 12.37 / 12.60 (swapped with pointer loads 6.40, 10.29, 12.62); c8 at 32 / 128
+    # 10.16 / 9.92 / 10.30, 12.57 / 12.38 / 12.58. Its arithmetic is the prefill tiles' and the dense block skinny
+    # kernel's: the e4m3 products' accumulator keeps fewer bits than fp32, so a layer's output moves from the float64
+    # oracle's values (the unswapped mma.sync: 0 at 3 / 16 pairs a tile) to 7-9e-3 of its largest entry (c8)
+    moe_w8a8_swap: bool = True
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only

@@ -53,12 +53,17 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
                      stride_a, stride_as, stride_asg, stride_we, stride_wn, stride_se, stride_sn, stride_o, W_ROWS,
                      TOP_K: tl.constexpr, SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr,
                      W8A8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, TMA_W: tl.constexpr = False):
+                     BLOCK_K: tl.constexpr, PDL: tl.constexpr, TMA_W: tl.constexpr = False,
+                     SWAP: tl.constexpr = False):
     # W8A8 (FP8 experts, KernelConfig.moe_fp8_w8a8): a is e4m3 with float32 scales as_ptr [rows, groups] (per row
     # and GROUP columns); BLOCK_K == GROUP, so each K step is one e4m3 x e4m3 product scaled by its row's and
     # column's scales before it joins the fp32 sum. Otherwise FP8 dequantizes the weight tile to a's dtype.
     # TMA_W: weight tiles through w_desc, a tensor descriptor of w as [E * W_ROWS, K] rows with [BLOCK_N, BLOCK_K]
     # blocks (rows past an expert's N are the next rows of the tensor or zeros: their columns are never stored).
+    # SWAP (W8A8 only; KernelConfig.moe_w8a8_swap): each product as W a^T, the weight rows on the MMA's M side
+    # ([BLOCK_N, BLOCK_M] sums, transposed once after the K loop), as the dense e4m3 skinny kernel multiplies: sm90
+    # builds wgmma e4m3 products for BLOCK_N >= 64, where a 16-pair M side builds mma.sync ones on fp16 conversions
+    # of both operands; with TMA_W the weight tile goes to the MMA as it is stored (no transposed view).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if PDL:
@@ -80,42 +85,68 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
     offs_k = tl.arange(0, BLOCK_K)
     w_base = w_ptr + e.to(tl.int64) * stride_we
     s_base = s_ptr + e.to(tl.int64) * stride_se + offs_n * stride_sn  # FP8: the tile's rows' scales
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SILU:
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         k_ok = kk < K
         a = tl.load(a_ptr + row[:, None].to(tl.int64) * stride_a + kk[None, :], mask=valid[:, None] & k_ok[None, :],
                     other=0.0)
-        if TMA_W:
-            w = w_desc.load([e * W_ROWS + pid_n * BLOCK_N, k0]).T
-        else:
-            w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
-                        other=0.0)
-        if W8A8:
+        if SWAP:  # W8A8: [BLOCK_N, BLOCK_K] weight rows (K contiguous) times a^T, scaled [rows, pairs]
+            at = tl.trans(a)
             sa = tl.load(as_ptr + row.to(tl.int64) * stride_as + (k0 // GROUP) * stride_asg, mask=valid, other=0.0)
-            s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
-            acc += tl.dot(a, w) * (sa[:, None] * s[None, :])
-        else:
-            if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
-                s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
-                w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
-            acc = tl.dot(a, w, acc)
-        if SILU:
             if TMA_W:
-                wu = w_desc.load([e * W_ROWS + N + pid_n * BLOCK_N, k0]).T
+                w = w_desc.load([e * W_ROWS + pid_n * BLOCK_N, k0])
             else:
-                wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None],
-                             mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            if W8A8:
+                w = tl.load(w_base + offs_n[:, None] * stride_wn + kk[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+            s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
+            acc += tl.dot(w, at) * (s[:, None] * sa[None, :])
+            if SILU:
+                if TMA_W:
+                    wu = w_desc.load([e * W_ROWS + N + pid_n * BLOCK_N, k0])
+                else:
+                    wu = tl.load(w_base + (offs_n + N)[:, None] * stride_wn + kk[None, :],
+                                 mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
-                acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
+                acc_up += tl.dot(wu, at) * (su[:, None] * sa[None, :])
+        else:
+            if TMA_W:
+                w = w_desc.load([e * W_ROWS + pid_n * BLOCK_N, k0]).T
             else:
-                if FP8:
+                w = tl.load(w_base + offs_n[None, :] * stride_wn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None],
+                            other=0.0)
+            if W8A8:
+                sa = tl.load(as_ptr + row.to(tl.int64) * stride_as + (k0 // GROUP) * stride_asg, mask=valid,
+                             other=0.0)
+                s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
+                acc += tl.dot(a, w) * (sa[:, None] * s[None, :])
+            else:
+                if FP8:  # BLOCK_K divides GROUP: the tile lies in one column group
+                    s = tl.load(s_base + k0 // GROUP, mask=n_ok, other=0.0)
+                    w = (w.to(tl.float32) * s[None, :]).to(a.dtype)
+                acc = tl.dot(a, w, acc)
+            if SILU:
+                if TMA_W:
+                    wu = w_desc.load([e * W_ROWS + N + pid_n * BLOCK_N, k0]).T
+                else:
+                    wu = tl.load(w_base + (offs_n + N)[None, :] * stride_wn + kk[:, None],
+                                 mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                if W8A8:
                     su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
-                    wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
-                acc_up = tl.dot(a, wu, acc_up)
+                    acc_up += tl.dot(a, wu) * (sa[:, None] * su[None, :])
+                else:
+                    if FP8:
+                        su = tl.load(s_base + N * stride_sn + k0 // GROUP, mask=n_ok, other=0.0)
+                        wu = (wu.to(tl.float32) * su[None, :]).to(a.dtype)
+                    acc_up = tl.dot(a, wu, acc_up)
+    if SWAP:
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     dtype = o_ptr.dtype.element_ty
     if SILU:
         g = acc.to(dtype).to(tl.float32)
@@ -159,6 +190,13 @@ def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[
     if fp8:
         bk = FP8_GROUP if w8a8 else min(bk, FP8_GROUP)
     return bm, bn, bk, warps, stages
+
+
+def w8a8_swaps(cfg: KernelConfig, pairs: int, w8a8: bool) -> bool:
+    """Whether the W8A8 grouped GEMMs of a step of `pairs` pairs multiply W a^T (_moe_gemm_kernel's SWAP): the small
+    tiles (up to cfg.moe_small_pairs pairs: decode batches past the decode path) with cfg.moe_w8a8_swap; on CUDA
+    fused_moe swaps on Hopper only, where the swapped tiles' weights come through TMA as well."""
+    return w8a8 and cfg.moe_w8a8_swap and pairs <= cfg.moe_small_pairs
 
 
 def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,10 +249,13 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    tma = (cfg.moe_tma_weights if P > cfg.moe_small_pairs else cfg.moe_tma_small_weights) and sm90(x.device) \
-        and tma_fits(gate_up) and tma_fits(down)
+    # (the swapped W8A8 small tiles were measured on Hopper, with their weight tiles through TMA: there, and under the
+    # interpreter off CUDA)
+    swap = w8a8_swaps(cfg, P, w8a8) and (x.device.type != "cuda" or sm90(x.device))
+    tma = (cfg.moe_tma_weights if P > cfg.moe_small_pairs else cfg.moe_tma_small_weights or swap) \
+        and sm90(x.device) and tma_fits(gate_up) and tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
-                  TMA_W=tma, num_warps=warps, num_stages=stages, **launch_args(pdl))
+                  TMA_W=tma, SWAP=swap, num_warps=warps, num_stages=stages, **launch_args(pdl))
     a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](

@@ -34,7 +34,7 @@ def _compile_all() -> dict:
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     cfg = KernelConfig()
-    stacks, loads = {}, {}
+    stacks, loads, products = {}, {}, {}
 
     def build(name, fn, pointers, constexprs, num_warps, num_stages):
         constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
@@ -52,6 +52,10 @@ def _compile_all() -> dict:
             usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
             stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
+            if " w8a8" in name:  # the tensor-core products: wgmma (GMMA) or mma.sync (HMMA)
+                sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
+                                      text=True, check=True).stdout
+                products[name] = "wgmma" if "GMMA" in sass else "mma.sync" if "HMMA" in sass else "none"
             if name.startswith("gemv gate_up"):  # 16-byte loads issued before the first product
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
@@ -101,16 +105,19 @@ def _compile_all() -> dict:
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
                     bm, bn, bk, warps, stages = moe.grouped_tile(cfg, pairs, fp8, w8a8)
-                    # also with the weights through TMA descriptors (KernelConfig.moe_tma_weights, _small_weights)
+                    # also with the weights through TMA descriptors (KernelConfig.moe_tma_weights, _small_weights);
+                    # W8A8's small tiles also as W a^T (KernelConfig.moe_w8a8_swap)
                     for tma in (False, True):
-                        desc = dict(w_desc=f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{bn}, {bk}]>") if tma else {}
-                        build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}"
-                              f"{' tma' if tma else ''}", moe._moe_gemm_kernel,
-                              dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
-                                   o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16", **weights,
-                                   **desc),
-                              dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128, BLOCK_M=bm,
-                                   BLOCK_N=bn, BLOCK_K=bk, PDL=True, TMA_W=tma), warps, stages)
+                        for swap in (False, True) if w8a8 and pre == "moe_" else (False,):
+                            desc = dict(w_desc=f"tensordesc<{'fp8e4nv' if fp8 else 'bf16'}[{bn}, {bk}]>") if tma else {}
+                            build(f"grouped {pre}{'gate_up' if silu else 'down'} {dt}{' w8a8' if w8a8 else ''}"
+                                  f"{' tma' if tma else ''}{' swap' if swap else ''}", moe._moe_gemm_kernel,
+                                  dict(a_ptr="*fp8e4nv" if w8a8 else "*bf16", as_ptr="*fp32" if w8a8 else "*bf16",
+                                       o_ptr="*bf16", pairs_ptr="*i32", block_expert_ptr="*i32", rw_ptr="*bf16",
+                                       **weights, **desc),
+                                  dict(TOP_K=8, SILU=silu, WEIGHTED=not silu, FP8=fp8, W8A8=w8a8, GROUP=128,
+                                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=True, TMA_W=tma, SWAP=swap), warps,
+                                  stages)
     for sort in (False, True):  # the [E, E] rank and the bitonic top-k (KernelConfig.moe_route_sort)
         tag = " sort" if sort else ""
         build("route" + tag, moe_route._route_kernel, dict(logits_ptr="*bf16", w_ptr="*bf16", ids_ptr="*i64"),
@@ -129,7 +136,7 @@ def _compile_all() -> dict:
           dict(EP=128, CHUNK=cfg.moe_align_chunk, CHUNK_TILE=32, BLOCK_TILE=64, BLOCK_M=cfg.moe_block_m, PDL=True), 4, 3)
     build("sum over k", moe._sum_k_kernel, dict(out_ptr="*bf16", y_ptr="*bf16"),
           dict(TOP_K=8, KP=8, BLOCK_N=cfg.moe_sum_block, PDL=True), 4, 1)
-    return dict(stacks=stacks, loads=loads)
+    return dict(stacks=stacks, loads=loads, products=products)
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +146,18 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 49
+    assert len(stacks) == 53
     assert {name: s for name, s in stacks.items() if s} == {}
+
+
+def test_w8a8_small_tiles_take_wgmma_products_swapped(built):
+    """The W8A8 grouped GEMM's small tiles (16 pairs x 64 weight rows) build mma.sync products on fp16 conversions
+    of both e4m3 operands; swapped (KernelConfig.moe_w8a8_swap: W a^T, the 64 weight rows on the M side) wgmma e4m3
+    ones, with pointer loads or TMA weight tiles. The prefill tiles (64 x 64) are wgmma either way."""
+    small = {name: p for name, p in built["products"].items() if "grouped moe_" in name and "large" not in name}
+    assert small == {f"grouped moe_{part} fp8 w8a8{tma}{swap}": "wgmma" if swap else "mma.sync"
+                     for part in ("gate_up", "down") for tma in ("", " tma") for swap in ("", " swap")}
+    assert {p for name, p in built["products"].items() if "large" in name} == {"wgmma"}
 
 
 def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):

@@ -178,7 +178,7 @@ def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, H, 
 
 
 W8A8_SORTED = dataclasses.replace(SORTED, moe_fp8_w8a8=True, moe_w8a8_large_block_m=32, moe_w8a8_large_block_n=16,
-                                  moe_w8a8_large_stages=1)
+                                  moe_w8a8_large_stages=1, moe_w8a8_swap=False)  # (swapped small tiles: below)
 
 
 @interpreter_only
@@ -199,6 +199,35 @@ def test_fp8_experts_w8a8_are_the_products_of_quantized_activations_interpreter(
     assert err < 1e-2, err
     weight_only = fused_moe(x, w, ids, gq, dq, SORTED, gate_up_scale=gs, down_scale=ds)
     assert not torch.equal(got, weight_only)  # (the switch took the W8A8 kernels)
+
+
+@interpreter_only
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("T,E,k,routing", [(3, 8, 3, "skew"), (6, 4, 2, "ties"), (21, 8, 2, "random")])
+def test_fp8_experts_w8a8_swapped_products_interpreter(T, E, k, routing, tma, monkeypatch):
+    """KernelConfig.moe_w8a8_swap: the W8A8 small tiles (up to moe_small_pairs pairs; 21 x 2 = 42 pairs are past
+    it and take the prefill tiles unswapped) multiply W a^T, the weight rows on the M side, against the same float64
+    oracle as above. Pointer loads over H = 200, I = 136 (groups partly filled, rows past I); weight tiles through
+    tensor descriptors (the device check patched: on Hopper the swapped tiles take them, moe_tma_small_weights or
+    not) over H = 256, I = 144 (rows of a multiple of 16 bytes; I's second group 16 columns): the descriptor's
+    [BLOCK_N, 128] tiles go to the products as loaded."""
+    from model_wrapper.kernels import moe
+
+    H, I = (256, 144) if tma else (200, 136)
+    made = []
+    if tma:
+        real = moe.weight_descriptor
+        monkeypatch.setattr(moe, "sm90", lambda device: True)
+        monkeypatch.setattr(moe, "weight_descriptor", lambda *a: made.append(a[1:]) or real(*a))
+    cfg = dataclasses.replace(W8A8_SORTED, moe_w8a8_swap=True)  # (on Hopper its small tiles take descriptors)
+    assert moe.w8a8_swaps(cfg, T * k, True) == (T * k <= cfg.moe_small_pairs)
+    x, w, ids, gate_up, down = _case(T, E, k, H, I, torch.float32, "cpu", routing)
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
+    want = w8a8_experts_reference(x, w, ids, gq, gs, dq, ds)
+    err = float((got - want).abs().max() / want.abs().max())
+    assert err < 1e-2, err
+    assert made == ([(16, 128), (16, 128)] if tma else [])  # (past the small tiles moe_tma_weights: 16-row tiles)
 
 
 def test_dequantize_experts_and_torch_kernels_fp8():
@@ -276,18 +305,19 @@ def test_fp8_experts_match_reference_cuda(path, T):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("tma,swap", [(False, False), (True, False), (True, True)], ids=["pointers", "tma", "swap"])
 @pytest.mark.parametrize("T", [3, 16, 257, 4096])
-def test_fp8_experts_w8a8_cuda(T, tma):
+def test_fp8_experts_w8a8_cuda(T, tma, swap):
     """KernelConfig.moe_fp8_w8a8 on the GPU in bf16 (3 and 16 tokens: the small tiles of the sorted path, its
     decode bound moved; 257 and 4096: 2056 / 32768 pairs, the prefill tiles from 2049): against the float64
     products of the same quantized operands (moe_w8a8_oracle.w8a8_experts_reference; its loops over sampled
     tokens at 4096), within 2e-2 of the output's largest entry (the weight-only path is ~5e-2 off it), and
-    within FP8 activations' error of the weight-only path."""
+    within FP8 activations' error of the weight-only path; with the small tiles' products swapped (moe_w8a8_swap, the
+    default: TMA weight tiles with it on Hopper) and unswapped, with pointer loads or TMA."""
     x, w, ids, gate_up, down = _case(T, 64, 8, 384, 256, torch.bfloat16, "cuda", "random")
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     cfg = KernelConfig(moe_decode_pairs=0, moe_fp8_decode_pairs=0, moe_tma_weights=tma,  # (the default: W8A8)
-                       moe_tma_small_weights=tma)
+                       moe_tma_small_weights=tma, moe_w8a8_swap=swap)
     assert cfg.moe_fp8_w8a8
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
     rows = torch.arange(T) if T <= 257 else torch.randperm(T, generator=torch.Generator().manual_seed(0))[:64]
