@@ -163,6 +163,9 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # session 47: the block-FP8 attention projections' 2-16 token skinny_mma with pointer loads of its weight
             # tiles (the default since: TMA descriptors, fp8_skinny_mma_tma)
             "ckpt-ptr-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_tma=False),
+            # ... and their 17-32 token steps on cuBLASLt's block-scaled GEMM (fp8_skinny_mma_max_tokens 16: before
+            # session 47, which measured the new bound of 32 on Llama-3-8B's shapes only)
+            "ckpt-m16-fp8": dataclasses.replace(KernelConfig(), fp8_skinny_mma_max_tokens=16),
             "notma-fp8": dataclasses.replace(KernelConfig(), moe_tma_weights=False),
             "tma-small-fp8": dataclasses.replace(KernelConfig(), moe_tma_small_weights=True, moe_w8a8_swap=False),
             # session 47: the W8A8 small tiles as W a^T with TMA weight tiles (moe_w8a8_swap; wgmma e4m3 products),
@@ -171,7 +174,7 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "swap-tma-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=True, moe_tma_small_weights=True),
             "noswap-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=False),
             "new2-fp8": KernelConfig()}
-CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

@@ -1,4 +1,4 @@
-# request for session 48's first device call (an H100: kind nvidia-h100-x1; ~6 min; written in session 47, runs as is
+# request for session 48's first device call (an H100: kind nvidia-h100-x1; ~8 min; written in session 47, runs as is
 # on main): cp benchmarks/results/session47/scripts/next_s48c1.sh .probe/c1.sh; run "bash .probe/c1.sh" carrying .gpu, .probe
 # Session 47 flipped three defaults, measured as follows: fp8_skinny_mma_tma (block weights' tiles through TMA: H200
 # and H100), fp8_skinny_mma_max_tokens 16 -> 32 (H200 and H100, against cuBLASLt; DeepGEMM did not build), and
@@ -14,6 +14,10 @@ echo "fp8 model tests rc=$? $(date +%T)" >> $OUT/rc.txt
 timeout 150 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 8,32,128 --contexts 512 \
   --variants new-fp8,noswap-fp8,new2-fp8 --out $OUT/moe_swap > $OUT/moe_swap.log 2>&1
 echo "moe swap rc=$? $(date +%T)" >> $OUT/rc.txt
+# the Qwen3-30B-A3B FP8 checkpoint's attention projections at 24-32 tokens: skinny_mma (bound 32) against cuBLASLt (16)
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 16,24,32 --contexts 512 \
+  --variants ckpt-m16-fp8,ckpt-fp8 --out $OUT/moe_ckpt > $OUT/moe_ckpt.log 2>&1
+echo "moe ckpt rc=$? $(date +%T)" >> $OUT/rc.txt
 timeout 120 taskset -c 0-15 python3 benchmarks/bench_fp8.py --kind block --decode-only --batches 16,24,32,48 --configs fp8 \
   --fp8-variants '{"m16": {"fp8_skinny_mma_max_tokens": 16}, "again": {}}' --out $OUT/fp8_block > $OUT/fp8_block.log 2>&1
 echo "fp8 block rc=$? $(date +%T)" >> $OUT/rc.txt
