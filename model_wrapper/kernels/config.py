@@ -253,11 +253,12 @@ class KernelConfig:
     # direct / through fp32: qkv 26.9 / 16.4, o 22.7 / 12.8, gate_up + SiLU 91.5 / 50.0, down 53.5 / 34.2 (bf16 19.9 /
     # 14.9 / 83.0 / 43.3); decode step B=4 7.49 -> 4.67 ms (bench_fp8.py --kind channel --decode-only)
     fp8_skinny_f32_upcast: bool = True
-    # up to 16 tokens (32: below), the skinny step on the e4m3 tensor cores instead (kernels/fp8_skinny_mma.py: x quantized first
-    # per token, and 128 columns for block weights, as the prefill paths quantize it; W8A8 where "skinny" is
-    # weight-only; a scale a row with bf16 x only). H100 (session 39, e6), Llama-3-8B shape, decode step ms at batch
-    # 4 / 8 / 16, weight-only skinny (fp32 upcast where per-channel) against this: per-channel 4.76 / 6.07 / 6.86
-    # against 4.39 / 4.64 / 4.94; block 5.67 / 5.89 / 6.09 against 5.26 / 5.47 / 5.64 (bf16, e4: 5.87 / 6.05 / 6.26)
+    # up to 16 tokens (since session 47 up to 32: below), the skinny step on the e4m3 tensor cores instead
+    # (kernels/fp8_skinny_mma.py: x quantized first per token, and 128 columns for block weights, as the prefill paths
+    # quantize it; W8A8 where "skinny" is weight-only; a scale a row with bf16 x only). H100 (session 39, e6),
+    # Llama-3-8B shape, decode step ms at batch 4 / 8 / 16, weight-only skinny (fp32 upcast where per-channel)
+    # against this: per-channel 4.76 / 6.07 / 6.86 against 4.39 / 4.64 / 4.94; block 5.67 / 5.89 / 6.09 against 5.26 /
+    # 5.47 / 5.64 (bf16, e4: 5.87 / 6.05 / 6.26)
     fp8_skinny_mma: bool = True
     # the most tokens skinny_mma takes (16, 32 or 64: its token tile; beyond fp8_skinny_max_tokens it replaces the
     # prefill paths' cuBLASLt GEMMs, whose tiles are wider than a decode batch). Block weights: 32 since their tiles

@@ -35,7 +35,8 @@ than the bf16 GEMV reading twice the bytes (../shared/gpu/FLASHINFER.md), and it
 GEMM takes ~19 us at any M up to 128 for Llama-3-8B's o (bf16: ~13). At 1-2 tokens the GEMV is
 weight-only; at 3-32 "skinny_mma" quantizes x per token (and 128 columns for block weights: the
 prefill paths' arithmetic, as vLLM's FP8 linears at every size) where it fits, the weight-only "skinny" kernel
-otherwise (and at 17-fp8_skinny_max_tokens, or with KernelConfig.fp8_skinny_mma off). Where
+otherwise (or with KernelConfig.fp8_skinny_mma off); at 17-32 tokens, past fp8_skinny_max_tokens, skinny_mma
+takes the place of the cuBLASLt GEMMs. Where
 torch._scaled_mm refuses block-wise scales (before CUDA 12.9), the Triton GEMM takes them (about
 2.4x slower at 4k tokens, benchmarks/RESULTS.md). Off CUDA, fp8_linear runs the torch reference;
 the kernels themselves run on any device under Triton's interpreter (the tests call them there).
