@@ -192,11 +192,12 @@ def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[
     return bm, bn, bk, warps, stages
 
 
-def w8a8_swaps(cfg: KernelConfig, pairs: int, w8a8: bool) -> bool:
-    """Whether the W8A8 grouped GEMMs of a step of `pairs` pairs multiply W a^T (_moe_gemm_kernel's SWAP): the small
-    tiles (up to cfg.moe_small_pairs pairs: decode batches past the decode path) with cfg.moe_w8a8_swap; on CUDA
-    fused_moe swaps on Hopper only, where the swapped tiles' weights come through TMA as well."""
-    return w8a8 and cfg.moe_w8a8_swap and pairs <= cfg.moe_small_pairs
+def w8a8_swaps(cfg: KernelConfig, pairs: int, w8a8: bool, device: torch.device) -> bool:
+    """Whether the W8A8 grouped GEMMs of a step of `pairs` pairs on `device` multiply W a^T (_moe_gemm_kernel's SWAP):
+    the small tiles (up to cfg.moe_small_pairs pairs: decode batches past the decode path) with cfg.moe_w8a8_swap, on
+    Hopper (where it was measured, its weight tiles through TMA as well) or off CUDA (the interpreter)."""
+    return (w8a8 and cfg.moe_w8a8_swap and pairs <= cfg.moe_small_pairs
+            and (device.type != "cuda" or sm90(device)))
 
 
 def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,9 +250,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     out = torch.empty(P, H, dtype=x.dtype, device=x.device)
     rw = weights.reshape(-1).contiguous()
     m_blocks = block_expert.shape[0]
-    # (the swapped W8A8 small tiles were measured on Hopper, with their weight tiles through TMA: there, and under the
-    # interpreter off CUDA)
-    swap = w8a8_swaps(cfg, P, w8a8) and (x.device.type != "cuda" or sm90(x.device))
+    swap = w8a8_swaps(cfg, P, w8a8, x.device)  # (with its weight tiles through TMA)
     tma = (cfg.moe_tma_weights if P > cfg.moe_small_pairs else cfg.moe_tma_small_weights or swap) \
         and sm90(x.device) and tma_fits(gate_up) and tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,

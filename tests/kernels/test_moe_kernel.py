@@ -220,7 +220,7 @@ def test_fp8_experts_w8a8_swapped_products_interpreter(T, E, k, routing, tma, mo
         monkeypatch.setattr(moe, "sm90", lambda device: True)
         monkeypatch.setattr(moe, "weight_descriptor", lambda *a: made.append(a[1:]) or real(*a))
     cfg = dataclasses.replace(W8A8_SORTED, moe_w8a8_swap=True)  # (on Hopper its small tiles take descriptors)
-    assert moe.w8a8_swaps(cfg, T * k, True) == (T * k <= cfg.moe_small_pairs)
+    assert moe.w8a8_swaps(cfg, T * k, True, torch.device("cpu")) == (T * k <= cfg.moe_small_pairs)
     x, w, ids, gate_up, down = _case(T, E, k, H, I, torch.float32, "cpu", routing)
     (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
     got = fused_moe(x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
@@ -228,6 +228,23 @@ def test_fp8_experts_w8a8_swapped_products_interpreter(T, E, k, routing, tma, mo
     err = float((got - want).abs().max() / want.abs().max())
     assert err < 1e-2, err
     assert made == ([(16, 128), (16, 128)] if tma else [])  # (past the small tiles moe_tma_weights: 16-row tiles)
+
+
+def test_w8a8_small_tiles_swap_on_hopper_only(monkeypatch):
+    """moe.w8a8_swaps: the W8A8 small tiles swap on Hopper CUDA devices (the device check patched) and off CUDA
+    (the interpreter), not on other GPUs; never past moe_small_pairs, for weight-only experts, or with the switch
+    off."""
+    from model_wrapper.kernels import moe
+
+    cfg, cuda = KernelConfig(), torch.device("cuda", 0)
+    small = cfg.moe_small_pairs
+    for hopper in (True, False):
+        monkeypatch.setattr(moe, "sm90", lambda device: hopper)
+        assert moe.w8a8_swaps(cfg, 256, True, cuda) == hopper
+    assert moe.w8a8_swaps(cfg, small, True, torch.device("cpu"))
+    assert not moe.w8a8_swaps(cfg, small + 1, True, torch.device("cpu"))
+    assert not moe.w8a8_swaps(cfg, 256, False, torch.device("cpu"))
+    assert not moe.w8a8_swaps(dataclasses.replace(cfg, moe_w8a8_swap=False), 256, True, torch.device("cpu"))
 
 
 def test_dequantize_experts_and_torch_kernels_fp8():
