@@ -53,6 +53,21 @@ def stack_bytes(kernel) -> int:
     return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
+def mma_products(kernel) -> str:
+    """"wgmma", "mma.sync" or "none": the tensor-core products in a compiled kernel's SASS (nvdisasm of its cubin:
+    GMMA instructions, else HMMA)."""
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return "wgmma" if "GMMA" in sass else "mma.sync" if "HMMA" in sass else "none"
+
+
 def run_child(script: str, tool: str = ""):
     """Runs script (a test file) from the repository root in a process without TRITON_INTERPRET ->
     the JSON on the last line it printed. Skips without Triton or its NVIDIA backend tools (the

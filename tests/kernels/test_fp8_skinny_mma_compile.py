@@ -22,28 +22,13 @@ Llama-3-8B projection's default launch is a wgmma one, with its weight tiles thr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
 
-from sm90_compile import ROOT, compile_sm90, run_child, stack_bytes
+from sm90_compile import ROOT, compile_sm90, mma_products, run_child, stack_bytes
 
 # (name, N: the weight's rows, K, SiLU epilogue)
 SHAPES = (("8b qkv", 6144, 4096, False), ("8b o", 4096, 4096, False), ("8b gate_up", 28672, 4096, True),
           ("8b down", 4096, 14336, False), ("qwen3 qkv", 5120, 2048, False), ("qwen3 o", 2048, 4096, False))
-
-
-def _products(kernel) -> str:
-    """"wgmma", "mma.sync" or "none": the tensor-core products in a build's SASS (nvdisasm)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return "wgmma" if "GMMA" in sass else "mma.sync" if "HMMA" in sass else "none"
 
 
 def _compile_all() -> dict[str, list]:
@@ -66,13 +51,13 @@ def _compile_all() -> dict[str, list]:
         kernel = compile_sm90(fn, pointers, constexprs, aligned=True, num_warps=launch.warps, num_stages=launch.stages)
         key = f"{name} {fmt} x{M}"
         built[key] = [stack_bytes(kernel), kernel.metadata.shared, launch.stages, launch.rows, launch.split,
-                      _products(kernel)]
+                      mma_products(kernel)]
         if name.startswith("8b") and M == 16:  # the weight tiles through TMA (KernelConfig.fp8_skinny_mma_tma)
             desc = f"tensordesc<fp8e4nv[{launch.rows}, {128 if group < K else launch.block_k}]>"
             tma = compile_sm90(fn, dict(pointers, w_desc=desc), dict(constexprs, TMA_W=True), aligned=True,
                                num_warps=launch.warps, num_stages=launch.stages)
             built[key + " tma"] = [stack_bytes(tma), tma.metadata.shared, launch.stages, launch.rows, launch.split,
-                                   _products(tma)]
+                                   mma_products(tma)]
         if launch.stages < cfg.fp8_skinny_mma_stages:  # what the clamp keeps out: cfg's depth would not fit
             deeper = compile_sm90(fn, pointers, constexprs, aligned=True, num_warps=launch.warps,
                                   num_stages=cfg.fp8_skinny_mma_stages)

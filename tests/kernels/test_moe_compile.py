@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from sm90_compile import ROOT, run_child
+from sm90_compile import ROOT, mma_products, run_child
 
 
 def _compile_all() -> dict:
@@ -46,16 +46,14 @@ def _compile_all() -> dict:
         kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
                                                                                 num_stages=num_stages))
+        if " w8a8" in name:  # the tensor-core products: wgmma or mma.sync
+            products[name] = mma_products(kernel)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(kernel.asm["cubin"])
             f.flush()
             usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                    text=True, check=True).stdout
             stacks[name] = int(re.search(r"STACK:(\d+)", usage).group(1))
-            if " w8a8" in name:  # the tensor-core products: wgmma (GMMA) or mma.sync (HMMA)
-                sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
-                                      text=True, check=True).stdout
-                products[name] = "wgmma" if "GMMA" in sass else "mma.sync" if "HMMA" in sass else "none"
             if name.startswith("gemv gate_up"):  # 16-byte loads issued before the first product
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
