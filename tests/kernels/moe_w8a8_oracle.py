@@ -35,3 +35,44 @@ def w8a8_experts_reference(x, w, ids, gq, gs, dq, ds):
             o = (quant(act[None])[0] @ deq(dq[e], ds[e]).t()).to(dt)
             y[t] += (o.float() * w[t, j].cpu().float()).to(dt).float()
     return y.to(dt).to(x.device)
+
+
+# w8a8_check's bounds, from session 48's c2 (H100; benchmarks/results/session48: 60 cases, H 256-2048, I 128-768,
+# 16-128 experts, 3-257 tokens, swapped and unswapped tiles): the kernels' largest error against the exact product
+# was at most 1.08x the oracle's own (mean 1.015x), and their mean distance from the oracle at most 1.6e-3 of the
+# largest entry, where the weight-only path (no activation quantization) sits 1.1e-2 from it.
+EXACT_MAX_RATIO = 1.25
+EXACT_MEAN_RATIO = 1.05
+ORACLE_MEAN = 4e-3
+
+
+def w8a8_check(got, x, w, ids, gq, gs, dq, ds, label=""):
+    """Holds a W8A8 FP8 experts result got [T, H] (any dtype or device) to its arithmetic: x [T, H], w / ids [T, k],
+    e4m3 experts gq [E, 2I, H] / dq [E, H, I] with their per-128-column scales gs / ds. Against the exact product
+    (float64, x unquantized, the dequantized weights) got must be as close as the float64 W8A8 oracle above
+    (w8a8_experts_reference) is: its largest and mean errors within EXACT_MAX_RATIO / EXACT_MEAN_RATIO of the
+    oracle's. And it must be the products of the same quantized operands: on average within ORACLE_MEAN of the
+    largest entry from the oracle. Not the oracle's values entry by entry: a sum that lands one bf16 bit away (the
+    e4m3 tensor cores keep fewer accumulator bits than fp32) can move an activation across an e4m3 step before
+    down, which moves an output by a few percent of the largest entry (2.7e-2 measured); a wrong scale, group or
+    operand moves the means far more. -> (the oracle [T, H] float64 on the CPU, the largest distance of got from
+    it: a bound for sums of such results)."""
+    from model_wrapper.layers.moe import experts_reference
+
+    def deq(q, scale):
+        cols = torch.arange(q.shape[-1]) // 128
+        return q.cpu().double() * scale.cpu().double()[..., cols]
+
+    x, w, ids = x.cpu(), w.cpu(), ids.cpu()
+    got = got.cpu().double()
+    oracle = w8a8_experts_reference(x, w, ids, gq, gs, dq, ds).cpu().double()
+    exact = experts_reference(x.double(), w.double(), ids, deq(gq, gs), deq(dq, ds))
+    scale = float(exact.abs().max()) + 1e-30
+    mine, theirs = (got - exact).abs(), (oracle - exact).abs()
+    assert float(mine.max()) <= EXACT_MAX_RATIO * float(theirs.max()) + 1e-6 * scale, (label, float(mine.max()),
+                                                                                        float(theirs.max()))
+    assert float(mine.mean()) <= EXACT_MEAN_RATIO * float(theirs.mean()) + 1e-6 * scale, (label, float(mine.mean()),
+                                                                                          float(theirs.mean()))
+    off = (got - oracle).abs()
+    assert float(off.mean()) <= ORACLE_MEAN * scale, (label, float(off.mean()) / scale)
+    return oracle, float(off.max())

@@ -229,25 +229,20 @@ def check_expert_case(name, kernels, got, x, w, ids, experts, gate_up, down) -> 
     """got [T, H] (float64, CPU) of a sparse layer whose e4m3 experts (experts: gate_up_proj, down_proj and their
     scales) dequantize to gate_up / down (float32, CPU), for the case cuda_moe_cases named. Weight-only steps (the
     decode path, or moe_fp8_w8a8 off): within twice the bf16 reference's own error against float64 on the
-    dequantized weights. W8A8 steps: within 2e-2 of the largest entry of the float64 products of the same
-    quantized activations (moe_w8a8_oracle; a product whose last bf16 bit rounds the other way moves an
-    activation across an e4m3 step, a wrong scale or group moves it by far more). -> (the oracle, the bound)."""
-    T = ids.shape[0]
+    dequantized weights. W8A8 steps: as close to the exact product as the float64 W8A8 oracle of the same quantized
+    activations, and near it on average (moe_w8a8_oracle.w8a8_check; a product whose last bf16 bit rounds the other
+    way moves an activation across an e4m3 step, a wrong scale or group moves far more). -> (the oracle, the
+    bound)."""
     if runs_w8a8(kernels, ids, gate_up.shape[0]):
-        from moe_w8a8_oracle import w8a8_experts_reference
+        from moe_w8a8_oracle import w8a8_check
 
-        want = w8a8_experts_reference(x, w, ids, experts.gate_up_proj, experts.gate_up_proj_scale, experts.down_proj,
-                                      experts.down_proj_scale).double()
-        scale = float(want.abs().max())
-        err = float((got - want).abs().max())
-        bound = 2e-2 * scale + 1e-6
-        assert err <= bound, (name, T, err, scale)
-        return want, bound
+        return w8a8_check(got, x, w, ids, experts.gate_up_proj, experts.gate_up_proj_scale, experts.down_proj,
+                          experts.down_proj_scale, label=name)
     exact = experts_reference(x.double(), w.double(), ids, gate_up.double(), down.double())
     ref = experts_reference(x, w, ids, gate_up.bfloat16(), down.bfloat16())
     ref_err = float((ref.double() - exact).abs().max())
     err = float((got - exact).abs().max())
-    assert err <= 2 * ref_err + 1e-3, (name, T, err, ref_err)
+    assert err <= 2 * ref_err + 1e-3, (name, ids.shape[0], err, ref_err)
     return exact, 2 * ref_err + 1e-3
 
 
