@@ -173,6 +173,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # "swap-fp8" row, swapped with pointer loads, that the final rule no longer makes); noswap-fp8: before
             "swap-tma-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=True, moe_tma_small_weights=True),
             "noswap-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_swap=False),
+            # session 48: the small tiles' launch re-swept under the swap (W8A8 with TMA weight tiles): pipeline
+            # stages (moe_stages, 3) and weight rows a program (moe_block_n, 64)
+            "s4-fp8": dataclasses.replace(KernelConfig(), moe_stages=4),
+            "s5-fp8": dataclasses.replace(KernelConfig(), moe_stages=5),
+            "n128-fp8": dataclasses.replace(KernelConfig(), moe_block_n=128),
+            "n128s4-fp8": dataclasses.replace(KernelConfig(), moe_block_n=128, moe_stages=4),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
