@@ -179,8 +179,17 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "s5-fp8": dataclasses.replace(KernelConfig(), moe_stages=5),
             "n128-fp8": dataclasses.replace(KernelConfig(), moe_block_n=128),
             "n128s4-fp8": dataclasses.replace(KernelConfig(), moe_block_n=128, moe_stages=4),
+            # ... and the W8A8 GEMMs' x quantized by the add + RMSNorm before them (moe_w8a8_norm_quant: a kernel a
+            # layer fewer); nq2-fp8 the same later in the run; ckpt-nq-fp8 with block-FP8 attention
+            # (c5 ran these with the switch at every W8A8 step; the default since: on from 256 pairs, nqoff-fp8 off)
+            "nq-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=True, moe_w8a8_norm_quant_min_pairs=0),
+            "nq2-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=True, moe_w8a8_norm_quant_min_pairs=0),
+            "ckpt-nq-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=True,
+                                               moe_w8a8_norm_quant_min_pairs=0),
+            "nqoff-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=False),
             "new2-fp8": KernelConfig()}
-CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8",
+            "ckpt-nq-fp8"}  # the variants that also quantize the attention projections (in place: run last)
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,

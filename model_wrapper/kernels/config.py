@@ -207,6 +207,16 @@ class KernelConfig:
     # kernel's: the e4m3 products' accumulator keeps fewer bits than fp32, so a layer's output moves from the float64
     # oracle's values (the unswapped mma.sync: 0 at 3 / 16 pairs a tile) to 7-9e-3 of its largest entry (c8)
     moe_w8a8_swap: bool = True
+    # FP8 experts' W8A8 small tiles take x quantized by the add + RMSNorm before them (fp8_act.add_rms_norm_fp8, which
+    # also writes the normed rows for the router; layers/moe.SparseMoE.input_quant) instead of a quantize kernel of
+    # their own: a kernel a layer fewer, the same values, at steps of moe_w8a8_norm_quant_min_pairs to
+    # moe_small_pairs pairs. Session 48 c5 (H200, bench_moe.py --decode-only, Qwen3-30B-A3B FP8 experts, ms at batch
+    # 8 / 32 / 128, off / on / on again / off again): 6.05 / 6.27 / 6.25 / 6.19, 10.07 / 10.01 / 10.00 / 10.16,
+    # 12.64 / 12.48 / 12.47 / 12.64 (with block-FP8 attention, off / on: 6.33 / 6.41, 10.29 / 10.28, 13.13 / 12.95):
+    # batch 8's 64 pairs lose, hence the bound; the prefill tiles (more pairs) were not measured and quantize x
+    # themselves
+    moe_w8a8_norm_quant: bool = True
+    moe_w8a8_norm_quant_min_pairs: int = 256
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only

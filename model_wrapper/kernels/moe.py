@@ -43,6 +43,7 @@ from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launc
                                           weight_descriptor)
 from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_act import quantize_fp8_per_token_group
+from model_wrapper.kernels.fp8_reference import QuantizedActivation
 from model_wrapper.kernels.moe_align import moe_align, moe_align_reference
 from model_wrapper.kernels.moe_decode import FP8_GROUP, scale_args, moe_decode
 from model_wrapper.kernels.moe_gemv import moe_gemv, moe_gemv_fits
@@ -209,6 +210,16 @@ def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tens
     return quantize_fp8_per_token_group(x, FP8_GROUP)
 
 
+def takes_quantized_x(rows: int, top_k: int, num_experts: int, cfg: KernelConfig, fp8: bool) -> int | None:
+    """FP8_GROUP where fused_moe on `rows` tokens runs FP8 experts' W8A8 small tiles (past the decode path) on
+    cfg.moe_w8a8_norm_quant_min_pairs to cfg.moe_small_pairs pairs and cfg.moe_w8a8_norm_quant lets the norm before x
+    quantize it for them (fused_moe's x_quant), else None."""
+    pairs = rows * top_k
+    w8a8 = fp8 and cfg.moe_fp8_w8a8 and cfg.moe_w8a8_norm_quant
+    take = w8a8 and cfg.moe_w8a8_norm_quant_min_pairs <= pairs <= cfg.moe_small_pairs
+    return FP8_GROUP if take and not takes_decode_path(pairs, num_experts, cfg, fp8=True) else None
+
+
 def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: bool = False) -> bool:
     """Whether fused_moe runs a step of num_pairs token-expert pairs on the decode path: a few pairs
     (cfg.moe_fp8_decode_pairs for FP8 experts), and not many more than the experts (the decode path reads a
@@ -219,11 +230,13 @@ def takes_decode_path(num_pairs: int, num_experts: int, cfg: KernelConfig, fp8: 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               cfg: KernelConfig = KernelConfig(), gate_up_scale: torch.Tensor | None = None,
-              down_scale: torch.Tensor | None = None) -> torch.Tensor:
+              down_scale: torch.Tensor | None = None, x_quant: QuantizedActivation | None = None) -> torch.Tensor:
     """x [T, H], weights [T, k] (model dtype or fp32), ids [T, k] int, gate_up [E, 2I, H], down [E, H, I]
     -> [T, H] in x's dtype: the sum over each token's k experts of weight * expert(x). With scales
     (gate_up_scale [E, 2I, ceil(H / 128)], down_scale [E, H, ceil(I / 128)] float32) the experts are
-    e4m3, dequantized in registers; without them the model-dtype path runs unchanged."""
+    e4m3, dequantized in registers; without them the model-dtype path runs unchanged. x_quant: x already
+    quantized per token and 128 columns (fp8_act.add_rms_norm_fp8, where takes_quantized_x said so), which the
+    W8A8 GEMMs take instead of quantizing x themselves; the other paths ignore it."""
     T, H = x.shape
     k = ids.shape[1]
     E, two_i, _ = gate_up.shape
@@ -255,7 +268,10 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
         and sm90(x.device) and tma_fits(gate_up) and tma_fits(down)
     launch = dict(TOP_K=k, FP8=fp8, W8A8=w8a8, GROUP=FP8_GROUP, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
                   TMA_W=tma, SWAP=swap, num_warps=warps, num_stages=stages, **launch_args(pdl))
-    a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
+    if w8a8 and x_quant is not None and x_quant.group == FP8_GROUP and x_quant.rows == T:
+        a, a_s = x_quant.q, x_quant.scale  # (quantized by the norm that made x: its rows past T are never read)
+    else:
+        a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
         a, a_s, gate_up, s, act, pairs, block_expert, rw, weight_descriptor(gate_up, bn, bk) if tma else gate_up, P, E,

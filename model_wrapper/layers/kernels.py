@@ -54,10 +54,11 @@ class TorchKernels:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
-    def rms_norm_fp8(self, x, residual, weight, eps, group):
+    def rms_norm_fp8(self, x, residual, weight, eps, group, write_x: bool = False):
         """(residual + x, in place, where residual is given) normed and quantized to e4m3 per token
-        and `group` columns in one kernel -> a QuantizedActivation (kernels/fp8_act.py), or None
-        where these kernels do not fuse it (here: never; the projection then quantizes x itself)."""
+        and `group` columns in one kernel -> a QuantizedActivation (kernels/fp8_act.py; write_x: it also
+        holds the normed rows, .x), or None where these kernels do not fuse it (here: never; the
+        projection then quantizes x itself)."""
         return None
 
     def rope_tables(self, positions: torch.Tensor):
@@ -89,11 +90,18 @@ class TorchKernels:
         """Whether moe_router_norm takes a layers/norm.PendingNorm for rows like x: never here."""
         return False
 
-    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None) -> torch.Tensor:
+    def moe_input_quant(self, rows: int, top_k: int, num_experts: int, fp8: bool) -> int | None:
+        """The group (128) in which moe_experts' FP8 experts take x quantized by the norm before it, or None
+        (here: never)."""
+        return None
+
+    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None,
+                    x_quant=None) -> torch.Tensor:
         """x [T, H], routing weights / expert ids [T, k], stacked experts gate_up [E, 2I, H] and
         down [E, H, I] -> [T, H]: the reference (layers/moe.experts_reference, a pass per expert).
         FP8 experts (e4m3, with float32 scales gate_up_scale [E, 2I, ceil(H / 128)] and down_scale
-        [E, H, ceil(I / 128)]) are dequantized to x's dtype first (layers/moe.dequantize_experts)."""
+        [E, H, ceil(I / 128)]) are dequantized to x's dtype first (layers/moe.dequantize_experts).
+        x_quant: x quantized by the norm before (moe_input_quant asked for it); unused here."""
         if (gate_up_scale is None) != (down_scale is None):
             raise ValueError("moe_experts: FP8 experts need both gate_up_scale and down_scale, got one")
         if gate_up_scale is not None:
@@ -187,7 +195,7 @@ class FlashInferKernels(TorchKernels):
     def rope_tables(self, positions):
         return positions
 
-    def rms_norm_fp8(self, x, residual, weight, eps, group):
+    def rms_norm_fp8(self, x, residual, weight, eps, group, write_x=False):
         """Triton's add + RMSNorm + e4m3 quantization (kernels/fp8_act.py) where it takes x; else None."""
         if self._triton is None:
             return None
@@ -195,7 +203,7 @@ class FlashInferKernels(TorchKernels):
 
         if not norm_fp8_fits(x, group) or (residual is not None and residual.stride(-1) != 1):
             return None
-        return add_rms_norm_fp8(x, residual, weight, eps, group)
+        return add_rms_norm_fp8(x, residual, weight, eps, group, write_x)
 
     def silu_mul(self, gate_up, lora=None, scale=None):
         """scale (a RowScale, with lora): gate_up projects add_rms_norm_lora's undivided rows."""
@@ -254,15 +262,25 @@ class FlashInferKernels(TorchKernels):
         return moe_router_route_norm(x.h, gate_weight, spec.top_k, spec.norm_topk_prob, spec.fp32_weights,
                                      x.add_norm(), self.config)
 
-    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None):
+    def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None, x_quant=None):
         """Triton's fused MoE (kernels/moe.py: a GEMV per token-expert pair for decode steps, else
         pairs sorted per expert on the device and grouped GEMMs; FP8 experts dequantized in registers;
-        no host sync, so decode graphs capture it); without Triton the reference."""
+        no host sync, so decode graphs capture it); without Triton the reference. x_quant: x quantized
+        per token and 128 columns by the norm before (moe_input_quant), which the W8A8 GEMMs take as it is."""
         if self._triton is None:
             return super().moe_experts(x, weights, ids, gate_up, down, gate_up_scale, down_scale)
         from model_wrapper.kernels.moe import fused_moe
 
-        return fused_moe(x, weights, ids, gate_up, down, self.config, gate_up_scale, down_scale)
+        return fused_moe(x, weights, ids, gate_up, down, self.config, gate_up_scale, down_scale, x_quant)
+
+    def moe_input_quant(self, rows: int, top_k: int, num_experts: int, fp8: bool) -> int | None:
+        """128 where fused_moe's W8A8 grouped GEMMs take this step of `rows` tokens (FP8 experts past the decode
+        path) and KernelConfig.moe_w8a8_norm_quant lets the norm before quantize their input; else None."""
+        if self._triton is None:
+            return None
+        from model_wrapper.kernels.moe import takes_quantized_x
+
+        return takes_quantized_x(rows, top_k, num_experts, self.config, fp8)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_wrapper.kernels.fp8_reference import QuantizedActivation
 from model_wrapper.layers.norm import PendingNorm
 
 
@@ -122,6 +123,7 @@ class SparseMoE(nn.Module):
     """
 
     takes_row_scale = False
+    input_quant_writes_x = True  # (a quantized input comes with its normed rows: the router's and shared expert's)
 
     def __init__(self, spec: MoESpec, hidden_size: int, tp=None):
         super().__init__()
@@ -139,12 +141,24 @@ class SparseMoE(nn.Module):
         (KernelConfig.gemv_add_norm_router where the router and the routing are one kernel)."""
         return kernels.router_takes_norm(h, self.gate.weight)
 
+    def input_quant(self, rows: int, dtype: torch.dtype, device: torch.device, kernels) -> int | None:
+        """The group (128) in which the norm before may quantize x for the experts (kernels.moe_input_quant: W8A8
+        FP8 experts past the decode path, KernelConfig.moe_w8a8_norm_quant), or None: a plain x."""
+        ex = self.experts
+        if ex.gate_up_proj_scale is None or not ex.down_proj.shape[-1]:
+            return None
+        return kernels.moe_input_quant(rows, self.spec.top_k, self.spec.num_experts, True)
+
     def forward(self, x, batch, kernels, scale=None, fuse_tail: bool = False):
-        """x [T, H] (the post-attention norm's output, or a PendingNorm where takes_norm said so: the router's
-        kernel normalizes the rows and writes them for the experts) -> ([T, H], None). Under tensor
+        """x [T, H] (the post-attention norm's output; a PendingNorm where takes_norm said so: the router's
+        kernel normalizes the rows and writes them for the experts; or a QuantizedActivation with its rows, .x,
+        where input_quant asked for one: the experts' W8A8 GEMMs take it) -> ([T, H], None). Under tensor
         parallelism the ranks' partial sums (their intermediate slices) are all-reduced once."""
         if scale is not None:
             raise RuntimeError("a sparse MLP takes no row scale: the norm before it must finish its rows")
+        x_quant = None
+        if isinstance(x, QuantizedActivation):
+            x_quant, x = x, x.x
         if isinstance(x, PendingNorm):
             weights, ids, x = kernels.moe_router_norm(x, self.gate.weight, self.spec)
         else:
@@ -154,6 +168,8 @@ class SparseMoE(nn.Module):
         ex = self.experts
         scales = {} if ex.gate_up_proj_scale is None else dict(gate_up_scale=ex.gate_up_proj_scale,
                                                                down_scale=ex.down_proj_scale)
+        if x_quant is not None:
+            scales["x_quant"] = x_quant
         if ex.down_proj.shape[-1]:
             y = kernels.moe_experts(x, weights, ids, ex.gate_up_proj, ex.down_proj, **scales)
         else:  # a TP rank holding none of the experts' 128-column blocks (parallel.block_split): adds nothing

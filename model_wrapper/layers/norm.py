@@ -60,9 +60,10 @@ class RMSNorm(nn.Module):
         -> (x = norm(residual + h), residual + h, scale), h and residual possibly updated in place.
 
         into: the module that consumes x (a projection, an MLP). Where it asks for a quantized input
-        (input_quant: FP8 block weights at prefill sizes) and the kernels fuse that
-        (kernels.rms_norm_fp8), x is the QuantizedActivation of norm(residual + h) from the norm's own
-        kernel. Where its takes_norm(h, kernels) says its kernel computes the norm itself
+        (input_quant: FP8 block weights at prefill sizes, W8A8 FP8 experts past the decode path) and
+        the kernels fuse that (kernels.rms_norm_fp8), x is the QuantizedActivation of norm(residual + h)
+        from the norm's own kernel (with the normed rows as well, .x, where into.input_quant_writes_x).
+        Where its takes_norm(h, kernels) says its kernel computes the norm itself
         (KernelConfig.gemv_add_norm at the GEMV's step sizes), x is a PendingNorm and the residual a
         new tensor that kernel fills; h and residual are not changed. A wrapper without these (LoRA)
         always gets finished rows.
@@ -75,7 +76,8 @@ class RMSNorm(nn.Module):
         quant = getattr(into, "input_quant", None) if tail is None else None
         if quant is not None:
             group = quant(h.shape[0], h.dtype, h.device, kernels)
-            act = None if group is None else kernels.rms_norm_fp8(h, residual, self.weight, self.eps, group)
+            act = None if group is None else kernels.rms_norm_fp8(
+                h, residual, self.weight, self.eps, group, getattr(into, "input_quant_writes_x", False))
             if act is not None:
                 return act, (h if residual is None else residual), None
         if residual is None:

@@ -365,6 +365,27 @@ def test_fp8_experts_w8a8_cuda(T, tma, swap):
 
 @pytest.mark.cuda
 @on_cuda_skip
+@pytest.mark.parametrize("T", [8, 32, 300])
+def test_norm_quantized_x_cuda(T):
+    """fused_moe's x_quant (KernelConfig.moe_w8a8_norm_quant: the add + RMSNorm before the experts quantizes x,
+    fp8_act.add_rms_norm_fp8) on the GPU at the Qwen3-30B-A3B expert shape: the W8A8 GEMMs (small tiles at 8 and 32
+    tokens, prefill tiles at 300) give the output of fused_moe quantizing the same normed rows itself, bit for bit."""
+    from model_wrapper.kernels.fp8_act import add_rms_norm_fp8
+
+    x, w, ids, gate_up, down = _case(T, 128, 8, 2048, 768, torch.bfloat16, "cuda", "random")
+    (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+    residual = torch.randn_like(x)
+    act = add_rms_norm_fp8(x, residual, torch.ones(2048, dtype=torch.bfloat16, device="cuda"), 1e-6, 128,
+                           write_x=True)
+    cfg = KernelConfig(moe_w8a8_norm_quant=True)
+    assert not takes_decode_path(T * 8, 128, cfg, fp8=True)  # (the W8A8 grouped GEMMs)
+    want = fused_moe(act.x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds)
+    got = fused_moe(act.x, w, ids, gq, dq, cfg, gate_up_scale=gs, down_scale=ds, x_quant=act)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.cuda
+@on_cuda_skip
 @pytest.mark.parametrize("T", [1, 3])
 def test_fp8_packed_rounding_is_the_same_values_cuda(T):
     """The FP8 GEMVs' packed rounding of the dequantized weights (cvt.rn.bf16x2.f32, two at a time) rounds as
