@@ -90,9 +90,9 @@ class TorchKernels:
         """Whether moe_router_norm takes a layers/norm.PendingNorm for rows like x: never here."""
         return False
 
-    def moe_input_quant(self, rows: int, top_k: int, num_experts: int, fp8: bool) -> int | None:
-        """The group (128) in which moe_experts' FP8 experts take x quantized by the norm before it, or None
-        (here: never)."""
+    def moe_input_quant(self, rows: int, top_k: int, num_experts: int) -> int | None:
+        """The group (128) in which moe_experts' FP8 experts take x quantized by the norm before it at a step of
+        `rows` tokens, or None (here: never)."""
         return None
 
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None,
@@ -273,14 +273,15 @@ class FlashInferKernels(TorchKernels):
 
         return fused_moe(x, weights, ids, gate_up, down, self.config, gate_up_scale, down_scale, x_quant)
 
-    def moe_input_quant(self, rows: int, top_k: int, num_experts: int, fp8: bool) -> int | None:
-        """128 where fused_moe's W8A8 grouped GEMMs take this step of `rows` tokens (FP8 experts past the decode
-        path) and KernelConfig.moe_w8a8_norm_quant lets the norm before quantize their input; else None."""
+    def moe_input_quant(self, rows: int, top_k: int, num_experts: int) -> int | None:
+        """128 where fused_moe runs FP8 experts' W8A8 small tiles at this step of `rows` tokens and
+        KernelConfig.moe_w8a8_norm_quant lets the norm before quantize their input (kernels/moe.takes_quantized_x);
+        else None."""
         if self._triton is None:
             return None
         from model_wrapper.kernels.moe import takes_quantized_x
 
-        return takes_quantized_x(rows, top_k, num_experts, self.config, fp8)
+        return takes_quantized_x(rows, top_k, num_experts, self.config)
 
     def rope(self, q, k, positions):
         T, D = q.shape[0], q.shape[-1]

@@ -147,7 +147,7 @@ class SparseMoE(nn.Module):
         ex = self.experts
         if ex.gate_up_proj_scale is None or not ex.down_proj.shape[-1]:
             return None
-        return kernels.moe_input_quant(rows, self.spec.top_k, self.spec.num_experts, True)
+        return kernels.moe_input_quant(rows, self.spec.top_k, self.spec.num_experts)
 
     def forward(self, x, batch, kernels, scale=None, fuse_tail: bool = False):
         """x [T, H] (the post-attention norm's output; a PendingNorm where takes_norm said so: the router's

@@ -41,8 +41,8 @@ class InterpretedMoE(TorchKernels):
     def moe_experts(self, x, weights, ids, gate_up, down, gate_up_scale=None, down_scale=None, x_quant=None):
         return moe_kernels.fused_moe(x, weights, ids, gate_up, down, self.config, gate_up_scale, down_scale, x_quant)
 
-    def moe_input_quant(self, rows, top_k, num_experts, fp8):
-        return moe_kernels.takes_quantized_x(rows, top_k, num_experts, self.config, fp8)
+    def moe_input_quant(self, rows, top_k, num_experts):
+        return moe_kernels.takes_quantized_x(rows, top_k, num_experts, self.config)
 
     def rms_norm_fp8(self, x, residual, weight, eps, group, write_x=False):
         from model_wrapper.kernels.fp8_act import add_rms_norm_fp8
