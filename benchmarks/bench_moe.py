@@ -191,6 +191,8 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "ckpt-nq-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=True,
                                                moe_w8a8_norm_quant_min_pairs=0),
             "nqoff-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=False),
+            # (written, for session 49: the prefill tiles' x quantized by the norm as well)
+            "nqpre-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant_prefill=True),
             # session 48 (written, for session 49): the decode path's register-tile GEMVs taking 2-3 tiles a program in
             # turn (moe_gemv_rounds for gate_up, moe_gemv_down_rounds for down)
             "dr2-fp8": dataclasses.replace(KernelConfig(), moe_gemv_down_rounds=2),

@@ -1,4 +1,4 @@
-# request for session 49's second device call (an H200, ~6 min; written in session 48, runs as is on main):
+# request for session 49's second device call (an H200, ~8 min; written in session 48, runs as is on main):
 # cp benchmarks/results/session48/scripts/next_s49c2.sh .probe/c2.sh; run "bash .probe/c2.sh" carrying .gpu, .probe
 # The decode path's register-tile expert GEMVs taking 2-3 tiles a program in turn (KernelConfig.moe_gemv_rounds for
 # gate_up, moe_gemv_down_rounds for down; written in session 48, off): their bit-equality test on the GPU, a layer's
@@ -14,5 +14,9 @@ echo "sweep rc=$? $(date +%T)" >> $OUT/rc.txt
 timeout 200 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 1,2,4 --contexts 512 \
   --variants new,dr2,dr3,gr2dr3,new-fp8,dr2-fp8,dr3-fp8,gr2dr3-fp8,new2-fp8,new2 --out $OUT/moe_rounds > $OUT/moe_rounds.log 2>&1
 echo "moe rounds rc=$? $(date +%T)" >> $OUT/rc.txt
+# the prefill tiles' x quantized by the norm as well (moe_w8a8_norm_quant_prefill, written in session 48, off): 1k / 4k
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --batches 32 --contexts 512 \
+  --variants new-fp8,nqpre-fp8,new2-fp8 --out $OUT/moe_nqpre > $OUT/moe_nqpre.log 2>&1
+echo "moe nqpre rc=$? $(date +%T)" >> $OUT/rc.txt
 cat $OUT/gpus.txt $OUT/rc.txt; tail -n 2 $OUT/t_rounds.log; grep -vE "^\s*$" $OUT/sweep.log | tail -n 40 | cut -c1-160
-grep -hE "decode B=" $OUT/moe_rounds.log | cut -c1-150
+grep -hE "decode B=|prefill" $OUT/moe_rounds.log $OUT/moe_nqpre.log | cut -c1-150
