@@ -124,10 +124,6 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             # the attention half (session 35): the decode kernel's page metadata and first K / V tile prefetch before its
             # PDL wait off (KernelConfig.decode_attention_prefetch, the A/B baseline)
             "attn-nopf": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
-            # session 48 (written, for session 49): bf16 experts' decode GEMVs taking 2-3 tiles a program in turn
-            "dr2": dataclasses.replace(KernelConfig(), moe_gemv_down_rounds=2),
-            "dr3": dataclasses.replace(KernelConfig(), moe_gemv_down_rounds=3),
-            "gr2dr3": dataclasses.replace(KernelConfig(), moe_gemv_rounds=2, moe_gemv_down_rounds=3),
             "new2": KernelConfig(),  # new again, later in the run: what the run's order alone changes
             "attn-nopf-fp8": dataclasses.replace(KernelConfig(), decode_attention_prefetch=False),
             # session 33's FP8 GEMVs: one-value rounding, tiles of the bf16 tiles' bytes
@@ -191,14 +187,6 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "ckpt-nq-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=True,
                                                moe_w8a8_norm_quant_min_pairs=0),
             "nqoff-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=False),
-            # (written, for session 49: the prefill tiles' x quantized by the norm as well)
-            "nqpre-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant_prefill=True),
-            # session 48 (written, for session 49): the decode path's register-tile GEMVs taking 2-3 tiles a program in
-            # turn (moe_gemv_rounds for gate_up, moe_gemv_down_rounds for down)
-            "dr2-fp8": dataclasses.replace(KernelConfig(), moe_gemv_down_rounds=2),
-            "dr3-fp8": dataclasses.replace(KernelConfig(), moe_gemv_down_rounds=3),
-            "gr2-fp8": dataclasses.replace(KernelConfig(), moe_gemv_rounds=2),
-            "gr2dr3-fp8": dataclasses.replace(KernelConfig(), moe_gemv_rounds=2, moe_gemv_down_rounds=3),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8",
             "ckpt-nq-fp8"}  # the variants that also quantize the attention projections (in place: run last)

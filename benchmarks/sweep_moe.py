@@ -166,11 +166,8 @@ def decode_sweep(rows: list, bw: float, g: torch.Generator) -> dict:
 # session 34's switches of the register-tile decode path, A/B against new (--switches): bf16 (the gate_up GEMV's
 # loads in ptxas's order) and on e4m3 experts (the one-value rounding, tiles of the bf16 tiles' bytes, both)
 # session 36: the expert GEMVs at 4 warps (KernelConfig.moe_gemv_warps), bf16 and FP8
-# session 48: the GEMVs taking 2-3 tiles a program in turn (KernelConfig.moe_gemv_rounds, moe_gemv_down_rounds)
-ROUNDS = {"gr2": dict(moe_gemv_rounds=2), "dr2": dict(moe_gemv_down_rounds=2), "dr3": dict(moe_gemv_down_rounds=3),
-          "gr2dr3": dict(moe_gemv_rounds=2, moe_gemv_down_rounds=3)}
 SWITCHES = {"lf-off": dict(moe_gemv_loads_first=False), "route-rank": dict(moe_route_sort=False),
-            "w4": dict(moe_gemv_warps=4), **ROUNDS}
+            "w4": dict(moe_gemv_warps=4)}
 FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_packed_round=False, moe_fp8_direct=False),
                 "t32k-fp8": dict(moe_fp8_gemv_tile=32768, moe_fp8_gemv_down_tile=32768, moe_fp8_direct=False),
                 "t16k-fp8": dict(moe_fp8_gemv_tile=16384, moe_fp8_gemv_down_tile=16384, moe_fp8_direct=False),
@@ -179,8 +176,7 @@ FP8_SWITCHES = {"w4-fp8": dict(moe_gemv_warps=4), "unpacked-fp8": dict(moe_fp8_p
                 "dequant-fp8": dict(moe_fp8_direct=False, moe_fp8_decode_pairs=8),
                 "direct32-fp8": dict(moe_fp8_direct_tile=32768, moe_fp8_direct_down_tile=32768),
                 "w8a8-fp8": dict(moe_fp8_w8a8=True),  # (session 40: the sorted path's grouped GEMMs W8A8)
-                "wonly-fp8": dict(moe_fp8_w8a8=False),  # (session 41: W8A8 is the default; this, weight-only)
-                **{f"{name}-fp8": kw for name, kw in ROUNDS.items()}}
+                "wonly-fp8": dict(moe_fp8_w8a8=False)}  # (session 41: W8A8 is the default; this, weight-only)
 # (session 41's lag-fp8, KernelConfig.moe_w8a8_lag, W8A8 products scaled a K step late: 1-3% slower at 2-128
 # tokens on an H100 in session 42, removed)
 SORTED_FP8_SWITCHES = {"w8a8-fp8", "wonly-fp8"}  # the FP8 switches past the decode path (the others: on it)

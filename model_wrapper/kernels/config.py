@@ -122,13 +122,6 @@ class KernelConfig:
     # (H100, sweep_moe.py --switches, a layer: 2 tokens 67.0 against 70.3 us, 4 tokens 108 against 114; 1 token within
     # the rounds' spread; bench_moe.py batch 1 3.18 against 3.25 ms)
     moe_gemv_loads_first: bool = True
-    # the register-tile GEMVs' rounds: each program takes that many tiles in turn, the next tile's loads issued before
-    # the products of the one before (gate_up: moe_gemv_rounds; down: moe_gemv_down_rounds, its first tile's loads
-    # before its PDL wait): fewer programs, each streaming (at one token 1536 gate_up / 1024 down ones, 2-3 waves,
-    # where only the first wave's down loads overlap gate_up). Written in session 48, not yet measured: 1 (one tile a
-    # program, as before)
-    moe_gemv_rounds: int = 1
-    moe_gemv_down_rounds: int = 1
     # FP8 experts in those GEMVs, tiles dequantized (moe_fp8_direct off): each dequantized weight's rounding to the model
     # dtype two at a time (cvt.rn.bf16x2.f32) instead of Triton's one-value conversion (sm90 SASS: 132 F2F a thread for
     # 128 weights); the same values

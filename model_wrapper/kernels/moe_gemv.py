@@ -17,12 +17,6 @@ where kernels/moe_decode.py's K loops keep fewer bytes in flight. Both kernels l
              route kernel, complete before any gate_up program passed its wait), so its weights stream in
              while gate_up drains; then waits and reads act.
 
-Rounds (KernelConfig.moe_gemv_rounds, moe_gemv_down_rounds; 1 by default): a program takes that many tiles of
-consecutive rows in turn, holding two: tile j + 1's loads are issued (a fence keeps them there on a GPU) before
-tile j's products. At one token the default grids are 2-3 waves of programs, and a program of a later wave loads
-nothing until it starts; with rounds, fewer programs stream their tiles back to back, and every down program's
-first tile loads before its PDL wait. Each row's arithmetic is unchanged.
-
 Loads first (KernelConfig.moe_gemv_loads_first, bf16 gate_up on a GPU): the tile's loads come after
 gate_up's PDL wait (they need ids), and there ptxas interleaves them with the products to save registers:
 in the sm90 SASS each thread had one or two of its eight 16-byte loads in flight (37 registers), where
@@ -104,31 +98,10 @@ def _direct_dots(w, x, s, GROUP: tl.constexpr, KP: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_tile(w_ptr, s_ptr, e, offs_n, N, K, stride_we, stride_wn, stride_se, stride_sn, cols, k_ok,
-                  GROUP: tl.constexpr, KP: tl.constexpr, DIRECT: tl.constexpr):
-    """What a gate_up round reads before its products: the gate and up rows offs_n of expert e (columns past K and
-    rows past N zeros) and, DIRECT, their scales (0.0 otherwise: the dequantization loads its own)."""
-    n_ok = offs_n < N
-    m = n_ok[:, None] & k_ok[None, :]
-    gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
-    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
-    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
-    sg, su = 0.0, 0.0
-    if DIRECT:  # the scales' loads with the tile's, before the fence
-        gate_s = s_ptr + e * stride_se + offs_n * stride_sn
-        sg = _direct_scales(gate_s, n_ok, K, GROUP, KP)
-        su = _direct_scales(gate_s + N * stride_sn, n_ok, K, GROUP, KP)
-    return wg, wu, sg, su
-
-
-@triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_act, TOP_K: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr,
                          GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr, LOADS_FIRST: tl.constexpr,
-                         PACKED: tl.constexpr, DIRECT: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                         FENCE: tl.constexpr = False):
-    # ROUNDS blocks of BLOCK_N columns in turn (KernelConfig.moe_gemv_rounds): block j + 1's loads issued before
-    # block j's products (FENCE, CUDA: a fence after them keeps them there)
+                         PACKED: tl.constexpr, DIRECT: tl.constexpr = False):
     p = tl.program_id(0)
     t = p // TOP_K
     if PDL:
@@ -136,108 +109,78 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
         gdc_launch_dependents()
     e = tl.load(ids_ptr + p).to(tl.int64)
     dtype = act_ptr.dtype.element_ty
-    offs_n = tl.program_id(1) * ROUNDS * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
     cols = tl.arange(0, KP)
     k_ok = cols < K
-    tile = _gate_up_tile(w_ptr, s_ptr, e, offs_n, N, K, stride_we, stride_wn, stride_se, stride_sn, cols, k_ok, GROUP,
-                         KP, DIRECT)
+    m = n_ok[:, None] & k_ok[None, :]
+    gate_rows = w_ptr + e * stride_we + offs_n.to(tl.int64) * stride_wn
+    wg = tl.load(gate_rows[:, None] + cols[None, :], mask=m, other=0.0)
+    wu = tl.load(gate_rows[:, None] + N * stride_wn + cols[None, :], mask=m, other=0.0)
     xv = tl.load(x_ptr + t * stride_x + cols, mask=k_ok, other=0.0).to(tl.float32)
+    gate_s = s_ptr + e * stride_se + offs_n * stride_sn
+    sg, su = 0.0, 0.0
+    if DIRECT:  # the scales' loads with the tile's, before the fence
+        sg = _direct_scales(gate_s, n_ok, K, GROUP, KP)
+        su = _direct_scales(gate_s + N * stride_sn, n_ok, K, GROUP, KP)
     if LOADS_FIRST:  # the tile's loads all in flight at once (module docstring)
         loads_fence()
-    for j in tl.static_range(ROUNDS):
-        nxt = tile
-        if j + 1 < ROUNDS:
-            nxt = _gate_up_tile(w_ptr, s_ptr, e, offs_n + BLOCK_N, N, K, stride_we, stride_wn, stride_se, stride_sn,
-                                cols, k_ok, GROUP, KP, DIRECT)
-            if FENCE:
-                loads_fence()
-        wg, wu, sg, su = tile
-        n_ok = offs_n < N
-        if DIRECT:  # e4m3 tiles kept as loaded (1 byte a weight in registers), scaled per group after the sums
-            acc_g = _direct_dots(wg, xv[None, :], sg, GROUP, KP)
-            acc_u = _direct_dots(wu, xv[None, :], su, GROUP, KP)
-        else:
-            gate_s = s_ptr + e * stride_se + offs_n * stride_sn
-            acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
-            acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED)
-                           * xv[None, :], axis=1)
-        g = acc_g.to(dtype).to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(dtype)
-        out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
-        tl.store(act_ptr + p * stride_act + offs_n, out.to(dtype), mask=n_ok)
-        tile = nxt
-        offs_n += BLOCK_N
-
-
-@triton.jit
-def _down_tile(w_ptr, s_ptr, e, rj, rn, N, K, stride_we, stride_wn, stride_se, stride_sn, cols, k_ok,
-               TOP_K: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, KP: tl.constexpr, dtype: tl.constexpr,
-               PACKED: tl.constexpr, DIRECT: tl.constexpr):
-    """What a down round reads before its products: rows rn of the experts e of its slots rj (rows past N, slots
-    past TOP_K and columns past K zeros), kept e4m3 with their scales (DIRECT) or dequantized (scales 0.0)."""
-    row_ok = (rj < TOP_K) & (rn < N)
-    w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
-    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    s_rows = s_ptr + e * stride_se + rn * stride_sn
-    ws = 0.0
-    if DIRECT:
-        ws = _direct_scales(s_rows, row_ok, K, GROUP, KP)
+    if DIRECT:  # e4m3 tiles kept as loaded (1 byte a weight in registers), scaled per group after the sums
+        acc_g = _direct_dots(wg, xv[None, :], sg, GROUP, KP)
+        acc_u = _direct_dots(wu, xv[None, :], su, GROUP, KP)
     else:
-        w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
-    return w, ws
+        acc_g = tl.sum(_dequant_tile(wg, gate_s, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :], axis=1)
+        acc_u = tl.sum(_dequant_tile(wu, gate_s + N * stride_sn, n_ok, K, FP8, GROUP, KP, dtype, PACKED) * xv[None, :],
+                       axis=1)
+    g = acc_g.to(dtype).to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(dtype)
+    out = silu.to(tl.float32) * acc_u.to(dtype).to(tl.float32)
+    tl.store(act_ptr + p * stride_act + offs_n, out.to(dtype), mask=n_ok)
 
 
 @triton.jit
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      PACKED: tl.constexpr, DIRECT: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                      FENCE: tl.constexpr = False):
+                      PACKED: tl.constexpr, DIRECT: tl.constexpr = False):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
-    # rounded up to a power of two, its extra slots masked. ROUNDS blocks of BLOCK_N rows in turn
-    # (KernelConfig.moe_gemv_down_rounds): the first block's loads before the PDL wait, block j + 1's before block
-    # j's products (FENCE, CUDA: a fence after them keeps them there)
+    # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
-    first = tl.program_id(1) * ROUNDS * BLOCK_N
+    first = tl.program_id(1) * BLOCK_N
     slot = tl.arange(0, SLOTS)
     slot_ok = slot < TOP_K
     p = t * TOP_K + slot
     r = tl.arange(0, SLOTS * BLOCK_N)
-    rj, rc = r // BLOCK_N, r % BLOCK_N
+    rj, rn = r // BLOCK_N, first + r % BLOCK_N
+    row_ok = (rj < TOP_K) & (rn < N)
     cols = tl.arange(0, KP)
     k_ok = cols < K
     # before the wait: ids and routing weights (the route kernel's, complete: see the module docstring)
     # and the experts' rows
     e = tl.load(ids_ptr + t * TOP_K + rj, mask=rj < TOP_K, other=0).to(tl.int64)
-    tile = _down_tile(w_ptr, s_ptr, e, rj, first + rc, N, K, stride_we, stride_wn, stride_se, stride_sn, cols, k_ok,
-                      TOP_K, FP8, GROUP, KP, dtype, PACKED, DIRECT)
+    w_rows = w_ptr + e * stride_we + rn.to(tl.int64) * stride_wn
+    w = tl.load(w_rows[:, None] + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     rw = tl.load(rw_ptr + p, mask=slot_ok, other=0.0).to(tl.float32)
+    s_rows = s_ptr + e * stride_se + rn * stride_sn
+    ws = 0.0
+    if DIRECT:
+        ws = _direct_scales(s_rows, row_ok, K, GROUP, KP)
+    else:
+        w = _dequant_tile(w, s_rows, row_ok, K, FP8, GROUP, KP, dtype, PACKED)
     if PDL:
         gdc_wait()  # gate_up is complete: act is final
         gdc_launch_dependents()
     a = tl.load(act_ptr + p[:, None].to(tl.int64) * stride_act + cols[None, :], mask=slot_ok[:, None] & k_ok[None, :],
                 other=0.0).to(tl.float32)
-    a_rows = a
     if DIRECT:  # [SLOTS * BLOCK_N] rows against their slot's act row
         a_rows = tl.reshape(tl.broadcast_to(a[:, None, :], (SLOTS, BLOCK_N, KP)), (SLOTS * BLOCK_N, KP))
-    for j in tl.static_range(ROUNDS):
-        nxt = tile
-        if j + 1 < ROUNDS:
-            nxt = _down_tile(w_ptr, s_ptr, e, rj, first + BLOCK_N + rc, N, K, stride_we, stride_wn, stride_se,
-                             stride_sn, cols, k_ok, TOP_K, FP8, GROUP, KP, dtype, PACKED, DIRECT)
-            if FENCE:
-                loads_fence()
-        w, ws = tile
-        if DIRECT:
-            acc = tl.reshape(_direct_dots(w, a_rows, ws, GROUP, KP), (SLOTS, BLOCK_N))
-        else:
-            acc = tl.sum(tl.reshape(w, (SLOTS, BLOCK_N, KP)) * a[:, None, :], axis=2)
-        y = (acc.to(dtype).to(tl.float32) * rw[:, None]).to(dtype).to(tl.float32)  # masked slots: 0
-        out_n = first + tl.arange(0, BLOCK_N)
-        tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
-        tile = nxt
-        first += BLOCK_N
+        acc = tl.reshape(_direct_dots(w, a_rows, ws, GROUP, KP), (SLOTS, BLOCK_N))
+    else:
+        acc = tl.sum(tl.reshape(w, (SLOTS, BLOCK_N, KP)) * a[:, None, :], axis=2)
+    y = (acc.to(dtype).to(tl.float32) * rw[:, None]).to(dtype).to(tl.float32)  # masked slots: 0
+    out_n = first + tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + t * stride_y + out_n, tl.sum(y, axis=0).to(dtype), mask=out_n < N)
 
 
 def _tiles(cfg: KernelConfig, fp8: bool) -> tuple[int, int]:
@@ -271,18 +214,16 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     direct = fp8 and cfg.moe_fp8_direct
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
-    rounds, rounds_down = cfg.moe_gemv_rounds, cfg.moe_gemv_down_rounds
-    _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n * rounds))](
+    _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
         TOP_K=k, KP=kp_h, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n, PDL=pdl,
         LOADS_FIRST=cfg.moe_gemv_loads_first and (direct or not fp8) and x.is_cuda, PACKED=packed, DIRECT=direct,
-        ROUNDS=rounds, FENCE=x.is_cuda and rounds > 1, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
+        num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     s, sse, ssn = scale_args(down_scale, down)
-    _down_gemv_kernel[(T, triton.cdiv(H, block_n_down * rounds_down))](
+    _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
-        DIRECT=direct, ROUNDS=rounds_down, FENCE=x.is_cuda and rounds_down > 1, num_warps=cfg.moe_gemv_warps,
-        **launch_args(pdl))
+        DIRECT=direct, num_warps=cfg.moe_gemv_warps, **launch_args(pdl))
     return y
 
 

@@ -58,10 +58,9 @@ def _compile_all() -> dict:
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
                 first = sass.find("FFMA")
-                tile = constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
-                rounds = constexprs["ROUNDS"]  # (the first two tiles' loads come before the first tile's products)
-                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"), tile * min(rounds, 2) + 1,
-                               tile * rounds + 1]
+                loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"),
+                               constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
+                               + 1]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
@@ -91,19 +90,15 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=packed),
                   *gemv_launch)
-        # FP8 tiles kept e4m3 (moe_fp8_direct; default 16k), and the 16k tiles two or three a program in turn
-        # (KernelConfig.moe_gemv_rounds, moe_gemv_down_rounds)
-        for tile_d, rounds in ((16384, 1), (32768, 1), (16384, 2), (16384, 3)) if fp8 else ():
-            tag = f" rounds {rounds}" if rounds > 1 else ""
-            build(f"gemv gate_up {dt} direct {tile_d}{tag}", moe_gemv._gate_up_gemv_kernel,
+        for tile_d in (16384, 32768) if fp8 else ():  # FP8 tiles kept e4m3 (moe_fp8_direct; default 16k)
+            build(f"gemv gate_up {dt} direct {tile_d}", moe_gemv._gate_up_gemv_kernel,
                   dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
                   dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=tile_d // (2 * 2048), PDL=True,
-                       LOADS_FIRST=cfg.moe_gemv_loads_first, PACKED=False, DIRECT=True, ROUNDS=rounds,
-                       FENCE=rounds > 1), *gemv_launch)
-            build(f"gemv down {dt} direct {tile_d}{tag}", moe_gemv._down_gemv_kernel,
+                       LOADS_FIRST=cfg.moe_gemv_loads_first, PACKED=False, DIRECT=True), *gemv_launch)
+            build(f"gemv down {dt} direct {tile_d}", moe_gemv._down_gemv_kernel,
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=tile_d // (8 * 1024), PDL=True,
-                       PACKED=False, DIRECT=True, ROUNDS=rounds, FENCE=rounds > 1), *gemv_launch)
+                       PACKED=False, DIRECT=True), *gemv_launch)
         for pre, pairs in (("moe_", 1), ("moe_large_", cfg.moe_small_pairs + 1)):
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
@@ -149,7 +144,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 57
+    assert len(stacks) == 53
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
@@ -166,11 +161,10 @@ def test_w8a8_small_tiles_take_wgmma_products_swapped(built):
 def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):
     """The register-tile gate_up GEMV (bf16 with KernelConfig.moe_gemv_loads_first, FP8 as it is) has every
     16-byte load of its tile (and x's) in flight before its first FMA: without the fence ptxas interleaves the
-    bf16 loads with the products. With rounds (KernelConfig.moe_gemv_rounds) the second tile's loads join them
-    (the fence after them)."""
-    for name, (before, total, want_before, want_total) in built["loads"].items():
-        # the tiles' bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread)
-        assert total == want_total and before == want_before, (name, before, total, want_before, want_total)
+    bf16 loads with the products."""
+    for name, (before, total, want) in built["loads"].items():
+        # the tile's bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread)
+        assert total == want and before == total, (name, before, total, want)
 
 
 if __name__ == "__main__":

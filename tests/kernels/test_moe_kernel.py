@@ -163,29 +163,6 @@ DECODE_FP8_DIRECT = dataclasses.replace(DECODE, moe_fp8_direct=True, moe_fp8_dir
 
 
 @interpreter_only
-@pytest.mark.parametrize("rounds,down_rounds", [(2, 1), (1, 3), (3, 5)])
-@pytest.mark.parametrize("cfg,H,I,fp8", [(DECODE, 48, 40, False), (DECODE_FP8_GEMV, 200, 136, True),
-                                         (DECODE_FP8_DIRECT, 200, 136, True)],
-                         ids=["bf16", "fp8-dequant", "fp8-direct"])
-@pytest.mark.parametrize("T,E,k,routing", [(1, 8, 3, "random"), (3, 8, 2, "skew")])
-def test_gemv_rounds_give_the_one_tile_values_interpreter(cfg, H, I, fp8, T, E, k, routing, rounds, down_rounds):
-    """KernelConfig.moe_gemv_rounds / moe_gemv_down_rounds: programs of the register-tile GEMVs that take several
-    tiles in turn (the last program's partly or wholly past the rows: 20 gate_up column blocks of 2 at H 48 / I 40,
-    a rounds count that does not divide them) give the one-tile launch's output bit for bit, for bf16 experts and
-    e4m3 ones dequantized or kept in registers."""
-    x, w, ids, gate_up, down = _case(T, E, k, H, I, torch.float32, "cpu", routing)
-    scales = {}
-    if fp8:
-        (gate_up, gs), (down, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-        scales = dict(gate_up_scale=gs, down_scale=ds)
-    assert takes_decode_path(T * k, E, cfg, fp8=fp8)
-    want = fused_moe(x, w, ids, gate_up, down, cfg, **scales)
-    got = fused_moe(x, w, ids, gate_up, down, dataclasses.replace(cfg, moe_gemv_rounds=rounds,
-                                                                  moe_gemv_down_rounds=down_rounds), **scales)
-    assert torch.equal(got, want)
-
-
-@interpreter_only
 @pytest.mark.parametrize("cfg,H,I", [(DECODE_FP8, 200, 136), (DECODE_FP8_WIDE, 200, 136), (DECODE_FP8_GEMV, 200, 136),
                                      (SORTED, 200, 136), (DECODE_FP8_DIRECT, 200, 136), (DECODE_FP8_DIRECT, 96, 40)],
                          ids=["decode", "decode-wide", "decode-gemv", "sorted", "decode-direct", "decode-direct-1g"])
@@ -384,28 +361,6 @@ def test_fp8_experts_w8a8_cuda(T, tma, swap):
     weight_only = fused_moe(x, w, ids, gq, dq, dataclasses.replace(cfg, moe_fp8_w8a8=False), gate_up_scale=gs,
                             down_scale=ds)
     assert float((got.float() - weight_only.float()).abs().max() / weight_only.float().abs().max()) < 0.15
-
-
-@pytest.mark.cuda
-@on_cuda_skip
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("T", [1, 2, 4])
-def test_gemv_rounds_cuda(T, fp8):
-    """KernelConfig.moe_gemv_rounds / moe_gemv_down_rounds on the GPU at the Qwen3-30B-A3B expert shape (the decode
-    path's register-tile GEMVs, bf16 and e4m3 kept in registers): 2 or 3 tiles a program in turn, with the fence
-    after the next tile's loads, give the one-tile launch's output bit for bit."""
-    x, w, ids, gate_up, down = _case(T, 128, 8, 2048, 768, torch.bfloat16, "cuda", "random")
-    scales = {}
-    if fp8:
-        (gate_up, gs), (down, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
-        scales = dict(gate_up_scale=gs, down_scale=ds)
-    cfg = KernelConfig()
-    assert takes_decode_path(T * 8, 128, cfg, fp8=fp8)
-    want = fused_moe(x, w, ids, gate_up, down, cfg, **scales)
-    for rounds, down_rounds in ((2, 1), (1, 2), (2, 3), (3, 3)):
-        got = fused_moe(x, w, ids, gate_up, down, dataclasses.replace(cfg, moe_gemv_rounds=rounds,
-                                                                      moe_gemv_down_rounds=down_rounds), **scales)
-        assert torch.equal(got, want), (rounds, down_rounds)
 
 
 @pytest.mark.cuda
