@@ -217,8 +217,6 @@ class KernelConfig:
     # themselves
     moe_w8a8_norm_quant: bool = True
     moe_w8a8_norm_quant_min_pairs: int = 256
-    # ... and at the prefill tiles too (steps past moe_small_pairs): written in session 48, not yet measured
-    moe_w8a8_norm_quant_prefill: bool = False
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only

@@ -212,13 +212,11 @@ def _w8a8_operand(x: torch.Tensor, w8a8: bool) -> tuple[torch.Tensor, torch.Tens
 
 def takes_quantized_x(rows: int, top_k: int, num_experts: int, cfg: KernelConfig) -> int | None:
     """FP8_GROUP where fused_moe on `rows` tokens with FP8 experts runs the W8A8 small tiles (past the decode path) on
-    cfg.moe_w8a8_norm_quant_min_pairs to cfg.moe_small_pairs pairs (past them too, the prefill tiles, with
-    cfg.moe_w8a8_norm_quant_prefill) and cfg.moe_w8a8_norm_quant lets the norm before x quantize it for them
-    (fused_moe's x_quant), else None."""
+    cfg.moe_w8a8_norm_quant_min_pairs to cfg.moe_small_pairs pairs and cfg.moe_w8a8_norm_quant lets the norm before x
+    quantize it for them (fused_moe's x_quant), else None."""
     pairs = rows * top_k
     w8a8 = cfg.moe_fp8_w8a8 and cfg.moe_w8a8_norm_quant
-    take = w8a8 and cfg.moe_w8a8_norm_quant_min_pairs <= pairs and (pairs <= cfg.moe_small_pairs
-                                                                      or cfg.moe_w8a8_norm_quant_prefill)
+    take = w8a8 and cfg.moe_w8a8_norm_quant_min_pairs <= pairs <= cfg.moe_small_pairs
     return FP8_GROUP if take and not takes_decode_path(pairs, num_experts, cfg, fp8=True) else None
 
 

@@ -100,8 +100,7 @@ def test_the_norm_quantizes_the_experts_rows(fp8_layer, T, monkeypatch):
 
 def test_decode_path_steps_take_finished_rows(fp8_layer):
     """At a step the decode path takes (a token, 4 pairs: weight-only GEMVs) the norm hands over plain rows; so it
-    does below moe_w8a8_norm_quant_min_pairs and past moe_small_pairs (the prefill tiles quantize x themselves,
-    unless moe_w8a8_norm_quant_prefill)."""
+    does below moe_w8a8_norm_quant_min_pairs and past moe_small_pairs (the prefill tiles quantize x themselves)."""
     cfg = dataclasses.replace(TorchKernels(torch.ones(8), torch.float32).config, moe_w8a8_norm_quant=True,
                               moe_w8a8_norm_quant_min_pairs=24, moe_small_pairs=64)
     kernels = InterpretedMoE(torch.ones(8), torch.float32, cfg)
@@ -109,8 +108,6 @@ def test_decode_path_steps_take_finished_rows(fp8_layer):
     # pairs (top 4): 4 (the decode path: to 16 here), 20 (below the bound), 24, 64, 68 (past the small tiles)
     assert [fp8_layer.input_quant(T, torch.float32, cpu, kernels) for T in (1, 5, 6, 16, 17)] == \
         [None, None, 128, 128, None]
-    pre = InterpretedMoE(torch.ones(8), torch.float32, dataclasses.replace(cfg, moe_w8a8_norm_quant_prefill=True))
-    assert [fp8_layer.input_quant(T, torch.float32, cpu, pre) for T in (5, 17, 1000)] == [None, 128, 128]
     norm = RMSNorm(256, 1e-6)
     x, _, _ = norm.add(torch.randn(1, 256), torch.randn(1, 256), kernels, into=fp8_layer)
     assert isinstance(x, torch.Tensor)
