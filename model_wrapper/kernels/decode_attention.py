@@ -356,6 +356,18 @@ def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
 
 
+def split_outputs(q: torch.Tensor, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split-KV kernels' outputs for q [rows, H, D] (the decode, verify and prefill kernels): (out [rows, H, D]
+    in q's dtype, part [rows, H, splits, D] float32, lse [rows, H, splits] float32); with one split the kernel
+    writes out directly and part / lse are out (unused)."""
+    rows, H, D = q.shape
+    out = torch.empty(rows, H, D, dtype=q.dtype, device=q.device)
+    if splits <= 1:
+        return out, out, out
+    return (out, torch.empty(rows, H, splits, D, dtype=torch.float32, device=q.device),
+            torch.empty(rows, H, splits, dtype=torch.float32, device=q.device))
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                            scale: float, *, window: int | None = None, splits: int = 1,
@@ -378,14 +390,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     B, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
-    out = torch.empty(B, H, D, dtype=q.dtype, device=q.device)
+    out, part, lse = split_outputs(q, splits)
     if B == 0:
         return out
-    if splits > 1:
-        part = torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     dflt = launch_for(fp8, B)
     block_n = dflt["block_n"] if block_n is None else block_n

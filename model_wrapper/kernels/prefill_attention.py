@@ -39,7 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.decode_attention import attend, e4m3_operands, e4m3_scales, fp8_math_id, paged_kv
+from model_wrapper.kernels.decode_attention import (attend, e4m3_operands, e4m3_scales, fp8_math_id, paged_kv,
+                                                     split_outputs)
 from model_wrapper.kernels.verify_attention import _merge_kernel
 
 
@@ -207,14 +208,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     T, H, D = q.shape
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
-    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    out, part, lse = split_outputs(q, splits)
     if T == 0:
         return out
-    if splits > 1:
-        part = torch.empty(T, H, splits, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(T, H, splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and (k_scale is None or v_scale is None):
         raise ValueError("paged_prefill_attention: an e4m3 cache needs k_scale and v_scale")

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.decode_attention import attend, paged_kv
+from model_wrapper.kernels.decode_attention import attend, paged_kv, split_outputs
 
 MAX_Q = 16  # new tokens per request the mask bits hold (one int32 per token)
 
@@ -151,14 +151,9 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q_per_req < 1 or q_per_req > MAX_Q or T % q_per_req:
         raise ValueError(f"q_per_req: expected 1..{MAX_Q} dividing q's {T} rows, got {q_per_req}")
     B, group = T // q_per_req, H // KVH
-    out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
+    out, part, lse = split_outputs(q, splits)
     if T == 0:
         return out
-    if splits > 1:
-        part = torch.empty(T, H, splits, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(T, H, splits, dtype=torch.float32, device=q.device)
-    else:
-        part = lse = out
     rows = max(16, triton.next_power_of_2(q_per_req * group))
     _verify_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, q_lens, bits, positions, out, part, lse,
