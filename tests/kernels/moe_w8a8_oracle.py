@@ -28,7 +28,7 @@ def w8a8_experts_reference(x, w, ids, gq, gs, dq, ds):
     xq = quant(x)
     ids_c, w_c = ids.cpu(), w.cpu().float()
     part = torch.zeros(T, k, x.shape[1], dtype=torch.float32)  # each pair's rounded term
-    for e in ids_c.unique().tolist():  # an expert's pairs at once (the rows are quantized one by one all the same)
+    for e in ids_c.unique().tolist():  # an expert's pairs at once (the quantization is per row: the same values)
         t, j = (ids_c == e).nonzero(as_tuple=True)
         h = (xq[t] @ deq(gq[e], gs[e]).t()).to(dt).float()
         act = ((h[:, :inter] / (1 + torch.exp(-h[:, :inter]))).to(dt) * h[:, inter:].to(dt)).to(dt)
