@@ -6,6 +6,12 @@ from __future__ import annotations
 import torch
 
 
+def _deq(q, scale):
+    """e4m3 [..., C] and its per-128-column scales -> float64 on the CPU."""
+    cols = torch.arange(q.shape[-1]) // 128
+    return q.cpu().double() * scale.cpu().double()[..., cols]
+
+
 def w8a8_experts_reference(x, w, ids, gq, gs, dq, ds):
     """FP8 experts multiplied W8A8 (KernelConfig.moe_fp8_w8a8), written out: x quantized per token and 128
     columns by the reference quantizer (kernels/fp8_reference.quantize_fp8_reference, on the CPU), each
@@ -15,12 +21,8 @@ def w8a8_experts_reference(x, w, ids, gq, gs, dq, ds):
     fp32 -> [T, H] in x's dtype."""
     from model_wrapper.kernels.fp8_reference import quantize_fp8_reference
 
-    def deq(q, scale):  # e4m3 [..., C] and its per-128-column scales -> float64
-        cols = torch.arange(q.shape[-1]) // 128
-        return q.cpu().double() * scale.cpu().double()[..., cols]
-
     def quant(a):
-        return deq(*quantize_fp8_reference(a.cpu(), 128))
+        return _deq(*quantize_fp8_reference(a.cpu(), 128))
 
     dt = x.dtype
     T, k = ids.shape
@@ -30,9 +32,9 @@ def w8a8_experts_reference(x, w, ids, gq, gs, dq, ds):
     part = torch.zeros(T, k, x.shape[1], dtype=torch.float32)  # each pair's rounded term
     for e in ids_c.unique().tolist():  # an expert's pairs at once (the quantization is per row: the same values)
         t, j = (ids_c == e).nonzero(as_tuple=True)
-        h = (xq[t] @ deq(gq[e], gs[e]).t()).to(dt).float()
+        h = (xq[t] @ _deq(gq[e], gs[e]).t()).to(dt).float()
         act = ((h[:, :inter] / (1 + torch.exp(-h[:, :inter]))).to(dt) * h[:, inter:].to(dt)).to(dt)
-        o = (quant(act) @ deq(dq[e], ds[e]).t()).to(dt)
+        o = (quant(act) @ _deq(dq[e], ds[e]).t()).to(dt)
         part[t, j] = (o.float() * w_c[t, j, None]).to(dt).float()
     y = torch.zeros(T, x.shape[1], dtype=torch.float32)
     for j in range(k):  # summed in the order of the k experts, as the reference experts sum
@@ -62,14 +64,10 @@ def w8a8_check(got, x, w, ids, gq, gs, dq, ds, label=""):
     it: a bound for sums of such results)."""
     from model_wrapper.layers.moe import experts_reference
 
-    def deq(q, scale):
-        cols = torch.arange(q.shape[-1]) // 128
-        return q.cpu().double() * scale.cpu().double()[..., cols]
-
     x, w, ids = x.cpu(), w.cpu(), ids.cpu()
     got = got.cpu().double()
     oracle = w8a8_experts_reference(x, w, ids, gq, gs, dq, ds).cpu().double()
-    exact = experts_reference(x.double(), w.double(), ids, deq(gq, gs), deq(dq, ds))
+    exact = experts_reference(x.double(), w.double(), ids, _deq(gq, gs), _deq(dq, ds))
     scale = float(exact.abs().max()) + 1e-30
     mine, theirs = (got - exact).abs(), (oracle - exact).abs()
     assert float(mine.max()) <= EXACT_MAX_RATIO * float(theirs.max()) + 1e-6 * scale, (label, float(mine.max()),
