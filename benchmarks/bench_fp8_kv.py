@@ -10,8 +10,9 @@ caches, so that nothing stays in L2 between calls) and
 K/V bytes: batch * context * 8 heads * 128 * 2 (K and V) * element size (1 for e4m3, 2 for bf16).
 Target for FP8: >= 0.85 at the bandwidth-bound sizes (issue 25). Kernels: FlashInfer's decode
 wrapper (tensor cores, planned as the decode graphs plan it; FP8: kv_data_type e4m3, k_scale and
-v_scale passed to run()) and the project's Triton decode kernel (kernels/decode_attention.py, FP8:
-e4m3 loads, scales through pointers). The FP8 rows also give the speed-up over the bf16 cache.
+v_scale passed to run()), the project's Triton decode kernel (kernels/decode_attention.py, FP8:
+e4m3 loads, scales through pointers) and, for e4m3, the project's CUDA kernel (kernels/e4m3_decode_cuda.py,
+the default of the decode graphs from batch 3). The FP8 rows also give the speed-up over the bf16 cache.
 
     python3 benchmarks/bench_fp8_kv.py [--out DIR] [--batches 1,8,32,64,128] [--contexts 512,2048,8192]
     python3 benchmarks/bench_fp8_kv.py --sweep [--occupancy] [--out DIR]   # the Triton e4m3 launch sweep
@@ -99,21 +100,29 @@ def triton_out(c: dict, **launch) -> torch.Tensor:
 
 
 def attention_case(B: int, ctx: int, dtype: torch.dtype, bw: float, sms: int, workspace) -> dict:
-    """One (batch, context, cache dtype) case: FlashInfer and Triton timings and bandwidth fractions."""
+    """One (batch, context, cache dtype) case: FlashInfer and Triton timings and bandwidth fractions; an e4m3
+    cache also on the CUDA kernel (kernels/e4m3_decode_cuda.py: paged_decode_attention(cuda=True) at its splits,
+    what the decode graphs run from batch 3 on)."""
     from model_wrapper.kernels.decode_attention import decode_splits
 
     c = make_case(B, ctx, dtype, sms, workspace)
     splits = decode_splits(B, KV_HEADS, sms, dtype)  # the launch by batch's splits (an e4m3 cache)
     fi_us = flashinfer_us(c)
     tr_us = triton_us(c, splits=splits)
-    diff = (triton_out(c, splits=splits).float()
-            - c["wrappers"][0].run(c["q"], (c["k"], c["v"]), **c["fi_kw"]).float()).abs().max().item()
+    fi_out = c["wrappers"][0].run(c["q"], (c["k"], c["v"]), **c["fi_kw"]).float()
+    diff = (triton_out(c, splits=splits).float() - fi_out).abs().max().item()
     per_layer = c["per_layer"]
+    row = {"batch": B, "context": ctx, "kv_dtype": str(dtype).replace("torch.", ""), "layers": kv_layers(per_layer),
+           "kv_MB": per_layer / 1e6, "splits": splits, "flashinfer_us": fi_us, "triton_us": tr_us,
+           "flashinfer_of_copy_bw": per_layer / (fi_us * 1e-6) / bw, "triton_of_copy_bw": per_layer / (tr_us * 1e-6) / bw,
+           "max_abs_diff_triton_vs_flashinfer": diff}
+    if dtype == FP8:
+        cs = decode_splits(B, KV_HEADS, sms, dtype, cuda=True)
+        cu_us = triton_us(c, splits=cs, cuda=True)
+        row.update(cuda_splits=cs, cuda_us=cu_us, cuda_of_copy_bw=per_layer / (cu_us * 1e-6) / bw,
+                   max_abs_diff_cuda_vs_flashinfer=(triton_out(c, splits=cs, cuda=True).float() - fi_out).abs().max().item())
     del c
-    return {"batch": B, "context": ctx, "kv_dtype": str(dtype).replace("torch.", ""), "layers": kv_layers(per_layer),
-            "kv_MB": per_layer / 1e6, "splits": splits, "flashinfer_us": fi_us, "triton_us": tr_us,
-            "flashinfer_of_copy_bw": per_layer / (fi_us * 1e-6) / bw, "triton_of_copy_bw": per_layer / (tr_us * 1e-6) / bw,
-            "max_abs_diff_triton_vs_flashinfer": diff}
+    return row
 
 
 def kv_layers(per_layer: int) -> int:
@@ -134,10 +143,12 @@ def run(batches, contexts) -> dict:
             for dtype in (torch.bfloat16, FP8):
                 r = attention_case(B, ctx, dtype, bw, sms, workspace)
                 res["cases"].append(r)
+                cu = (f", CUDA {r['cuda_us']:8.1f} us ({r['cuda_of_copy_bw']:.2f}; max |diff| "
+                      f"{r['max_abs_diff_cuda_vs_flashinfer']:.4f})") if "cuda_us" in r else ""
                 print(f"B={B:3d} ctx={ctx:5d} {r['kv_dtype']:>13s} ({r['kv_MB']:8.1f} MB K/V): FlashInfer "
                       f"{r['flashinfer_us']:8.1f} us ({r['flashinfer_of_copy_bw']:.2f} of copy bw), Triton "
-                      f"{r['triton_us']:8.1f} us ({r['triton_of_copy_bw']:.2f}); max |diff| "
-                      f"{r['max_abs_diff_triton_vs_flashinfer']:.4f}", flush=True)
+                      f"{r['triton_us']:8.1f} us ({r['triton_of_copy_bw']:.2f}; max |diff| "
+                      f"{r['max_abs_diff_triton_vs_flashinfer']:.4f}){cu}", flush=True)
                 gc.collect()
                 torch.cuda.empty_cache()
     return res
@@ -307,9 +318,11 @@ def plot(res: dict, path: str) -> None:
     for ax, ctx in zip(axes[0], contexts):
         for dtype, style in (("float8_e4m3fn", "-"), ("bfloat16", ":")):
             rows = [r for r in res["cases"] if r["context"] == ctx and r["kv_dtype"] == dtype]
-            for kernel, color in (("flashinfer", "C0"), ("triton", "C1")):
-                ax.plot([r["batch"] for r in rows], [r[f"{kernel}_of_copy_bw"] for r in rows], "o" + style,
-                        color=color, label=f"{kernel} {dtype}")
+            for kernel, color in (("flashinfer", "C0"), ("triton", "C1"), ("cuda", "C2")):
+                got = [r for r in rows if f"{kernel}_of_copy_bw" in r]
+                if got:
+                    ax.plot([r["batch"] for r in got], [r[f"{kernel}_of_copy_bw"] for r in got], "o" + style,
+                            color=color, label=f"{kernel} {dtype}")
         ax.axhline(res["target_of_copy_bw"], color="gray", ls="--", lw=1, label="target (FP8)")
         ax.set(xlabel="batch", xscale="log", ylabel="K/V bytes / time / copy bandwidth", ylim=(0, 1.2),
                title=f"decode attention, context {ctx} ({res['device']})")

@@ -90,13 +90,14 @@ class TritonDecode:
     kv_indices: torch.Tensor
     kv_last: torch.Tensor
     splits: int
+    cuda: bool = False  # KernelConfig.fp8_kv_decode_cuda: kernels/e4m3_decode_cuda.py where it fits
 
     def run(self, q, k_cache, v_cache, window, scale, k_scale, v_scale):
         from model_wrapper.kernels.decode_attention import paged_decode_attention
 
         return paged_decode_attention(q if q.stride(-1) == 1 else q.contiguous(), k_cache, v_cache, self.kv_indptr,
                                       self.kv_indices, self.kv_last, scale, window=window, splits=self.splits,
-                                      k_scale=k_scale, v_scale=v_scale)
+                                      k_scale=k_scale, v_scale=v_scale, cuda=self.cuda)
 
 
 @dataclass
@@ -211,8 +212,9 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
+        cuda = getattr(self.kv_store.config, "fp8_kv_decode_cuda", False)  # eager steps take no PDL
         return TritonDecode(dev[0], indices, dev[1],
-                            decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn))
+                            decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn, cuda=cuda), cuda)
 
     def _plan_decode(self, window, indptr, indices, last, page, dtype):
         w = self._wrapper("decode", window)

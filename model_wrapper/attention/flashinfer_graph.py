@@ -76,7 +76,7 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
                              kv_dtype=kv_dtype if kv_dtype is not None else backend.kv_dtype)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if triton:  # the kernels' metadata: kv_indptr [size + 1], kv_last_page_len [size] (+ q_lens, bits)
-        from model_wrapper.kernels.decode_attention import decode_splits
+        from model_wrapper.kernels.decode_attention import cuda_e4m3, decode_splits
 
         n = 2 * size + 1 + (size + size * q_per_req if q_per_req > 1 else 0)
         state.meta = torch.zeros(n, dtype=torch.int32, device=device)
@@ -86,7 +86,8 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
             state.q_lens = state.meta[2 * size + 1: 3 * size + 1]
             state.bits = state.meta[3 * size + 1:]
         # a verify program reads the same keys as a decode one (for q_per_req tokens at once)
-        state.splits = decode_splits(size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None)
+        state.splits = decode_splits(size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None,
+                                     cuda=q_per_req == 1 and cuda_e4m3(backend.kv_store.config, device, size))
         return state
     if q_per_req > 1:
         raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")
@@ -190,7 +191,7 @@ class GraphAttention(AttentionBackend):
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
                                           k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
-                                          and uses_pdl(q.device, cfg))
+                                          and uses_pdl(q.device, cfg), cuda=cfg.fp8_kv_decode_cuda)
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
 

@@ -334,19 +334,32 @@ def decode_stages(num_stages: int, block_n: int, D: int, kv_bytes: int, math_id:
     return num_stages if fit == buffers else 2 * fit + 1
 
 
-def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype | None = None) -> int:
+def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype | None = None,
+                  cuda: bool = False) -> int:
     """KV splits per (request, KV head): none where those pairs alone fill the SMs; otherwise a
     power of two giving about two programs per SM, at most MAX_SPLITS. An e4m3 cache (kv_dtype)
-    multiplies that by launch_for's split_factor (a function of the batch alone: graph-safe)."""
+    multiplies that by launch_for's split_factor (a function of the batch alone: graph-safe).
+    cuda (an e4m3 cache on kernels/e4m3_decode_cuda.py, 4 warps a program, 4 programs a SM): the pairs fill
+    the SMs from 2 programs a SM (session 50, H200: batch 16 best at 4 splits, 32 at 2, 64 and 128 at 1)."""
     pairs = max(1, batch * num_kv_heads)
-    if pairs >= sms:
+    cuda = cuda and kv_dtype == torch.float8_e4m3fn
+    if pairs >= (2 * sms if cuda else sms):
         splits = 1
     else:
         want = -(-2 * sms // pairs)
         splits = 1 << (want - 1).bit_length()
-    if kv_dtype == torch.float8_e4m3fn:
+    if kv_dtype == torch.float8_e4m3fn and not cuda:
         splits *= launch_for(True, batch).get("split_factor", 1)
     return min(MAX_SPLITS, splits)
+
+
+def cuda_e4m3(cfg, device: torch.device, batch: int) -> bool:
+    """Whether a decode step of `batch` rows over an e4m3 cache asks for kernels/e4m3_decode_cuda.py
+    (KernelConfig.fp8_kv_decode_cuda; not where the step launches its attention under PDL, which that
+    kernel's launch does not take): the graphs' splits and their calls agree through this."""
+    from model_wrapper.kernels.common import uses_pdl
+
+    return cfg.fp8_kv_decode_cuda and not (batch <= cfg.decode_attention_pdl_max_batch and uses_pdl(device, cfg))
 
 
 def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
@@ -374,7 +387,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False) -> torch.Tensor:
+                           fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False,
+                           cuda: bool = False) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -386,8 +400,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     window: a token sees its last `window` keys (itself included), or all when None. block_n,
     num_warps, num_stages, maxnreg, fp8_math: None takes launch_for(B)'s (LAUNCH's row of the cache
     dtype, for e4m3 by batch: E4M3_BY_BATCH); num_stages fewer where its buffers would not fit the device's
-    shared memory (decode_stages). splits: the caller's (decode_splits with the cache dtype)."""
+    shared memory (decode_stages). splits: the caller's (decode_splits with the cache dtype).
+
+    cuda (e4m3 caches, without pdl): kernels/e4m3_decode_cuda.py where it fits (the launch arguments above then
+    do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel."""
     B, H, D = q.shape
+    if cuda and not pdl and k_cache.dtype == torch.float8_e4m3fn:
+        from model_wrapper.kernels import e4m3_decode_cuda
+
+        if e4m3_decode_cuda.fits(q, k_cache, window):
+            if k_scale is None or v_scale is None:
+                raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
+            return e4m3_decode_cuda.paged_decode_attention_e4m3(q, k_cache, v_cache, kv_indptr, kv_indices,
+                                                                kv_last_page_len, scale, k_scale, v_scale,
+                                                                splits=splits)
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
     out, part, lse = split_outputs(q, splits)

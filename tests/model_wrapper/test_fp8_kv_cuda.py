@@ -84,22 +84,41 @@ def pair_bound(e_torch_bf16: float, ref: torch.Tensor, x: torch.Tensor) -> float
     return 2 * bf16_bound(e_torch_bf16) * float(ref.float().abs().max() / x.float().abs().max())
 
 
-@pytest.mark.parametrize("fp8_kv_decode", ["triton", "flashinfer"])
+def _kernel_config(kernel: str, **kw) -> KernelConfig:
+    """The decode kernel over an e4m3 cache: "triton" (kernels/decode_attention.py), "cuda" (kernels/
+    e4m3_decode_cuda.py where it fits: head_dim 128, pages of a multiple of 16, no window) or "flashinfer"."""
+    if kernel == "flashinfer":
+        return KernelConfig(fp8_kv_decode="flashinfer", **kw)
+    return KernelConfig(fp8_kv_decode="triton", fp8_kv_decode_cuda=kernel == "cuda", **kw)
+
+
+def _cuda_calls() -> int:
+    from model_wrapper.kernels import e4m3_decode_cuda
+
+    info = e4m3_decode_cuda._kernel.cache_info()
+    return info.hits + info.misses
+
+
+@pytest.mark.parametrize("fp8_kv_decode", ["triton", "flashinfer", "cuda"])
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
 def test_flashinfer_over_fp8_cache_matches_the_torch_backend(ckpt, family, fp8_kv_decode):
-    """Eager steps of every kind; single-token decode rows on the kernel fp8_kv_decode names."""
-    path = ckpt(family, **({"sliding_window": 6} if family == "mistral" else {}))
+    """Eager steps of every kind; single-token decode rows on the kernel fp8_kv_decode names ("cuda": a model of
+    head_dim 128, which that kernel takes; its windowed layers (mistral) go to the Triton kernel)."""
+    extra = {"sliding_window": 6} if family == "mistral" else {}
+    path = ckpt(family, **extra, **({"head_dim": 128} if fp8_kv_decode == "cuda" else {}))
     full, steps = _script(seed=4)
     scales = _scales(path, list(full.values()))
     ref = _run(_gen(path, torch.float32, scales, attention_backend="torch"), full, steps, 16)
     tb = _run(_gen(path, torch.bfloat16, scales, attention_backend="torch"), full, steps, 16)
-    fi_gen = _gen(path, torch.bfloat16, scales, cuda_graphs=False,
-                  kernel_config=KernelConfig(fp8_kv_decode=fp8_kv_decode))
+    fi_gen = _gen(path, torch.bfloat16, scales, cuda_graphs=False, kernel_config=_kernel_config(fp8_kv_decode))
     assert fi_gen.model_wrapper.backend.name == "flashinfer"
     assert not torch.equal(fi_gen.kv_scales, torch.ones_like(fi_gen.kv_scales))
     for block_size in (16, 1):
+        calls = _cuda_calls()
         fi = _run(fi_gen, full, steps, block_size)
         assert rel_err(fi, ref) <= bf16_bound(rel_err(tb, ref)), (block_size, rel_err(fi, ref), rel_err(tb, ref))
+        # the CUDA kernel ran where it fits (pages of 16, no window), and only there
+        assert (_cuda_calls() > calls) == (fp8_kv_decode == "cuda" and block_size == 16 and family != "mistral")
 
 
 @pytest.mark.parametrize("kind", ["spec", "atten"])
@@ -138,7 +157,7 @@ def _decode(gen, prompts, tokens):
     return [h.step({r: [t] for r, t in enumerate(ts)}, is_prefill=False) for ts in tokens], h
 
 
-@pytest.mark.parametrize("kernel", ["triton", "flashinfer"])
+@pytest.mark.parametrize("kernel", ["triton", "flashinfer", "cuda"])
 @pytest.mark.parametrize("batch", [3, 17])
 def test_graph_replay_over_fp8_cache_equals_eager(ckpt, batch, kernel):
     """Decode graphs on `kernel` (KernelConfig.fp8_kv_decode: the Triton kernel reading e4m3, or
@@ -147,19 +166,20 @@ def test_graph_replay_over_fp8_cache_equals_eager(ckpt, batch, kernel):
     bf16_bound of the reference, and the two within pair_bound of each other. Then new scales: the
     graphs follow them (the Triton kernel reads them through pointers; FlashInfer's graphs are
     captured again)."""
-    path = ckpt("llama")
-    other = "flashinfer" if kernel == "triton" else "triton"
+    path = ckpt("llama", **({"head_dim": 128} if kernel == "cuda" else {}))
+    other = "flashinfer" if kernel != "flashinfer" else "triton"
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
     tokens = torch.randint(0, 96, (6, batch), generator=g).tolist()
     scales = _scales(path, prompts)
     ref_gen = _gen(path, torch.float32, scales, attention_backend="torch")
     tb_gen = _gen(path, torch.bfloat16, scales, attention_backend="torch")
-    eager = _gen(path, torch.bfloat16, scales, cuda_graphs=False, kernel_config=KernelConfig(fp8_kv_decode=other))
+    eager = _gen(path, torch.bfloat16, scales, cuda_graphs=False, kernel_config=_kernel_config(other))
     # the prefill stays eager in the graphed run too (mixed_graphs off): its K/V rounded to e4m3 apart would
     # differ in the cache by whole e4m3 steps here and there (the mixed graphs over e4m3: test_mixed_graph.py)
+    calls = _cuda_calls()
     graph = _gen(path, torch.bfloat16, scales, cuda_graphs=True,
-                 kernel_config=KernelConfig(fp8_kv_decode=kernel, mixed_graphs=False))
+                 kernel_config=_kernel_config(kernel, mixed_graphs=False))
     assert torch.equal(eager.kv_scales, graph.kv_scales)
     for rescale in (False, True):
         if rescale:
@@ -173,8 +193,9 @@ def test_graph_replay_over_fp8_cache_equals_eager(ckpt, batch, kernel):
                                                    for w in plan.wrappers.values())
         b, hb = _decode(graph, prompts, tokens)
         buckets = graph.model_wrapper.graphs._graphs
-        assert buckets and all(bk.attn_state.triton == (kernel == "triton") and bk.attn_state.kv_dtype == FP8
+        assert buckets and all(bk.attn_state.triton == (kernel != "flashinfer") and bk.attn_state.kv_dtype == FP8
                                for bk in buckets.values())
+        assert (_cuda_calls() > calls) == (kernel == "cuda")  # the graphs' captures ran it (or not)
         a, b = torch.cat(a), torch.cat(b)
         e_tb = rel_err(tb, ref)
         errs = (rel_err(b, ref), rel_err(a, ref), rel_err(b, a), e_tb)
