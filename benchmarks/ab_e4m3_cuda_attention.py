@@ -28,7 +28,7 @@ CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (6
 # paged_decode_attention_e4m3's launch arguments, and split_factor: times decode_splits(cuda=True)'s splits
 VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
             "w8-2x": {"num_warps": 8, "split_factor": 2}, "bits": {"vbits": True},
-            "pf-m3": {"prefetch": True, "minb": 3}}
+            "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True}}
 
 
 def speed(cases) -> dict:

@@ -208,11 +208,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         return decode_attention.fits(self.kv_dtype, torch.float8_e4m3fn, self.head_dim)
 
     def _plan_triton_decode(self, indptr, indices, last) -> TritonDecode:
-        from model_wrapper.kernels.decode_attention import decode_splits
+        from model_wrapper.kernels.decode_attention import cuda_e4m3, decode_splits
 
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         dev = [x.to(self.device, non_blocking=True) for x in (indptr, last)]
-        cuda = getattr(self.kv_store.config, "fp8_kv_decode_cuda", False)  # eager steps take no PDL
+        cuda = cuda_e4m3(self.kv_store.config, last.shape[0])
         return TritonDecode(dev[0], indices, dev[1],
                             decode_splits(last.shape[0], self.num_kv_heads, sms, torch.float8_e4m3fn, cuda=cuda), cuda)
 

@@ -87,7 +87,7 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
             state.bits = state.meta[3 * size + 1:]
         # a verify program reads the same keys as a decode one (for q_per_req tokens at once)
         state.splits = decode_splits(size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None,
-                                     cuda=q_per_req == 1 and cuda_e4m3(backend.kv_store.config, device, size))
+                                     cuda=q_per_req == 1 and cuda_e4m3(backend.kv_store.config, size))
         return state
     if q_per_req > 1:
         raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")
@@ -181,9 +181,8 @@ class GraphAttention(AttentionBackend):
                                           s.indices, s.kv_last, s.q_lens, s.bits, batch.positions, self.scale,
                                           q_per_req=s.q_per_req, window=window, splits=s.splits)
         if s.triton:
-            from model_wrapper.kernels.decode_attention import paged_decode_attention
-
             from model_wrapper.kernels.common import uses_pdl
+            from model_wrapper.kernels.decode_attention import cuda_e4m3, paged_decode_attention
 
             ks, vs = self.kv_store.layer_scales(layer)  # read through their pointers by the kernel
             cfg = self.kv_store.config
@@ -191,7 +190,7 @@ class GraphAttention(AttentionBackend):
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
                                           k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
-                                          and uses_pdl(q.device, cfg), cuda=cfg.fp8_kv_decode_cuda)
+                                          and uses_pdl(q.device, cfg), cuda=cuda_e4m3(cfg, q.shape[0]))
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
 

@@ -404,11 +404,15 @@ class KernelConfig:
     fp8_kv_decode: str = "triton"
     # with fp8_kv_decode "triton": the single-token decode rows over an e4m3 cache on kernels/e4m3_decode_cuda.py
     # (CUDA C++ compiled by NVRTC at first use: every operand straight from its registers into mma.sync) where it
-    # fits (head_dim 128, GQA groups of 1-8, pages of a multiple of 16, no window, sm89+) and the step does not
-    # launch its attention under PDL (decode_attention_pdl_max_batch); its splits by decode_splits(cuda=True).
-    # H200, session 50 (benchmarks/ab_e4m3_cuda_attention.py, K/V bytes / time / copy bandwidth): 0.85-0.96 at
-    # batch 64-128 x 2k-8k against Triton's 0.62-0.67; batch 32 0.71 / 0.89 (2k / 8k) against 0.60 / 0.67
+    # fits (head_dim 128, GQA groups of 1-8, pages of a multiple of 16, no window, sm89+), at steps of at least
+    # fp8_kv_decode_cuda_min_batch rows (under PDL where decode_attention_pdl_max_batch says, as the Triton kernel);
+    # its splits by decode_splits(cuda=True). H200, session 50 (benchmarks/ab_e4m3_cuda_attention.py, K/V bytes /
+    # time / copy bandwidth): 0.85-0.96 at batch 64-128 x 2k-8k against Triton's 0.62-0.68; batch 32 0.73 / 0.88
+    # (2k / 8k) against 0.62 / 0.66. Llama-3-8B block FP8 + FP8 KV decode steps at context 2048 (c3): batch 128
+    # 10.92 -> 9.42 ms, batch 32 5.27 -> 5.05-5.07; batch 8 even; at batch 1 without PDL 2.97 against Triton's
+    # 2.87-2.88 under PDL
     fp8_kv_decode_cuda: bool = True
+    fp8_kv_decode_cuda_min_batch: int = 3
     # eager prefill / chunked prefill steps (and the prefill rows of eager mixed steps) over an FP8 (e4m3) cache,
     # FlashInfer backend: "fa2" (bf16 q over the e4m3 cache; the A/B arm), "fa3" (sm90: q rounded to e4m3 with
     # scale 1.0, all-e4m3 tensor-core products, the K/V scales per head in the kernel; attention/fa3_fp8.py; other

@@ -353,13 +353,11 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype
     return min(MAX_SPLITS, splits)
 
 
-def cuda_e4m3(cfg, device: torch.device, batch: int) -> bool:
+def cuda_e4m3(cfg, batch: int) -> bool:
     """Whether a decode step of `batch` rows over an e4m3 cache asks for kernels/e4m3_decode_cuda.py
-    (KernelConfig.fp8_kv_decode_cuda; not where the step launches its attention under PDL, which that
-    kernel's launch does not take): the graphs' splits and their calls agree through this."""
-    from model_wrapper.kernels.common import uses_pdl
-
-    return cfg.fp8_kv_decode_cuda and not (batch <= cfg.decode_attention_pdl_max_batch and uses_pdl(device, cfg))
+    (KernelConfig.fp8_kv_decode_cuda, from fp8_kv_decode_cuda_min_batch rows): the graphs' splits and their
+    calls agree through this."""
+    return cfg.fp8_kv_decode_cuda and batch >= cfg.fp8_kv_decode_cuda_min_batch
 
 
 def fits(dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> bool:
@@ -402,10 +400,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     dtype, for e4m3 by batch: E4M3_BY_BATCH); num_stages fewer where its buffers would not fit the device's
     shared memory (decode_stages). splits: the caller's (decode_splits with the cache dtype).
 
-    cuda (e4m3 caches, without pdl): kernels/e4m3_decode_cuda.py where it fits (the launch arguments above then
-    do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel."""
+    cuda (e4m3 caches): kernels/e4m3_decode_cuda.py where it fits (with pdl: launched as programmatic dependents,
+    its first K / V lines prefetched into L2 before its wait; block_n, num_warps, num_stages, maxnreg, fp8_math and
+    prefetch do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel."""
     B, H, D = q.shape
-    if cuda and not pdl and k_cache.dtype == torch.float8_e4m3fn:
+    if cuda and k_cache.dtype == torch.float8_e4m3fn:
         from model_wrapper.kernels import e4m3_decode_cuda
 
         if e4m3_decode_cuda.fits(q, k_cache, window):
@@ -413,7 +412,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                 raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
             return e4m3_decode_cuda.paged_decode_attention_e4m3(q, k_cache, v_cache, kv_indptr, kv_indices,
                                                                 kv_last_page_len, scale, k_scale, v_scale,
-                                                                splits=splits)
+                                                                splits=splits, pdl=pdl)
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
     out, part, lse = split_outputs(q, splits)

@@ -33,6 +33,7 @@ tokens, no sliding window, q bf16 or fp16, sm89+ (the e4m3 conversion). Anything
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -43,6 +44,7 @@ NW = 4  # warps a program
 
 _SOURCE = r"""
 // defined by the compile: GROUP (1..8), PAGE (multiple of 16), NW (warps a program), QBF16 (q / out bf16, else fp16),
+// PDL (launched as a programmatic dependent: griddepcontrol),
 // VBITS (V's bytes to fp16 by bit moves, else cvt), PREFETCH (the next chunk's loads before this chunk's math),
 // MINB (programs a SM the register budget allows)
 #define D 128
@@ -143,6 +145,11 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
     __shared__ float sm_o[NW][8][D];
     const int r = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#if PDL
+    // launched as a programmatic dependent: the next kernel (the split merge, or o's GEMV) may launch now; the
+    // page metadata is no kernel's output within a step (the graphs copy it from the host before the step)
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     const int p0 = indptr[r], p1 = indptr[r + 1];
     const int L = (p1 - p0 - 1) * PAGE + last[r];
     const int CH = 16 * NW;
@@ -156,6 +163,16 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
     const float out_scale = vs[0];
 #endif
     const int head_off = h * D;
+#if PDL
+    if (start + 16 * warp < end) {  // the first chunk's K / V lines into L2 while the kernels before drain (a hint)
+        const int k0 = start + 16 * warp;
+        const long long base = (long long)indices[p0 + k0 / PAGE] * stride_kb + (long long)(k0 % PAGE + (lane & 15)) * stride_kt
+                               + head_off;
+        const unsigned char* line = (lane < 16 ? kc : vc) + base;
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(line));
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // q and the step's new K / V are written by then
+#endif
 
     // q^T as the B operand: column g = query head h * GROUP + g, dims 32t..32t+31 as 16 fp16 pairs
     u32 qf[16];
@@ -319,11 +336,41 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, window: int | None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(group: int, page: int, bf16: bool, vbits: bool, prefetch: bool, nw: int, minb: int, device: int):
+def _kernel(group: int, page: int, bf16: bool, vbits: bool, prefetch: bool, nw: int, minb: int, pdl: bool,
+            device: int):
     with torch.cuda.device(device):
-        opts = [f"-DGROUP={group}", f"-DPAGE={page}", f"-DNW={nw}", f"-DQBF16={int(bf16)}",
-                f"-DVBITS={int(vbits)}", f"-DPREFETCH={int(prefetch)}", f"-DMINB={minb}"]
+        opts = [f"-DGROUP={group}", f"-DPAGE={page}", f"-DNW={nw}", f"-DQBF16={int(bf16)}", f"-DVBITS={int(vbits)}",
+                f"-DPREFETCH={int(prefetch)}", f"-DMINB={minb}", f"-DPDL={int(pdl)}"]
         return torch.cuda._compile_kernel(_SOURCE, "e4m3_decode", nvcc_options=opts)
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def _launch(kern, grid, block, args, pdl: bool) -> None:
+    """kern (torch.cuda._compile_kernel's) on the current stream; pdl: through cuLaunchKernelEx with programmatic
+    stream serialization allowed (the launch Triton's launch_pdl makes), else its own cuLaunchKernel. args: tensors
+    (their data pointers) and Python ints (C int)."""
+    if not pdl:
+        kern(grid=grid, block=block, args=args)
+        return
+    from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
+
+    keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
+    params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), 0,
+                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.pointer(attr), 1)
+    _check_cuda(_get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(cfg), kern.func, params, None))
 
 
 @functools.lru_cache(maxsize=None)
@@ -337,12 +384,16 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                                 kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                                 scale: float, k_scale: torch.Tensor, v_scale: torch.Tensor, *, splits: int = 1,
                                 vbits: bool = False, prefetch: bool = False, num_warps: int = NW,
-                                minb: int | None = None) -> torch.Tensor:
+                                minb: int | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, 128] -> [B, H, 128] in q's dtype: decode attention over e4m3 caches [blocks, page, KVH, 128]
     (fits), page metadata as decode_attention.paged_decode_attention's (int32), k_scale / v_scale float32
     one-element device tensors. splits: KV splits per (request, KV head) (decode_attention.decode_splits with
     cuda=True); vbits / prefetch / num_warps / minb: the launch variants of benchmarks/ab_e4m3_cuda_attention.py
-    (V's bytes by bit moves; the next chunk's loads ahead; warps a program; programs a SM the registers allow)."""
+    (V's bytes by bit moves; the next chunk's loads ahead; warps a program; programs a SM the registers allow).
+    pdl (sm90+): both kernels launched as programmatic dependents (decode_attention.paged_decode_attention's pdl):
+    each lets the next kernel launch at once; this one reads its page metadata and prefetches its first K / V
+    lines into L2 before waiting for the kernel before it."""
+    from model_wrapper.kernels.common import launch_args
     from model_wrapper.kernels.decode_attention import _merge_kernel, split_outputs
 
     B, H, _ = q.shape
@@ -351,12 +402,13 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if B == 0:
         return out
     minb = max(1, 16 // num_warps) if minb is None else minb
-    kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch, num_warps, minb, q.device.index)
-    kern(grid=(B, kvh, splits), block=(num_warps * 32, 1, 1),
-         args=[q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse, k_scale, v_scale,
-               _scale_log2(float(scale), q.device), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-               out.stride(0), out.stride(1), H, splits])
+    kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch, num_warps, minb, pdl, q.device.index)
+    _launch(kern, (B, kvh, splits), (num_warps * 32, 1, 1),
+            [q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse, k_scale, v_scale,
+             _scale_log2(float(scale), q.device), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+             out.stride(0), out.stride(1), H, splits], pdl)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
-                              SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), D=D, PDL=False, num_warps=4)
+                              SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), D=D, PDL=pdl, num_warps=4,
+                              **launch_args(pdl))
     return out

@@ -72,7 +72,8 @@ def bound(ref: torch.Tensor, dtype: torch.dtype) -> float:
     (4, 32, torch.float16, [2, 129, 2049], 8),
     (32, 16, torch.bfloat16, [40, 7], 16),  # group 1
 ])
-@pytest.mark.parametrize("variant", [{}, {"vbits": True}, {"prefetch": True, "minb": 3}, {"num_warps": 8}])
+@pytest.mark.parametrize("variant", [{}, {"vbits": True}, {"prefetch": True, "minb": 3}, {"num_warps": 8},
+                                     {"pdl": True}])
 def test_matches_float64_attention_over_the_dequantized_cache(kvh, page, dtype, lens, splits, variant):
     q, k, v, meta = make(lens, kvh, page, dtype)
     ks, vs = 0.05, 0.02
@@ -88,7 +89,7 @@ def test_matches_float64_attention_over_the_dequantized_cache(kvh, page, dtype, 
 
 def test_paged_decode_attention_routes_what_fits_to_cuda_and_the_rest_to_triton():
     """cuda=True: the CUDA kernel's output where it fits; a window, head_dim 64 or a GQA group of 16 stay on
-    the Triton kernel (its cuda=False output), each within the oracle's bound; pdl keeps the Triton kernel."""
+    the Triton kernel (its cuda=False output), each within the oracle's bound; with pdl the same CUDA output."""
     ks, vs = torch.tensor([0.05], device="cuda"), torch.tensor([0.02], device="cuda")
     for kw, window in (({}, None), ({}, 50), ({"head_dim": 64}, None), ({"heads": 64, "kvh": 4}, None)):
         kvh = kw.pop("kvh", 8)
@@ -104,17 +105,19 @@ def test_paged_decode_attention_routes_what_fits_to_cuda_and_the_rest_to_triton(
         else:
             assert (kw or window) and torch.equal(got, tri)
     q, k, v, meta = make([3, 90], 8, 16, torch.bfloat16)
-    a = paged_decode_attention(q, k, v, *meta, D ** -0.5, splits=2, k_scale=ks, v_scale=vs, pdl=True)
+    a = paged_decode_attention_e4m3(q, k, v, *meta, D ** -0.5, ks, vs, splits=2)
     b = paged_decode_attention(q, k, v, *meta, D ** -0.5, splits=2, k_scale=ks, v_scale=vs, pdl=True, cuda=True)
     assert torch.equal(a, b)
 
 
-def test_graph_replay_equals_eager_and_follows_the_scales_and_lengths():
-    """Captured in a CUDA graph: the replay equals an eager call; new K / V scales (written in place) and new
-    page metadata (copied into the captured buffers) reach the replay."""
+@pytest.mark.parametrize("pdl", [False, True])
+def test_graph_replay_equals_eager_and_follows_the_scales_and_lengths(pdl):
+    """Captured in a CUDA graph (pdl: as programmatic dependents, the merge too): the replay equals an eager
+    call; new K / V scales (written in place) and new page metadata (copied into the captured buffers) reach
+    the replay."""
     q, k, v, meta = make([17, 300, 64, 1000], 8, 16, torch.bfloat16)
     ks, vs = torch.tensor([0.05], device="cuda"), torch.tensor([0.02], device="cuda")
-    run = lambda: paged_decode_attention_e4m3(q, k, v, *meta, D ** -0.5, ks, vs, splits=4)  # noqa: E731
+    run = lambda: paged_decode_attention_e4m3(q, k, v, *meta, D ** -0.5, ks, vs, splits=4, pdl=pdl)  # noqa: E731
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

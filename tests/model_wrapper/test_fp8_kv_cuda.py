@@ -86,10 +86,12 @@ def pair_bound(e_torch_bf16: float, ref: torch.Tensor, x: torch.Tensor) -> float
 
 def _kernel_config(kernel: str, **kw) -> KernelConfig:
     """The decode kernel over an e4m3 cache: "triton" (kernels/decode_attention.py), "cuda" (kernels/
-    e4m3_decode_cuda.py where it fits: head_dim 128, pages of a multiple of 16, no window) or "flashinfer"."""
+    e4m3_decode_cuda.py where it fits: head_dim 128, pages of a multiple of 16, no window; at every batch, so
+    the graphs' batches 1-2 run it under PDL) or "flashinfer"."""
     if kernel == "flashinfer":
         return KernelConfig(fp8_kv_decode="flashinfer", **kw)
-    return KernelConfig(fp8_kv_decode="triton", fp8_kv_decode_cuda=kernel == "cuda", **kw)
+    return KernelConfig(fp8_kv_decode="triton", fp8_kv_decode_cuda=kernel == "cuda", fp8_kv_decode_cuda_min_batch=1,
+                        **kw)
 
 
 def _cuda_calls() -> int:
