@@ -52,7 +52,6 @@ input as it comes (fp8_linear_quantized), fp8_gate_up_silu(quant_group=...) retu
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
