@@ -1,9 +1,9 @@
 # session 50 c5: the CUDA e4m3 decode attention with K / V through cp.async stages (shared memory): its tests, the
 # launch variants, bench_fp8_kv's rows, and FP8 + FP8 KV decode steps with the attention under PDL at every batch
 source .gpu/device-setup.sh > $OUT/setup.log 2>&1
-pip install -q --no-deps .probe/*.whl > /dev/null 2>&1
+
 nvidia-smi -L > $OUT/gpus.txt
-timeout 150 python3 -m pytest -m cuda -q -n 8 tests/kernels/test_e4m3_decode_cuda.py > $OUT/tests.log 2>&1
+timeout 150 python3 -m pytest -m cuda -q tests/kernels/test_e4m3_decode_cuda.py > $OUT/tests.log 2>&1
 echo "tests rc=$? $(date +%T)" >> $OUT/rc.txt
 timeout 150 taskset -c 0-15 python3 benchmarks/ab_e4m3_cuda_attention.py --out $OUT/ab > $OUT/ab.log 2>&1
 echo "ab rc=$? $(date +%T)" >> $OUT/rc.txt
