@@ -26,9 +26,10 @@ FP8 = torch.float8_e4m3fn
 CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048),
          (128, 8192))
 # paged_decode_attention_e4m3's launch arguments, and split_factor: times decode_splits(cuda=True)'s splits
-VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "w8": {"num_warps": 8}, "pdl": {"pdl": True},
-            "s2": {"stages": 2}, "s3": {"stages": 3}, "s4": {"stages": 4}, "s3-pdl": {"stages": 3, "pdl": True},
-            "s3-2x": {"stages": 3, "split_factor": 2}, "s3-w8": {"stages": 3, "num_warps": 8}, "default-again": {}}
+# (session 50 c5 also measured K / V through cp.async stages in shared memory: 0.22-0.49 of copy bandwidth at every
+# case, the patch in results/session50/scripts/s50c5_stages.patch)
+VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
+            "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True}, "default-again": {}}
 
 
 def speed(cases) -> dict:

@@ -44,8 +44,7 @@ NW = 4  # warps a program
 
 _SOURCE = r"""
 // defined by the compile: GROUP (1..8), PAGE (multiple of 16), NW (warps a program), QBF16 (q / out bf16, else fp16),
-// PDL (launched as a programmatic dependent: griddepcontrol), STAGES (> 0: K / V through cp.async into shared memory,
-// STAGES - 1 chunks ahead; 0: into registers, PREFETCH saying whether one chunk ahead),
+// PDL (launched as a programmatic dependent: griddepcontrol),
 // VBITS (V's bytes to fp16 by bit moves, else cvt), PREFETCH (the next chunk's loads before this chunk's math),
 // MINB (programs a SM the register budget allows)
 #define D 128
@@ -133,28 +132,6 @@ __device__ __forceinline__ void load_chunk(Chunk& c, const unsigned char* kc, co
     c.v[3] = ldg16(vr + 9LL * stride_kt);
 }
 
-#if STAGES
-// the same 16-byte pieces through cp.async into this thread's own shared-memory slots (piece j at slot[j * 32]):
-// each thread reads back only what it copied itself, so its own wait_group is the only synchronisation
-__device__ __forceinline__ void cp16(const u32x4* dst, const unsigned char* src) {
-    unsigned a;
-    asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src) : "memory");
-}
-__device__ __forceinline__ void issue_chunk(const u32x4* slot, const unsigned char* kc, const unsigned char* vc,
-                                            const int* indices, int p0, int k0, int stride_kb, int stride_kt,
-                                            int head_off, int g, int t) {
-    const int pg = indices[p0 + k0 / PAGE];
-    const long long base = (long long)pg * stride_kb + (long long)(k0 % PAGE) * stride_kt + head_off;
-    const unsigned char* kr0 = kc + base + (long long)g * stride_kt + 32 * t;
-    const unsigned char* kr1 = kr0 + 8LL * stride_kt;
-    const unsigned char* vr = vc + base + (long long)(2 * t) * stride_kt + 16 * g;
-    cp16(slot, kr0); cp16(slot + 32, kr0 + 16); cp16(slot + 64, kr1); cp16(slot + 96, kr1 + 16);
-    cp16(slot + 128, vr); cp16(slot + 160, vr + stride_kt); cp16(slot + 192, vr + 8LL * stride_kt);
-    cp16(slot + 224, vr + 9LL * stride_kt);
-}
-#endif
-
 __device__ __forceinline__ u32 w_of(const u32x4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB)
@@ -164,14 +141,8 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
             const float* __restrict__ ks, const float* __restrict__ vs, const float* __restrict__ sm_scale_log2,
             int stride_qt, int stride_qh, int stride_kb, int stride_kt, int stride_ot, int stride_oh, int H,
             int splits) {
-#if STAGES
-    extern __shared__ u32x4 dsm[];  // the pipeline's slots, then (after the loop) the warps' partial results
-    float* const sm_m = reinterpret_cast<float*>(dsm);
-#else
-    __shared__ float sm_m[NW * 8 * (2 + D)];
-#endif
-    float* const sm_l = sm_m + NW * 8;
-    float* const sm_o = sm_l + NW * 8;  // [NW][8][D]
+    __shared__ float sm_m[NW][8], sm_l[NW][8];
+    __shared__ float sm_o[NW][8][D];
     const int r = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #if PDL
@@ -229,33 +200,9 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
 
     int k0 = start + 16 * warp;
     Chunk cur;
-#if STAGES
-    const u32x4* const slots = dsm + warp * STAGES * 256 + lane;  // stage st's pieces at slots + st * 256 + j * 32
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        if (k0 + st * CH < end)
-            issue_chunk(slots + st * 256, kc, vc, indices, p0, k0 + st * CH, stride_kb, stride_kt, head_off, g, t);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-    int stage = 0;
-#else
     if (k0 < end) load_chunk(cur, kc, vc, indices, p0, k0, stride_kb, stride_kt, head_off, g, t);
-#endif
     for (; k0 < end; k0 += CH) {
-#if STAGES
-        {
-            const int ahead = stage == 0 ? STAGES - 1 : stage - 1;  // the slot of the chunk STAGES - 1 ahead
-            if (k0 + (STAGES - 1) * CH < end)
-                issue_chunk(slots + ahead * 256, kc, vc, indices, p0, k0 + (STAGES - 1) * CH, stride_kb, stride_kt,
-                            head_off, g, t);
-            asm volatile("cp.async.commit_group;" ::: "memory");
-            asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1) : "memory");
-            const u32x4* sl = slots + stage * 256;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) { cur.k[j] = sl[j * 32]; cur.v[j] = sl[(4 + j) * 32]; }
-            stage = stage + 1 == STAGES ? 0 : stage + 1;
-        }
-#elif PREFETCH
+#if PREFETCH
         Chunk nxt;
         if (k0 + CH < end) load_chunk(nxt, kc, vc, indices, p0, k0 + CH, stride_kb, stride_kt, head_off, g, t);
 #endif
@@ -322,17 +269,12 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
             mma16816(o[2 * w + 1], v4, v5, v6, v7, pb0, pb1);
 #endif
         }
-#if STAGES
-#elif PREFETCH
+#if PREFETCH
         cur = nxt;
 #else
         if (k0 + CH < end) load_chunk(cur, kc, vc, indices, p0, k0 + CH, stride_kb, stride_kt, head_off, g, t);
 #endif
     }
-#if STAGES
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();  // every warp past its pipeline: its slots become the partial results
-#endif
     // the warp's sums over its keys (rows g across the warp)
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) {
@@ -340,31 +282,30 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
         l1 += __shfl_xor_sync(0xffffffffu, l1, sh);
     }
     if (g == 0) {
-        sm_m[warp * 8 + 2 * t] = m0; sm_m[warp * 8 + 2 * t + 1] = m1;
-        sm_l[warp * 8 + 2 * t] = l0; sm_l[warp * 8 + 2 * t + 1] = l1;
+        sm_m[warp][2 * t] = m0; sm_m[warp][2 * t + 1] = m1;
+        sm_l[warp][2 * t] = l0; sm_l[warp][2 * t + 1] = l1;
     }
-    float* const mo = sm_o + warp * 8 * D;
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
         const int d0 = 16 * g + 2 * mt;
-        mo[(2 * t) * D + d0] = o[mt][0];
-        mo[(2 * t + 1) * D + d0] = o[mt][1];
-        mo[(2 * t) * D + d0 + 1] = o[mt][2];
-        mo[(2 * t + 1) * D + d0 + 1] = o[mt][3];
+        sm_o[warp][2 * t][d0] = o[mt][0];
+        sm_o[warp][2 * t + 1][d0] = o[mt][1];
+        sm_o[warp][2 * t][d0 + 1] = o[mt][2];
+        sm_o[warp][2 * t + 1][d0 + 1] = o[mt][3];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < GROUP * D; idx += NW * 32) {
         const int i = idx / D, d = idx % D;
         float M = NEG_INF;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w * 8 + i]);
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w][i]);
         float lsum = 0.0f, acc = 0.0f;
         if (M != NEG_INF) {
 #pragma unroll
             for (int w = 0; w < NW; ++w) {
-                const float f = ex2(sm_m[w * 8 + i] - M);
-                lsum += f * sm_l[w * 8 + i];
-                acc += f * sm_o[(w * 8 + i) * D + d];
+                const float f = ex2(sm_m[w][i] - M);
+                lsum += f * sm_l[w][i];
+                acc += f * sm_o[w][i][d];
             }
         }
         const int head = h * GROUP + i;
@@ -396,20 +337,11 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, window: int | None) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(group: int, page: int, bf16: bool, vbits: bool, prefetch: bool, nw: int, minb: int, pdl: bool,
-            stages: int, device: int):
+            device: int):
     with torch.cuda.device(device):
         opts = [f"-DGROUP={group}", f"-DPAGE={page}", f"-DNW={nw}", f"-DQBF16={int(bf16)}", f"-DVBITS={int(vbits)}",
-                f"-DPREFETCH={int(prefetch)}", f"-DMINB={minb}", f"-DPDL={int(pdl)}", f"-DSTAGES={stages}"]
-        kern = torch.cuda._compile_kernel(_SOURCE, "e4m3_decode", nvcc_options=opts)
-        if stages:
-            kern.set_shared_memory_config(shared_bytes(nw, stages))
-        return kern
-
-
-def shared_bytes(nw: int, stages: int) -> int:
-    """Dynamic shared memory of a launch with cp.async stages: 4 KB a chunk a warp a stage, at least the warps'
-    partial results (which reuse it after the loop)."""
-    return max(nw * stages * 4096, nw * 8 * (2 + D) * 4) if stages else 0
+                f"-DPREFETCH={int(prefetch)}", f"-DMINB={minb}", f"-DPDL={int(pdl)}"]
+        return torch.cuda._compile_kernel(_SOURCE, "e4m3_decode", nvcc_options=opts)
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union
@@ -424,19 +356,19 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-def _launch(kern, grid, block, args, pdl: bool, shared: int = 0) -> None:
+def _launch(kern, grid, block, args, pdl: bool) -> None:
     """kern (torch.cuda._compile_kernel's) on the current stream; pdl: through cuLaunchKernelEx with programmatic
     stream serialization allowed (the launch Triton's launch_pdl makes), else its own cuLaunchKernel. args: tensors
     (their data pointers) and Python ints (C int)."""
     if not pdl:
-        kern(grid=grid, block=block, args=args, shared_mem=shared)
+        kern(grid=grid, block=block, args=args)
         return
     from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
 
     keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
     attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared,
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), 0,
                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.pointer(attr), 1)
     _check_cuda(_get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(cfg), kern.func, params, None))
 
@@ -452,13 +384,12 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                                 kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                                 scale: float, k_scale: torch.Tensor, v_scale: torch.Tensor, *, splits: int = 1,
                                 vbits: bool = False, prefetch: bool = False, num_warps: int = NW,
-                                minb: int | None = None, pdl: bool = False, stages: int = 0) -> torch.Tensor:
+                                minb: int | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, 128] -> [B, H, 128] in q's dtype: decode attention over e4m3 caches [blocks, page, KVH, 128]
     (fits), page metadata as decode_attention.paged_decode_attention's (int32), k_scale / v_scale float32
     one-element device tensors. splits: KV splits per (request, KV head) (decode_attention.decode_splits with
     cuda=True); vbits / prefetch / num_warps / minb: the launch variants of benchmarks/ab_e4m3_cuda_attention.py
-    (V's bytes by bit moves; the next chunk's loads ahead; warps a program; programs a SM the registers allow;
-    stages > 0: K / V through cp.async and shared memory, stages - 1 chunks ahead).
+    (V's bytes by bit moves; the next chunk's loads ahead; warps a program; programs a SM the registers allow).
     pdl (sm90+): both kernels launched as programmatic dependents (decode_attention.paged_decode_attention's pdl):
     each lets the next kernel launch at once; this one reads its page metadata and prefetches its first K / V
     lines into L2 before waiting for the kernel before it."""
@@ -471,12 +402,11 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     if B == 0:
         return out
     minb = max(1, 16 // num_warps) if minb is None else minb
-    kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch and not stages, num_warps, minb, pdl,
-                   stages, q.device.index)
+    kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch, num_warps, minb, pdl, q.device.index)
     _launch(kern, (B, kvh, splits), (num_warps * 32, 1, 1),
             [q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse, k_scale, v_scale,
              _scale_log2(float(scale), q.device), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-             out.stride(0), out.stride(1), H, splits], pdl, shared_bytes(num_warps, stages))
+             out.stride(0), out.stride(1), H, splits], pdl)
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), D=D, PDL=pdl, num_warps=4,
