@@ -29,7 +29,9 @@ CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (6
 # (session 50 c5 also measured K / V through cp.async stages in shared memory: 0.22-0.49 of copy bandwidth at every
 # case, the patch in results/session50/scripts/s50c5_stages.patch)
 VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
-            "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True}, "default-again": {}}
+            "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True},
+            "sep-merge": {"fused_merge": False}, "sep-merge-pdl": {"fused_merge": False, "pdl": True},
+            "default-again": {}}
 
 
 def speed(cases) -> dict:

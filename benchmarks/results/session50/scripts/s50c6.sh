@@ -1,0 +1,21 @@
+# session 50 c6: the CUDA e4m3 decode attention merging its splits in the kernel (the last program of a pair):
+# kernel and model-level tests, the launch variants, bench_fp8_kv's rows, FP8 + FP8 KV decode steps (the CUDA
+# kernel at batch 1-2 too: cuda-all)
+source .gpu/device-setup.sh > $OUT/setup.log 2>&1
+nvidia-smi -L > $OUT/gpus.txt
+timeout 100 python3 -m pytest -m cuda -q tests/kernels/test_e4m3_decode_cuda.py > $OUT/tests.log 2>&1
+echo "kernel tests rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 200 python3 -m pytest -m cuda -q tests/model_wrapper/test_fp8_kv_cuda.py -k "cuda" \
+  tests/model_wrapper/test_mixed_graph.py::test_fp8_cache_mixed_graphs_match_the_torch_backend > $OUT/model_tests.log 2>&1
+echo "model tests rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 100 taskset -c 0-15 python3 benchmarks/ab_e4m3_cuda_attention.py --out $OUT/ab > $OUT/ab.log 2>&1
+echo "ab rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 80 taskset -c 0-15 python3 benchmarks/bench_fp8_kv.py --batches 32,64,128 --contexts 2048,8192 --out $OUT/fp8_kv \
+  > $OUT/fp8_kv.log 2>&1
+echo "fp8_kv rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_fp8.py --kind block --decode-only --batches 1,2,8,32 --context 2048 \
+  --configs fp8+fp8kv --fp8kv-variants '{"cuda-all": {"fp8_kv_decode_cuda_min_batch": 1}, "tri": {"fp8_kv_decode_cuda": false}, "again": {}}' \
+  --out $OUT/fp8 > $OUT/fp8.log 2>&1
+echo "fp8 rc=$? $(date +%T)" >> $OUT/rc.txt
+cat $OUT/gpus.txt $OUT/rc.txt; tail -n 2 $OUT/tests.log $OUT/model_tests.log; grep -E "FAIL|Error" $OUT/tests.log $OUT/model_tests.log | head -10 | cut -c1-300
+grep -E "^B=" $OUT/ab.log | cut -c1-400; grep -E "float8" $OUT/fp8_kv.log | cut -c90-250; grep -E "^decode" $OUT/fp8.log | cut -c1-150
