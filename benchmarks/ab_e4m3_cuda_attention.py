@@ -27,7 +27,7 @@ CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (6
          (128, 8192))
 # paged_decode_attention_e4m3's launch arguments, and split_factor: times decode_splits(cuda=True)'s splits
 # (session 50 c5 also measured K / V through cp.async stages in shared memory: 0.22-0.49 of copy bandwidth at every
-# case, the patch in results/session50/scripts/s50c5_stages.patch)
+# case, the patch in results/session50/scripts/s50c5_stages.patch.xz)
 VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
             "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True},
             "sep-merge": {"fused_merge": False}, "sep-merge-pdl": {"fused_merge": False, "pdl": True},
