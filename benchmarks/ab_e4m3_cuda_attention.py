@@ -26,11 +26,12 @@ FP8 = torch.float8_e4m3fn
 CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048),
          (128, 8192))
 # paged_decode_attention_e4m3's launch arguments, and split_factor: times decode_splits(cuda=True)'s splits
-# (session 50 c5 also measured K / V through cp.async stages in shared memory: 0.22-0.49 of copy bandwidth at every
-# case, the patch in results/session50/scripts/s50c5_stages.patch.xz)
+# (session 50 also measured K / V through cp.async stages in shared memory, c5: 0.22-0.49 of copy bandwidth at every
+# case; and the split merge inside the kernel by its last program, c6: slower than the merge kernel at every split
+# batch, 0.66 against 0.71 at 32 x 2k; their patches in results/session50/scripts/s50c5_stages.patch.xz and
+# s50c6_fused_merge.patch.xz)
 VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
             "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pdl": {"pdl": True},
-            "sep-merge": {"fused_merge": False}, "sep-merge-pdl": {"fused_merge": False, "pdl": True},
             "default-again": {}}
 
 

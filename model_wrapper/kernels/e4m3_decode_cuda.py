@@ -106,11 +106,6 @@ __device__ __forceinline__ u16 float_to_out(float x) {
 #endif
     return r;
 }
-__device__ __forceinline__ float ld_cg(const float* p) {  // past L1: another program's writes
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ u32x4 ldg16(const unsigned char* p) {
     u32x4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -145,7 +140,7 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
             u16* __restrict__ out, float* __restrict__ part, float* __restrict__ lse_out,
             const float* __restrict__ ks, const float* __restrict__ vs, const float* __restrict__ sm_scale_log2,
             int stride_qt, int stride_qh, int stride_kb, int stride_kt, int stride_ot, int stride_oh, int H,
-            int splits, int* __restrict__ counters) {
+            int splits) {
     __shared__ float sm_m[NW][8], sm_l[NW][8];
     __shared__ float sm_o[NW][8][D];
     const int r = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
@@ -324,36 +319,6 @@ e4m3_decode(const u16* __restrict__ q, const unsigned char* __restrict__ kc, con
             if (d == 0) lse_out[base] = seen ? M + __log2f(lsum) : NEG_INF;
         }
     }
-    if (splits == 1 || counters == nullptr) return;
-    // the split merge in the last program of this (request, KV head) to finish: the others' partial outputs are
-    // visible to it after their fences and its atomic (read past L1); it resets the count for the next launch
-    __shared__ int last_one;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int done = atomicAdd(counters + r * gridDim.y + h, 1);
-        last_one = done == splits - 1;
-        if (last_one) counters[r * gridDim.y + h] = 0;
-    }
-    __syncthreads();
-    if (!last_one) return;
-    __threadfence();
-    for (int idx = threadIdx.x; idx < GROUP * D; idx += NW * 32) {
-        const int i = idx / D, d = idx % D;
-        const long long base = ((long long)r * H + h * GROUP + i) * splits;
-        float M = NEG_INF;
-        for (int j = 0; j < splits; ++j) M = fmaxf(M, ld_cg(lse_out + base + j));
-        float wsum = 0.0f, acc = 0.0f;
-        if (M != NEG_INF) {
-            for (int j = 0; j < splits; ++j) {
-                const float f = ex2(ld_cg(lse_out + base + j) - M);
-                wsum += f;
-                acc += f * ld_cg(part + (base + j) * D + d);
-            }
-        }
-        out[(long long)r * stride_ot + (long long)(h * GROUP + i) * stride_oh + d] =
-            float_to_out(wsum > 0.0f ? acc / wsum : 0.0f);
-    }
 }
 """
 
@@ -409,32 +374,20 @@ _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREA
 
 
 def _launch(kern, grid, block, args, pdl: bool) -> None:
-    """kern (torch.cuda._compile_kernel's) on the current stream through cuLaunchKernelEx; pdl: with programmatic
-    stream serialization allowed (the launch Triton's launch_pdl makes). args: tensors (their data pointers), None
-    (a null pointer) and Python ints (C int)."""
+    """kern (torch.cuda._compile_kernel's) on the current stream; pdl: through cuLaunchKernelEx with programmatic
+    stream serialization allowed (the launch Triton's launch_pdl makes), else its own cuLaunchKernel. args: tensors
+    (their data pointers) and Python ints (C int)."""
+    if not pdl:
+        kern(grid=grid, block=block, args=args)
+        return
     from torch.cuda._utils import _check_cuda, _get_gpu_runtime_library
 
-    keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_void_p(0) if a is None
-            else ctypes.c_int(a) for a in args]
+    keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
     attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
     cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), 0,
-                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.pointer(attr), int(pdl))
+                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.pointer(attr), 1)
     _check_cuda(_get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(cfg), kern.func, params, None))
-
-
-MAX_MERGE_PAIRS = 1 << 16  # (request, KV head) pairs a launch may merge in the kernel (the counters' length)
-_COUNTERS: dict = {}  # device index -> int32 [MAX_MERGE_PAIRS], zero between launches
-
-
-def _counters(device: torch.device) -> torch.Tensor | None:
-    """The split counts of the in-kernel merge on `device` (made once, outside any graph capture; None while a
-    capture runs before they exist: that launch merges in Triton's kernel)."""
-    if device.index not in _COUNTERS:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        _COUNTERS[device.index] = torch.zeros(MAX_MERGE_PAIRS, dtype=torch.int32, device=device)
-    return _COUNTERS[device.index]
 
 
 @functools.lru_cache(maxsize=None)
@@ -448,7 +401,7 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
                                 kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
                                 scale: float, k_scale: torch.Tensor, v_scale: torch.Tensor, *, splits: int = 1,
                                 vbits: bool = False, prefetch: bool = False, num_warps: int = NW,
-                                minb: int | None = None, pdl: bool = False, fused_merge: bool = True) -> torch.Tensor:
+                                minb: int | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, 128] -> [B, H, 128] in q's dtype: decode attention over e4m3 caches [blocks, page, KVH, 128]
     (fits), page metadata as decode_attention.paged_decode_attention's (int32), k_scale / v_scale float32
     one-element device tensors. splits: KV splits per (request, KV head) (decode_attention.decode_splits with
@@ -456,9 +409,7 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     (V's bytes by bit moves; the next chunk's loads ahead; warps a program; programs a SM the registers allow).
     pdl (sm90+): both kernels launched as programmatic dependents (decode_attention.paged_decode_attention's pdl):
     each lets the next kernel launch at once; this one reads its page metadata and prefetches its first K / V
-    lines into L2 before waiting for the kernel before it. fused_merge (splits > 1): the last program of each
-    (request, KV head) to finish merges the splits (an atomic count a pair; the counts are zero between launches),
-    else Triton's merge kernel after it."""
+    lines into L2 before waiting for the kernel before it."""
     from model_wrapper.kernels.common import launch_args
     from model_wrapper.kernels.decode_attention import _merge_kernel, split_outputs
 
@@ -469,12 +420,11 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         return out
     minb = max(1, 16 // num_warps) if minb is None else minb
     kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch, num_warps, minb, pdl, q.device.index)
-    counters = _counters(q.device) if fused_merge and splits > 1 and B * kvh <= MAX_MERGE_PAIRS else None
     _launch(kern, (B, kvh, splits), (num_warps * 32, 1, 1),
             [q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse, k_scale, v_scale,
              _scale_log2(float(scale), q.device), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-             out.stride(0), out.stride(1), H, splits, counters], pdl)
-    if splits > 1 and counters is None:
+             out.stride(0), out.stride(1), H, splits], pdl)
+    if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), D=D, PDL=pdl, num_warps=4,
                               **launch_args(pdl))
