@@ -32,6 +32,7 @@ CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (6
 # s50c6_fused_merge.patch.xz)
 VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
             "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pf-m4": {"prefetch": True, "minb": 4}, "pdl": {"pdl": True},
+            "w8-half": {"num_warps": 8, "split_factor": 0.5}, "w8-quarter": {"num_warps": 8, "split_factor": 0.25},
             "default-again": {}}
 
 
