@@ -25,15 +25,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FP8 = torch.float8_e4m3fn
 CASES = ((1, 8192), (4, 8192), (8, 8192), (16, 8192), (32, 2048), (32, 8192), (64, 2048), (64, 8192), (128, 2048),
          (128, 8192))
-# paged_decode_attention_e4m3's launch arguments, and split_factor: times decode_splits(cuda=True)'s splits
+# paged_decode_attention_e4m3's launch arguments (default: what paged_decode_attention(cuda=True) launches, num_warps
+# by launch_warps), and split_factor: times decode_splits(cuda=True)'s splits ("w4-2x": 4 warps at twice the splits,
+# the launch of sessions 50 c1-c10 where the pairs do not fill the SMs)
 # (session 50 also measured K / V through cp.async stages in shared memory, c5: 0.22-0.49 of copy bandwidth at every
 # case; and the split merge inside the kernel by its last program, c6: slower than the merge kernel at every split
 # batch, 0.66 against 0.71 at 32 x 2k; their patches in results/session50/scripts/s50c5_stages.patch.xz and
 # s50c6_fused_merge.patch.xz)
-VARIANTS = {"default": {}, "2x": {"split_factor": 2}, "half": {"split_factor": 0.5}, "w8": {"num_warps": 8},
-            "bits": {"vbits": True}, "pf-m3": {"prefetch": True, "minb": 3}, "pf-m4": {"prefetch": True, "minb": 4}, "pdl": {"pdl": True},
-            "w8-half": {"num_warps": 8, "split_factor": 0.5}, "w8-quarter": {"num_warps": 8, "split_factor": 0.25},
-            "default-again": {}}
+VARIANTS = {"default": {}, "w4-2x": {"num_warps": 4, "split_factor": 2}, "2x": {"split_factor": 2},
+            "pdl": {"pdl": True}, "bits": {"vbits": True}, "default-again": {}}
 
 
 def speed(cases) -> dict:
@@ -41,7 +41,7 @@ def speed(cases) -> dict:
     from benchmarks.bench_forward import copy_bandwidth
     from benchmarks.bench_fp8_kv import HEAD_DIM, KV_HEADS, MAX_LAYERS, make_case
     from model_wrapper.kernels.decode_attention import decode_splits, paged_decode_attention
-    from model_wrapper.kernels.e4m3_decode_cuda import paged_decode_attention_e4m3
+    from model_wrapper.kernels.e4m3_decode_cuda import launch_warps, paged_decode_attention_e4m3
 
     bw = copy_bandwidth("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -60,7 +60,8 @@ def speed(cases) -> dict:
         row["cuda"] = {}
         cs = decode_splits(B, KV_HEADS, sms, FP8, cuda=True)
         for name, var in VARIANTS.items():
-            kw = {k: x for k, x in var.items() if k != "split_factor"}
+            kw = {"num_warps": launch_warps(B * KV_HEADS, torch.device("cuda")),
+                  **{k: x for k, x in var.items() if k != "split_factor"}}
             kw["splits"] = max(1, min(16, int(cs * var.get("split_factor", 1))))
             try:
                 us = graph_ms(lambda: [paged_decode_attention_e4m3(c["q"], c["k"], c["v"], *m, HEAD_DIM ** -0.5,

@@ -339,8 +339,10 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype
     """KV splits per (request, KV head): none where those pairs alone fill the SMs; otherwise a
     power of two giving about two programs per SM, at most MAX_SPLITS. An e4m3 cache (kv_dtype)
     multiplies that by launch_for's split_factor (a function of the batch alone: graph-safe).
-    cuda (an e4m3 cache on kernels/e4m3_decode_cuda.py, 4 warps a program, 4 programs a SM): the pairs fill
-    the SMs from 2 programs a SM (session 50, H200: batch 16 best at 4 splits, 32 at 2, 64 and 128 at 1)."""
+    cuda (an e4m3 cache on kernels/e4m3_decode_cuda.py): the pairs fill the SMs from 2 programs of 4 warps a SM,
+    with no split; below that, programs of 8 warps (e4m3_decode_cuda.launch_warps) and half the splits above.
+    Session 50, H200 (K/V bytes / time / copy bandwidth): at 4 warps batch 16 best at 4 splits, 32 at 2, 64 and 128
+    at 1; 8 warps with half the splits: 32 x 2k 0.765 against 0.721, 16 x 8k 0.840 against 0.826, 4-8 even."""
     pairs = max(1, batch * num_kv_heads)
     cuda = cuda and kv_dtype == torch.float8_e4m3fn
     if pairs >= (2 * sms if cuda else sms):
@@ -348,6 +350,8 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype
     else:
         want = -(-2 * sms // pairs)
         splits = 1 << (want - 1).bit_length()
+        if cuda:
+            splits //= 2
     if kv_dtype == torch.float8_e4m3fn and not cuda:
         splits *= launch_for(True, batch).get("split_factor", 1)
     return min(MAX_SPLITS, splits)
@@ -410,9 +414,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if e4m3_decode_cuda.fits(q, k_cache, window):
             if k_scale is None or v_scale is None:
                 raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
-            return e4m3_decode_cuda.paged_decode_attention_e4m3(q, k_cache, v_cache, kv_indptr, kv_indices,
-                                                                kv_last_page_len, scale, k_scale, v_scale,
-                                                                splits=splits, pdl=pdl)
+            return e4m3_decode_cuda.paged_decode_attention_e4m3(
+                q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, k_scale, v_scale, splits=splits,
+                pdl=pdl, num_warps=e4m3_decode_cuda.launch_warps(B * k_cache.shape[2], q.device))
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
     out, part, lse = split_outputs(q, splits)

@@ -337,12 +337,24 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, window: int | None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_warps(pairs: int, device: torch.device) -> int:
+    """Warps a program for `pairs` (request, KV head) pairs: 4 where they fill the SMs with 2 programs a SM (no
+    split), else 8 (fewer splits to merge for the same warps a SM: decode_attention.decode_splits(cuda=True))."""
+    return NW if pairs >= 2 * _sms(device) else 2 * NW
+
+
+@functools.lru_cache(maxsize=None)
 def usable(group: int, page: int, bf16: bool, device: int) -> bool:
     """Whether the default launch builds here (torch.cuda._compile_kernel exists, NVRTC compiles it, the driver
     loads it), decided once; otherwise one warning and the Triton kernel takes these calls."""
     try:
-        _kernel(group, page, bf16, False, False, NW, 4, False, device)
-        _kernel(group, page, bf16, False, False, NW, 4, True, device)
+        for nw in (NW, 2 * NW):
+            for pdl in (False, True):
+                _kernel(group, page, bf16, False, False, nw, 16 // nw, pdl, device)
         return True
     except Exception as e:  # noqa: BLE001 (any failure to build: the Triton kernel instead, never a wrong result)
         from loguru import logger

@@ -17,7 +17,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("needs an sm89+ GPU", allow_module_level=True)
 
 from model_wrapper.kernels.decode_attention import paged_decode_attention  # noqa: E402
-from model_wrapper.kernels.e4m3_decode_cuda import fits, paged_decode_attention_e4m3  # noqa: E402
+from model_wrapper.kernels.e4m3_decode_cuda import fits, launch_warps, paged_decode_attention_e4m3  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 D = 128
@@ -100,12 +100,13 @@ def test_paged_decode_attention_routes_what_fits_to_cuda_and_the_rest_to_triton(
         ref = reference(q, k, v, meta, scale, 0.05, 0.02, window)
         assert (got.double().cpu() - ref).abs().max().item() <= bound(ref, torch.bfloat16)
         if fits(q, k, window):
-            cu = paged_decode_attention_e4m3(q, k, v, *meta, scale, ks, vs, splits=2)
+            cu = paged_decode_attention_e4m3(q, k, v, *meta, scale, ks, vs, splits=2,
+                                             num_warps=launch_warps(q.shape[0] * k.shape[2], q.device))
             assert torch.equal(got, cu)
         else:
             assert (kw or window) and torch.equal(got, tri)
     q, k, v, meta = make([3, 90], 8, 16, torch.bfloat16)
-    a = paged_decode_attention_e4m3(q, k, v, *meta, D ** -0.5, ks, vs, splits=2)
+    a = paged_decode_attention_e4m3(q, k, v, *meta, D ** -0.5, ks, vs, splits=2, num_warps=launch_warps(16, q.device))
     b = paged_decode_attention(q, k, v, *meta, D ** -0.5, splits=2, k_scale=ks, v_scale=vs, pdl=True, cuda=True)
     assert torch.equal(a, b)
 
