@@ -1,4 +1,4 @@
-# session 50 c12 (H200): the final launch again (c11 ran on an H100): 8 warps a program with half the splits where the pairs do not fill the SMs (launch_warps): the
+# session 50 c12 (asked for an H200, ran on the held H100): the final launch again: 8 warps a program with half the splits where the pairs do not fill the SMs (launch_warps): the
 # kernel and model-level tests, the launch against session 50's earlier one, bench_fp8_kv's rows, decode steps
 source .gpu/device-setup.sh > $OUT/setup.log 2>&1
 nvidia-smi -L > $OUT/gpus.txt
