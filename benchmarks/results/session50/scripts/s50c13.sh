@@ -1,4 +1,4 @@
-# session 50 c13: bench_fp8_kv's rows with the final launch on an H200: Llama-3-8B heads (8 KV heads, GQA group 4) and
+# session 50 c13 (asked for an H200, ran on an H100): bench_fp8_kv rows with the final launch: Llama-3-8B heads (8 KV heads, GQA group 4) and
 # Qwen3-30B-A3B heads (4 KV heads, group 8)
 source .gpu/device-setup.sh > $OUT/setup.log 2>&1
 nvidia-smi -L > $OUT/gpus.txt
