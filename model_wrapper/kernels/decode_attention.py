@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from model_wrapper.kernels import e4m3_decode_cuda
 from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launch_args, max_shared_memory,
                                          stages_that_fit)
 
@@ -345,7 +346,7 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype
     at 1; 8 warps with half the splits: 32 x 2k 0.765 against 0.721, 16 x 8k 0.840 against 0.826, 4-8 even."""
     pairs = max(1, batch * num_kv_heads)
     cuda = cuda and kv_dtype == torch.float8_e4m3fn
-    if pairs >= (2 * sms if cuda else sms):
+    if (e4m3_decode_cuda.fills(pairs, sms) if cuda else pairs >= sms):
         splits = 1
     else:
         want = -(-2 * sms // pairs)
@@ -408,21 +409,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     its first K / V lines prefetched into L2 before its wait; block_n, num_warps, num_stages, maxnreg, fp8_math and
     prefetch do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel."""
     B, H, D = q.shape
-    if cuda and k_cache.dtype == torch.float8_e4m3fn:
-        from model_wrapper.kernels import e4m3_decode_cuda
-
-        if e4m3_decode_cuda.fits(q, k_cache, window):
-            if k_scale is None or v_scale is None:
-                raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
-            return e4m3_decode_cuda.paged_decode_attention_e4m3(
-                q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, k_scale, v_scale, splits=splits,
-                pdl=pdl, num_warps=e4m3_decode_cuda.launch_warps(B * k_cache.shape[2], q.device))
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 and B > 0 and (k_scale is None or v_scale is None):
+        raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
+    if cuda and fp8 and e4m3_decode_cuda.fits(q, k_cache, window):
+        return e4m3_decode_cuda.paged_decode_attention_e4m3(
+            q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, k_scale, v_scale, splits=splits,
+            pdl=pdl, num_warps=e4m3_decode_cuda.launch_warps(B * k_cache.shape[2], q.device))
     _, page, KVH, _ = k_cache.shape
     group = H // KVH
     out, part, lse = split_outputs(q, splits)
     if B == 0:
         return out
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
     dflt = launch_for(fp8, B)
     block_n = dflt["block_n"] if block_n is None else block_n
     num_warps = dflt["num_warps"] if num_warps is None else num_warps
@@ -430,8 +428,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     maxnreg = dflt["maxnreg"] if maxnreg is None else maxnreg
     # registers per thread capped (more programs a SM) where asked; the interpreter takes no such option
     cap = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET") == "1" else {"maxnreg": maxnreg}
-    if fp8 and (k_scale is None or v_scale is None):
-        raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
     math_id = fp8_math_id(fp8_math, fp8, q.device, "paged_decode_attention")
     group_pad = max(16, triton.next_power_of_2(group))
     num_stages = decode_stages(dflt["num_stages"] if num_stages is None else num_stages, block_n, D,

@@ -28,7 +28,13 @@ no overflow of fp16 for any bf16 q); p rounds to fp16. The same attention over t
 the Triton kernel's fp16 maths, up to the order of fp32 sums and ex2.approx.
 
 What it takes (fits): head_dim 128, a GQA group of 1-8 query heads a KV head, pages of a multiple of 16
-tokens, no sliding window, q bf16 or fp16, sm89+ (the e4m3 conversion). Anything else: the Triton kernel.
+tokens, no sliding window, q bf16 or fp16, sm89+ (the e4m3 conversion), and a build that succeeded (usable).
+Anything else: the Triton kernel. Callers reach it through decode_attention.paged_decode_attention(cuda=True)
+(KernelConfig.fp8_kv_decode_cuda), with decode_splits(cuda=True)'s splits and launch_warps' warps.
+
+Measured (session 50, benchmarks/ab_e4m3_cuda_attention.py, K/V bytes / time / copy bandwidth, H200): 0.86-0.99 at
+batch 64-128 x 2k-8k, 0.77 / 0.89-0.92 at batch 32 x 2k / 8k, where the Triton kernel reaches 0.61-0.68
+(benchmarks/RESULTS.md, "Session 50"). On an H100, where Triton is at 0.79-0.91, the two are about even.
 """
 
 from __future__ import annotations
@@ -341,10 +347,15 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def fills(pairs: int, sms: int) -> bool:
+    """Whether `pairs` (request, KV head) pairs fill `sms` SMs with programs of 4 warps, 2 a SM, unsplit."""
+    return pairs >= 2 * sms
+
+
 def launch_warps(pairs: int, device: torch.device) -> int:
-    """Warps a program for `pairs` (request, KV head) pairs: 4 where they fill the SMs with 2 programs a SM (no
-    split), else 8 (fewer splits to merge for the same warps a SM: decode_attention.decode_splits(cuda=True))."""
-    return NW if pairs >= 2 * _sms(device) else 2 * NW
+    """Warps a program for `pairs` (request, KV head) pairs: 4 where they fill the SMs (no split), else 8 (half
+    the splits to merge for the same warps a SM: decode_attention.decode_splits(cuda=True))."""
+    return NW if fills(pairs, _sms(device)) else 2 * NW
 
 
 @functools.lru_cache(maxsize=None)
