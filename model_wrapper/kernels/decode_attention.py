@@ -445,7 +445,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_stages=num_stages,
         **cap, **launch_args(pdl))
     if splits > 1:
-        _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
-                              SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
-                              **launch_args(pdl))
+        merge_splits(part, lse, out, splits, pdl)
     return out
+
+
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int, pdl: bool = False) -> None:
+    """The split-KV decode kernels' partial outputs (split_outputs' part [B, H, splits, D], lse [B, H, splits]) merged
+    into out [B, H, D]: one program a (row, head); pdl: launched as a programmatic dependent (waits for the splits)."""
+    B, H, D = out.shape
+    _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
+                          SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
+                          **launch_args(pdl))

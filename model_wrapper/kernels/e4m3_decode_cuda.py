@@ -358,6 +358,11 @@ def launch_warps(pairs: int, device: torch.device) -> int:
     return NW if fills(pairs, _sms(device)) else 2 * NW
 
 
+def _programs_per_sm(nw: int) -> int:
+    """The default launch's register budget (__launch_bounds__' min blocks): 16 warps a SM, 128 registers each."""
+    return max(1, 16 // nw)
+
+
 @functools.lru_cache(maxsize=None)
 def usable(group: int, page: int, bf16: bool, device: int) -> bool:
     """Whether the default launch builds here (torch.cuda._compile_kernel exists, NVRTC compiles it, the driver
@@ -365,7 +370,7 @@ def usable(group: int, page: int, bf16: bool, device: int) -> bool:
     try:
         for nw in (NW, 2 * NW):
             for pdl in (False, True):
-                _kernel(group, page, bf16, False, False, nw, 16 // nw, pdl, device)
+                _kernel(group, page, bf16, False, False, nw, _programs_per_sm(nw), pdl, device)
         return True
     except Exception as e:  # noqa: BLE001 (any failure to build: the Triton kernel instead, never a wrong result)
         from loguru import logger
@@ -433,22 +438,19 @@ def paged_decode_attention_e4m3(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
     pdl (sm90+): both kernels launched as programmatic dependents (decode_attention.paged_decode_attention's pdl):
     each lets the next kernel launch at once; this one reads its page metadata and prefetches its first K / V
     lines into L2 before waiting for the kernel before it."""
-    from model_wrapper.kernels.common import launch_args
-    from model_wrapper.kernels.decode_attention import _merge_kernel, split_outputs
+    from model_wrapper.kernels.decode_attention import merge_splits, split_outputs
 
     B, H, _ = q.shape
     _, page, kvh, _ = k_cache.shape
     out, part, lse = split_outputs(q, splits)
     if B == 0:
         return out
-    minb = max(1, 16 // num_warps) if minb is None else minb
+    minb = _programs_per_sm(num_warps) if minb is None else minb
     kern = _kernel(H // kvh, page, q.dtype == torch.bfloat16, vbits, prefetch, num_warps, minb, pdl, q.device.index)
     _launch(kern, (B, kvh, splits), (num_warps * 32, 1, 1),
             [q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse, k_scale, v_scale,
              _scale_log2(float(scale), q.device), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
              out.stride(0), out.stride(1), H, splits], pdl)
     if splits > 1:
-        _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
-                              SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()), D=D, PDL=pdl, num_warps=4,
-                              **launch_args(pdl))
+        merge_splits(part, lse, out, splits, pdl)
     return out
