@@ -372,12 +372,19 @@ def main():
     ap.add_argument("--batches", default="1,8,32,128", help="decode batch sizes, comma-separated")
     ap.add_argument("--contexts", default="512,2048", help="decode contexts, comma-separated")
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
+    ap.add_argument("--variants-json", default="",
+                    help='more variants, JSON {"name": {KernelConfig field: value}} (a name ending in -fp8 runs on the '
+                         'FP8 experts, after the bf16 ones); they run with --variants\' list')
     ap.add_argument("--profile", default="", help="variants (comma-separated) whose decode step at batch 1 and 32 "
                     "gets a kernel breakdown")
     ap.add_argument("--profile-prefill", default="", help="variants (comma-separated) whose prefill gets a kernel "
                     "breakdown: GPU time by kernel name, the largest first")
     ap.add_argument("--profile-prefill-tokens", default="4096", help="with --profile-prefill: the prompt lengths")
     args = ap.parse_args()
+    if args.variants_json:
+        for name, over in json.loads(args.variants_json).items():
+            VARIANTS[name] = dataclasses.replace(KernelConfig(), **over)
+            args.variants += "," + name
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
     # in VARIANTS' order, every bf16 variant before the first FP8 one (which quantizes the model in place: a bf16
     # variant listed after it, e.g. new2 or attn-nopf, would otherwise run on the FP8 experts)

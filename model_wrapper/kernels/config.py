@@ -172,6 +172,12 @@ class KernelConfig:
     # program; False: the torch ops (about eight kernels), the A/B switch of the benchmarks
     moe_fused_align: bool = True
     moe_align_chunk: int = 128  # its rank step compares a chunk's pairs pairwise: [chunk, chunk] in registers
+    # ... at steps of at most moe_small_pairs pairs (decode): more, smaller programs (each scatter program also reads
+    # every chunk's counts: [P / chunk, E], so prefill keeps 128). H100, session 51 c1 / c2, bench_moe.py
+    # Qwen3-30B-A3B, ms at batch 8 / 16 / 32, ctx 512, chunk 128 (twice) against 16: FP8 experts 7.69 / 7.63 -> 7.56,
+    # 10.37 / 10.39 -> 10.26, 13.16 / 13.16 -> 12.87; bf16 10.69 / 10.67 -> 10.51, 15.26 / 15.46 -> 15.33, 20.45 /
+    # 20.37 -> 20.18; ctx 2048 alike (FP8 batch 32 14.85 / 14.85 -> 14.55); batch 128 16.58 -> 16.52 (even); 32 as 16
+    moe_align_small_chunk: int = 16
 
     # fused mixture-of-experts (kernels/moe.py): token-expert pairs per block of one expert,
     # output / K tiles, warps and stages of its two grouped GEMMs; steps of at most

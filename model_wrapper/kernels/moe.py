@@ -256,7 +256,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     bm, bn, bk, warps, stages = grouped_tile(cfg, P, fp8, w8a8)
     pdl = uses_pdl(x.device, cfg)
     if cfg.moe_fused_align:
-        pairs, block_expert = moe_align(ids, E, bm, cfg.moe_align_chunk, pdl)
+        chunk = cfg.moe_align_small_chunk if P <= cfg.moe_small_pairs else cfg.moe_align_chunk
+        pairs, block_expert = moe_align(ids, E, bm, chunk, pdl)
     else:
         pairs, block_expert = moe_align_reference(ids, E, bm)
     act = torch.empty(P, inter, dtype=x.dtype, device=x.device)

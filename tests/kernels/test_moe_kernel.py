@@ -307,6 +307,8 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               # (FP8 experts: weight-only, against the reference on the dequantized weights; W8A8 has its own tests)
               "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
               "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False),
+              # the align's chunks of moe_align_chunk pairs at decode sizes too (the default there: moe_align_small_chunk)
+              "sorted-align128": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_align_small_chunk=128),
               # the prefill tiles' weights through TMA descriptors (KernelConfig.moe_tma_weights; FP8 experts' rows of
               # 200 e4m3 bytes do not fit one, so there the pointer loads run)
               "sorted-tma": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False, moe_tma_weights=True),
@@ -402,7 +404,7 @@ def test_fp8_packed_rounding_is_the_same_values_cuda(T):
 
 @pytest.mark.cuda
 @on_cuda_skip
-@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted"])
+@pytest.mark.parametrize("path", ["decode", "decode-loop", "sorted", "sorted-align128"])
 def test_graph_replay_follows_new_routing(path):
     """Both paths captured once in a CUDA graph and replayed on other routings (new ids and weights
     copied into the captured buffers) give what eager calls give: nothing depends on the host."""
