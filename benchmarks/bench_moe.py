@@ -35,6 +35,8 @@ variants old       the first MoE path (KernelConfig with no decode path, the tor
          ckpt-fp8  new-fp8 with the attention projections (q / k / v / o) in block FP8 too, as the shipped
                    Qwen3-30B-A3B-FP8 checkpoint holds them (router, norms, embeddings and lm_head stay bf16);
                    quantized in place, so it runs after every other variant; its floor counts those bytes
+         --variants-json '{"name": {KernelConfig field: value}}': more variants without editing this file (a name
+                   ending in -fp8 runs on the FP8 experts)
 decode   B = 1 / 8 / 32 / 128 at 512 and 2048 tokens of context, graph replay. Floor: the bytes a step
          must read over copy bandwidth: the attention and router weights, the final norm and lm_head,
          the KV of every request, and per layer the experts its tokens route to (2 bytes a weight, or 1
