@@ -53,6 +53,14 @@ class AttentionBackend(ABC):
         this step; None: read the caches.
         """
 
+    def rope_attend(self, layer: int, qkv: torch.Tensor, kv, window: int | None, batch: ForwardBatch,
+                    num_heads: int, num_kv_heads: int, qk_norm=None) -> torch.Tensor | None:
+        """RoPE (Qwen3's q / k norms first: qk_norm (q weight, k weight, eps)), the K/V store and attention of a
+        step in one go, from qkv [T, (num_heads + 2 num_kv_heads) * head_dim] as the projection wrote it (no LoRA
+        delta or deferred norm pending) -> [T, num_heads, head_dim], or None where this backend does not take the
+        step that way (the caller then runs kv_store.rope_write and run)."""
+        return None
+
     # -- CUDA graphs of decode steps (model_wrapper/cuda_graph.py): one state per batch bucket ---------
     # A verify bucket holds q_per_req > 1 rows per request (request r's tokens at rows r * q_per_req ..,
     # its q_len first real, the rest padding); backends that have one say so in supports_verify_graphs.

@@ -193,6 +193,26 @@ class GraphAttention(AttentionBackend):
                                           and uses_pdl(q.device, cfg), cuda=cuda_e4m3(cfg, q.shape[0]))
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
+    def rope_attend(self, layer, qkv, kv, window, batch, num_heads, num_kv_heads, qk_norm=None):
+        """One kernel for RoPE, the store and the decode attention (decode_attention.rope_decode_attention) in a
+        decode bucket of at least KernelConfig.decode_rope_attention_min_batch rows that runs the Triton decode kernel
+        (not the e4m3 CUDA one), where the K/V store would take the step fused (KVStore.fuses_rope); else None."""
+        from model_wrapper.kernels.common import uses_pdl
+        from model_wrapper.kernels.decode_attention import cuda_e4m3, rope_decode_attention
+
+        s, cfg, B = self.state, self.kv_store.config, qkv.shape[0]
+        store = self.kv_store
+        if (s.q_per_req > 1 or not s.triton or B < cfg.decode_rope_attention_min_batch
+                or (kv[0].dtype == torch.float8_e4m3fn and cuda_e4m3(cfg, B))
+                or not store.fuses_rope(B, kv[0].dtype, qkv.dtype, qk_norm=qk_norm is not None)):
+            return None
+        ks, vs = store.layer_scales(layer)
+        return rope_decode_attention(qkv, batch.positions, store.rope_table, batch.slots, num_heads, num_kv_heads,
+                                     kv[0], kv[1], s.kv_indptr, s.indices, s.kv_last, self.scale, qk_norm=qk_norm,
+                                     window=window, splits=s.splits, k_scale=ks, v_scale=vs,
+                                     prefetch=cfg.decode_attention_prefetch,
+                                     pdl=B <= cfg.decode_attention_pdl_max_batch and uses_pdl(qkv.device, cfg))
+
 
 def fp8_scales(kv_store, layer: int, kv_dtype: torch.dtype) -> dict:
     """FlashInfer run()'s k_scale / v_scale of an e4m3 cache (host floats: the K scale is folded into

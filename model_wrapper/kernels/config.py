@@ -402,6 +402,15 @@ class KernelConfig:
     # batch 1 / ctx 512 (benchmarks/RESULTS.md, session 35): Qwen3-30B-A3B shape 3.05 / 3.03 (new, run twice) ->
     # 3.00 ms, FP8 experts 2.80 -> 2.76; Llama-3-8B FP8 3.327 / 3.354 -> 3.321; logits bit-equal
     decode_attention_prefetch: bool = True
+    # the graphs' decode steps of at least this many rows (1 << 30: none): RoPE (with Qwen3's q / k norms), the K/V
+    # store and the decode attention in one kernel (decode_attention.rope_decode_attention) where the step would
+    # otherwise run kv_store's fused RoPE + store and then the Triton decode kernel (no LoRA delta or deferred norm on
+    # qkv, not the e4m3 CUDA kernel): one launch and one kernel boundary less a layer. Session 52 (bench_fp8.py /
+    # bench_moe.py --decode-only, ctx 512, against the two kernels in the same run): H100 Llama-3-8B shape batch 64 /
+    # 128 bf16 -0.8% / -1.8%, block FP8 -2.4% / -2.0%, Qwen3-30B-A3B shape batch 128 bf16 -0.9%, FP8 experts -1.4%
+    # (batch 64 even); H200 batch 128 bf16 -2.8%, FP8 -2.5%; batches 2-32 even, batch 1 +2-3% slower on Qwen3-30B-A3B
+    # (the q / k norms and RoPE on the attention's critical path, where PDL hid the separate kernel's)
+    decode_rope_attention_min_batch: int = 64
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

@@ -54,6 +54,7 @@ import triton.language as tl
 from model_wrapper.kernels import e4m3_decode_cuda
 from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launch_args, max_shared_memory,
                                          stages_that_fit)
+from model_wrapper.kernels.kv_store import _to_cache
 
 
 @triton.jit
@@ -177,17 +178,60 @@ def _prefetch_first_tile(k_ptr, v_ptr, indices_ptr, p0, start, end, stride_kb, s
 
 
 @triton.jit
+def _norm_rope(xa, xb, cos, sin, first, wa_ptr, wb_ptr, eps, D: tl.constexpr, QK_NORM: tl.constexpr):
+    """RoPE (neox form) of head rows xa [R, D] in their dtype, xb their rotate-half partners (column (d + D / 2) % D
+    of each row), cos / sin [D] at column d % (D / 2), first: d < D / 2; QK_NORM: each row RMS-normalised first, times
+    the weight whose columns wa_ptr / wb_ptr [D] address (Qwen3's q / k norm). kv_store's _qk_norm and _rotate_half_pair
+    per value (the rotation bit for bit; the norm's fp32 sum of squares in another order)."""
+    dtype = xa.dtype
+    a, b = xa.to(tl.float32), xb.to(tl.float32)
+    if QK_NORM:
+        r = tl.math.rsqrt(tl.sum(a * a, axis=1, keep_dims=True) / D + eps)
+        a = (tl.load(wa_ptr).to(tl.float32)[None, :] * (a * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        b = (tl.load(wb_ptr).to(tl.float32)[None, :] * (b * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    # the first half is x1 cos - x2 sin, the second x2 cos + x1 sin, each as kv_store writes it
+    return tl.where(first[None, :], a * cos[None, :] - b * sin[None, :], a * cos[None, :] + b * sin[None, :]).to(dtype)
+
+
+@triton.jit
+def _rope_store_new_key(qkv_row, cs_ptr, pos, slot_ptr, r, kn_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, qk_eps, h, HQ, HK,
+                        d, D: tl.constexpr, FP8: tl.constexpr, QK_NORM: tl.constexpr):
+    """The step's own key of KV head h (request r's qkv row at qkv_row): k normalised and rotated, k and v written at
+    the request's slot (none at -1), as kv_store.rope_store_kv writes them."""
+    slot = tl.load(slot_ptr + r).to(tl.int64)
+    if slot >= 0:
+        pd = (d + D // 2) % D
+        first = d < D // 2
+        cos = tl.load(cs_ptr + pos + d % (D // 2))
+        sin = tl.load(cs_ptr + pos + D // 2 + d % (D // 2))
+        kb = qkv_row + (HQ + h) * D
+        k = _norm_rope(tl.load(kb + d)[None, :], tl.load(kb + pd)[None, :], cos, sin, first, kn_ptr + d, kn_ptr + pd,
+                       qk_eps, D, QK_NORM)
+        v = tl.load(qkv_row + (HQ + HK + h) * D + d)
+        cache = slot * (HK * D) + h * D
+        cdt = k_ptr.dtype.element_ty
+        tl.store(k_ptr + cache + d[None, :], _to_cache(k, ks_ptr, FP8, cdt))
+        tl.store(v_ptr + cache + d, _to_cache(v, vs_ptr, FP8, cdt))
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr, part_ptr, lse_ptr,
                    ks_ptr, vs_ptr, scale_log2, window, stride_qt, stride_qh, stride_kb, stride_kt, stride_ot,
-                   stride_oh, PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                   stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ, HK,
+                   PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, ROPE: tl.constexpr,
+                   QK_NORM: tl.constexpr):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # PF_LINES > 0 (with PDL): the page metadata read, and the split's first tile of K / V prefetched into L2
     # (PF_LINES 128-byte lines a row), before the wait: no kernel of the step writes the metadata (the host's
     # copies precede the step's first kernel), and a prefetch only warms L2 (the new key's row, which RoPE +
     # store writes, is read after the wait as before)
+    # ROPE: q_ptr is the step's qkv [B, (HQ + 2 HK) * D] as the projection wrote it (stride_qt its rows); every
+    # program normalises (QK_NORM) and rotates its group's q heads itself, and the program whose split holds the
+    # request's last key (the step's own) rotates k and writes k and v at slot_ptr[r] of the caches (RoPE + store
+    # in this kernel: rope_decode_attention), then reads them back through its loop after a barrier
     if PDL:  # the next kernel (the merge, or o's GEMV) may launch now; q and the K/V store are complete after
         gdc_launch_dependents()
         if PF_LINES == 0:
@@ -214,8 +258,19 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
     d = tl.arange(0, D)
     heads = h * GROUP + rows
     row_ok = rows < GROUP
-    q = tl.load(q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q_at = q_ptr + r.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    q = tl.load(q_at + d[None, :], mask=row_ok[:, None], other=0.0)
+    if ROPE:
+        pos = tl.load(pos_ptr + r).to(tl.int64) * stride_cs
+        pd = (d + D // 2) % D
+        cos = tl.load(cs_ptr + pos + d % (D // 2))
+        sin = tl.load(cs_ptr + pos + D // 2 + d % (D // 2))
+        q = _norm_rope(q, tl.load(q_at + pd[None, :], mask=row_ok[:, None], other=0.0), cos, sin, d < D // 2,
+                       qn_ptr + d, qn_ptr + pd, qk_eps, D, QK_NORM)
+        if (start <= L - 1) & (L - 1 < end):  # this split holds the step's own key
+            _rope_store_new_key(q_ptr + r.to(tl.int64) * stride_qt, cs_ptr, pos, slot_ptr, r, kn_ptr, k_ptr, v_ptr,
+                                ks_ptr, vs_ptr, qk_eps, h, HQ, HK, d, D, FP8, QK_NORM)
+        tl.debug_barrier()  # the program's stores before its loads of the same rows
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
@@ -391,7 +446,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False,
-                           cuda: bool = False) -> torch.Tensor:
+                           cuda: bool = False, rope: tuple | None = None) -> torch.Tensor:
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -407,12 +462,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     cuda (e4m3 caches): kernels/e4m3_decode_cuda.py where it fits (with pdl: launched as programmatic dependents,
     its first K / V lines prefetched into L2 before its wait; block_n, num_warps, num_stages, maxnreg, fp8_math and
-    prefetch do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel."""
+    prefetch do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel.
+
+    rope: rope_decode_attention's (positions, cos_sin_cache, slots, qk_norm), q then the q heads of the step's qkv rows
+    as the projection wrote them (rope_decode_attention's view); not with cuda."""
     B, H, D = q.shape
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and B > 0 and (k_scale is None or v_scale is None):
         raise ValueError("paged_decode_attention: an e4m3 cache needs k_scale and v_scale")
-    if cuda and fp8 and e4m3_decode_cuda.fits(q, k_cache, window):
+    if cuda and fp8 and rope is None and e4m3_decode_cuda.fits(q, k_cache, window):
         return e4m3_decode_cuda.paged_decode_attention_e4m3(
             q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale, k_scale, v_scale, splits=splits,
             pdl=pdl, num_warps=e4m3_decode_cuda.launch_warps(B * k_cache.shape[2], q.device))
@@ -434,19 +492,47 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                k_cache.element_size(), math_id, group_pad, max_shared_memory(q.device))
     # 128-byte lines of a K / V row (a GPU instruction: not under the interpreter, which takes no PDL either)
     pf_lines = max(1, D * k_cache.element_size() // 128) if pdl and prefetch and q.is_cuda else 0
+    positions, cos_sin, slots, qk_norm = rope if rope is not None else (kv_indptr, kv_indptr, kv_indptr, None)
+    qn, kn, qk_eps = qk_norm if qk_norm is not None else (kv_indptr, kv_indptr, 0.0)
     _decode_kernel[(B, KVH, splits)](
         q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, part, lse,
         k_scale if fp8 else kv_indptr, v_scale if fp8 else kv_indptr,
         scale * math.log2(math.e), 0 if window is None else window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), out.stride(0), out.stride(1),
+        positions, cos_sin, slots, qn, kn, float(qk_eps), cos_sin.stride(0) if rope is not None else 0, H, KVH,
         PAGE=page, GROUP=group, GROUP_PAD=group_pad, D=D,
         BLOCK_N=block_n, SPLITS=splits, FP8=fp8, MATH=math_id,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, num_warps=num_warps,
-        num_stages=num_stages,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", PDL=pdl, PF_LINES=pf_lines, ROPE=rope is not None,
+        QK_NORM=qk_norm is not None, num_warps=num_warps, num_stages=num_stages,
         **cap, **launch_args(pdl))
     if splits > 1:
         merge_splits(part, lse, out, splits, pdl)
     return out
+
+
+def rope_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, slots: torch.Tensor,
+                          num_heads: int, num_kv_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, scale: float,
+                          *, qk_norm: tuple | None = None, **launch) -> torch.Tensor:
+    """A decode step's RoPE, K/V store and attention in one kernel (KernelConfig.decode_rope_attention): qkv [B,
+    (Hq + 2 Hk) * D] the projection's rows (contiguous; left as they are), one token a request at positions [B], its
+    K/V slot slots [B] (-1: not written); cos_sin_cache the float32 [P, D] RoPE table (cos half, then sin half);
+    qk_norm (q_norm weight [D], k_norm weight [D], eps) of a Qwen3 layer. Each program normalises and rotates its
+    group's q heads; the program whose split holds the request's last key rotates k and writes k and v at the slot
+    (an e4m3 cache: k / k_scale, v / v_scale, as kv_store.rope_store_kv) before its loop reads them. The caches'
+    last keys must be the step's (the slots within the page metadata's last page). launch: paged_decode_attention's
+    keywords (not cuda). -> [B, Hq, D]"""
+    B = qkv.shape[0]
+    D = k_cache.shape[-1]
+    if qkv.dim() != 2 or qkv.stride(-1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D:
+        raise ValueError(f"rope_decode_attention: qkv must be [B, {(num_heads + 2 * num_kv_heads) * D}] with unit "
+                         f"column stride, got {tuple(qkv.shape)} strides {qkv.stride()}")
+    if cos_sin_cache.shape[1] != D:
+        raise ValueError(f"rope_decode_attention: cos_sin_cache must be [positions, {D}] (head_dim), got "
+                         f"{tuple(cos_sin_cache.shape)}")
+    q = qkv.view(B, -1)[:, : num_heads * D].view(B, num_heads, D) if B else qkv.new_empty(0, num_heads, D)
+    return paged_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, scale,
+                                  rope=(positions, cos_sin_cache, slots, qk_norm), **launch)
 
 
 def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int, pdl: bool = False) -> None:

@@ -61,8 +61,12 @@ class Attention(nn.Module):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
         # a LoRA step past the kernel's LoRA bound: the projection added its own deltas (tail None), and the
         # kernel's token tiles still take RoPE, the store and the q / k norms
+        qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        if fused and tail is None and scale is None:  # RoPE, the store and attention in one kernel, where the backend can
+            o = backend.rope_attend(self.layer, qkv, kv, self.window, batch, self.num_heads, self.num_kv_heads, qk_norm)
+            if o is not None:
+                return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
         if fused or (batch.uses_lora and self.fuses_rope_store(T, kv, backend, kernels)):
-            qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
                                         lora=tail, scale=scale, layer=self.layer, qk_norm=qk_norm)
             k = k.view(T, self.num_kv_heads, self.head_dim)  # rotated and stored in place

@@ -295,6 +295,60 @@ def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, 
         assert torch.count_nonzero(k[untouched]) == 0, "a graph replay wrote outside the named slots"
 
 
+@pytest.mark.parametrize("family", ["llama31", "qwen3"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_graph_decode_with_rope_and_the_store_in_the_attention_kernel(gpu_ckpt, family, kv_dtype, batch, monkeypatch):
+    """KernelConfig.decode_rope_attention_min_batch: the graphs' decode steps with RoPE (Qwen3: its q / k norms too),
+    the K/V store and the decode attention in one kernel. Against transformers (a bf16 cache: its fp32 logits, within
+    twice transformers' own bf16 error plus a floor) and against the same graphs with RoPE + store and attention apart:
+    without q / k norms the same logits bit for bit (the same rotation per value, the same attention), with them
+    within bf16 rounding (the norm's sum of squares in another order). Every decode step's logits; the caches written
+    only at the named slots. The one kernel ran (its calls counted at capture); an e4m3 cache from
+    KernelConfig.fp8_kv_decode_cuda_min_batch rows takes the CUDA e4m3 kernel instead, with RoPE + store apart."""
+    import model_wrapper.kernels.decode_attention as da
+
+    if kv_dtype == torch.float8_e4m3fn and batch >= KernelConfig().fp8_kv_decode_cuda_min_batch:
+        pytest.skip("the CUDA e4m3 decode kernel's batches")
+    calls = []
+    real = da.rope_decode_attention
+    monkeypatch.setattr(da, "rope_decode_attention", lambda *a, **k: (calls.append(a[0].shape[0]), real(*a, **k))[1])
+    path = gpu_ckpt(family)
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
+    tokens = torch.randint(0, 96, (5, batch), generator=g).tolist()
+    runs = {}
+    for name, least in (("apart", 1 << 30), ("one", 1)):
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
+                                            kernel_config=KernelConfig(decode_rope_attention_min_batch=least))
+        h = PagedHarness(gen, 64, 16, seed=3)
+        h.kv_cache = gen.allocate_kv_cache(64, 16, dtype=kv_dtype)
+        last = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
+        h.step({r: p for r, p in enumerate(prompts)}, is_prefill=True, lm_head_indices=last)
+        before = len(calls)
+        runs[name] = ([h.step({r: [t] for r, t in enumerate(ts)}, is_prefill=False) for ts in tokens], h)
+        assert (len(calls) > before) == (name == "one"), name
+        del gen
+    assert len(calls) >= transformers.AutoConfig.from_pretrained(path).num_hidden_layers
+    one, h1 = runs["one"]
+    for x, y in zip(runs["apart"][0], one):
+        if family == "qwen3":
+            assert rel_err(y, x) < 2e-2
+        else:
+            assert torch.equal(y, x)
+    if kv_dtype == torch.bfloat16:
+        full = {r: prompts[r] + [ts[r] for ts in tokens] for r in range(batch)}
+        ref = _reference(path, full)
+        at = [(r, len(prompts[r]) + s, one[s][r]) for s in range(len(tokens)) for r in range(batch)]
+        oracle = _err([(r, p, ref[torch.bfloat16][r][p]) for r, p, _ in at], ref[torch.float32])
+        assert _err(at, ref[torch.float32]) <= 2 * oracle + 2e-3
+    used = {blk for t in h1.tables.values() for blk in t}
+    for k, v in h1.kv_cache:
+        untouched = [i for i in range(k.shape[0]) if i not in used]
+        assert torch.count_nonzero(k[untouched].view(torch.uint8)) == 0, "a replay wrote outside the named slots"
+        assert torch.count_nonzero(v[untouched].view(torch.uint8)) == 0
+
+
 def test_padding_slots_under_graphs(gpu_ckpt):
     """A decode row with slot -1 writes nothing, in graph replay as in eager mode."""
     gen = TextGenerator.from_pretrained(gpu_ckpt("llama"), device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
