@@ -220,8 +220,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
                    stride_oh, pos_ptr, cs_ptr, slot_ptr, qn_ptr, kn_ptr, qk_eps, stride_cs, HQ, HK,
                    PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, FP8: tl.constexpr, MATH: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, ROPE: tl.constexpr,
-                   QK_NORM: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr, ROPE: tl.constexpr = False,
+                   QK_NORM: tl.constexpr = False):
     # MATH (FP8 only): FP8_MATHS' number of fp8_math
     # (3: the same in PTX)
     # PF_LINES > 0 (with PDL): the page metadata read, and the split's first tile of K / V prefetched into L2

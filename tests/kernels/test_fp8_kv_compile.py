@@ -7,7 +7,8 @@ compiler: a construct it accepts and the compiler refuses showed only on a GPU (
 constexpr branches returned different types). Each kernel is compiled ahead of time for the Llama-3-8B
 shapes, with the ptxas that ships with Triton, in a child process without TRITON_INTERPRET.
 
-The decode kernel's default launches (decode_attention.launch_for, batch 1-128), and the e4m3 ones at
+The decode kernel's default launches (decode_attention.launch_for, batch 1-128; at batch 64 also with RoPE + store
+and Qwen3's q / k norms inside it, rope_decode_attention), and the e4m3 ones at
 5 stages, are also built as a launch specializes them (pointers and strides divisible by 16:
 compile_sm90's aligned), which is what lets K / V load as asynchronous copies; their TTGIR gives the
 shared-memory buffers the pipeliner gave K / V, and cuobjdump their spills. At 3-4 stages K / V have one
@@ -28,7 +29,8 @@ from sm90_compile import ROOT, compile_sm90, run_child
 
 
 DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32", o_ptr="*bf16",
-                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32")
+                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32",
+                       pos_ptr="*i64", cs_ptr="*fp32", slot_ptr="*i64", qn_ptr="*bf16", kn_ptr="*bf16")
 
 
 def _default_launches() -> dict:
@@ -44,7 +46,8 @@ def _default_launches() -> dict:
     out = {}
     for fp8, batches in ((False, (64,)), (True, (1, 16, 32, 64, 128))):
         cache, elem = ("*fp8e4nv", "f8E4M3FN") if fp8 else ("*bf16", "bf16")
-        for B, stages in [(B, None) for B in batches] + ([(16, 3)] if fp8 else []):
+        for B, stages, rope in ([(B, None, False) for B in batches] + ([(16, 3, False)] if fp8 else [])
+                                + ([] if fp8 else [(64, None, True)])):
             launch = decode_attention.launch_for(fp8, B)
             launch["num_stages"] = stages or launch["num_stages"]
             opts = dict(num_warps=launch["num_warps"], num_stages=launch["num_stages"])
@@ -54,7 +57,7 @@ def _default_launches() -> dict:
                 decode_attention._decode_kernel, dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
                 dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=launch["block_n"], SPLITS=4, FP8=fp8,
                      MATH=decode_attention.FP8_MATHS[launch["fp8_math"]] if fp8 else 0, INTERPRET=False, PDL=True,
-                     PF_LINES=0), scalars=("scale_log2",), aligned=True, **opts)
+                     PF_LINES=0, ROPE=rope, QK_NORM=rope), scalars=("scale_log2", "qk_eps"), aligned=True, **opts)
             # K's and V's multi-buffers: local_alloc () -> memdesc<buffers x BLOCK_N x D x elem>
             tiles = re.findall(rf"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x{launch['block_n']}x128x{elem}",
                                kernel.asm["ttgir"])
@@ -63,7 +66,7 @@ def _default_launches() -> dict:
                 f.flush()
                 usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name], capture_output=True,
                                        text=True, check=True).stdout
-            out[f"{'e4m3' if fp8 else 'bf16'} batch {B}{f' stages {stages}' if stages else ''}"] = (min(map(int, tiles)) if len(tiles) == 2 else 0,
+            out[f"{'e4m3' if fp8 else 'bf16'} batch {B}{f' stages {stages}' if stages else ''}{' rope' if rope else ''}"] = (min(map(int, tiles)) if len(tiles) == 2 else 0,
                                                             int(re.search(r"STACK:(\d+)", usage).group(1)))
     return out
 
@@ -100,6 +103,13 @@ def _compile_all() -> dict:
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=4, FP8=fp8, MATH=math_id, INTERPRET=False,
                        PDL=True, PF_LINES=0),
                   scalars=("scale_log2",))
+        # RoPE, the store and attention in one kernel (rope_decode_attention), with and without Qwen3's q / k norms
+        for qk_norm in (False, True):
+            build(f"decode {tag} rope{' qk-norm' if qk_norm else ''}", decode_attention._decode_kernel,
+                  dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
+                  dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=1, FP8=fp8, MATH=2 if fp8 else 0,
+                       INTERPRET=False, PDL=False, PF_LINES=0, ROPE=True, QK_NORM=qk_norm),
+                  scalars=("scale_log2", "qk_eps"))
         # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
         build(f"decode {tag} prefetch", decode_attention._decode_kernel,
               dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
@@ -113,17 +123,17 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(res["built"]) == 13 + len(FP8_MATHS)
+    assert len(res["built"]) == 17 + len(FP8_MATHS)
     launches = res["default_launches"]
     # no spills, but at batch 32: 128 keys a step under the 128-register cap spill 48-184 bytes a thread (Triton 3.7.1 /
     # 3.8.0 / 3.9.0: 64 / 48 / 184), and that launch was still the fastest at batch 32 (0.839 of copy bandwidth
     # against 0.703 with 64 keys, H100, session 40): bounded here, so that a launch spilling more shows
     spills = {name: stack for name, (_, stack) in launches.items() if stack}
-    assert len(launches) == 7 and set(spills) <= {"e4m3 batch 32"} and spills.get("e4m3 batch 32", 0) <= 256, launches
+    assert len(launches) == 8 and set(spills) <= {"e4m3 batch 32"} and spills.get("e4m3 batch 32", 0) <= 256, launches
     # K / V's buffers: two under the e4m3 defaults' 5 stages (the next tile loads while a program computes), one at
     # 3 stages (bf16's default, e4m3's at batch 1; e4m3's everywhere before session 40)
     assert {name: buffers for name, (buffers, _) in launches.items()} == {
-        "bf16 batch 64": 1, "e4m3 batch 1": 1, "e4m3 batch 16 stages 3": 1,
+        "bf16 batch 64": 1, "bf16 batch 64 rope": 1, "e4m3 batch 1": 1, "e4m3 batch 16 stages 3": 1,
         **{f"e4m3 batch {B}": 2 for B in (16, 32, 64, 128)}}, launches
 
 

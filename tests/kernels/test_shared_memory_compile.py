@@ -27,7 +27,8 @@ from sm90_compile import ROOT, compile_sm90, run_child
 
 LIMITS = {80: 166912, 89: 101376, 90: 232448}  # bytes of shared memory a program may opt into, by arch
 DECODE_POINTERS = dict(q_ptr="*bf16", indptr_ptr="*i32", indices_ptr="*i32", last_ptr="*i32", o_ptr="*bf16",
-                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32")
+                       part_ptr="*fp32", lse_ptr="*fp32", ks_ptr="*fp32", vs_ptr="*fp32",
+                       pos_ptr="*i64", cs_ptr="*fp32", slot_ptr="*i64", qn_ptr="*bf16", kn_ptr="*bf16")
 
 
 def _decode_launches() -> dict:
