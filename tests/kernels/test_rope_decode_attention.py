@@ -24,11 +24,10 @@ from triton_interpret import INTERPRET  # before the kernel: sets up the interpr
 
 from model_wrapper.kernels.decode_attention import paged_decode_attention, rope_decode_attention
 from model_wrapper.kernels.kv_store import rope_store_kv
+from test_decode_attention import D, DTYPE, PAGE, _direct  # noqa: F401 (the same pages, head size and softmax)
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 pytestmark = [] if INTERPRET else [pytest.mark.cuda]
-DTYPE = torch.float16 if INTERPRET else torch.bfloat16
-PAGE, D = (4, 32) if INTERPRET else (16, 128)
 FP8 = torch.float8_e4m3fn
 EPS = 1e-6
 
@@ -77,21 +76,6 @@ def _rotated(x, positions, table, weight, rounded=False):
     cos, sin = table.double()[positions].split(D // 2, dim=-1)
     cos, sin = torch.cat((cos, cos), -1)[:, None], torch.cat((sin, sin), -1)[:, None]
     return x * cos + torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1) * sin
-
-
-def _direct(q, k, v, tables, lens, scale, window):
-    out = []
-    heads, kv_heads = q.shape[1], k.shape[2]
-    for r, n in enumerate(lens):
-        t = torch.arange(n)
-        rows = tables[r][t // PAGE] * PAGE + t % PAGE
-        kr = k.reshape(-1, kv_heads, D)[rows].double().repeat_interleave(heads // kv_heads, 1)
-        vr = v.reshape(-1, kv_heads, D)[rows].double().repeat_interleave(heads // kv_heads, 1)
-        s = torch.einsum("hd,thd->ht", q[r].double(), kr) * scale
-        if window is not None:
-            s[:, t < n - window] = float("-inf")
-        out.append(torch.einsum("ht,thd->hd", s.softmax(-1), vr))
-    return torch.stack(out)
 
 
 def _run(k, v, meta, slots, qkv, positions, table, heads, kv_heads, norms, splits, window, scales):
