@@ -191,7 +191,12 @@ VARIANTS = {"old": OLD_MOE, "prev": PREV_MOE, "s32": S32, "new": KernelConfig(),
             "nqoff-fp8": dataclasses.replace(KernelConfig(), moe_w8a8_norm_quant=False),
             "new2-fp8": KernelConfig()}
 CKPT_FP8 = {"ckpt-fp8", "ckpt-g1-fp8", "ckpt-g2-fp8", "ckpt-s44-fp8", "ckpt-r32-fp8", "ckpt-ptr-fp8", "ckpt-m16-fp8",
-            "ckpt-nq-fp8"}  # the variants that also quantize the attention projections (in place: run last)
+            "ckpt-nq-fp8"}  # the variants that also quantize the attention projections (in place: run last), and every
+# --variants-json name that starts with "ckpt-" and ends with "-fp8"
+
+
+def ckpt_fp8(variant: str) -> bool:
+    return variant in CKPT_FP8 or (variant.startswith("ckpt-") and variant.endswith("-fp8"))
 
 QWEN3_30B_A3B = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -376,7 +381,8 @@ def main():
     ap.add_argument("--variants", default="old,new,new-fp8", help="of " + ", ".join(VARIANTS))
     ap.add_argument("--variants-json", default="",
                     help='more variants, JSON {"name": {KernelConfig field: value}} (a name ending in -fp8 runs on the '
-                         'FP8 experts, after the bf16 ones); they run with --variants\' list')
+                         'FP8 experts, after the bf16 ones; a name "ckpt-...-fp8" quantizes the attention projections to block FP8 too, as '
+                         'the ckpt-fp8 variant); they run with --variants\' list')
     ap.add_argument("--profile", default="", help="variants (comma-separated) whose decode step at batch 1 and 32 "
                     "gets a kernel breakdown")
     ap.add_argument("--profile-prefill", default="", help="variants (comma-separated) whose prefill gets a kernel "
@@ -391,7 +397,7 @@ def main():
     # in VARIANTS' order, every bf16 variant before the first FP8 one (which quantizes the model in place: a bf16
     # variant listed after it, e.g. new2 or attn-nopf, would otherwise run on the FP8 experts)
     variants = sorted((v for v in VARIANTS if v in args.variants.split(",")),
-                      key=lambda v: (v.endswith("fp8"), v in CKPT_FP8))
+                      key=lambda v: (v.endswith("fp8"), ckpt_fp8(v)))
     dev = args.device
     cuda = dev == "cuda"
     cfg = tiny_moe(QWEN3_30B_A3B) if args.tiny else dict(QWEN3_30B_A3B)
@@ -418,7 +424,7 @@ def main():
     quantized = attn_quantized = False
     for variant in variants:
         kc = VARIANTS[variant]
-        fp8, fp8_attn = variant.endswith("fp8"), variant in CKPT_FP8
+        fp8, fp8_attn = variant.endswith("fp8"), ckpt_fp8(variant)
         if fp8 and not quantized:
             quantize_experts(gen.model_wrapper.model)
             quantized = True

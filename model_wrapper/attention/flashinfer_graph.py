@@ -172,7 +172,11 @@ class GraphAttention(AttentionBackend):
     def plan(self, batch):  # planned by the replay hook, outside the graph
         pass
 
-    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None):
+    quantizes_output = True  # run(quant_group=...): the Triton decode kernel's split merge may quantize o's input
+
+    def run(self, layer, q, k_cache, v_cache, window, batch, k=None, v=None, quant_group=None):
+        """As AttentionBackend.run; quant_group (the o projection's attention_input_quant): where the step runs the
+        Triton decode kernel with splits, a QuantizedActivation of [T, num_heads * head_dim] instead."""
         s = self.state
         if s.q_per_req > 1:
             from model_wrapper.kernels.verify_attention import paged_verify_attention
@@ -190,7 +194,8 @@ class GraphAttention(AttentionBackend):
                                           s.indices, s.kv_last, self.scale, window=window, splits=s.splits,
                                           k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
-                                          and uses_pdl(q.device, cfg), cuda=cuda_e4m3(cfg, q.shape[0]))
+                                          and uses_pdl(q.device, cfg), cuda=cuda_e4m3(cfg, q.shape[0]),
+                                          quant_group=quant_group)
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
     def rope_attend(self, layer, qkv, kv, window, batch, num_heads, num_kv_heads, qk_norm=None):

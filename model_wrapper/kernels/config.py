@@ -358,6 +358,14 @@ class KernelConfig:
     # block 5.10 / 5.18 / 5.26, 5.39 / 5.33 / 5.40, 5.56 / 5.57 / 5.56; per-channel 4.35 / 4.28 / 4.46,
     # 4.64 / 4.54 / 4.65, 4.79 / 4.80 / 4.80): the norm's quantizing program a row costs what the launch saved
     fp8_skinny_mma_fused_quant: bool = False
+    # o's input on skinny_mma (block weights, head_dim 128: a head is one 128-column group of x's quantization)
+    # quantized by the decode attention's split merge (decode_attention.merge_splits(quant=True)) in the graphs'
+    # decode steps, instead of a quantize kernel of its own after the merge (Linear.attention_input_quant). Off:
+    # written in session 52, whose only GPU run of it failed to compile (a global constant in the kernel; fixed, and
+    # tests/kernels/test_fp8_kv_compile.py builds it for sm90 since); its CUDA tests and A/B have not run yet
+    # (benchmarks/results/session52/scripts/next_s53c1.sh). H100 profile of a batch-2 block-FP8 step (session 52):
+    # the quantize kernel it replaces takes 2.3 us a layer
+    fp8_attention_out_quant: bool = False
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)

@@ -54,6 +54,8 @@ import triton.language as tl
 from model_wrapper.kernels import e4m3_decode_cuda
 from model_wrapper.kernels.common import (gdc_launch_dependents, gdc_wait, launch_args, max_shared_memory,
                                          stages_that_fit)
+from model_wrapper.kernels.fp8_act import _quantize_store
+from model_wrapper.kernels.fp8_reference import FP8_MAX, MIN_AMAX, QuantizedActivation
 from model_wrapper.kernels.kv_store import _to_cache
 
 
@@ -301,7 +303,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
 
 @triton.jit
 def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.constexpr,
-                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr):
+                  SPLITS_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr, q_ptr=None, qs_ptr=None,
+                  stride_q=0, stride_qs=0, QUANT: tl.constexpr = False, FMAX: tl.constexpr = 448.0,
+                  AMIN: tl.constexpr = 1e-10):
+    # QUANT: o_ptr only gives the dtype; the head's D values, rounded to it, go out as e4m3 with one scale (the
+    # group of fp8_act's per-token quantization that o's e4m3 GEMM takes: a head) at q_ptr [B, H * D], qs_ptr [B, H]
     if PDL:  # o's GEMV may launch (and read its weights) while the splits finish; they are complete after
         gdc_launch_dependents()
         gdc_wait()
@@ -314,7 +320,13 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
     w = tl.exp2(lse - tl.max(lse, 0))
     part = tl.load(part_ptr + (base + sp)[:, None] * D + d[None, :], mask=(sp < SPLITS)[:, None], other=0.0)
     out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
+    if QUANT:
+        y = out.to(o_ptr.dtype.element_ty).to(tl.float32)[None, :]  # the value the unquantized merge writes
+        g = tl.full([1], 0, tl.int32) + h
+        _quantize_store(y, g, g[:, None] * D + d[None, :], d[None, :] < D, r.to(tl.int64), q_ptr, qs_ptr, stride_q,
+                        stride_qs, 1, D, H * D, FMAX, AMIN)
+    else:
+        tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
 
 FP8_MATHS = {"q_dtype": 0, "fp16": 1, "fp16_vreg": 2, "bits_vreg": 3}
@@ -446,7 +458,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            maxnreg: int | None = None,
                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                            fp8_math: str | None = None, pdl: bool = False, prefetch: bool = False,
-                           cuda: bool = False, rope: tuple | None = None) -> torch.Tensor:
+                           cuda: bool = False, rope: tuple | None = None, quant_group: int | None = None):
     """q [B, H, D] (one token per request) -> [B, H, D]; caches [blocks, page, KVH, D] of q's dtype
     or float8_e4m3fn (then read as e4m3 * k_scale / v_scale: float32 one-element device tensors,
     the e4m3 values through fp8_math, a key of FP8_MATHS: see the module docstring). pdl: launch the
@@ -465,7 +477,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     prefetch do not apply; splits: decode_splits(cuda=True)'s); else this Triton kernel.
 
     rope: rope_decode_attention's (positions, cos_sin_cache, slots, qk_norm), q then the q heads of the step's qkv rows
-    as the projection wrote them (rope_decode_attention's view); not with cuda."""
+    as the projection wrote them (rope_decode_attention's view); not with cuda.
+
+    quant_group: where it equals head_dim and the step merges splits (this kernel's, splits > 1), the merge quantizes
+    its rows per token and head and the call returns merge_splits' QuantizedActivation of [B, H * D] (o's e4m3
+    GEMM takes it as it comes: Linear.attention_input_quant) instead of [B, H, D]."""
     B, H, D = q.shape
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and B > 0 and (k_scale is None or v_scale is None):
@@ -506,7 +522,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         QK_NORM=qk_norm is not None, num_warps=num_warps, num_stages=num_stages,
         **cap, **launch_args(pdl))
     if splits > 1:
-        merge_splits(part, lse, out, splits, pdl)
+        quant = merge_splits(part, lse, out, splits, pdl, quant=quant_group == D)
+        if quant is not None:
+            return quant
     return out
 
 
@@ -535,10 +553,21 @@ def rope_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_ca
                                   rope=(positions, cos_sin_cache, slots, qk_norm), **launch)
 
 
-def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int, pdl: bool = False) -> None:
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int, pdl: bool = False,
+                 quant: bool = False):
     """The split-KV decode kernels' partial outputs (split_outputs' part [B, H, splits, D], lse [B, H, splits]) merged
-    into out [B, H, D]: one program a (row, head); pdl: launched as a programmatic dependent (waits for the splits)."""
+    into out [B, H, D]: one program a (row, head); pdl: launched as a programmatic dependent (waits for the splits).
+    quant: instead of out, -> a QuantizedActivation of the merged [B, H * D] rows (in out's dtype), quantized per
+    token and head (group D) as fp8_act.quantize_fp8_per_token_group quantizes them: q e4m3 [B, H * D], scale [B, H]
+    row-major, no padding rows (the skinny_mma path's operand, which reads its strides)."""
     B, H, D = out.shape
-    _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
-                          SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, num_warps=4,
-                          **launch_args(pdl))
+    q = qs = None
+    if quant:
+        q = torch.empty(B, H * D, dtype=torch.float8_e4m3fn, device=out.device)
+        qs = torch.empty(B, H, dtype=torch.float32, device=out.device)
+    if B:
+        _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
+                              SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, q_ptr=q, qs_ptr=qs,
+                              stride_q=q.stride(0) if quant else 0, stride_qs=qs.stride(0) if quant else 0,
+                              QUANT=quant, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4, **launch_args(pdl))
+    return QuantizedActivation(q, qs, B, D, out.dtype) if quant else None

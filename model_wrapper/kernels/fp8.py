@@ -418,6 +418,19 @@ def fp8_path(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
     return path_for(x.shape[0], x.dtype, x.device, weight, weight_scale, group, cfg, silu, block_scale)
 
 
+def attention_output_group(M: int, dtype: torch.dtype, device: torch.device, weight: torch.Tensor,
+                           weight_scale: torch.Tensor, group: int, cfg: KernelConfig = DEFAULT) -> int | None:
+    """The column group (128) in which the decode attention's split merge may quantize this linear's input of M rows
+    (decode_attention.merge_splits(quant=True): per token and head), where the step runs "skinny_mma" on block
+    weights (the prefill paths take cuBLASLt's padded layout, which the merge does not write) and
+    cfg.fp8_attention_out_quant is on; else None."""
+    K = weight.shape[1]
+    if (not cfg.fp8_attention_out_quant or device.type != "cuda" or group >= K or M > mma_max_tokens(K, group, cfg)
+            or path_for(M, dtype, device, weight, weight_scale, group, cfg) != "skinny_mma"):
+        return None
+    return act_group(K, group)
+
+
 def mma_max_tokens(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
     """The most tokens "skinny_mma" takes for a weight of K columns and scale group `group`: block scales
     cfg.fp8_skinny_mma_max_tokens, a scale a row cfg.fp8_skinny_mma_row_max_tokens (at most its 64-token tile)."""

@@ -132,6 +132,19 @@ class Fp8Method:
         return fp8.quantized_input_group(rows, dtype, device, linear.weight, linear.weight_scale,
                                          self.block_scale(linear), kernels.config, self.group)
 
+    def attention_input_quant(self, linear: nn.Module, rows: int, dtype: torch.dtype, device: torch.device,
+                              kernels) -> int | None:
+        """The column group (128) in which the decode attention's split merge may quantize this linear's input of
+        `rows` tokens (kernels/fp8.py attention_output_group: block weights on "skinny_mma", dynamic activations),
+        or None."""
+        if device.type != "cuda" or self.static:
+            return None
+        fp8 = _fp8()
+        if fp8 is None:
+            return None
+        return fp8.attention_output_group(rows, dtype, device, linear.weight, linear.weight_scale, self.group,
+                                          kernels.config)
+
     def block_scale(self, linear: nn.Module) -> torch.Tensor | None:
         """The weight's scales as 128 x 128 blocks, float32 [K / 128, N / 128] with stride(0) == 1
         (cuBLASLt's block-scaled GEMM, kernels/fp8.py "scaled_mm_block"), or None where they are not

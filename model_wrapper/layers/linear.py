@@ -118,6 +118,13 @@ class Linear(nn.Module):
         quant = getattr(self.method, "input_quant", None)
         return None if quant is None else quant(self, rows, dtype, device, kernels)
 
+    def attention_input_quant(self, rows: int, dtype: torch.dtype, device: torch.device, kernels) -> int | None:
+        """The column group in which the decode attention may hand this projection (o) its input of `rows` tokens
+        quantized (a QuantizedActivation from its split merge: the method's attention_input_quant; FP8 block weights
+        on the skinny_mma path), or None: a plain x."""
+        quant = getattr(self.method, "attention_input_quant", None)
+        return None if quant is None else quant(self, rows, dtype, device, kernels)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, {self.method.name}"
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from model_wrapper.config import ModelConfig
 from model_wrapper.forward_batch import ForwardBatch
+from model_wrapper.kernels.fp8_reference import QuantizedActivation
 from model_wrapper.layers.linear import Linear, RowParallelLinear
 from model_wrapper.layers.mlp import make_mlp
 from model_wrapper.layers.norm import RMSNorm
@@ -79,7 +80,17 @@ class Attention(nn.Module):
                 k = kernels.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
             q, k = kernels.rope(q, k, rope)
             backend.kv_store.write(kv, k, v, batch, layer=self.layer)
-        o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
+        # o's input quantized by the attention's split merge where o's e4m3 kernel takes it so (a QuantizedActivation)
+        group = None
+        if getattr(backend, "quantizes_output", False) and not batch.uses_lora:
+            ask = getattr(self.o_proj, "attention_input_quant", None)
+            group = None if ask is None else ask(T, q.dtype, q.device, kernels)
+        if group is not None:
+            o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v, quant_group=group)
+            if isinstance(o, QuantizedActivation):
+                return self.o_proj(o, batch, kernels, fuse_tail)
+        else:
+            o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
         return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
 
 

@@ -204,3 +204,31 @@ def test_fp8_default_launch_by_batch_is_the_direct_softmax():
         want = _direct(q, k8.double() * 0.05, v8.double() * 0.2, tables, lens, scale, None)
         tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
         torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("splits", [2, 16])
+@pytest.mark.parametrize("cache", ["16-bit", "e4m3"])
+def test_merge_quantizes_o_input_as_the_reference_quantizes_the_merged_rows(splits, cache):
+    """quant_group = head_dim (o's e4m3 GEMM on block weights, Linear.attention_input_quant): the split merge hands
+    out e4m3 rows and a scale per token and head, bit for bit quantize_fp8_reference of the rows the plain merge
+    writes (in the output dtype), and no rows past the step's; with one split (no merge) the plain output."""
+    from model_wrapper.kernels.fp8_reference import QuantizedActivation, quantize_fp8_reference
+
+    lens = [1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=20 + splits)
+    sc = {}
+    if cache == "e4m3":
+        k, v = (k.float() * 20).clamp(-448, 448).to(torch.float8_e4m3fn), (v.float() * 5).to(torch.float8_e4m3fn)
+        sc = dict(k_scale=torch.tensor([0.05], device=DEVICE), v_scale=torch.tensor([0.2], device=DEVICE))
+    q = (3 * torch.randn(len(lens), 8, D, generator=torch.Generator().manual_seed(9))).to(DTYPE)
+    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
+    kw = dict(splits=splits, block_n=8 if INTERPRET else 64, **sc)
+    plain = paged_decode_attention(*on[:3], *on[3:], 1 / math.sqrt(D), **kw)
+    got = paged_decode_attention(*on[:3], *on[3:], 1 / math.sqrt(D), quant_group=D, **kw)
+    assert isinstance(got, QuantizedActivation) and (got.rows, got.group, got.dtype) == (len(lens), D, DTYPE)
+    want_q, want_s = quantize_fp8_reference(plain.reshape(len(lens), 8 * D).cpu(), D)
+    assert got.q.shape == want_q.shape and got.scale.shape == want_s.shape
+    assert torch.equal(got.q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(got.scale.cpu(), want_s)
+    one = paged_decode_attention(*on[:3], *on[3:], 1 / math.sqrt(D), quant_group=D, **dict(kw, splits=1))
+    assert torch.is_tensor(one) and one.shape == q.shape

@@ -110,6 +110,13 @@ def _compile_all() -> dict:
                   dict(PAGE=16, GROUP=4, GROUP_PAD=16, D=128, BLOCK_N=64, SPLITS=1, FP8=fp8, MATH=2 if fp8 else 0,
                        INTERPRET=False, PDL=False, PF_LINES=0, ROPE=True, QK_NORM=qk_norm),
                   scalars=("scale_log2", "qk_eps"))
+        # the split merge, plain and quantizing o's input per token and head (fp8_attention_out_quant)
+        for quant in (False, True):
+            build(f"merge {tag}{' quant' if quant else ''}", decode_attention._merge_kernel,
+                  dict(part_ptr="*fp32", lse_ptr="*fp32", o_ptr="*bf16", **(dict(q_ptr="*fp8e4nv", qs_ptr="*fp32")
+                                                                           if quant else {})),
+                  dict(SPLITS=16, SPLITS_PAD=16, D=128, PDL=True, QUANT=quant, FMAX=448.0, AMIN=1e-10,
+                       **({} if quant else dict(q_ptr=None, qs_ptr=None))))
         # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
         build(f"decode {tag} prefetch", decode_attention._decode_kernel,
               dict(DECODE_POINTERS, k_ptr=cache, v_ptr=cache),
@@ -123,7 +130,7 @@ def test_kv_store_and_decode_kernels_compile_for_sm90_with_e4m3_and_bf16_caches(
     res = run_child(__file__, "cuobjdump")
     from model_wrapper.kernels.decode_attention import FP8_MATHS
 
-    assert len(res["built"]) == 17 + len(FP8_MATHS)
+    assert len(res["built"]) == 21 + len(FP8_MATHS)
     launches = res["default_launches"]
     # no spills, but at batch 32: 128 keys a step under the 128-register cap spill 48-184 bytes a thread (Triton 3.7.1 /
     # 3.8.0 / 3.9.0: 64 / 48 / 184), and that launch was still the fastest at batch 32 (0.839 of copy bandwidth

@@ -473,3 +473,39 @@ def test_cuda_lora_on_fp8_base_does_not_fold(checkpoint_dir, tmp_path):
     with torch.no_grad():
         ref = peft(torch.tensor([seq])).logits[0].float()
     assert rel_err(out, ref) < 0.1
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("batch", [3, 8])
+def test_cuda_attention_merge_quantizes_o_input_as_the_quantize_kernel(checkpoint_dir, tmp_path, batch, monkeypatch):
+    """KernelConfig.fp8_attention_out_quant: in the graphs' decode steps whose o projection runs skinny_mma on block
+    weights (3-32 tokens), the decode attention's split merge hands o its input quantized per token and head
+    (head_dim 128). The e4m3 operands are the quantize kernel's, so the logits equal those with the switch off, bit
+    for bit, at every step; the merge's quantizing launch ran (counted) only with the switch on."""
+    from conftest import PagedHarness
+    from model_wrapper.kernels import KernelConfig, decode_attention
+
+    src = make_checkpoint(tmp_path / "src", "llama", hidden_size=512, intermediate_size=512, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=128)
+    fp8, _, _ = write_fp8(src, tmp_path, "block", ignore=())
+    quantized = []
+    real = decode_attention.merge_splits
+    monkeypatch.setattr(decode_attention, "merge_splits",
+                        lambda *a, **k: (quantized.append(k.get("quant", False)), real(*a, **k))[1])
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
+    tokens = torch.randint(0, 96, (4, batch), generator=g).tolist()
+    runs = {}
+    for on in (False, True):
+        quantized.clear()
+        gen = TextGenerator.from_pretrained(fp8, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
+                                            kernel_config=KernelConfig(fp8_attention_out_quant=on))
+        h = PagedHarness(gen, 64, 16, seed=3)
+        last = torch.cumsum(torch.tensor([len(p) for p in prompts]), 0) - 1
+        h.step({r: p for r, p in enumerate(prompts)}, is_prefill=True, lm_head_indices=last)
+        runs[on] = [h.step({r: [t] for r, t in enumerate(ts)}, is_prefill=False) for ts in tokens]
+        assert any(quantized) == on, on
+        del gen
+    for a, b in zip(runs[False], runs[True]):
+        assert torch.equal(a, b)
