@@ -60,13 +60,13 @@ class Attention(nn.Module):
         q = q.reshape(T, self.num_heads, self.head_dim)
         if scale is not None and (not fused or tail is None):
             raise RuntimeError("a row scale needs the fused RoPE + store kernel and a tail of the qkv projection")
-        # a LoRA step past the kernel's LoRA bound: the projection added its own deltas (tail None), and the
-        # kernel's token tiles still take RoPE, the store and the q / k norms
         qk_norm = None if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         if fused and tail is None and scale is None:  # RoPE, the store and attention in one kernel, where the backend can
             o = backend.rope_attend(self.layer, qkv, kv, self.window, batch, self.num_heads, self.num_kv_heads, qk_norm)
             if o is not None:
                 return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
+        # a LoRA step past the kernel's LoRA bound: the projection added its own deltas (tail None), and the
+        # kernel's token tiles still take RoPE, the store and the q / k norms
         if fused or (batch.uses_lora and self.fuses_rope_store(T, kv, backend, kernels)):
             backend.kv_store.rope_write(kv, qkv, rope, self.num_heads, self.num_kv_heads, self.head_dim, batch.slots,
                                         lora=tail, scale=scale, layer=self.layer, qk_norm=qk_norm)
@@ -81,17 +81,13 @@ class Attention(nn.Module):
             q, k = kernels.rope(q, k, rope)
             backend.kv_store.write(kv, k, v, batch, layer=self.layer)
         # o's input quantized by the attention's split merge where o's e4m3 kernel takes it so (a QuantizedActivation)
-        group = None
-        if getattr(backend, "quantizes_output", False) and not batch.uses_lora:
-            ask = getattr(self.o_proj, "attention_input_quant", None)
-            group = None if ask is None else ask(T, q.dtype, q.device, kernels)
-        if group is not None:
-            o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v, quant_group=group)
-            if isinstance(o, QuantizedActivation):
-                return self.o_proj(o, batch, kernels, fuse_tail)
-        else:
-            o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v)
-        return self.o_proj(o.reshape(T, self.q_size), batch, kernels, fuse_tail)
+        ask = getattr(self.o_proj, "attention_input_quant", None)
+        group = (ask(T, q.dtype, q.device, kernels) if ask is not None and not batch.uses_lora
+                 and getattr(backend, "quantizes_output", False) else None)
+        o = backend.run(self.layer, q, kv[0], kv[1], self.window, batch, k=k, v=v,
+                        **({} if group is None else {"quant_group": group}))
+        return self.o_proj(o if isinstance(o, QuantizedActivation) else o.reshape(T, self.q_size), batch, kernels,
+                           fuse_tail)
 
 
 class DecoderLayer(nn.Module):
