@@ -360,12 +360,12 @@ class KernelConfig:
     fp8_skinny_mma_fused_quant: bool = False
     # o's input on skinny_mma (block weights, head_dim 128: a head is one 128-column group of x's quantization)
     # quantized by the decode attention's split merge (decode_attention.merge_splits(quant=True)) in the graphs'
-    # decode steps, instead of a quantize kernel of its own after the merge (Linear.attention_input_quant). Off:
-    # written in session 52, whose only GPU run of it failed to compile (a global constant in the kernel; fixed, and
-    # tests/kernels/test_fp8_kv_compile.py builds it for sm90 since); its CUDA tests and A/B have not run yet
-    # (benchmarks/results/session52/scripts/next_s53c1.sh). H100 profile of a batch-2 block-FP8 step (session 52):
-    # the quantize kernel it replaces takes 2.3 us a layer
-    fp8_attention_out_quant: bool = False
+    # decode steps, instead of a quantize kernel of its own after the merge (Linear.attention_input_quant). On since
+    # session 53 c1 (H200; its CUDA tests passed): bench_fp8.py --decode-only block FP8, ms on / off / off again at
+    # batch 2 / 4 / 8 / 16 / 32: 3.516 / 3.487 / 3.584, 3.508 / 3.561 / 3.564, 3.611 / 3.684 / 3.680, 3.841 / 3.906 /
+    # 3.909, 4.402 / 4.396 / 4.381; Qwen3-30B-A3B with block-FP8 attention projections (bench_moe.py ckpt-fp8) at
+    # batch 4 / 8 / 32: 4.53 / 4.53 / 4.60, 6.14 / 6.26 / 6.23, 9.90 / 10.05 / 10.02
+    fp8_attention_out_quant: bool = True
     fp8_gemm_block_m: int = 128  # the block-scaled prefill GEMM (K step: the scale group, at most 128)
     fp8_gemm_block_n: int = 128
     fp8_gemm_group_m: int = 8  # row blocks a band (L2 reuse of the weight)
