@@ -29,6 +29,12 @@ class KernelConfig:
     gemv_max_tokens: int = 2  # at 4 tokens its fp32 FMAs lose to cuBLAS's tensor cores
     gemv_tile: int = 16384  # weights a program holds in registers (8k / 32k within noise)
     gemv_warps: int = 8
+    # warps of the GEMV at steps of 2+ tokens (the 1-token steps: gemv_warps). Llama-3-8B shape, bench_fp8.py
+    # --decode-only batch 2, ms 4 warps / 8 / 8 again (session 53): H200 (c3) bf16 4.325 / 5.048 / 5.032, block FP8
+    # (its bf16 lm_head) 3.409 / 3.501 / 3.477, per-channel 3.230 / 3.286 / 3.300, Qwen3-30B-A3B (bench_moe.py) bf16
+    # 3.65 / 3.74 / 3.74, FP8 experts 3.04 / 3.11 / 3.11; H100 (c4) bf16 5.545 / 5.709 / 5.794, block FP8 4.254 /
+    # 4.287 / 4.291, Qwen3-30B-A3B bf16 4.41 / 4.47 / 4.41; batch 1 unchanged
+    gemv_multi_token_warps: int = 4
     gemv_max_k: int = 32768  # widest row a program holds; wider rows go to cuBLAS
     # row blocks a program takes in turn (its tile split into that many; the next block's loads issued before
     # the products of the one before), at steps of up to gemv_rounds_max_tokens tokens over rows of up to
@@ -243,6 +249,14 @@ class KernelConfig:
     fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n; H100, 1
     # token: 8k-32k within 0.5%, 64k 7% slower)
     fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)
+    # rows wider than fp8_gemv_wide_k columns (a dense MLP's down): their own tile and warps (session 53: an H200
+    # profile of Llama-3-8B block FP8 at 1 token had down at 1.48x its bytes, gate_up at 1.11x). Left as the other
+    # rows': batch-1 steps, ms (block / per-channel), default / default again against 64k weights a program: H200 (c3)
+    # 2.743 / 2.744 against 2.689, 2.600 / 2.638 against 2.630; H100 (c4) 3.321 / 3.281 against 3.299, 3.215 / 3.231
+    # against 3.259; 8 warps, 16k, or 64k in two row blocks slower on both cards
+    fp8_gemv_wide_k: int = 8192
+    fp8_gemv_wide_tile: int = 32768
+    fp8_gemv_wide_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
     # gemv_rounds of the FP8 GEMV (same bounds): 2 blocks of 16k (H100, bench_fp8.py --decode-only, two rows each,

@@ -124,6 +124,11 @@ def gemv_rounds(T: int, K: int, norm: bool, rounds: int, cfg: KernelConfig = DEF
     return rounds if T <= cfg.gemv_rounds_max_tokens and K <= cfg.gemv_rounds_max_k and not norm else 1
 
 
+def gemv_warps(T: int, cfg: KernelConfig = DEFAULT) -> int:
+    """Warps a program at a step of T tokens: cfg.gemv_warps at 1, cfg.gemv_multi_token_warps beyond."""
+    return cfg.gemv_warps if T <= 1 else cfg.gemv_multi_token_warps
+
+
 def gemv_plan(T: int, K: int, silu: bool, norm: bool = False, cfg: KernelConfig = DEFAULT) -> dict:
     """The kernel's KP (K padded to a power of 2), ROUNDS (gemv_rounds) and BLOCK_N: cfg.gemv_tile
     weights a program (gate and up rows counted), split into ROUNDS blocks, over KP; at least 1."""
@@ -149,6 +154,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(N, plan["BLOCK_N"] * plan["ROUNDS"]),)](
         x, weight, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
         out.stride(0), r.stride(0), r_out.stride(0), K=K, M=T, HAS_BIAS=bias is not None, SILU=silu,
-        NORM=add_norm is not None, PDL=pdl, FENCE=x.is_cuda and plan["ROUNDS"] > 1, num_warps=cfg.gemv_warps,
+        NORM=add_norm is not None, PDL=pdl, FENCE=x.is_cuda and plan["ROUNDS"] > 1, num_warps=gemv_warps(T, cfg),
         **plan, **launch_args(pdl))
     return out

@@ -58,7 +58,7 @@ def _compile_all() -> dict:
                     continue
                 constexprs = dict(K=K, M=M, HAS_BIAS=False, SILU=silu, NORM=add_norm, PDL=True,
                                   FENCE=plan["ROUNDS"] > 1, **plan)
-                kernel = compile_sm90(gemv._gemv_kernel, pointers, constexprs, ("eps",), num_warps=cfg.gemv_warps,
+                kernel = compile_sm90(gemv._gemv_kernel, pointers, constexprs, ("eps",), num_warps=gemv.gemv_warps(M, cfg),
                                       num_stages=1)
                 out[f"{name} M={M}{' +norm' if add_norm else ''}{' rounds' if c is ROUNDS else ''}"] = stack(kernel)
     kernel = compile_sm90(norm._add_rms_norm_kernel, dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16"),

@@ -1,0 +1,17 @@
+# session 53 c4 (H100): c3's two candidates on the other card: the 16-bit GEMV's warps at 2 tokens (mw4), the FP8 GEMV's
+# down at 64k weights a program (dt64; dt64r2: in two row blocks)
+source .gpu/device-setup.sh > $OUT/setup.log 2>&1
+nvidia-smi -L > $OUT/gpus.txt
+V='{"mw4":{"gemv_multi_token_warps":4},"dt64":{"fp8_gemv_wide_tile":65536},"dt64r2":{"fp8_gemv_wide_tile":65536,"gemv_rounds_max_k":16384},"again":{}}'
+VB='{"mw4":{"gemv_multi_token_warps":4},"again":{}}'
+timeout 200 taskset -c 0-15 python3 benchmarks/bench_fp8.py --decode-only --batches 1,2 --configs bf16,fp8 \
+  --fp8-variants "$V" --bf16-variants "$VB" --out $OUT/fp8 > $OUT/fp8.log 2>&1
+echo "fp8 rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 120 taskset -c 0-15 python3 benchmarks/bench_fp8.py --kind channel --decode-only --batches 1,2 --configs fp8 \
+  --fp8-variants "$V" --out $OUT/ch > $OUT/ch.log 2>&1
+echo "ch rc=$? $(date +%T)" >> $OUT/rc.txt
+VM='{"mw4":{"gemv_multi_token_warps":4},"again":{},"mw4-fp8":{"gemv_multi_token_warps":4},"again-fp8":{}}'
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 2 --contexts 512 \
+  --variants new,new-fp8 --variants-json "$VM" --out $OUT/moe > $OUT/moe.log 2>&1
+echo "moe rc=$? $(date +%T)" >> $OUT/rc.txt
+cat $OUT/gpus.txt $OUT/rc.txt; grep -hE "^decode" $OUT/fp8.log $OUT/ch.log | cut -c1-60; grep -hE "decode B=" $OUT/moe.log | cut -c1-70
