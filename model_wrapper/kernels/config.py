@@ -254,6 +254,16 @@ class KernelConfig:
     # rows': batch-1 steps, ms (block / per-channel), default / default again against 64k weights a program: H200 (c3)
     # 2.743 / 2.744 against 2.689, 2.600 / 2.638 against 2.630; H100 (c4) 3.321 / 3.281 against 3.299, 3.215 / 3.231
     # against 3.259; 8 warps, 16k, or 64k in two row blocks slower on both cards
+    # the FP8 GEMV's x loaded a copy for each row of blocks of at most fp8_gemv_x_rows_max rows, in the weights' own
+    # layout: no exchange of x's halves between threads (SHFL + FSEL) before the products (sm90 SASS, Triton 3.8:
+    # gate_up 5.09 -> 4.72 instructions a weight, down 6.14 -> 5.46; qkv / o at 4 rows a block 4.59 -> 5.31).
+    # Session 53, Llama-3-8B batch 1 (bench_fp8.py --decode-only), ms with 2 / default 0 and again: H200 (c5) block
+    # FP8 2.637 / 2.732 / 2.747, per-channel 2.583 / 2.601 / 2.622; H100 (c6) block 3.249, 3.253 / 3.295 / 3.299,
+    # per-channel 3.203, 3.194 / 3.192 / 3.218 (4 rows: 3.255 / 3.192; with down at 64k weights 3.268 / 3.209);
+    # Qwen3-30B-A3B with block-FP8 attention projections (bench_moe.py ckpt-fp8, H100) 2.29 / 2.27 / 2.29.
+    # Not kept: a chunk's 16 products as one FMA chain in column order (instructions a weight -7 to -9%, H200 c5
+    # batch 1 block FP8 3.005-3.041 ms against 2.732 / 2.747)
+    fp8_gemv_x_rows_max: int = 2
     fp8_gemv_wide_k: int = 8192
     fp8_gemv_wide_tile: int = 32768
     fp8_gemv_wide_warps: int = 4

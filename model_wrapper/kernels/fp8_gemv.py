@@ -18,6 +18,12 @@ e4m3 -> fp32 is the compiler's conversion (sm90: e4m3x2 -> f16x2, then f16 -> f3
 bits instead (byte s.eeee.mmm -> fp16 s.0eeee.mmm0000000, the value times 2^-8 exactly, then
 f16 -> f32) took twice the instructions a weight and was 1.2x slower (benchmarks/RESULTS.md).
 
+x (KernelConfig.fp8_gemv_x_rows_max): blocks of at most that many rows load x once a row, as
+[chunks, rows, CH] pointers beside the weights', so that x arrives in the weights' own layout (16
+columns a thread); loaded once as [chunks, CH], it comes 8 columns a thread (16-byte loads of bf16)
+and the compiler exchanges halves between neighbouring threads (SHFL + two FSEL a value). The copies
+come from L1. Larger blocks keep the one load, whose exchange their rows share.
+
 Rounds (KernelConfig.fp8_gemv_rounds, bounded as kernels/gemv.py's gemv_rounds): a program takes its
 tile as that many blocks of rows in turn, the next block's loads issued before the products of the one
 before, as the bf16 GEMV does.
@@ -42,7 +48,7 @@ from model_wrapper.kernels.norm import add_rms_norm_row
 
 @triton.jit
 def _chunk_sums(w, x):
-    """[chunks, rows, CH] e4m3 times x [chunks, 1, CH] fp32 -> [chunks, rows] fp32."""
+    """[chunks, rows, CH] e4m3 times x [chunks, 1 or rows, CH] fp32 -> [chunks, rows] fp32."""
     return tl.sum(w.to(tl.float32) * x, axis=2)
 
 
@@ -101,7 +107,7 @@ def _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K: tl.constexp
 @triton.jit
 def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s, su,
                b, bu, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
-               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R):
+               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R, XROWS: tl.constexpr):
     """A block's products with each of the M tokens' x (NORM: nw * RMSNorm(x + r), with h + r stored to
     ro where STORE_R), scaled, its bias and SiLU epilogue, stored to its rows of o."""
     PER_GROUP: tl.constexpr = GROUP < K
@@ -113,7 +119,14 @@ def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o
             x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
                                  STORE_R, False).to(tl.float32)[:, None, :]
         else:
-            x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0).to(tl.float32)[:, None, :]
+            if XROWS:
+                # x as [chunks, rows, CH], each row's copy loaded (from L1) in the weights' own layout: no exchange
+                # of x's halves between threads (SHFL + FSEL) before the products
+                zr = (rows * 0)[None, :, None]
+                x = tl.load(x_ptr + m * stride_x + cols[:, None, :] + zr, mask=(ch * CH < K)[:, None, None],
+                            other=0.0).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0).to(tl.float32)[:, None, :]
         acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b
@@ -130,7 +143,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
                      stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
                      NCH: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr,
                      HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
-                     FENCE: tl.constexpr):
+                     FENCE: tl.constexpr, XROWS: tl.constexpr):
     # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
     # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
     # SILU as in kernels/gemv.py: gate rows [0, N), up rows [N, 2N) of the weight, scales and bias.
@@ -153,7 +166,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
                 loads_fence()
         w, wu, s, su, b, bu = blk
         _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s,
-                   su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0))
+                   su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0), XROWS)
         blk = nxt
         rows += BLOCK_N
 
@@ -179,6 +192,12 @@ def gemv_launch(K: int, cfg: KernelConfig = DEFAULT) -> tuple[int, int]:
     if K > cfg.fp8_gemv_wide_k:
         return cfg.fp8_gemv_wide_tile, cfg.fp8_gemv_wide_warps
     return cfg.fp8_gemv_tile, cfg.fp8_gemv_warps
+
+
+def gemv_x_rows(block_n: int, norm: bool, cfg: KernelConfig = DEFAULT) -> bool:
+    """The kernel's XROWS: x loaded a copy for each row of a block of at most cfg.fp8_gemv_x_rows_max rows, in the
+    weights' layout (module docstring), without the norm prologue."""
+    return not norm and 0 < block_n <= cfg.fp8_gemv_x_rows_max
 
 
 def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT, rounds: int = 1) -> int:
@@ -209,5 +228,6 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
         x, weight, weight_scale, x if bias is None else bias, out, r, nw, r_out, eps, N, x.stride(0), weight.stride(0),
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), CH=ch,
         NCH=nch, M=M, BLOCK_N=block_n, ROUNDS=rounds, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None,
-        PDL=pdl, FENCE=x.is_cuda and rounds > 1, num_warps=gemv_launch(K, cfg)[1], **launch_args(pdl))
+        PDL=pdl, FENCE=x.is_cuda and rounds > 1, XROWS=gemv_x_rows(block_n, add_norm is not None, cfg),
+        num_warps=gemv_launch(K, cfg)[1], **launch_args(pdl))
     return out

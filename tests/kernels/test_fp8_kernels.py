@@ -143,7 +143,10 @@ def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
 GEMV_CONFIGS = {"default": KernelConfig(),
                 "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
                 "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8),
-                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4)}
+                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4),
+                "x-rows": KernelConfig(fp8_gemv_x_rows_max=4, fp8_gemv_tile=8192),
+                "x-rows-rounds": KernelConfig(fp8_gemv_x_rows_max=2, fp8_gemv_rounds=2, fp8_gemv_tile=4096,
+                                              gemv_rounds_max_tokens=4)}
 
 
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS.values(), ids=GEMV_CONFIGS.keys())
@@ -153,11 +156,13 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
     of 128 with K not a multiple of 128 (nor of 16), one group a row, groups of 32 and 48 (chunks
     of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
     over [gate | up] rows and scales; under several chunks and tiles of the kernel, and programs of
-    three row blocks taken in turn (fp8_gemv_rounds; rows of up to 8192, at 1-4 tokens here)."""
+    three row blocks taken in turn (fp8_gemv_rounds; rows of up to 8192, at 1-4 tokens here), and the
+    x loaded a copy a row (fp8_gemv_x_rows_max)."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
                                           (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),
-                                          (4, 5, 392, 392, True, False), (3, 24, 480, 48, False, True)):
+                                          (4, 5, 392, 392, True, False), (3, 24, 480, 48, False, True),
+                                          (1, 7, 2048, 128, True, True)):
         w, s = make_weight(N, K, group, g)
         b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
         x = rows(M, K, dtype, g, strided=strided)

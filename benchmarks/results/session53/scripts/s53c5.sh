@@ -1,0 +1,17 @@
+# session 53 c5: the FP8 GEMV's products as FMA chains (ch), x loaded a copy a row (x), both (chx); batch 1-2
+source .gpu/device-setup.sh > $OUT/setup.log 2>&1
+nvidia-smi -L > $OUT/gpus.txt
+timeout 100 python3 -m pytest -q tests/kernels/test_fp8_kernels.py -k gemv > $OUT/t.log 2>&1
+echo "t rc=$? $(date +%T)" >> $OUT/rc.txt
+V='{"ch":{"fp8_gemv_fma_chain":true},"x":{"fp8_gemv_x_rows_max":2},"chx":{"fp8_gemv_fma_chain":true,"fp8_gemv_x_rows_max":2},"again":{},"chx2":{"fp8_gemv_fma_chain":true,"fp8_gemv_x_rows_max":2}}'
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_fp8.py --decode-only --batches 1,2 --configs fp8 \
+  --fp8-variants "$V" --out $OUT/fp8 > $OUT/fp8.log 2>&1
+echo "fp8 rc=$? $(date +%T)" >> $OUT/rc.txt
+timeout 120 taskset -c 0-15 python3 benchmarks/bench_fp8.py --kind channel --decode-only --batches 1 --configs fp8 \
+  --fp8-variants "$V" --out $OUT/chn > $OUT/chn.log 2>&1
+echo "chn rc=$? $(date +%T)" >> $OUT/rc.txt
+VM='{"ckpt-chx-fp8":{"fp8_gemv_fma_chain":true,"fp8_gemv_x_rows_max":2},"ckpt-again-fp8":{},"ckpt-chx2-fp8":{"fp8_gemv_fma_chain":true,"fp8_gemv_x_rows_max":2}}'
+timeout 150 taskset -c 0-15 python3 benchmarks/bench_moe.py --no-peer --decode-only --batches 1 --contexts 512 \
+  --variants ckpt-fp8 --variants-json "$VM" --out $OUT/moe > $OUT/moe.log 2>&1
+echo "moe rc=$? $(date +%T)" >> $OUT/rc.txt
+cat $OUT/gpus.txt $OUT/rc.txt; tail -2 $OUT/t.log; grep -hE "^decode" $OUT/fp8.log $OUT/chn.log | cut -c1-60; grep -hE "decode B=" $OUT/moe.log | cut -c1-70
