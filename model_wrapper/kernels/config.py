@@ -161,6 +161,18 @@ class KernelConfig:
     moe_fp8_direct: bool = True
     moe_fp8_direct_tile: int = 16384
     moe_fp8_direct_down_tile: int = 16384
+    # the direct GEMVs' warps at 1 token and at 2+ tokens (session 53: sm90 SASS instructions a weight at 8 / 4 / 2
+    # warps, gate_up 7.25 / 6.12 / 4.59, down 12.3 / 9.4 / 7.6: a program's fixed costs over more weights a thread).
+    # Qwen3-30B-A3B FP8 experts, bench_moe.py --decode-only, ms at batch 1 / 2 / 3 / 4, 2 warps from 2 tokens
+    # against 8 (and again): H200 (c8) 2.11 / 2.95 / 4.13 / 4.15 against 2.10 / 3.04 / 4.51 / 4.52 (2.09 / 3.03 /
+    # 4.50 / 4.52); H100 (c9) 2.45 / 3.37 / 4.77 / 4.81 and 2.45 / 3.38 / 4.75 / 4.79 against 2.42 / 3.43 / 4.94 /
+    # 5.00 (2.45 / 3.44 / 4.96 / 4.99). At 1 token 4 or 2 warps are no faster (H200 c7: 2.11 / 2.13 against 2.09)
+    moe_fp8_direct_warps: int = 8  # at 1 token
+    moe_fp8_direct_multi_warps: int = 2  # at 2+ tokens
+    # down's act loaded a copy a row in the tile's layout (no exchange through shared memory: 78 -> 52 registers at 8
+    # warps). Off: H200 (c7) batch 2 / 4 2.96 / 4.39 against 3.02 / 4.52 at 8 warps, but at 2 warps (c8) 3.00 / 4.25
+    # against 2.95 / 4.15 without it; H100 (c9, 8 warps) 3.38 / 4.88 against 3.43 / 5.00
+    moe_fp8_direct_down_rows: bool = False
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)

@@ -60,7 +60,7 @@ def _compile_all() -> dict:
                 first = sass.find("FFMA")
                 loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"),
                                constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
-                               + 1]
+                               + max(1, 2048 * 2 // (16 * 32 * num_warps))]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
@@ -99,6 +99,23 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=tile_d // (8 * 1024), PDL=True,
                        PACKED=False, DIRECT=True), *gemv_launch)
+        if fp8:  # the direct GEMVs at 2+ tokens' warp count (moe_fp8_direct_multi_warps), down's act a copy a row
+            # (moe_fp8_direct_down_rows) at both counts
+            other = cfg.moe_fp8_direct_multi_warps  # (the 1-token launch: gemv_launch above at moe_gemv_warps)
+            tile_d, down_d = cfg.moe_fp8_direct_tile, cfg.moe_fp8_direct_down_tile
+            build(f"gemv gate_up {dt} direct w{other}", moe_gemv._gate_up_gemv_kernel,
+                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
+                  dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=tile_d // (2 * 2048), PDL=True,
+                       LOADS_FIRST=cfg.moe_gemv_loads_first, PACKED=False, DIRECT=True), other, 1)
+            build(f"gemv down {dt} direct w{other}", moe_gemv._down_gemv_kernel,
+                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=down_d // (8 * 1024), PDL=True,
+                       PACKED=False, DIRECT=True), other, 1)
+            for warps in (cfg.moe_fp8_direct_warps, other):
+                build(f"gemv down {dt} direct rows w{warps}", moe_gemv._down_gemv_kernel,
+                      dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                      dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=down_d // (8 * 1024), PDL=True,
+                           PACKED=False, DIRECT=True, XROWS=True), warps, 1)
         for pre, pairs in (("moe_", 1), ("moe_large_", cfg.moe_small_pairs + 1)):
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
@@ -145,7 +162,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 55
+    assert len(stacks) == 59
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
@@ -164,7 +181,7 @@ def test_gate_up_gemv_issues_its_tile_loads_before_its_products(built):
     16-byte load of its tile (and x's) in flight before its first FMA: without the fence ptxas interleaves the
     bf16 loads with the products."""
     for name, (before, total, want) in built["loads"].items():
-        # the tile's bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread)
+        # the tile's bytes over the program's threads in 16-byte loads, and x's (2048 bf16: one a thread at 8 warps)
         assert total == want and before == total, (name, before, total, want)
 
 
