@@ -123,6 +123,12 @@ class KernelConfig:
     # (H100 sweep: 40 us a layer at one token; 8192 was 1.7x slower in a variant since removed)
     moe_gemv_down_tile: int = 16384  # down weights a program holds (k experts x rows x padded I)
     moe_gemv_warps: int = 8
+    # at 2+ tokens (session 53: sm90 SASS instructions a weight at 8 / 4 warps, gate_up 8.1 / 5.8, down 13.5 / 10.8; at
+    # 2 warps down spills). Qwen3-30B-A3B bf16, bench_moe.py --decode-only, ms at batch 2 / 3 / 4 with 4 warps against
+    # 8 and 8 again, three H100 runs (c10-c12): 4.34 / 6.61 / 6.68 against 4.42 / 6.77 / 6.84 and 4.41 / 6.75 / 6.81;
+    # 4.35 / 6.63 / 6.62 against 4.42 / 6.78 / 6.77 and 4.41 / 6.78 / 6.80; 4.38 / 6.70 / 6.71 against 4.42 / 6.80 /
+    # 6.83 and 4.44 / 6.84 / 6.89. Not measured on an H200 (the calls for one got H100s)
+    moe_gemv_multi_warps: int = 4
     # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
     # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
     # (H100, sweep_moe.py --switches, a layer: 2 tokens 67.0 against 70.3 us, 4 tokens 108 against 114; 1 token within

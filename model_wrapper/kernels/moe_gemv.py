@@ -218,7 +218,10 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     pdl = uses_pdl(x.device, cfg)
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     direct = fp8 and cfg.moe_fp8_direct
-    warps = cfg.moe_gemv_warps if not direct else cfg.moe_fp8_direct_warps if T == 1 else cfg.moe_fp8_direct_multi_warps
+    if direct:
+        warps = cfg.moe_fp8_direct_warps if T == 1 else cfg.moe_fp8_direct_multi_warps
+    else:
+        warps = cfg.moe_gemv_warps if T == 1 else cfg.moe_gemv_multi_warps
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),

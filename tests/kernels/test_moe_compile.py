@@ -99,6 +99,16 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=tile_d // (8 * 1024), PDL=True,
                        PACKED=False, DIRECT=True), *gemv_launch)
+        if not fp8:  # the 16-bit GEMVs at 2+ tokens' warp count (moe_gemv_multi_warps)
+            w = cfg.moe_gemv_multi_warps
+            build(f"gemv gate_up {dt} w{w}", moe_gemv._gate_up_gemv_kernel,
+                  dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
+                  dict(TOP_K=8, KP=2048, FP8=fp8, GROUP=128, BLOCK_N=block_n, PDL=True,
+                       LOADS_FIRST=cfg.moe_gemv_loads_first, PACKED=False), w, 1)
+            build(f"gemv down {dt} w{w}", moe_gemv._down_gemv_kernel,
+                  dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
+                  dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=False),
+                  w, 1)
         if fp8:  # the direct GEMVs at 2+ tokens' warp count (moe_fp8_direct_multi_warps), down's act a copy a row
             # (moe_fp8_direct_down_rows) at both counts
             other = cfg.moe_fp8_direct_multi_warps  # (the 1-token launch: gemv_launch above at moe_gemv_warps)
@@ -162,7 +172,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 59
+    assert len(stacks) == 61
     assert {name: s for name, s in stacks.items() if s} == {}
 
 
