@@ -126,7 +126,8 @@ def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o
                 x = tl.load(x_ptr + m * stride_x + cols[:, None, :] + zr, mask=(ch * CH < K)[:, None, None],
                             other=0.0).to(tl.float32)
             else:
-                x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0).to(tl.float32)[:, None, :]
+                x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0)
+                x = x.to(tl.float32)[:, None, :]
         acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b

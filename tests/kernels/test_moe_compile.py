@@ -58,9 +58,10 @@ def _compile_all() -> dict:
                 sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name], capture_output=True,
                                       text=True, check=True).stdout
                 first = sass.find("FFMA")
+                lane_bytes = 16 * 32 * num_warps  # a 16-byte load by every thread of the program
                 loads[name] = [sass.count("LDG.E.128", 0, first), sass.count("LDG.E.128"),
-                               constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // (16 * 32 * num_warps)
-                               + max(1, 2048 * 2 // (16 * 32 * num_warps))]
+                               constexprs["BLOCK_N"] * 2 * 2048 * (1 if constexprs["FP8"] else 2) // lane_bytes
+                               + max(1, 2048 * 2 // lane_bytes)]
 
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
