@@ -282,6 +282,10 @@ class KernelConfig:
     # Not kept: a chunk's 16 products as one FMA chain in column order (instructions a weight -7 to -9%, H200 c5
     # batch 1 block FP8 3.005-3.041 ms against 2.732 / 2.747)
     fp8_gemv_x_rows_max: int = 2
+    # a 1-token program of several rounds (qkv / o / gate_up) loads x once for all of them instead of once a round
+    # (kernels/fp8_gemv.py). Written in session 53 after its last GPU call: off until measured. sm90 SASS instructions
+    # a weight: qkv / o 4.59 -> 4.19 (registers 159 -> 228), gate_up 4.72 (x a copy a row) -> 4.53 (139 registers)
+    fp8_gemv_x_once: bool = False
     fp8_gemv_wide_k: int = 8192
     fp8_gemv_wide_tile: int = 32768
     fp8_gemv_wide_warps: int = 4

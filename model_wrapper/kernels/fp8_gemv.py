@@ -22,7 +22,10 @@ x (KernelConfig.fp8_gemv_x_rows_max): blocks of at most that many rows load x on
 [chunks, rows, CH] pointers beside the weights', so that x arrives in the weights' own layout (16
 columns a thread); loaded once as [chunks, CH], it comes 8 columns a thread (16-byte loads of bf16)
 and the compiler exchanges halves between neighbouring threads (SHFL + two FSEL a value). The copies
-come from L1. Larger blocks keep the one load, whose exchange their rows share.
+come from L1. Larger blocks keep the one load, whose exchange their rows share. With
+KernelConfig.fp8_gemv_x_once (off: not yet measured on a GPU), a 1-token program of several rounds loads
+and exchanges x once after its PDL wait for all its rounds, instead of once a round (this takes
+precedence over the copy a row).
 
 Rounds (KernelConfig.fp8_gemv_rounds, bounded as kernels/gemv.py's gemv_rounds): a program takes its
 tile as that many blocks of rows in turn, the next block's loads issued before the products of the one
@@ -107,7 +110,8 @@ def _block_load(w_ptr, s_ptr, b_ptr, rows, N, stride_w, stride_s, K: tl.constexp
 @triton.jit
 def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s, su,
                b, bu, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr, M: tl.constexpr,
-               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R, XROWS: tl.constexpr):
+               HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, STORE_R, XROWS: tl.constexpr,
+               xpre, XONCE: tl.constexpr):
     """A block's products with each of the M tokens' x (NORM: nw * RMSNorm(x + r), with h + r stored to
     ro where STORE_R), scaled, its bias and SiLU epilogue, stored to its rows of o."""
     PER_GROUP: tl.constexpr = GROUP < K
@@ -118,6 +122,8 @@ def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o
         if NORM:
             x = add_rms_norm_row(x_ptr + m * stride_x, r_ptr + m * stride_r, ro_ptr + m * stride_ro, nw, cols, K, eps,
                                  STORE_R, False).to(tl.float32)[:, None, :]
+        elif XONCE:
+            x = xpre
         else:
             if XROWS:
                 # x as [chunks, rows, CH], each row's copy loaded (from L1) in the weights' own layout: no exchange
@@ -144,7 +150,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
                      stride_o, stride_r, stride_ro, K: tl.constexpr, GROUP: tl.constexpr, CH: tl.constexpr,
                      NCH: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, ROUNDS: tl.constexpr,
                      HAS_BIAS: tl.constexpr, SILU: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
-                     FENCE: tl.constexpr, XROWS: tl.constexpr):
+                     FENCE: tl.constexpr, XROWS: tl.constexpr, XONCE: tl.constexpr):
     # chunks [NCH] (K / CH padded to a power of 2) x CH columns; CH divides K and the group, so a
     # chunk is all in or all out (the mask is constant along it: 16-byte loads) and has one scale.
     # SILU as in kernels/gemv.py: gate rows [0, N), up rows [N, 2N) of the weight, scales and bias.
@@ -158,6 +164,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
     if PDL:
         gdc_launch_dependents()
         gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
+    xpre = 0.0
+    if XONCE:  # one token's x for every round (module docstring)
+        chx = tl.arange(0, NCH)
+        xpre = tl.load(x_ptr + chx[:, None] * CH + tl.arange(0, CH)[None, :], mask=(chx * CH < K)[:, None], other=0.0)
+        xpre = xpre.to(tl.float32)[:, None, :]
     for j in tl.static_range(ROUNDS):
         nxt = blk
         if j + 1 < ROUNDS:
@@ -167,7 +178,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
                 loads_fence()
         w, wu, s, su, b, bu = blk
         _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o, stride_r, stride_ro, w, wu, s,
-                   su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0), XROWS)
+                   su, b, bu, K, GROUP, CH, NCH, M, HAS_BIAS, SILU, NORM, (tl.program_id(0) == 0) & (j == 0), XROWS,
+                   xpre, XONCE)
         blk = nxt
         rows += BLOCK_N
 
@@ -193,6 +205,12 @@ def gemv_launch(K: int, cfg: KernelConfig = DEFAULT) -> tuple[int, int]:
     if K > cfg.fp8_gemv_wide_k:
         return cfg.fp8_gemv_wide_tile, cfg.fp8_gemv_wide_warps
     return cfg.fp8_gemv_tile, cfg.fp8_gemv_warps
+
+
+def gemv_x_once(M: int, rounds: int, norm: bool, cfg: KernelConfig = DEFAULT) -> bool:
+    """The kernel's XONCE: one token's x loaded once for a program's rounds (cfg.fp8_gemv_x_once), without the norm
+    prologue."""
+    return cfg.fp8_gemv_x_once and M == 1 and rounds > 1 and not norm
 
 
 def gemv_x_rows(block_n: int, norm: bool, cfg: KernelConfig = DEFAULT) -> bool:
@@ -230,5 +248,5 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), CH=ch,
         NCH=nch, M=M, BLOCK_N=block_n, ROUNDS=rounds, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None,
         PDL=pdl, FENCE=x.is_cuda and rounds > 1, XROWS=gemv_x_rows(block_n, add_norm is not None, cfg),
-        num_warps=gemv_launch(K, cfg)[1], **launch_args(pdl))
+        XONCE=gemv_x_once(M, rounds, add_norm is not None, cfg), num_warps=gemv_launch(K, cfg)[1], **launch_args(pdl))
     return out

@@ -45,6 +45,7 @@ def _compile_all() -> dict:
     default = KernelConfig()
     # x's other load (fp8_gemv_x_rows_max: a copy a row, or one for all rows), at 1 token without the norm
     other = dataclasses.replace(default, fp8_gemv_x_rows_max=0 if default.fp8_gemv_x_rows_max else 4)
+    once = dataclasses.replace(default, fp8_gemv_x_once=not default.fp8_gemv_x_once)
     for name, (N, K, silu) in SHAPES.items():
         for group in (128, K):
             cases = [(m, nm, fp8_gemv.gemv_rounds(m, K, nm, default.fp8_gemv_rounds, default), default)
@@ -53,12 +54,15 @@ def _compile_all() -> dict:
             # one row block a program (fp8_gemv_rounds 1)
             cases += [(1, False, 1, default)] if name in ROUNDED else []
             cases += [(1, False, fp8_gemv.gemv_rounds(1, K, False, default.fp8_gemv_rounds, default), other)]
+            if name in ROUNDED or name == "gate_up":  # x once for the rounds (fp8_gemv_x_once)
+                cases += [(1, False, fp8_gemv.gemv_rounds(1, K, False, default.fp8_gemv_rounds, default), once)]
             for M, norm, rounds, cfg in cases:
                 ch = fp8_gemv.gemv_chunk(K, group, cfg.fp8_gemv_chunk)
                 block_n = fp8_gemv.gemv_block_n(M, K, group, silu, cfg, rounds)
                 constexprs = dict(K=K, GROUP=group, CH=ch, NCH=triton.next_power_of_2(K // ch), M=M,
                                   BLOCK_N=block_n, ROUNDS=rounds, HAS_BIAS=False, SILU=silu, NORM=norm, PDL=True,
-                                  FENCE=rounds > 1, XROWS=fp8_gemv.gemv_x_rows(block_n, norm, cfg))
+                                  FENCE=rounds > 1, XROWS=fp8_gemv.gemv_x_rows(block_n, norm, cfg),
+                                  XONCE=fp8_gemv.gemv_x_once(M, rounds, norm, cfg))
                 pointers = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", o_ptr="*bf16",
                                 r_ptr="*bf16", nw_ptr="*bf16", ro_ptr="*bf16")
                 sig = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "eps" else "i32")
@@ -80,14 +84,16 @@ def _compile_all() -> dict:
                     loads[op] = loads.get(op, 0) + 1
                 case = f"{name} group={'row' if group == K else group} M={M}{' +norm' if norm else ''}"
                 case += " one block" if name in ROUNDED and M == 1 and not norm and rounds == 1 else ""
-                case += " other x load" if cfg is other else ""
+                case += " other x load" if cfg is other else " x once" if cfg is once else ""
                 out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads)
     return out
 
 
 def test_fp8_gemv_compiles_for_sm90_without_spills_and_with_16_byte_weight_loads():
     built = run_child(__file__)
-    assert len(built) == (len(SHAPES) + len(NORMED)) * 2 * 2 + len(ROUNDED) * 2 + len(SHAPES) * 2, sorted(built)
+    # the defaults' cases, one row block a program, the other x load, x once (qkv, o, gate_up): two scales each
+    want = (len(SHAPES) + len(NORMED)) * 2 * 2 + len(ROUNDED) * 2 + len(SHAPES) * 2 + (len(ROUNDED) + 1) * 2
+    assert len(built) == want, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
     assert not spilled, spilled
     for case, r in built.items():

@@ -146,7 +146,8 @@ GEMV_CONFIGS = {"default": KernelConfig(),
                 "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4),
                 "x-rows": KernelConfig(fp8_gemv_x_rows_max=4, fp8_gemv_tile=8192),
                 "x-rows-rounds": KernelConfig(fp8_gemv_x_rows_max=2, fp8_gemv_rounds=2, fp8_gemv_tile=4096,
-                                              gemv_rounds_max_tokens=4)}
+                                              gemv_rounds_max_tokens=4),
+                "x-once-rounds": KernelConfig(fp8_gemv_x_once=True, fp8_gemv_rounds=2, fp8_gemv_tile=4096)}
 
 
 @pytest.mark.parametrize("cfg", GEMV_CONFIGS.values(), ids=GEMV_CONFIGS.keys())
@@ -157,7 +158,7 @@ def test_fp8_gemv_is_the_weight_only_product(dtype, cfg):
     of 16 in each), N odd (a part-filled last program), bias, strided rows, and the SiLU epilogue
     over [gate | up] rows and scales; under several chunks and tiles of the kernel, and programs of
     three row blocks taken in turn (fp8_gemv_rounds; rows of up to 8192, at 1-4 tokens here), and the
-    x loaded a copy a row (fp8_gemv_x_rows_max)."""
+    x loaded a copy a row (fp8_gemv_x_rows_max) or once for a program's rounds (fp8_gemv_x_once)."""
     g = torch.Generator().manual_seed(1)
     for M, N, K, group, bias, strided in ((1, 33, 300, 128, True, False), (2, 17, 1000, 1000, False, True),
                                           (2, 9, 4200, 128, True, True), (1, 40, 96, 32, False, False),
