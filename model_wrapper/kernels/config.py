@@ -167,18 +167,16 @@ class KernelConfig:
     moe_fp8_direct: bool = True
     moe_fp8_direct_tile: int = 16384
     moe_fp8_direct_down_tile: int = 16384
-    # the direct GEMVs' warps at 1 token and at 2+ tokens (session 53: sm90 SASS instructions a weight at 8 / 4 / 2
-    # warps, gate_up 7.25 / 6.12 / 4.59, down 12.3 / 9.4 / 7.6: a program's fixed costs over more weights a thread).
-    # Qwen3-30B-A3B FP8 experts, bench_moe.py --decode-only, ms at batch 1 / 2 / 3 / 4, 2 warps from 2 tokens
+    # the direct GEMVs' warps at 2+ tokens (1 token: moe_gemv_warps). Session 53: sm90 SASS instructions a weight at 8
+    # / 4 / 2 warps, gate_up 7.25 / 6.12 / 4.59, down 12.3 / 9.4 / 7.6 (a program's fixed costs over more weights a
+    # thread). Qwen3-30B-A3B FP8 experts, bench_moe.py --decode-only, ms at batch 1 / 2 / 3 / 4, 2 warps from 2 tokens
     # against 8 (and again): H200 (c8) 2.11 / 2.95 / 4.13 / 4.15 against 2.10 / 3.04 / 4.51 / 4.52 (2.09 / 3.03 /
     # 4.50 / 4.52); H100 (c9) 2.45 / 3.37 / 4.77 / 4.81 and 2.45 / 3.38 / 4.75 / 4.79 against 2.42 / 3.43 / 4.94 /
-    # 5.00 (2.45 / 3.44 / 4.96 / 4.99). At 1 token 4 or 2 warps are no faster (H200 c7: 2.11 / 2.13 against 2.09)
-    moe_fp8_direct_warps: int = 8  # at 1 token
-    moe_fp8_direct_multi_warps: int = 2  # at 2+ tokens
-    # down's act loaded a copy a row in the tile's layout (no exchange through shared memory: 78 -> 52 registers at 8
-    # warps). Off: H200 (c7) batch 2 / 4 2.96 / 4.39 against 3.02 / 4.52 at 8 warps, but at 2 warps (c8) 3.00 / 4.25
-    # against 2.95 / 4.15 without it; H100 (c9, 8 warps) 3.38 / 4.88 against 3.43 / 5.00
-    moe_fp8_direct_down_rows: bool = False
+    # 5.00 (2.45 / 3.44 / 4.96 / 4.99). At 1 token 4 or 2 warps are no faster (H200 c7: 2.11 / 2.13 against 2.09).
+    # Measured and taken out: down's act loaded a copy a row in the tile's layout (no exchange through shared memory):
+    # H200 (c7) batch 2 / 4 2.96 / 4.39 against 3.02 / 4.52 at 8 warps, but at 2 warps (c8) 3.00 / 4.25 against
+    # 2.95 / 4.15 without it
+    moe_fp8_direct_multi_warps: int = 2
     # routing (kernels/moe_route.py): softmax, top-k, renormalisation and cast in one kernel after the
     # router's projection (kernels.linear: the GEMV at 1-2 tokens); False: torch's ops (layers/moe.route)
     moe_fused_route: bool = True  # (H100 sweep: 40 us a layer at one token against 53 with torch's ops)
@@ -267,11 +265,6 @@ class KernelConfig:
     fp8_gemv_tile: int = 32768  # weights x tokens a program holds (kernels/fp8_gemv.gemv_block_n; H100, 1
     # token: 8k-32k within 0.5%, 64k 7% slower)
     fp8_gemv_warps: int = 4  # (8: 1-2% slower at 1 token, 20% at 2)
-    # rows wider than fp8_gemv_wide_k columns (a dense MLP's down): their own tile and warps (session 53: an H200
-    # profile of Llama-3-8B block FP8 at 1 token had down at 1.48x its bytes, gate_up at 1.11x). Left as the other
-    # rows': batch-1 steps, ms (block / per-channel), default / default again against 64k weights a program: H200 (c3)
-    # 2.743 / 2.744 against 2.689, 2.600 / 2.638 against 2.630; H100 (c4) 3.321 / 3.281 against 3.299, 3.215 / 3.231
-    # against 3.259; 8 warps, 16k, or 64k in two row blocks slower on both cards
     # the FP8 GEMV's x loaded a copy for each row of blocks of at most fp8_gemv_x_rows_max rows, in the weights' own
     # layout: no exchange of x's halves between threads (SHFL + FSEL) before the products (sm90 SASS, Triton 3.8:
     # gate_up 5.09 -> 4.72 instructions a weight, down 6.14 -> 5.46; qkv / o at 4 rows a block 4.59 -> 5.31).
@@ -280,15 +273,14 @@ class KernelConfig:
     # per-channel 3.203, 3.194 / 3.192 / 3.218 (4 rows: 3.255 / 3.192; with down at 64k weights 3.268 / 3.209);
     # Qwen3-30B-A3B with block-FP8 attention projections (bench_moe.py ckpt-fp8, H100) 2.29 / 2.27 / 2.29.
     # Not kept: a chunk's 16 products as one FMA chain in column order (instructions a weight -7 to -9%, H200 c5
-    # batch 1 block FP8 3.005-3.041 ms against 2.732 / 2.747)
+    # batch 1 block FP8 3.005-3.041 ms against 2.732 / 2.747); down (rows past 8192 columns) at its own tile / warps
+    # (64k weights: H200 c3 2.689 against 2.743 / 2.744 block, H100 c4 3.299 against 3.321 / 3.281 block and 3.259
+    # against 3.215 / 3.231 per-channel; 8 warps, 16k, 64k in two row blocks slower on both cards)
     fp8_gemv_x_rows_max: int = 2
     # a 1-token program of several rounds (qkv / o / gate_up) loads x once for all of them instead of once a round
     # (kernels/fp8_gemv.py). Written in session 53 after its last GPU call: off until measured. sm90 SASS instructions
     # a weight: qkv / o 4.59 -> 4.19 (registers 159 -> 228), gate_up 4.72 (x a copy a row) -> 4.53 (139 registers)
     fp8_gemv_x_once: bool = False
-    fp8_gemv_wide_k: int = 8192
-    fp8_gemv_wide_tile: int = 32768
-    fp8_gemv_wide_warps: int = 4
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
     # gemv_rounds of the FP8 GEMV (same bounds): 2 blocks of 16k (H100, bench_fp8.py --decode-only, two rows each,

@@ -199,14 +199,6 @@ def gemv_padded_k(K: int, group: int, cfg: KernelConfig = DEFAULT) -> int:
     return triton.next_power_of_2(K // ch) * ch
 
 
-def gemv_launch(K: int, cfg: KernelConfig = DEFAULT) -> tuple[int, int]:
-    """(weight-tokens a program holds, warps) for rows of K columns: cfg.fp8_gemv_wide_tile / _wide_warps past
-    cfg.fp8_gemv_wide_k columns, else cfg.fp8_gemv_tile / fp8_gemv_warps."""
-    if K > cfg.fp8_gemv_wide_k:
-        return cfg.fp8_gemv_wide_tile, cfg.fp8_gemv_wide_warps
-    return cfg.fp8_gemv_tile, cfg.fp8_gemv_warps
-
-
 def gemv_x_once(M: int, rounds: int, norm: bool, cfg: KernelConfig = DEFAULT) -> bool:
     """The kernel's XONCE: one token's x loaded once for a program's rounds (cfg.fp8_gemv_x_once), without the norm
     prologue."""
@@ -220,11 +212,11 @@ def gemv_x_rows(block_n: int, norm: bool, cfg: KernelConfig = DEFAULT) -> bool:
 
 
 def gemv_block_n(M: int, K: int, group: int, silu: bool, cfg: KernelConfig = DEFAULT, rounds: int = 1) -> int:
-    """Rows of a block: gemv_launch's tile of weight-tokens (rows x padded row x tokens; gate_up's rows
+    """Rows of a block: cfg.fp8_gemv_tile weight-tokens (rows x padded row x tokens; gate_up's rows
     count twice, gate and up) split into `rounds` blocks, a power of 2, at least 1. Per token: each
     token's x and sums take registers beside the weights' (at 2 tokens a full tile spilled on sm90)."""
     per_row = gemv_padded_k(K, group, cfg) * (2 if silu else 1) * max(M, 1)
-    return triton.next_power_of_2(max(1, gemv_launch(K, cfg)[0] // rounds // per_row) + 1) // 2
+    return triton.next_power_of_2(max(1, cfg.fp8_gemv_tile // rounds // per_row) + 1) // 2
 
 
 def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelConfig = DEFAULT,
@@ -248,5 +240,5 @@ def fp8_gemv(x, weight, weight_scale, group, bias=None, silu=False, cfg: KernelC
         weight_scale.stride(0), out.stride(0), r.stride(0), r_out.stride(0), K=K, GROUP=min(group, K), CH=ch,
         NCH=nch, M=M, BLOCK_N=block_n, ROUNDS=rounds, HAS_BIAS=bias is not None, SILU=silu, NORM=add_norm is not None,
         PDL=pdl, FENCE=x.is_cuda and rounds > 1, XROWS=gemv_x_rows(block_n, add_norm is not None, cfg),
-        XONCE=gemv_x_once(M, rounds, add_norm is not None, cfg), num_warps=gemv_launch(K, cfg)[1], **launch_args(pdl))
+        XONCE=gemv_x_once(M, rounds, add_norm is not None, cfg), num_warps=cfg.fp8_gemv_warps, **launch_args(pdl))
     return out

@@ -142,7 +142,7 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, N, K, stride_x, 
 def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, stride_act, stride_we, stride_wn,
                       stride_se, stride_sn, stride_y, TOP_K: tl.constexpr, SLOTS: tl.constexpr, KP: tl.constexpr,
                       FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
-                      PACKED: tl.constexpr, DIRECT: tl.constexpr = False, XROWS: tl.constexpr = False):
+                      PACKED: tl.constexpr, DIRECT: tl.constexpr = False):
     # the tile's rows: r = j * BLOCK_N + c is row (first + c) of the token's j-th expert; SLOTS = TOP_K
     # rounded up to a power of two, its extra slots masked
     t = tl.program_id(0)
@@ -173,12 +173,7 @@ def _down_gemv_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, y_ptr, N, K, strid
         gdc_launch_dependents()
     a = tl.load(act_ptr + p[:, None].to(tl.int64) * stride_act + cols[None, :], mask=slot_ok[:, None] & k_ok[None, :],
                 other=0.0).to(tl.float32)
-    if DIRECT and XROWS:  # each row's act row loaded for it in the tile's own layout: no exchange through shared
-        # memory (kernels/fp8_gemv.py's x_rows); KernelConfig.moe_fp8_direct_down_rows
-        a_rows = tl.load(act_ptr + (t * TOP_K + rj).to(tl.int64)[:, None] * stride_act + cols[None, :],
-                         mask=(rj < TOP_K)[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        acc = tl.reshape(_direct_dots(w, a_rows, ws, GROUP, KP), (SLOTS, BLOCK_N))
-    elif DIRECT:  # [SLOTS * BLOCK_N] rows against their slot's act row
+    if DIRECT:  # [SLOTS * BLOCK_N] rows against their slot's act row
         a_rows = tl.reshape(tl.broadcast_to(a[:, None, :], (SLOTS, BLOCK_N, KP)), (SLOTS * BLOCK_N, KP))
         acc = tl.reshape(_direct_dots(w, a_rows, ws, GROUP, KP), (SLOTS, BLOCK_N))
     else:
@@ -218,10 +213,7 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     pdl = uses_pdl(x.device, cfg)
     packed = cfg.moe_fp8_packed_round and fp8 and x.is_cuda and x.dtype == torch.bfloat16
     direct = fp8 and cfg.moe_fp8_direct
-    if direct:
-        warps = cfg.moe_fp8_direct_warps if T == 1 else cfg.moe_fp8_direct_multi_warps
-    else:
-        warps = cfg.moe_gemv_warps if T == 1 else cfg.moe_gemv_multi_warps
+    warps = cfg.moe_gemv_warps if T == 1 else cfg.moe_fp8_direct_multi_warps if direct else cfg.moe_gemv_multi_warps
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
     _gate_up_gemv_kernel[(T * k, triton.cdiv(inter, block_n))](
         x, gate_up, s, ids, act, inter, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), sse, ssn, act.stride(0),
@@ -232,7 +224,7 @@ def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up:
     _down_gemv_kernel[(T, triton.cdiv(H, block_n_down))](
         act, down, s, ids, rw, y, H, inter, act.stride(0), down.stride(0), down.stride(1), sse, ssn, y.stride(0),
         TOP_K=k, SLOTS=slots, KP=kp_i, FP8=fp8, GROUP=FP8_GROUP, BLOCK_N=block_n_down, PDL=pdl, PACKED=packed,
-        DIRECT=direct, XROWS=direct and cfg.moe_fp8_direct_down_rows, num_warps=warps, **launch_args(pdl))
+        DIRECT=direct, num_warps=warps, **launch_args(pdl))
     return y
 
 

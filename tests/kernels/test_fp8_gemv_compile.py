@@ -71,7 +71,7 @@ def _compile_all() -> dict:
                            if n in pointers or n.startswith("stride")}
                 kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs, attrs=aligned),
                                         target=GPUTarget("cuda", 90, 32),
-                                        options=dict(num_warps=fp8_gemv.gemv_launch(K, cfg)[1], num_stages=1))
+                                        options=dict(num_warps=cfg.fp8_gemv_warps, num_stages=1))
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(kernel.asm["cubin"])
                     f.flush()

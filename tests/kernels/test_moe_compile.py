@@ -110,9 +110,8 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=block_n_down, PDL=True, PACKED=False),
                   w, 1)
-        if fp8:  # the direct GEMVs at 2+ tokens' warp count (moe_fp8_direct_multi_warps), down's act a copy a row
-            # (moe_fp8_direct_down_rows) at both counts
-            other = cfg.moe_fp8_direct_multi_warps  # (the 1-token launch: gemv_launch above at moe_gemv_warps)
+        if fp8:  # the direct GEMVs at 2+ tokens' warp count (moe_fp8_direct_multi_warps; 1 token: gemv_launch)
+            other = cfg.moe_fp8_direct_multi_warps
             tile_d, down_d = cfg.moe_fp8_direct_tile, cfg.moe_fp8_direct_down_tile
             build(f"gemv gate_up {dt} direct w{other}", moe_gemv._gate_up_gemv_kernel,
                   dict(x_ptr="*bf16", ids_ptr="*i64", act_ptr="*bf16", **weights),
@@ -122,11 +121,6 @@ def _compile_all() -> dict:
                   dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
                   dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=down_d // (8 * 1024), PDL=True,
                        PACKED=False, DIRECT=True), other, 1)
-            for warps in (cfg.moe_fp8_direct_warps, other):
-                build(f"gemv down {dt} direct rows w{warps}", moe_gemv._down_gemv_kernel,
-                      dict(act_ptr="*bf16", ids_ptr="*i64", rw_ptr="*bf16", y_ptr="*bf16", **weights),
-                      dict(TOP_K=8, SLOTS=8, KP=1024, FP8=fp8, GROUP=128, BLOCK_N=down_d // (8 * 1024), PDL=True,
-                           PACKED=False, DIRECT=True, XROWS=True), warps, 1)
         for pre, pairs in (("moe_", 1), ("moe_large_", cfg.moe_small_pairs + 1)):
             for silu in (True, False):
                 for w8a8 in (False, True) if fp8 else (False,):  # FP8: weight-only, and KernelConfig.moe_fp8_w8a8
@@ -173,7 +167,7 @@ def built():
 
 def test_every_moe_kernel_compiles_for_sm90_without_spills(built):
     stacks = built["stacks"]
-    assert len(stacks) == 61
+    assert len(stacks) == 59
     assert {name: s for name, s in stacks.items() if s} == {}
 
 

@@ -160,17 +160,16 @@ DECODE_FP8_GEMV = dataclasses.replace(DECODE, moe_fp8_direct=False, moe_fp8_gemv
 # default); and H, I under one group (KP <= 128: a scale a row) below
 DECODE_FP8_DIRECT = dataclasses.replace(DECODE, moe_fp8_direct=True, moe_fp8_direct_tile=1024,
                                         moe_fp8_direct_down_tile=2048)
-# and with down's act loaded a copy a row (moe_fp8_direct_down_rows) at another warp count (moe_fp8_direct_warps)
-DECODE_FP8_DIRECT_ROWS = dataclasses.replace(DECODE_FP8_DIRECT, moe_fp8_direct_down_rows=True, moe_fp8_direct_warps=2,
-                                             moe_fp8_direct_multi_warps=1)
+# and at other warp counts (moe_gemv_warps at 1 token, moe_fp8_direct_multi_warps beyond)
+DECODE_FP8_DIRECT_WARPS = dataclasses.replace(DECODE_FP8_DIRECT, moe_gemv_warps=2, moe_fp8_direct_multi_warps=1)
 
 
 @interpreter_only
 @pytest.mark.parametrize("cfg,H,I", [(DECODE_FP8, 200, 136), (DECODE_FP8_WIDE, 200, 136), (DECODE_FP8_GEMV, 200, 136),
                                      (SORTED, 200, 136), (DECODE_FP8_DIRECT, 200, 136), (DECODE_FP8_DIRECT, 96, 40),
-                                     (DECODE_FP8_DIRECT_ROWS, 200, 136), (DECODE_FP8_DIRECT_ROWS, 96, 40)],
+                                     (DECODE_FP8_DIRECT_WARPS, 200, 136), (DECODE_FP8_DIRECT_WARPS, 96, 40)],
                          ids=["decode", "decode-wide", "decode-gemv", "sorted", "decode-direct", "decode-direct-1g",
-                              "decode-direct-rows", "decode-direct-rows-1g"])
+                              "decode-direct-warps", "decode-direct-warps-1g"])
 @pytest.mark.parametrize("T,E,k,routing", [(1, 8, 2, "random"), (3, 8, 3, "skew"), (6, 4, 2, "ties")])
 def test_fp8_experts_match_reference_on_dequantized_weights_interpreter(cfg, H, I, T, E, k, routing):
     """H = 200 and I = 136: two scale groups each, the second partly filled (H = 96, I = 40: one group a row)."""
@@ -309,9 +308,10 @@ CUDA_PATHS = {"default": KernelConfig(), "decode": DECODE_CUDA,
               "decode-fp8-dequant": dataclasses.replace(DECODE_CUDA, moe_fp8_direct=False),
               "decode-fp8-direct-32k": dataclasses.replace(DECODE_CUDA, moe_fp8_direct_tile=32768,
                                                            moe_fp8_direct_down_tile=32768),
-              # down's act a copy a row (moe_fp8_direct_down_rows), the direct GEMVs at 4 / 2 warps (1 / 2+ tokens)
-              "decode-fp8-direct-rows-w4": dataclasses.replace(DECODE_CUDA, moe_fp8_direct_down_rows=True,
-                                                               moe_fp8_direct_warps=4, moe_fp8_direct_multi_warps=2),
+              # the GEMVs at other warp counts: 4 at 1 token (moe_gemv_warps), 8 beyond (bf16: moe_gemv_multi_warps,
+              # FP8 experts: moe_fp8_direct_multi_warps)
+              "decode-warps": dataclasses.replace(DECODE_CUDA, moe_gemv_warps=4, moe_gemv_multi_warps=8,
+                                                  moe_fp8_direct_multi_warps=8),
               # (FP8 experts: weight-only, against the reference on the dequantized weights; W8A8 has its own tests)
               "sorted": KernelConfig(moe_decode_pairs=0, moe_fp8_w8a8=False),
               "sorted-torch-align": KernelConfig(moe_decode_pairs=0, moe_fused_align=False, moe_fp8_w8a8=False),
@@ -338,7 +338,7 @@ def test_fused_moe_matches_reference_cuda(path, T, E, k):
 @pytest.mark.cuda
 @on_cuda_skip
 @pytest.mark.parametrize("path", ["decode", "decode-fp8-s33", "decode-fp8-dequant", "decode-fp8-direct-32k",
-                                  "decode-fp8-direct-rows-w4", "decode-loop", "sorted"])
+                                  "decode-warps", "decode-loop", "sorted"])
 @pytest.mark.parametrize("T", [1, 16, 257, 4096])
 def test_fp8_experts_match_reference_cuda(path, T):
     if path.startswith("decode") and T > 257:
