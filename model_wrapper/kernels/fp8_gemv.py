@@ -56,6 +56,14 @@ def _chunk_sums(w, x):
 
 
 @triton.jit
+def _x_chunks(x_row, K: tl.constexpr, CH: tl.constexpr, NCH: tl.constexpr):
+    """One token's x (x_row: its first column) as fp32 [chunks, 1, CH], chunks past K zero."""
+    ch = tl.arange(0, NCH)
+    x = tl.load(x_row + ch[:, None] * CH + tl.arange(0, CH)[None, :], mask=(ch * CH < K)[:, None], other=0.0)
+    return x.to(tl.float32)[:, None, :]
+
+
+@triton.jit
 def _row_dots(w, x, s, PER_GROUP: tl.constexpr):
     """The rows' dot products with x, scaled: per chunk (s [chunks, rows], a scale per group) before
     the sum over chunks, or once after it (s [rows], a scale per row) -> [rows] fp32."""
@@ -132,8 +140,7 @@ def _block_out(x_ptr, o_ptr, r_ptr, ro_ptr, nw, eps, rows, N, stride_x, stride_o
                 x = tl.load(x_ptr + m * stride_x + cols[:, None, :] + zr, mask=(ch * CH < K)[:, None, None],
                             other=0.0).to(tl.float32)
             else:
-                x = tl.load(x_ptr + m * stride_x + cols, mask=(ch * CH < K)[:, None], other=0.0)
-                x = x.to(tl.float32)[:, None, :]
+                x = _x_chunks(x_ptr + m * stride_x, K, CH, NCH)
         acc = _row_dots(w, x, s, PER_GROUP)
         if HAS_BIAS:
             acc += b
@@ -166,9 +173,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, o_ptr, r_ptr, nw_ptr, ro_ptr, e
         gdc_wait()  # the kernel that wrote x is complete (the weights were read before it)
     xpre = 0.0
     if XONCE:  # one token's x for every round (module docstring)
-        chx = tl.arange(0, NCH)
-        xpre = tl.load(x_ptr + chx[:, None] * CH + tl.arange(0, CH)[None, :], mask=(chx * CH < K)[:, None], other=0.0)
-        xpre = xpre.to(tl.float32)[:, None, :]
+        xpre = _x_chunks(x_ptr, K, CH, NCH)
     for j in tl.static_range(ROUNDS):
         nxt = blk
         if j + 1 < ROUNDS:
