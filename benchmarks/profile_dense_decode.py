@@ -17,6 +17,7 @@ span longer than an unprofiled step (its wall time printed beside it). Writes de
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -91,6 +92,31 @@ def proj_bytes(gen) -> dict:
     return out
 
 
+def profile_case(gen, kv, perm, name: str, B: int, context: int, layers: int, floors: dict, cuda: bool) -> dict:
+    """One model / configuration at batch B: the unprofiled step, then (CUDA) a middle layer's kernels, printed
+    against their bytes' floors -> the JSON row."""
+    t = decode_case(gen, kv, 16, B, context, perm, 30 if cuda else 2)
+    print(f"=== {name} B={B} ctx={context}: {t * 1e3:.3f} ms a step (unprofiled)", flush=True)
+    row = dict(model=name, batch=B, step_ms=t * 1e3)
+    if not cuda:
+        return row
+    steps = profile_steps(decode_step(gen, kv, 16, B, context, perm), steps=5)
+    places = by_place(steps, layers)
+    span = sorted(max(r["ts"] + r["dur"] for r in s) - s[0]["ts"] for s in steps)[2]
+    print(f"profiled span {span:.1f} us; a middle layer, us (recorded / exclusive; floor of the bytes):")
+    layer_sum = 0.0
+    for place, p in places.items():
+        if place in ("setup", "tail"):
+            continue
+        layer_sum += p["excl"]
+        f = floors.get(place)
+        fs = f"  floor {f:6.2f}  x{p['excl'] / f:5.2f}" if f else ""
+        print(f"  {place:18s} {p['dur']:7.2f} / {p['excl']:6.2f}{fs}   {p['name']}")
+    print(f"  layer: {layer_sum:.2f} us exclusive (floor of its projections {sum(floors.values()):.2f});"
+          f" setup {places.get('setup', {}).get('excl', 0):.1f}, tail {places.get('tail', {}).get('excl', 0):.1f}")
+    return dict(row, profiled_span_us=span, layer=places, floors_us=floors, layer_excl_us=layer_sum)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -100,6 +126,8 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--models", default="bf16,fp8")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--variants", default=None,
+                    help='JSON {name: {KernelConfig field: value}}: each model profiled again under each ("fp8[name]")')
     args = ap.parse_args()
     dev, cuda = args.device, args.device == "cuda"
     cfg = tiny(LLAMA3_8B) if args.tiny else LLAMA3_8B
@@ -117,27 +145,13 @@ def main():
                 linear_to_fp8(lin, args.kind)
             gen.model_wrapper.set_kernel_config(gen.model_wrapper.kernel_config)  # drops the graphs
         floors = {r: b / bw * 1e6 for r, b in proj_bytes(gen).items()}
-        for B in (int(b) for b in args.batches.split(",")):
-            t = decode_case(gen, kv, 16, B, args.context, perm, 30 if cuda else 2)
-            print(f"=== {model} B={B} ctx={args.context}: {t * 1e3:.3f} ms a step (unprofiled)", flush=True)
-            if not cuda:
-                continue
-            steps = profile_steps(decode_step(gen, kv, 16, B, args.context, perm), steps=5)
-            places = by_place(steps, layers)
-            span = sorted(max(r["ts"] + r["dur"] for r in s) - s[0]["ts"] for s in steps)[2]
-            print(f"profiled span {span:.1f} us; a middle layer, us (recorded / exclusive; floor of the bytes):")
-            layer_sum = 0.0
-            for place, p in places.items():
-                if place in ("setup", "tail"):
-                    continue
-                layer_sum += p["excl"]
-                f = floors.get(place)
-                fs = f"  floor {f:6.2f}  x{p['excl'] / f:5.2f}" if f else ""
-                print(f"  {place:18s} {p['dur']:7.2f} / {p['excl']:6.2f}{fs}   {p['name']}")
-            print(f"  layer: {layer_sum:.2f} us exclusive (floor of its projections {sum(floors.values()):.2f});"
-                  f" setup {places.get('setup', {}).get('excl', 0):.1f}, tail {places.get('tail', {}).get('excl', 0):.1f}")
-            res["rows"].append(dict(model=model, batch=B, step_ms=t * 1e3, profiled_span_us=span, layer=places,
-                                    floors_us=floors, layer_excl_us=layer_sum))
+        base_cfg = gen.model_wrapper.kernel_config
+        for vname, over in [("", {})] + list(json.loads(args.variants or "{}").items()):
+            gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))  # drops the graphs
+            name = f"{model}[{vname}]" if vname else model
+            for B in (int(b) for b in args.batches.split(",")):
+                res["rows"].append(profile_case(gen, kv, perm, name, B, args.context, layers, floors, cuda))
+        gen.model_wrapper.set_kernel_config(base_cfg)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dense_profile.json"), "w") as f:
         json.dump(res, f, indent=1)

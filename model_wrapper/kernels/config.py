@@ -278,9 +278,11 @@ class KernelConfig:
     # against 3.215 / 3.231 per-channel; 8 warps, 16k, 64k in two row blocks slower on both cards)
     fp8_gemv_x_rows_max: int = 2
     # a 1-token program of several rounds (qkv / o / gate_up) loads x once for all of them instead of once a round
-    # (kernels/fp8_gemv.py). Written in session 53 after its last GPU call: off until measured. sm90 SASS instructions
-    # a weight: qkv / o 4.59 -> 4.19 (registers 159 -> 228), gate_up 4.72 (x a copy a row) -> 4.53 (139 registers)
-    fp8_gemv_x_once: bool = False
+    # (kernels/fp8_gemv.py). sm90 SASS instructions a weight: qkv / o 4.59 -> 4.19 (registers 159 -> 228), gate_up
+    # 4.72 (x a copy a row) -> 4.53 (139 registers). bench_fp8.py / bench_moe.py --decode-only batch 1, ms on / off /
+    # off again (H200, session 54): block FP8 2.624 / 2.617 / 2.650 (c1), 2.620 / 2.642 / 2.632 (c2); per-channel
+    # 2.564 / 2.578 / 2.592 (c1); Qwen3-30B-A3B with block-FP8 attention projections 1.96 / 1.99 / 2.01 (c1)
+    fp8_gemv_x_once: bool = True
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)
     # gemv_rounds of the FP8 GEMV (same bounds): 2 blocks of 16k (H100, bench_fp8.py --decode-only, two rows each,

@@ -23,7 +23,7 @@ x (KernelConfig.fp8_gemv_x_rows_max): blocks of at most that many rows load x on
 columns a thread); loaded once as [chunks, CH], it comes 8 columns a thread (16-byte loads of bf16)
 and the compiler exchanges halves between neighbouring threads (SHFL + two FSEL a value). The copies
 come from L1. Larger blocks keep the one load, whose exchange their rows share. With
-KernelConfig.fp8_gemv_x_once (off: not yet measured on a GPU), a 1-token program of several rounds loads
+KernelConfig.fp8_gemv_x_once (on), a 1-token program of several rounds loads
 and exchanges x once after its PDL wait for all its rounds, instead of once a round (this takes
 precedence over the copy a row).
 

@@ -54,7 +54,7 @@ def _compile_all() -> dict:
             # one row block a program (fp8_gemv_rounds 1)
             cases += [(1, False, 1, default)] if name in ROUNDED else []
             cases += [(1, False, fp8_gemv.gemv_rounds(1, K, False, default.fp8_gemv_rounds, default), other)]
-            if name in ROUNDED or name == "gate_up":  # x once for the rounds (fp8_gemv_x_once)
+            if name in ROUNDED or name == "gate_up":  # x once for the rounds or once a round (fp8_gemv_x_once toggled)
                 cases += [(1, False, fp8_gemv.gemv_rounds(1, K, False, default.fp8_gemv_rounds, default), once)]
             for M, norm, rounds, cfg in cases:
                 ch = fp8_gemv.gemv_chunk(K, group, cfg.fp8_gemv_chunk)
@@ -84,14 +84,17 @@ def _compile_all() -> dict:
                     loads[op] = loads.get(op, 0) + 1
                 case = f"{name} group={'row' if group == K else group} M={M}{' +norm' if norm else ''}"
                 case += " one block" if name in ROUNDED and M == 1 and not norm and rounds == 1 else ""
-                case += " other x load" if cfg is other else " x once" if cfg is once else ""
+                if cfg is once:
+                    case += " x once" if cfg.fp8_gemv_x_once else " x each round"
+                case += " other x load" if cfg is other else ""
                 out[case] = dict(stack=int(re.search(r"STACK:(\d+)", usage).group(1)), loads=loads)
     return out
 
 
 def test_fp8_gemv_compiles_for_sm90_without_spills_and_with_16_byte_weight_loads():
     built = run_child(__file__)
-    # the defaults' cases, one row block a program, the other x load, x once (qkv, o, gate_up): two scales each
+    # the defaults' cases, one row block a program, the other x load, x once toggled (qkv, o, gate_up): two scales
+    # each
     want = (len(SHAPES) + len(NORMED)) * 2 * 2 + len(ROUNDED) * 2 + len(SHAPES) * 2 + (len(ROUNDED) + 1) * 2
     assert len(built) == want, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
