@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--old", action="store_true", help="also the session-32 kernel")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--only", default=None, help="comma-separated variant names to run (default: all)")
+    ap.add_argument("--x32", action="store_true", help="also the default kernel on x held in fp32 (the same values: "
+                    "its products without x's conversions)")
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("ab_fp8_gemv needs a CUDA GPU (or --smoke)")
@@ -120,6 +122,9 @@ def main():
                     continue
                 c = dataclasses.replace(base, **over)
                 variants[name] = (lambda c: lambda i: fp8.fp8_gemv(x, ws[i], ss[i], group, silu=silu, cfg=c))(c)
+            if args.x32:
+                x32 = x.float()
+                variants["x fp32"] = lambda i: fp8.fp8_gemv(x32, ws[i], ss[i], group, silu=silu, cfg=base)
             variants["skinny"] = lambda i: fp8.fp8_skinny(x, ws[i], ss[i], group, silu=silu, cfg=base)
             variants["bf16"] = (lambda i: bf16["silu"](x, wb[i])) if silu else (lambda i: bf16["linear"](x, wb[i]))
             for name, fn in variants.items():
