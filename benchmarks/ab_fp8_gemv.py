@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--old", action="store_true", help="also the session-32 kernel")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of " + ",".join(SHAPES))
     ap.add_argument("--only", default=None, help="comma-separated variant names to run (default: all)")
+    ap.add_argument("--variants-json", default=None, help='JSON {name: {KernelConfig field: value}}: more rows of the '
+                    'kernel under other KernelConfig values, at every token count')
     ap.add_argument("--x32", action="store_true", help="also the default kernel on x held in fp32 (the same values: "
                     "its products without x's conversions)")
     args = ap.parse_args()
@@ -117,7 +119,7 @@ def main():
             variants = {}
             if M <= 2 and args.old:  # (its path's bound)
                 variants["old (session 32)"] = lambda i: old_fp8_gemv(x, ws[i], ss[i], group, silu)
-            for name, over in new_variants(M, args.smoke).items():
+            for name, over in {**new_variants(M, args.smoke), **json.loads(args.variants_json or "{}")}.items():
                 if args.only and name not in args.only.split(","):
                     continue
                 c = dataclasses.replace(base, **over)
