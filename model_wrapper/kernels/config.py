@@ -281,7 +281,8 @@ class KernelConfig:
     # (kernels/fp8_gemv.py). sm90 SASS instructions a weight: qkv / o 4.59 -> 4.19 (registers 159 -> 228), gate_up
     # 4.72 (x a copy a row) -> 4.53 (139 registers). bench_fp8.py / bench_moe.py --decode-only batch 1, ms on / off /
     # off again (H200, session 54): block FP8 2.624 / 2.617 / 2.650 (c1), 2.620 / 2.642 / 2.632 (c2); per-channel
-    # 2.564 / 2.578 / 2.592 (c1); Qwen3-30B-A3B with block-FP8 attention projections 1.96 / 1.99 / 2.01 (c1)
+    # 2.564 / 2.578 / 2.592 (c1); Qwen3-30B-A3B with block-FP8 attention projections 1.96 / 1.99 / 2.01 (c1). H100
+    # (c8): block 3.247 / 3.270 / 3.266, per-channel 3.186 / 3.211 / 3.215, Qwen3-30B-A3B 2.19 / 2.31 / 2.26
     fp8_gemv_x_once: bool = True
     fp8_gemv_max_k: int = 32768  # padded row (chunks padded to a power of 2 x chunk) a program holds
     fp8_gemv_chunk: int = 16  # columns a thread sums alone (16: one 16-byte load; 32 within noise)

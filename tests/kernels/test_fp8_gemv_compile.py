@@ -44,7 +44,9 @@ def _compile_all() -> dict:
     out = {}
     default = KernelConfig()
     # x's other load (fp8_gemv_x_rows_max: a copy a row, or one for all rows), at 1 token without the norm
-    other = dataclasses.replace(default, fp8_gemv_x_rows_max=0 if default.fp8_gemv_x_rows_max else 4)
+    # (and x once a round, where x once for the rounds would take precedence over either load)
+    other = dataclasses.replace(default, fp8_gemv_x_rows_max=0 if default.fp8_gemv_x_rows_max else 4,
+                                fp8_gemv_x_once=False)
     once = dataclasses.replace(default, fp8_gemv_x_once=not default.fp8_gemv_x_once)
     for name, (N, K, silu) in SHAPES.items():
         for group in (128, K):

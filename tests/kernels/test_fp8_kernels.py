@@ -143,10 +143,12 @@ def test_quantize_pads_rows_and_lays_scales_out_for_cublas():
 GEMV_CONFIGS = {"default": KernelConfig(),
                 "chunk8-small-tile": KernelConfig(fp8_gemv_chunk=8, fp8_gemv_tile=1024, fp8_gemv_warps=2),
                 "chunk32": KernelConfig(fp8_gemv_chunk=32, fp8_gemv_tile=65536, fp8_gemv_warps=8),
-                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4),
+                # (x once a round: fp8_gemv_x_once off, so that the per-round loads keep their 1-token cases)
+                "rounds": KernelConfig(fp8_gemv_rounds=3, fp8_gemv_tile=3072, gemv_rounds_max_tokens=4,
+                                       fp8_gemv_x_once=False),
                 "x-rows": KernelConfig(fp8_gemv_x_rows_max=4, fp8_gemv_tile=8192),
                 "x-rows-rounds": KernelConfig(fp8_gemv_x_rows_max=2, fp8_gemv_rounds=2, fp8_gemv_tile=4096,
-                                              gemv_rounds_max_tokens=4),
+                                              gemv_rounds_max_tokens=4, fp8_gemv_x_once=False),
                 "x-once-rounds": KernelConfig(fp8_gemv_x_once=True, fp8_gemv_rounds=2, fp8_gemv_tile=4096)}
 
 
