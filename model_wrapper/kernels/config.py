@@ -127,7 +127,8 @@ class KernelConfig:
     # 2 warps down spills). Qwen3-30B-A3B bf16, bench_moe.py --decode-only, ms at batch 2 / 3 / 4 with 4 warps against
     # 8 and 8 again, three H100 runs (c10-c12): 4.34 / 6.61 / 6.68 against 4.42 / 6.77 / 6.84 and 4.41 / 6.75 / 6.81;
     # 4.35 / 6.63 / 6.62 against 4.42 / 6.78 / 6.77 and 4.41 / 6.78 / 6.80; 4.38 / 6.70 / 6.71 against 4.42 / 6.80 /
-    # 6.83 and 4.44 / 6.84 / 6.89. Not measured on an H200 (the calls for one got H100s)
+    # 6.83 and 4.44 / 6.84 / 6.89. H200 (session 54 c1): 3.58 / 5.39 / 5.42 (and again 3.58 / 5.39 / 5.41) against
+    # 3.67 / 5.61 / 5.59 at 8 warps
     moe_gemv_multi_warps: int = 4
     # bf16 gate_up GEMV: every load of a program's tile issued before its products (a fence ptxas does not move
     # loads past; else it interleaves them, one or two 16-byte loads in flight a thread: sm90 SASS, 37 -> 63 registers)
