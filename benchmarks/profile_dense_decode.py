@@ -139,19 +139,17 @@ def main():
     gen = random_text_generator(cfg, device=dev, dtype=torch.bfloat16 if cuda else torch.float32)
     kv = gen.allocate_kv_cache(max(int(b) for b in args.batches.split(",")) * (-(-args.context // 16)) + 16, 16)
     perm = torch.randperm(kv[0][0].shape[0])
+    base_cfg = gen.model_wrapper.kernel_config  # every model's rows: it, then each variant over it
     for model in args.models.split(","):
         if model == "fp8":
             for lin in gen.model_wrapper.lora_linears().values():
-                linear_to_fp8(lin, args.kind)
-            gen.model_wrapper.set_kernel_config(gen.model_wrapper.kernel_config)  # drops the graphs
+                linear_to_fp8(lin, args.kind)  # (the variants' set_kernel_config below drops the graphs)
         floors = {r: b / bw * 1e6 for r, b in proj_bytes(gen).items()}
-        base_cfg = gen.model_wrapper.kernel_config
         for vname, over in [("", {})] + list(json.loads(args.variants or "{}").items()):
             gen.model_wrapper.set_kernel_config(dataclasses.replace(base_cfg, **over))  # drops the graphs
             name = f"{model}[{vname}]" if vname else model
             for B in (int(b) for b in args.batches.split(",")):
                 res["rows"].append(profile_case(gen, kv, perm, name, B, args.context, layers, floors, cuda))
-        gen.model_wrapper.set_kernel_config(base_cfg)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "dense_profile.json"), "w") as f:
         json.dump(res, f, indent=1)
