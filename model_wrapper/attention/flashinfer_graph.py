@@ -42,6 +42,7 @@ class DecodeGraphState:
                      verify bucket q_lens [size] and mask bits [size * q_per_req] (verify_attention)
     meta:            the same on the device; kv_indptr / kv_last / q_lens / bits are its views
     splits:          KV splits per (request, KV head) of the Triton kernel
+    launch:          the Triton decode kernel's launch keywords beside LAUNCH's (decode_attention.decode_plan)
     wrappers:        FlashInfer's BatchDecodeWithPagedKVCacheWrapper per window (use_cuda_graph)
     split_kv:        whether FlashInfer's plan may split the KV of a request (not: disable_split_kv)
     kv_dtype:        the caches' dtype (the model's, or float8_e4m3fn: K/V scaled per layer)
@@ -59,6 +60,7 @@ class DecodeGraphState:
     q_lens: torch.Tensor | None = None
     bits: torch.Tensor | None = None
     splits: int = 1
+    launch: dict = field(default_factory=dict)
     wrappers: dict = field(default_factory=dict)
     split_kv: bool = True
     kv_dtype: torch.dtype | None = None
@@ -76,7 +78,7 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
                              kv_dtype=kv_dtype if kv_dtype is not None else backend.kv_dtype)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if triton:  # the kernels' metadata: kv_indptr [size + 1], kv_last_page_len [size] (+ q_lens, bits)
-        from model_wrapper.kernels.decode_attention import cuda_e4m3, decode_splits
+        from model_wrapper.kernels.decode_attention import cuda_e4m3, decode_plan
 
         n = 2 * size + 1 + (size + size * q_per_req if q_per_req > 1 else 0)
         state.meta = torch.zeros(n, dtype=torch.int32, device=device)
@@ -86,8 +88,10 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
             state.q_lens = state.meta[2 * size + 1: 3 * size + 1]
             state.bits = state.meta[3 * size + 1:]
         # a verify program reads the same keys as a decode one (for q_per_req tokens at once)
-        state.splits = decode_splits(size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None,
-                                     cuda=q_per_req == 1 and cuda_e4m3(backend.kv_store.config, size))
+        cfg = backend.kv_store.config
+        state.splits, state.launch = decode_plan(
+            size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None,
+            cuda=q_per_req == 1 and cuda_e4m3(cfg, size), fat=q_per_req == 1 and cfg.decode_attention_fat)
         return state
     if q_per_req > 1:
         raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")
@@ -195,7 +199,7 @@ class GraphAttention(AttentionBackend):
                                           k_scale=ks, v_scale=vs, prefetch=cfg.decode_attention_prefetch,
                                           pdl=q.shape[0] <= cfg.decode_attention_pdl_max_batch
                                           and uses_pdl(q.device, cfg), cuda=cuda_e4m3(cfg, q.shape[0]),
-                                          quant_group=quant_group)
+                                          quant_group=quant_group, **s.launch)
         return s.wrappers[window].run(q, (k_cache, v_cache), **fp8_scales(self.kv_store, layer, k_cache.dtype))
 
     def rope_attend(self, layer, qkv, kv, window, batch, num_heads, num_kv_heads, qk_norm=None):
@@ -216,7 +220,8 @@ class GraphAttention(AttentionBackend):
                                      kv[0], kv[1], s.kv_indptr, s.indices, s.kv_last, self.scale, qk_norm=qk_norm,
                                      window=window, splits=s.splits, k_scale=ks, v_scale=vs,
                                      prefetch=cfg.decode_attention_prefetch,
-                                     pdl=B <= cfg.decode_attention_pdl_max_batch and uses_pdl(qkv.device, cfg))
+                                     pdl=B <= cfg.decode_attention_pdl_max_batch and uses_pdl(qkv.device, cfg),
+                                     **s.launch)
 
 
 def fp8_scales(kv_store, layer: int, kv_dtype: torch.dtype) -> dict:

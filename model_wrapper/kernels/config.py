@@ -461,6 +461,17 @@ class KernelConfig:
     # (batch 64 even); H200 batch 128 bf16 -2.8%, FP8 -2.5%; batches 2-32 even, batch 1 +2-3% slower on Qwen3-30B-A3B
     # (the q / k norms and RoPE on the attention's critical path, where PDL hid the separate kernel's)
     decode_rope_attention_min_batch: int = 64
+    # the graphs' single-token decode steps over a 16-bit cache whose (request, KV head) pairs fill from about a third of
+    # the SMs (decode_attention.FAT_MAX_SPLITS) to all of them: one program a SM (decode_attention.FAT: 128 keys a step,
+    # two K / V buffers of 64 KB, so one program fits a SM) with sms // pairs splits, instead of LAUNCH["16-bit"] (64
+    # keys, one buffer, several programs a SM) at decode_splits' ~2 programs a SM. H100, session 55: c2 (bench_fp8_kv.py
+    # --sweep --kv-dtype bf16 --kv-heads 4, Qwen3-30B-A3B's 32 q / 4 KV heads, the kernel and its merge alone, us)
+    # 32 x 512 16.9 against the default's 22.1 (4 splits), 32 x 2048 52.1 against 59.0. c3 (decode steps, ms, default
+    # / on / default again): Qwen3-30B-A3B FP8 experts batch 32 ctx 512 12.90 / 12.59 / 12.84, ctx 2048 14.57 / 14.26
+    # / 14.55, batch 16 10.19 / 10.09 / 10.14; bf16 batch 32 20.28 / 19.90 / 20.10, batch 16 15.28 / 15.08 / 15.27;
+    # Llama-3-8B bf16 batch 16 (128 pairs) 7.293 / 7.177 / 7.290, batch 8 (2 splits) 6.554 / 6.504 / 6.527; FP8 at
+    # 8-16 within the spread; 4 splits (Qwen3-30B-A3B batch 8) even to 1% slower, hence the bound
+    decode_attention_fat: bool = True
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
     # decode wrapper); the faster in benchmarks/bench_fp8_kv.py --sweep (H200, K/V bytes / time / copy

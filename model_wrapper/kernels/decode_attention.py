@@ -425,6 +425,23 @@ def decode_splits(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype
     return min(MAX_SPLITS, splits)
 
 
+# KernelConfig.decode_attention_fat's launch (a 16-bit cache): one program a SM, its K / V tiles double-buffered
+FAT = dict(block_n=128, num_warps=4, num_stages=5)
+FAT_MAX_SPLITS = 2  # its splits at most (the pairs at least about a third of the SMs; at 4, session 55 c3: even to +1%)
+
+
+def decode_plan(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype | None = None, cuda: bool = False,
+                fat: bool = False) -> tuple[int, dict]:
+    """A decode graph's (splits, launch keywords of paged_decode_attention): with fat (KernelConfig.decode_attention_fat)
+    over a 16-bit cache (kv_dtype not e4m3) whose (request, KV head) pairs are at most the SMs and at least enough that
+    sms // pairs <= FAT_MAX_SPLITS, FAT with sms // pairs splits (a program a SM); else decode_splits' splits and the
+    default launch ({})."""
+    pairs = max(1, batch * num_kv_heads)
+    if fat and kv_dtype != torch.float8_e4m3fn and pairs <= sms and sms // pairs <= FAT_MAX_SPLITS:
+        return max(1, sms // pairs), dict(FAT)
+    return decode_splits(batch, num_kv_heads, sms, kv_dtype, cuda=cuda), {}
+
+
 def cuda_e4m3(cfg, batch: int) -> bool:
     """Whether a decode step of `batch` rows over an e4m3 cache asks for kernels/e4m3_decode_cuda.py
     (KernelConfig.fp8_kv_decode_cuda, from fp8_kv_decode_cuda_min_batch rows): the graphs' splits and their

@@ -83,6 +83,39 @@ def test_decode_attention_is_the_direct_softmax(heads, kv_heads, splits, window)
     torch.testing.assert_close(got.double().cpu(), want, atol=tol, rtol=0)
 
 
+def test_decode_plan_takes_a_program_a_sm_where_the_pairs_nearly_fill_the_sms():
+    """KernelConfig.decode_attention_fat's rule (16-bit caches): sms // pairs splits and FAT's launch where that is at
+    most FAT_MAX_SPLITS (2) and the pairs at most the SMs; decode_splits' and the default launch elsewhere, for e4m3
+    caches and with the switch off."""
+    from model_wrapper.kernels.decode_attention import FAT, decode_plan, decode_splits
+
+    bf16, e4m3 = torch.bfloat16, torch.float8_e4m3fn
+    assert decode_plan(32, 4, 132, bf16, fat=True) == (1, FAT)  # Qwen3-30B-A3B batch 32: 128 pairs
+    assert decode_plan(16, 4, 132, bf16, fat=True) == (2, FAT)  # 64 pairs: 128 programs
+    assert decode_plan(16, 8, 132, None, fat=True) == (1, FAT)  # Llama-3-8B batch 16 (the model's dtype)
+    assert decode_plan(24, 4, 132, bf16, fat=True) == (1, FAT)
+    for batch, kvh, dtype, fat in ((34, 4, bf16, True), (16, 4, bf16, False), (1, 8, bf16, True), (8, 4, bf16, True),
+                                   (32, 4, e4m3, True)):
+        assert decode_plan(batch, kvh, 132, dtype, fat=fat) == (decode_splits(batch, kvh, 132, dtype), {})
+
+
+@pytest.mark.parametrize("batch", [3, 4, 8])
+def test_fat_launch_at_its_planned_splits_is_the_direct_softmax(batch):
+    """The launch decode_plan gives (FAT: 128 keys a step) at the splits it plans for 2 KV heads and 16 SMs (3 / 4 / 8
+    requests: 2 / 2 / 1 splits), uneven lengths."""
+    from model_wrapper.kernels.decode_attention import decode_plan
+
+    lens = ([1, PAGE + 1, 9 * PAGE + 3, 70 if INTERPRET else 300] * 2)[:batch]
+    k, v, tables, indptr, indices, last = _paged(lens, 2, seed=batch)
+    splits, launch = decode_plan(batch, 2, 16, DTYPE, fat=True)
+    assert launch and splits == 16 // (2 * batch)
+    q = torch.randn(batch, 8, D, generator=torch.Generator().manual_seed(2)).to(DTYPE)
+    on = [x.to(DEVICE) for x in (q, k, v, indptr, indices, last)]
+    got = paged_decode_attention(*on[:3], *on[3:], D**-0.5, splits=splits, **launch)
+    tol = 2e-3 if DTYPE == torch.float16 else 1.6e-2
+    torch.testing.assert_close(got.double().cpu(), _direct(q, k, v, tables, lens, D**-0.5, None), atol=tol, rtol=0)
+
+
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch: sm90+ GPUs")
 @pytest.mark.parametrize("splits", [1, 4, 16])
