@@ -295,6 +295,40 @@ def test_graph_replay_equals_eager_and_writes_only_named_slots(gpu_ckpt, batch, 
         assert torch.count_nonzero(k[untouched]) == 0, "a graph replay wrote outside the named slots"
 
 
+@pytest.mark.parametrize("batch", [17, 40])
+def test_graph_decode_with_a_program_a_sm_equals_the_default_launch(gpu_ckpt, batch):
+    """KernelConfig.decode_attention_fat (decode_attention.decode_plan): buckets 24 and 40 of a model with 2 KV heads
+    (48 / 80 (request, KV head) pairs: 2 / 1 splits of one program a SM on a GPU of 66-132 SMs) against the same
+    graphs with it off: the planned launch taken where on (its buckets' state), none where off; every decode step's
+    logits within bf16 rounding of each other (the same attention in other key blocks and splits), the greedy tokens
+    the same but where the top two are closer than the steps differ; the caches written only at the named slots."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 80 <= sms <= 132:
+        pytest.skip(f"the rule's bounds assume 80-132 SMs, this GPU has {sms}")
+    path = gpu_ckpt("llama31")
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (batch,), generator=g)]
+    tokens = torch.randint(0, 96, (4, batch), generator=g).tolist()
+    runs = {}
+    for fat in (False, True):
+        gen = TextGenerator.from_pretrained(path, device="cuda", dtype=torch.bfloat16, cuda_graphs=True,
+                                            kernel_config=KernelConfig(decode_attention_fat=fat))
+        runs[fat] = _decode_run(gen, prompts, tokens, num_blocks=256)
+        states = [bk.attn_state for bk in gen.model_wrapper.graphs._graphs.values()]
+        assert states and any(s.launch for s in states) == fat
+        del gen
+    for x, y in zip(runs[False][0], runs[True][0]):
+        assert rel_err(y, x) < 2e-2
+        ax, ay = x.argmax(-1, keepdim=True), y.argmax(-1, keepdim=True)
+        margin = (x.gather(-1, ax) - x.gather(-1, ay)).squeeze(-1)
+        assert torch.all((ax == ay).squeeze(-1) | (margin <= 2 * (x - y).abs().amax(-1)))
+    h = runs[True][1]
+    used = {blk for t in h.tables.values() for blk in t}
+    for k, _ in h.kv_cache:
+        untouched = [i for i in range(k.shape[0]) if i not in used]
+        assert torch.count_nonzero(k[untouched]) == 0, "a graph replay wrote outside the named slots"
+
+
 @pytest.mark.parametrize("family", ["llama31", "qwen3"])
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
 @pytest.mark.parametrize("batch", [1, 2, 5])
