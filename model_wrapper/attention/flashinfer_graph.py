@@ -78,6 +78,7 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
                              kv_dtype=kv_dtype if kv_dtype is not None else backend.kv_dtype)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     if triton:  # the kernels' metadata: kv_indptr [size + 1], kv_last_page_len [size] (+ q_lens, bits)
+        from model_wrapper.kernels.common import sm90
         from model_wrapper.kernels.decode_attention import cuda_e4m3, decode_plan
 
         n = 2 * size + 1 + (size + size * q_per_req if q_per_req > 1 else 0)
@@ -91,7 +92,8 @@ def make_state(backend, size: int, max_pages: int, windows, triton: bool, unspli
         cfg = backend.kv_store.config
         state.splits, state.launch = decode_plan(
             size, backend.num_kv_heads, sms, state.kv_dtype if q_per_req == 1 else None,
-            cuda=q_per_req == 1 and cuda_e4m3(cfg, size), fat=q_per_req == 1 and cfg.decode_attention_fat)
+            cuda=q_per_req == 1 and cuda_e4m3(cfg, size),
+            fat=q_per_req == 1 and cfg.decode_attention_fat and sm90(device))  # (measured on Hopper only)
         return state
     if q_per_req > 1:
         raise ValueError(f"q_per_req: a verify bucket ({q_per_req} rows per request) runs the Triton kernel only")

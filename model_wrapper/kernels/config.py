@@ -470,7 +470,8 @@ class KernelConfig:
     # / on / default again): Qwen3-30B-A3B FP8 experts batch 32 ctx 512 12.90 / 12.59 / 12.84, ctx 2048 14.57 / 14.26
     # / 14.55, batch 16 10.19 / 10.09 / 10.14; bf16 batch 32 20.28 / 19.90 / 20.10, batch 16 15.28 / 15.08 / 15.27;
     # Llama-3-8B bf16 batch 16 (128 pairs) 7.293 / 7.177 / 7.290, batch 8 (2 splits) 6.554 / 6.504 / 6.527; FP8 at
-    # 8-16 within the spread; 4 splits (Qwen3-30B-A3B batch 8) even to 1% slower, hence the bound
+    # 8-16 within the spread; 4 splits (Qwen3-30B-A3B batch 8) even to 1% slower, hence the bound. Hopper only (its
+    # two 64 KB buffers do not fit an sm89 GPU's shared memory, and no other GPU was measured)
     decode_attention_fat: bool = True
     # decode attention over an FP8 (e4m3) cache, eager steps and graphs: "triton" (kernels/
     # decode_attention.py, its launch in decode_attention.LAUNCH["e4m3"]) or "flashinfer" (its e4m3
