@@ -438,7 +438,7 @@ def decode_plan(batch: int, num_kv_heads: int, sms: int, kv_dtype: torch.dtype |
     default launch ({})."""
     pairs = max(1, batch * num_kv_heads)
     if fat and kv_dtype != torch.float8_e4m3fn and pairs <= sms and sms // pairs <= FAT_MAX_SPLITS:
-        return max(1, sms // pairs), dict(FAT)
+        return sms // pairs, dict(FAT)
     return decode_splits(batch, num_kv_heads, sms, kv_dtype, cuda=cuda), {}
 
 
