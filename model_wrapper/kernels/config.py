@@ -246,6 +246,13 @@ class KernelConfig:
     # themselves
     moe_w8a8_norm_quant: bool = True
     moe_w8a8_norm_quant_min_pairs: int = 256
+    # the grouped GEMMs' grid as (column blocks, pair blocks): programs launched together read neighbouring row blocks
+    # of one expert instead of one row block of each of many experts (kernels/moe.py N_FIRST); the same tiles and
+    # values. Session 56 (H100, bench_moe.py, Qwen3-30B-A3B, ms, default grid twice / this twice): c4 decode ctx 512,
+    # FP8 experts batch 8 7.66 / 7.62, 7.62 / 7.60, batch 32 12.62 / 12.60, 12.47 / 12.46, batch 128 16.28 / 16.28,
+    # 16.08 / 16.05; bf16 (once) batch 8 10.44 / 10.57, 10.53, batch 32 19.95 / 19.86, 19.74, batch 128 24.84 /
+    # 24.81, 24.55; c5 prefill 1k bf16 18.19 / 18.07, 17.77 / 17.82, FP8 experts 19.49 / 19.59, 19.39 / 19.38
+    moe_grid_n_first: bool = True
     moe_sum_block: int = 1024  # columns a program of the sorted path's sum over a token's k rows
 
     # FP8 (e4m3) weights (kernels/fp8.py). Steps of 1..fp8_gemv_max_tokens tokens: the weight-only

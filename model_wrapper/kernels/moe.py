@@ -55,7 +55,7 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
                      TOP_K: tl.constexpr, SILU: tl.constexpr, WEIGHTED: tl.constexpr, FP8: tl.constexpr,
                      W8A8: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, PDL: tl.constexpr, TMA_W: tl.constexpr = False,
-                     SWAP: tl.constexpr = False):
+                     SWAP: tl.constexpr = False, N_FIRST: tl.constexpr = False):
     # W8A8 (FP8 experts, KernelConfig.moe_fp8_w8a8): a is e4m3 with float32 scales as_ptr [rows, groups] (per row
     # and GROUP columns); BLOCK_K == GROUP, so each K step is one e4m3 x e4m3 product scaled by its row's and
     # column's scales before it joins the fp32 sum. Otherwise FP8 dequantizes the weight tile to a's dtype.
@@ -65,8 +65,10 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, o_ptr, pairs_ptr, block_expert
     # ([BLOCK_N, BLOCK_M] sums, transposed once after the K loop), as the dense e4m3 skinny kernel multiplies: sm90
     # builds wgmma e4m3 products for BLOCK_N >= 64, where a 16-pair M side builds mma.sync ones on fp16 conversions
     # of both operands; with TMA_W the weight tile goes to the MMA as it is stored (no transposed view).
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    # N_FIRST (KernelConfig.moe_grid_n_first): the grid is (n blocks, m blocks), so that programs launched together
+    # read neighbouring row blocks of one expert instead of one row block of many experts
+    pid_m = tl.program_id(1 if N_FIRST else 0)
+    pid_n = tl.program_id(0 if N_FIRST else 1)
     if PDL:
         gdc_wait()  # the kernel before (the align's scatter, or gate_up) is complete
         gdc_launch_dependents()
@@ -176,6 +178,10 @@ def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOC
     tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
 
 
+def _grid(m_blocks: int, n_blocks: int, n_first: bool) -> tuple[int, int]:
+    return (n_blocks, m_blocks) if n_first else (m_blocks, n_blocks)
+
+
 def grouped_tile(cfg: KernelConfig, pairs: int, fp8: bool, w8a8: bool) -> tuple[int, int, int, int, int]:
     """The sorted path's grouped-GEMM launch (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) for a step of pairs
     token-expert pairs: the moe_* set up to moe_small_pairs, then moe_large_* (W8A8: moe_w8a8_large_*); FP8 experts
@@ -274,16 +280,17 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     else:
         a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(inter, bn))](
+    nf = cfg.moe_grid_n_first
+    _moe_gemm_kernel[_grid(m_blocks, triton.cdiv(inter, bn), nf)](
         a, a_s, gate_up, s, act, pairs, block_expert, rw, weight_descriptor(gate_up, bn, bk) if tma else gate_up, P, E,
         inter, H, a.stride(0), a_s.stride(0), a_s.stride(1), gate_up.stride(0), gate_up.stride(1), sse, ssn,
-        act.stride(0), 2 * inter, SILU=True, WEIGHTED=False, **launch)
+        act.stride(0), 2 * inter, SILU=True, WEIGHTED=False, N_FIRST=nf, **launch)
     a, a_s = _w8a8_operand(act, w8a8)  # (W8A8: each pair's activation row per 128 columns)
     s, sse, ssn = scale_args(down_scale, down)
-    _moe_gemm_kernel[(m_blocks, triton.cdiv(H, bn))](
+    _moe_gemm_kernel[_grid(m_blocks, triton.cdiv(H, bn), nf)](
         a, a_s, down, s, out, pairs, block_expert, rw, weight_descriptor(down, bn, bk) if tma else down, P, E, H, inter,
         a.stride(0), a_s.stride(0), a_s.stride(1), down.stride(0), down.stride(1), sse, ssn, out.stride(0), H,
-        SILU=False, WEIGHTED=True, **launch)
+        SILU=False, WEIGHTED=True, N_FIRST=nf, **launch)
     y = torch.empty(T, H, dtype=x.dtype, device=x.device)
     _sum_k_kernel[(T, triton.cdiv(H, cfg.moe_sum_block))](out, y, H, TOP_K=k, KP=max(2, triton.next_power_of_2(k)),
                                                            BLOCK_N=cfg.moe_sum_block, PDL=pdl, **launch_args(pdl))

@@ -234,6 +234,28 @@ def test_fp8_experts_w8a8_swapped_products_interpreter(T, E, k, routing, tma, mo
     assert made == ([(16, 128), (16, 128)] if tma else [])  # (past the small tiles moe_tma_weights: 16-row tiles)
 
 
+@interpreter_only
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-weights", "w8a8"])
+@pytest.mark.parametrize("T,E,k,routing", [(3, 8, 3, "skew"), (21, 8, 2, "random")])
+def test_grid_by_column_blocks_first_is_the_same_products_interpreter(T, E, k, routing, fp8):
+    """KernelConfig.moe_grid_n_first (the default): the grouped GEMMs' programs numbered column block first compute
+    the same tiles, so the output is the pair-block-first grid's bit for bit (small tiles at 3 x 3 pairs, prefill
+    tiles at 21 x 2), and the reference's (weight-only: the dequantized experts; W8A8: the float64 oracle)."""
+    x, w, ids, gate_up, down = _case(T, E, k, 200, 136, torch.float32, "cpu", routing)
+    if fp8:
+        (gq, gs), (dq, ds) = quantize_fp8_blockwise(gate_up), quantize_fp8_blockwise(down)
+        cfg, kw = W8A8_SORTED, dict(gate_up_scale=gs, down_scale=ds)
+        ref = w8a8_experts_reference(x, w, ids, gq, gs, dq, ds)
+        gate_up, down = gq, dq
+    else:
+        cfg, kw = SORTED, {}
+        ref = experts_reference(x, w, ids, gate_up, down)
+    want = fused_moe(x, w, ids, gate_up, down, dataclasses.replace(cfg, moe_grid_n_first=False), **kw)
+    got = fused_moe(x, w, ids, gate_up, down, dataclasses.replace(cfg, moe_grid_n_first=True), **kw)
+    assert torch.equal(got, want)
+    assert float((got - ref).abs().max() / ref.abs().max()) < (1e-2 if fp8 else 1e-5)
+
+
 def test_w8a8_check_tells_the_w8a8_products_from_near_misses():
     """moe_w8a8_oracle.w8a8_check, the CUDA W8A8 tests' rule, on the CPU: the oracle's own values and the
     interpreter's W8A8 kernels pass; the weight-only products (no activation quantization), the oracle with one
