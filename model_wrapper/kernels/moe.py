@@ -14,7 +14,10 @@ two grouped GEMMs:
     sum kernel:     y[t] = sum_j out[t * k + j]  (fp32, one rounding)                      y [T, H]
 
 All five kernels (the align's two, the GEMMs, the sum) launch with PDL on sm90+ and wait for the one before
-at entry: each launch overlaps the previous kernel's tail.
+at entry: each launch overlaps the previous kernel's tail. The GEMMs' grids are numbered n block first
+(KernelConfig.moe_grid_n_first): the programs the GPU starts together take neighbouring row blocks of one
+expert rather than one row block of each of many experts (1.2% off an FP8-experts decode step at 32 and 128
+tokens on an H100; benchmarks/RESULTS.md, session 56).
 
 No step reads a count back to the host: the sort, the per-expert padding and the grid are all sized by the
 worst case of T (R <= P + min(E, P) * (BLOCK_M - 1)), so a CUDA graph of a decode bucket replays whatever
