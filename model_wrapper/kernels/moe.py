@@ -181,6 +181,16 @@ def _sum_k_kernel(out_ptr, y_ptr, N, TOP_K: tl.constexpr, KP: tl.constexpr, BLOC
     tl.store(y_ptr + t * N + n, tl.sum(rows.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=n < N)
 
 
+MAX_GRID_Y = 65535  # a CUDA grid's second dimension at most (its first: 2^31 - 1)
+
+
+def grid_n_first(m_blocks: int, n_first: bool) -> bool:
+    """Whether the grouped GEMMs of a step with m_blocks pair blocks number their grid n block first: with
+    KernelConfig.moe_grid_n_first, where the pair blocks fit the grid's second dimension (a step of millions of
+    token-expert pairs keeps them in the first)."""
+    return n_first and m_blocks <= MAX_GRID_Y
+
+
 def _grid(m_blocks: int, n_blocks: int, n_first: bool) -> tuple[int, int]:
     return (n_blocks, m_blocks) if n_first else (m_blocks, n_blocks)
 
@@ -283,7 +293,7 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up
     else:
         a, a_s = _w8a8_operand(x, w8a8)  # (W8A8: x quantized per token and 128 columns, once for its k experts)
     s, sse, ssn = scale_args(gate_up_scale, gate_up)
-    nf = cfg.moe_grid_n_first
+    nf = grid_n_first(m_blocks, cfg.moe_grid_n_first)
     _moe_gemm_kernel[_grid(m_blocks, triton.cdiv(inter, bn), nf)](
         a, a_s, gate_up, s, act, pairs, block_expert, rw, weight_descriptor(gate_up, bn, bk) if tma else gate_up, P, E,
         inter, H, a.stride(0), a_s.stride(0), a_s.stride(1), gate_up.stride(0), gate_up.stride(1), sse, ssn,

@@ -256,6 +256,17 @@ def test_grid_by_column_blocks_first_is_the_same_products_interpreter(T, E, k, r
     assert float((got - ref).abs().max() / ref.abs().max()) < (1e-2 if fp8 else 1e-5)
 
 
+def test_grid_n_first_only_where_the_pair_blocks_fit_the_second_grid_dimension():
+    """moe.grid_n_first: the pair blocks go to the grid's second dimension (at most 65535) only where they fit it;
+    a step of more (about 4M pairs at 64-pair blocks) keeps them in the first, as without the switch."""
+    from model_wrapper.kernels import moe
+
+    assert moe.grid_n_first(136, True) and moe.grid_n_first(65535, True)
+    assert not moe.grid_n_first(65536, True)
+    assert not moe.grid_n_first(136, False)
+    assert moe._grid(136, 12, True) == (12, 136) and moe._grid(136, 12, False) == (136, 12)
+
+
 def test_w8a8_check_tells_the_w8a8_products_from_near_misses():
     """moe_w8a8_oracle.w8a8_check, the CUDA W8A8 tests' rule, on the CPU: the oracle's own values and the
     interpreter's W8A8 kernels pass; the weight-only products (no activation quantization), the oracle with one
