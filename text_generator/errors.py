@@ -42,6 +42,7 @@ class ErrorCode(str, Enum):
     INVALID_STRUCTURED_OUTPUT = "TG_INVALID_STRUCTURED_OUTPUT"
     STRUCTURED_OUTPUT_UNAVAILABLE = "TG_STRUCTURED_OUTPUT_UNAVAILABLE"
     NO_CHAT_TEMPLATE = "TG_NO_CHAT_TEMPLATE"
+    INVALID_HOST_THREADS = "TG_INVALID_HOST_THREADS"  # TextGenerator(host_threads=): not None or an int >= 1
     # the OpenAI-compatible server (text_generator/serve): the `code` of its error bodies
     INVALID_REQUEST = "TG_INVALID_REQUEST"
     MODEL_NOT_FOUND = "TG_MODEL_NOT_FOUND"

@@ -9,9 +9,11 @@ before validation has passed.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import os
+from typing import Mapping, Sequence
 
 import torch
+from loguru import logger
 
 from adapters import LoraStep
 from kv_manager import KVCacheSpec, allocate_kv_cache
@@ -20,14 +22,45 @@ from text_generator.errors import ErrorCode, ForwardArgumentError
 from text_generator.validation import KVCacheMemo, validate_step
 
 
+def host_thread_count(device: torch.device, requested: int | None = None,
+                      environ: Mapping[str, str] = os.environ) -> int | None:
+    """torch's CPU intra-op threads a TextGenerator sets for its process, or None: leave them as they are.
+
+    requested (TextGenerator's host_threads): an int >= 1 sets that many, on any device. None: 1 where the
+    model runs on a GPU and the environment does not set OMP_NUM_THREADS, else untouched (on the CPU those
+    threads do the model's arithmetic). Why one on a GPU: a step's host work (validation, the step's
+    metadata) is small CPU tensors issued from one Python thread, and torch's OpenMP pool, a thread a core by
+    default, only contends with it: on an H100 host of 16 cores a Qwen3-30B-A3B 4k prefill, eager, took
+    62.8-90.6 ms a call under the default 16 threads and 62.5-64.3 ms under one, where its kernels take 59;
+    a 1-element index over 4096 positions took 1.4 ms after the GPU had run, 17 us with one thread
+    (benchmarks/RESULTS.md, session 57). vLLM sets OMP_NUM_THREADS=1 for the same reason; the server's
+    engine process (text_generator/serve/engine_worker.py) already ran on one."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise ForwardArgumentError(ErrorCode.INVALID_HOST_THREADS, "host_threads",
+                                       f"expected None or an int >= 1, got {requested!r}")
+        return requested
+    if torch.device(device).type == "cuda" and "OMP_NUM_THREADS" not in environ:
+        return 1
+    return None
+
+
 class TextGenerator:
     """Owns a ModelWrapper (model, attention backend) and the names of loaded LoRA adapters.
 
     The KV cache is not owned here: the caller allocates it (see `allocate_kv_cache`) and its
     block manager decides which blocks each request uses.
+
+    host_threads: torch's CPU intra-op threads for this process (host_thread_count): None sets one
+    where the model runs on a GPU (unless OMP_NUM_THREADS is set), an int sets that many.
     """
 
-    def __init__(self, model_wrapper: ModelWrapper):
+    def __init__(self, model_wrapper: ModelWrapper, host_threads: int | None = None):
+        threads = host_thread_count(model_wrapper.device, host_threads)
+        if threads is not None and torch.get_num_threads() != threads:
+            logger.info(f"torch CPU threads {torch.get_num_threads()} -> {threads} (host_threads: the steps' host "
+                        "work is one Python thread; set OMP_NUM_THREADS or host_threads to choose)")
+            torch.set_num_threads(threads)
         self.model_wrapper = model_wrapper
         self.lora_manager = None  # set by enable_lora(); adapter_ids need it
         self._kv_memo = KVCacheMemo()  # the cache validated last: the same one next step is not re-checked
@@ -36,7 +69,8 @@ class TextGenerator:
     def from_pretrained(cls, path: str, *, device=None, dtype=None, attention_backend: str = "auto",
                         cuda_graphs: bool = True, max_graph_batch: int = 256,
                         tp_group: TPGroup | None = None, kernel_config: KernelConfig | None = None,
-                        progress: bool = True, quantization: str | None = None) -> "TextGenerator":
+                        progress: bool = True, quantization: str | None = None,
+                        host_threads: int | None = None) -> "TextGenerator":
         """Load a local Hugging Face checkpoint folder (config.json + *.safetensors); no hub access.
 
         device: "cpu", "cuda", a torch.device, or None (CUDA when available).
@@ -55,11 +89,14 @@ class TextGenerator:
         quantization: None (the checkpoint as it is) or "fp8": a bf16 / fp16 / fp32 checkpoint's
                projections and experts quantized at load to block FP8 (e4m3, a scale per 128 x 128
                block; dynamic activations), as a fine-grained FP8 checkpoint (model_wrapper/online_fp8.py).
+        host_threads: torch's CPU intra-op threads for this process (host_thread_count): None sets one where
+               the model runs on a GPU, unless OMP_NUM_THREADS is set; an int sets that many.
         """
+        host_thread_count(torch.device("cpu"), host_threads)  # a bad value is refused before the load
         return cls(ModelWrapper.from_pretrained(
             path, device=device, dtype=dtype, attention_backend=attention_backend,
             cuda_graphs=cuda_graphs, max_graph_batch=max_graph_batch, tp_group=tp_group,
-            kernel_config=kernel_config, progress=progress, quantization=quantization))
+            kernel_config=kernel_config, progress=progress, quantization=quantization), host_threads)
 
     # -- properties a scheduler needs ------------------------------------------------------
     @property
