@@ -34,7 +34,7 @@ def host_thread_count(device: torch.device, requested: int | None = None,
     62.8-90.6 ms a call under the default 16 threads and 62.5-64.3 ms under one, where its kernels take 59;
     a 1-element index over 4096 positions took 1.4 ms after the GPU had run, 17 us with one thread
     (benchmarks/RESULTS.md, session 57). vLLM sets OMP_NUM_THREADS=1 for the same reason; the server's
-    engine process (text_generator/serve/engine_worker.py) already ran on one."""
+    engine process (text_generator/serve/engine_worker.py) takes one on CUDA whatever the environment says."""
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise ForwardArgumentError(ErrorCode.INVALID_HOST_THREADS, "host_threads",

@@ -317,13 +317,13 @@ def main(args, cmd_conn, out_conn, num_threads: int, on_start: Callable | None =
     # (a "stop" command, or its pipe closing), so that no step is cut in half
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _setup_logging(getattr(args, "log_level", "WARNING"))
-    # on CUDA the generator sets torch's CPU threads to one (TextGenerator's host_threads, unless
-    # OMP_NUM_THREADS says otherwise): the engine's host work is single-threaded Python, and the default
-    # pool, a thread a core, only spins and takes the HTTP process's cores (an H200 host with 64 cores:
-    # 1,146% CPU and half the throughput). On the CPU the engine computes on the HTTP process's count.
+    # on CUDA the engine's host work is single-threaded Python: torch's intra-op threads (one per
+    # core by default) only spin and take the cores of the HTTP process (an H200 host with 64 cores:
+    # 1,146% CPU and half the throughput; with one thread the served rate matched the engine's). One
+    # thread here even where OMP_NUM_THREADS is set (TextGenerator's host_threads default yields to it):
+    # this process shares the host with the HTTP process. On the CPU: the HTTP process's count.
     on_cuda = str(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    if not on_cuda:
-        torch.set_num_threads(num_threads)
+    torch.set_num_threads(1 if on_cuda else num_threads)
     try:
         engine, info = build_engine(args)
         if on_start is not None:
