@@ -430,6 +430,13 @@ class KernelConfig:
     # (H100, bench_fp8.py --kind channel, Llama-3-8B shape, 4k prefill: 68.16 ms against 71.12 / 71.45; the same
     # e4m3 operands as the standalone quantize kernel's)
     fp8_fused_act_quant_per_token: bool = True
+    # the activation quantize kernels (kernels/fp8_act.py: the norm's, SiLU-and-mul's, the standalone one) divide
+    # each value by its group's scale through the scale's reciprocal and one fused correction (div_by_scale:
+    # Markstein's theorem, the same e4m3 values bit for bit) instead of div.rn a value, which made the per-token
+    # SiLU-and-mul + quantize instruction-bound (154 us a 4k x 14336 call against 98 of bytes, H100). Session 58,
+    # H200 (benchmarks/ab_fp8_quant.py): that kernel 96.5-100.7 us against 144.2, per 128 columns 79.6 against 107.6;
+    # per-channel 4k prefill 59.9-61.1 ms against 61.8 (bf16 96.4-96.9: 1.58-1.61x against 1.56x)
+    fp8_quant_reciprocal: bool = True
     # cuBLASLt's fast accumulation on the row-wise / per-tensor torch._scaled_mm path (prefill and mixed steps;
     # torch refuses it with block scales): the FP8 tensor cores keep partial sums in their narrower accumulator,
     # as vLLM's sm90 FP8 GEMMs do (CUTLASS's FP8FastAccum schedules). A GEMM's max rel. error against float64 at

@@ -250,7 +250,7 @@ def fp8_gemm(x, weight, weight_scale, group, bias=None, input_scale=None, cfg: K
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not M:
         return out
-    a, a_s = _quantize(_unit_cols(x), group, input_scale)
+    a, a_s = _quantize(_unit_cols(x), group, input_scale, cfg=cfg)
     bm, bn = cfg.fp8_gemm_block_m, cfg.fp8_gemm_block_n
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _fp8_gemm_kernel[grid](a, a_s, weight, weight_scale, x if bias is None else bias, out, M, N, K, a.stride(0),
@@ -266,7 +266,7 @@ def fp8_scaled_mm(x, weight, weight_scale, bias=None, input_scale=None, cfg: Ker
     added after (the row-wise kernels' bias support varies by torch version) -> [M, N] bf16.
     cfg.fp8_fast_accum: cuBLASLt's fast accumulation (_rowwise_mm)."""
     M, K = x.shape
-    a, a_s = _quantize(_unit_cols(x), K, input_scale)
+    a, a_s = _quantize(_unit_cols(x), K, input_scale, cfg=cfg)
     return _rowwise_mm(a, a_s, M, weight, weight_scale, bias, x.dtype, cfg)
 
 
@@ -294,7 +294,7 @@ def fp8_scaled_mm_block(x, weight, block_scale, bias=None, cfg: KernelConfig | N
     (kernels/fp8_deepgemm.py: the same operands and layouts); cfg None: cuBLASLt."""
     M, K = x.shape
     mp = -(-M // 16) * 16
-    a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True)
+    a, a_s = _quantize(_unit_cols(x), 128, None, rows=mp, outer=True, cfg=DEFAULT if cfg is None else cfg)
     return _block_mm(a, a_s, M, weight, block_scale, bias, x.dtype, cfg)
 
 
@@ -556,5 +556,5 @@ def fp8_gate_up_silu(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
         return fp8_gate_up_silu_reference(x, weight, weight_scale, group, bias, not weight_only, input_scale)
     gate_up = fp8_linear(x, weight, weight_scale, group, bias, input_scale, cfg, block_scale)
     if quant_group is not None:
-        return silu_and_mul_fp8(gate_up, quant_group)
+        return silu_and_mul_fp8(gate_up, quant_group, cfg=cfg)
     return silu_and_mul(gate_up, cfg)

@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from model_wrapper.kernels.common import silu_mul
+from model_wrapper.kernels.common import DEFAULT, silu_mul
+from model_wrapper.kernels.config import KernelConfig
 from model_wrapper.kernels.fp8_reference import FP8_MAX, MIN_AMAX, QuantizedActivation
 
 ROW_PAD = 16  # Mp: the rows of the e4m3 operand and its scales, a multiple of 16 (cuBLASLt's scale layout)
@@ -64,20 +65,40 @@ def round_to_e4m3(q):
 
 
 @triton.jit
+def div_by_scale(y, s, RECIP: tl.constexpr):
+    """y / s in IEEE fp32 (round to nearest even), s [BG, 1] > 0 one divisor a row of y [BG, GP]. RECIP (on a GPU):
+    through the divisor's correctly rounded reciprocal r = 1 / s, one a row, and one correction of the product,
+    q0 = y * r, q = q0 + (y - s * q0) * r, both in fused multiply-adds: Markstein's theorem (r within half an ulp
+    of 1 / s, q0 within one ulp of y / s) makes q the correctly rounded quotient wherever it is a normal fp32
+    number, with no per-value reciprocal, Newton steps and slow-path check of div.rn (below 2^-126 the two may
+    differ in fp32, and both round to an e4m3 zero of y's sign). Where q0 is 0 (y = +-0, or the product
+    underflows) q0 is kept: it has y's sign, which the adds would lose (-0); with s = inf (an inf in the group)
+    r = 0 and q0 = +-0 = y / inf. Else (the interpreter, whose fma rounds the product) div.rn itself.
+    tests/kernels/test_fp8_quant_division.py checks the sequence in exact arithmetic against torch's division."""
+    if RECIP:
+        r = tl.math.div_rn(1.0, s)
+        q0 = y * r
+        q = tl.fma(tl.fma(-s, q0, y), r, q0)
+        return tl.where(q0 == 0.0, q0, q)
+    return tl.math.div_rn(y, s)
+
+
+@triton.jit
 def _quantize_store(y, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP: tl.constexpr, n,
-                    FMAX: tl.constexpr, AMIN: tl.constexpr):
+                    FMAX: tl.constexpr, AMIN: tl.constexpr, RECIP: tl.constexpr):
     """y [BG, GP] fp32 (already rounded to the activation dtype; zeros outside m): per group row of
-    the tile, scale = max(amax, AMIN) / FMAX and e4m3(clamp(y / scale)) stored at row `row`."""
+    the tile, scale = max(amax, AMIN) / FMAX and e4m3(clamp(y / scale)) stored at row `row` (RECIP:
+    div_by_scale's reciprocal division, the same quotients)."""
     s = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), axis=1), AMIN), FMAX)
     tl.store(s_ptr + row * stride_s + g * stride_sg, s, mask=g * GROUP < n)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(y, s[:, None]), -FMAX), FMAX)
+    q = tl.minimum(tl.maximum(div_by_scale(y, s[:, None], RECIP), -FMAX), FMAX)
     tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
 
 
 @triton.jit
 def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stride_q, stride_s, stride_sg,
                      GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, STATIC: tl.constexpr,
-                     FMAX: tl.constexpr, AMIN: tl.constexpr):
+                     FMAX: tl.constexpr, AMIN: tl.constexpr, RECIP: tl.constexpr = False):
     # a program: one row, BG groups of GROUP columns as a [BG, GP] tile (GP = GROUP padded to a
     # power of 2); rows from M on (padding) quantize zeros: q = 0 with the scale of an all-zero group
     row = tl.program_id(0).to(tl.int64)
@@ -92,12 +113,12 @@ def _fp8_quantize_kernel(x_ptr, q_ptr, s_ptr, in_scale_ptr, M, K, stride_x, stri
         q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
         tl.store(q_ptr + row * stride_q + cols, q.to(tl.float8e4nv, fp_downcast_rounding="rtne"), mask=m)
     else:  # a scale per group, as the fused producers below store it
-        _quantize_store(x, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP, K, FMAX, AMIN)
+        _quantize_store(x, g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP, K, FMAX, AMIN, RECIP)
 
 
 
 def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, rows: int | None = None,
-              outer: bool = False):
+              outer: bool = False, cfg: KernelConfig = DEFAULT):
     """-> (q e4m3 [rows, K], s float32 [rows, KG]) of x [M, K] (rows >= M: zero rows after x's).
     outer: s is a view of a [KG, rows] buffer (stride(0) == 1: cuBLASLt's block-scale layout)."""
     M, K = x.shape
@@ -115,15 +136,17 @@ def _quantize(x: torch.Tensor, group: int, input_scale: torch.Tensor | None, row
         bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))  # ~4k values a program
         _fp8_quantize_kernel[(rows, triton.cdiv(kg, bg))](
             x, q, s, s, M, K, x.stride(0), q.stride(0), s.stride(0), s.stride(1), GROUP=group, GP=gp, BG=bg,
-            STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 4096 else 8)
+            STATIC=input_scale is not None, FMAX=FP8_MAX, AMIN=MIN_AMAX, RECIP=_recip(x, cfg),
+            num_warps=4 if bg * gp <= 4096 else 8)
     return q, s
 
 
-def quantize_fp8_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int, cfg: KernelConfig = DEFAULT
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (unit column stride) -> (x_fp8 e4m3 [M, K], scale float32 [M, ceil(K / group)]):
     per row and group of `group` columns, scale = max(amax, MIN_AMAX) / 448 and
     x_fp8 = e4m3(clamp(x / scale, -448, 448)), in one Triton kernel."""
-    return _quantize(_unit_cols(x), group, None)
+    return _quantize(_unit_cols(x), group, None, cfg=cfg)
 
 
 def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
@@ -141,7 +164,8 @@ def _unit_cols(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _norm_quant_kernel(x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, xo_ptr, M, n, stride_x, stride_r, stride_q, stride_s,
                        stride_sg, stride_xo, eps, GROUP: tl.constexpr, GP: tl.constexpr, KG: tl.constexpr,
-                       HAS_RES: tl.constexpr, WRITE_X: tl.constexpr, FMAX: tl.constexpr, AMIN: tl.constexpr):
+                       HAS_RES: tl.constexpr, WRITE_X: tl.constexpr, FMAX: tl.constexpr, AMIN: tl.constexpr,
+                       RECIP: tl.constexpr = False):
     # a program: one row as a [KG, GP] tile (KG groups, a power of 2, of GP = GROUP padded to a power
     # of 2); rows M.. (padding) read zeros and write only q = 0 and the all-zero group's scale
     row = tl.program_id(0).to(tl.int64)
@@ -164,13 +188,13 @@ def _norm_quant_kernel(x_ptr, r_ptr, w_ptr, q_ptr, s_ptr, xo_ptr, M, n, stride_x
     if WRITE_X:
         tl.store(xo_ptr + row * stride_xo + cols, y, mask=ld)
     _quantize_store(y.to(tl.float32), g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP, n,
-                    FMAX, AMIN)
+                    FMAX, AMIN, RECIP)
 
 
 @triton.jit
 def _silu_quant_kernel(x_ptr, q_ptr, s_ptr, xo_ptr, M, n, stride_x, stride_q, stride_s, stride_sg, stride_xo,
                        GROUP: tl.constexpr, GP: tl.constexpr, BG: tl.constexpr, WRITE_X: tl.constexpr,
-                       FMAX: tl.constexpr, AMIN: tl.constexpr):
+                       FMAX: tl.constexpr, AMIN: tl.constexpr, RECIP: tl.constexpr = False):
     # a program: one row, BG groups of the n outputs (gate columns 0..n, up columns n..2n)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * BG + tl.arange(0, BG)
@@ -184,7 +208,13 @@ def _silu_quant_kernel(x_ptr, q_ptr, s_ptr, xo_ptr, M, n, stride_x, stride_q, st
     if WRITE_X:
         tl.store(xo_ptr + row * stride_xo + cols, y, mask=ld)
     _quantize_store(y.to(tl.float32), g, cols, m, row, q_ptr, s_ptr, stride_q, stride_s, stride_sg, GROUP, n,
-                    FMAX, AMIN)
+                    FMAX, AMIN, RECIP)
+
+
+def _recip(x: torch.Tensor, cfg: KernelConfig) -> bool:
+    """Whether the quantize kernels divide by the scale through its reciprocal (div_by_scale's RECIP): on a GPU,
+    KernelConfig.fp8_quant_reciprocal."""
+    return x.is_cuda and cfg.fp8_quant_reciprocal
 
 
 def padded_rows(M: int) -> int:
@@ -208,7 +238,7 @@ def norm_fp8_fits(x: torch.Tensor, group: int) -> bool:
 
 
 def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int,
-                     write_x: bool = False) -> QuantizedActivation:
+                     write_x: bool = False, cfg: KernelConfig = DEFAULT) -> QuantizedActivation:
     """residual <- residual + x in place (residual None: the norm of x itself), -> the e4m3
     quantization, per row and `group` columns, of weight * RMSNorm(residual) rounded to x's dtype.
     x, residual [M, n] (unit column stride), weight [n]; norm_fp8_fits(x, group) must hold.
@@ -220,12 +250,13 @@ def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     _norm_quant_kernel[(q.shape[0],)](
         x, r, weight, q, s, q if xo is None else xo, M, n, x.stride(0), r.stride(0), q.stride(0), s.stride(0),
         s.stride(1), 0 if xo is None else xo.stride(0), eps, GROUP=group, GP=group, KG=kg,
-        HAS_RES=residual is not None, WRITE_X=write_x, FMAX=FP8_MAX, AMIN=MIN_AMAX,
+        HAS_RES=residual is not None, WRITE_X=write_x, FMAX=FP8_MAX, AMIN=MIN_AMAX, RECIP=_recip(x, cfg),
         num_warps=8 if kg * group >= 4096 else 4)
     return QuantizedActivation(q, s, M, group, x.dtype, xo)
 
 
-def silu_and_mul_fp8(gate_up: torch.Tensor, group: int, write_x: bool = False) -> QuantizedActivation:
+def silu_and_mul_fp8(gate_up: torch.Tensor, group: int, write_x: bool = False, cfg: KernelConfig = DEFAULT
+                     ) -> QuantizedActivation:
     """gate_up [M, 2n] (unit column stride; gate columns first) -> the e4m3 quantization, per row
     and `group` columns, of silu(gate) * up rounded to gate_up's dtype (silu_and_mul's output,
     which write_x also stores)."""
@@ -238,5 +269,5 @@ def silu_and_mul_fp8(gate_up: torch.Tensor, group: int, write_x: bool = False) -
     _silu_quant_kernel[(q.shape[0], triton.cdiv(kg, bg))](
         gate_up, q, s, q if xo is None else xo, M, n, gate_up.stride(0), q.stride(0), s.stride(0), s.stride(1),
         0 if xo is None else xo.stride(0), GROUP=group, GP=gp, BG=bg, WRITE_X=write_x, FMAX=FP8_MAX,
-        AMIN=MIN_AMAX, num_warps=4 if bg * gp <= 2048 else 8)
+        AMIN=MIN_AMAX, RECIP=_recip(gate_up, cfg), num_warps=4 if bg * gp <= 2048 else 8)
     return QuantizedActivation(q, s, M, group, gate_up.dtype, xo)

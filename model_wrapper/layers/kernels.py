@@ -203,7 +203,7 @@ class FlashInferKernels(TorchKernels):
 
         if not norm_fp8_fits(x, group) or (residual is not None and residual.stride(-1) != 1):
             return None
-        return add_rms_norm_fp8(x, residual, weight, eps, group, write_x)
+        return add_rms_norm_fp8(x, residual, weight, eps, group, write_x, self.config)
 
     def silu_mul(self, gate_up, lora=None, scale=None):
         """scale (a RowScale, with lora): gate_up projects add_rms_norm_lora's undivided rows."""

@@ -4,7 +4,8 @@ without spilling and with 16-byte loads and stores, on a machine without a GPU.
 The interpreter (test_fp8_act.py) runs their arithmetic, not the compiler. Here the residual add +
 RMSNorm + e4m3 kernel (with and without the residual, with and without the bf16 copy), the
 SiLU-and-mul + e4m3 kernel and the standalone quantize kernel are compiled as they are launched
-for the Llama-3-8B widths (hidden 4096; intermediate 14336, and its TP=4 slice 3584), pointers,
+for the Llama-3-8B widths (hidden 4096; intermediate 14336, and its TP=4 slice 3584), with the division by
+the scale through its reciprocal (RECIP, as on a GPU), pointers,
 strides and widths divisible by 16 (as Triton specializes them at launch), with the ptxas that
 ships with Triton; cuobjdump reads back their stack (spilled registers) and nvdisasm their SASS
 (the widths of the global loads and stores: a 16-bit or byte-wide access per element would take
@@ -64,24 +65,30 @@ def _compile_all() -> dict:
             kg = triton.next_power_of_2(triton.cdiv(n, group))
             build(f"norm res={has_res} write_x={write_x}", fp8_act._norm_quant_kernel,
                   dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", xo_ptr="*bf16"),
-                  dict(GROUP=group, GP=group, KG=kg, HAS_RES=has_res, WRITE_X=write_x, FMAX=FP8_MAX, AMIN=MIN_AMAX),
+                  dict(GROUP=group, GP=group, KG=kg, HAS_RES=has_res, WRITE_X=write_x, FMAX=FP8_MAX, AMIN=MIN_AMAX,
+                       RECIP=True),
                   ("eps",), 8 if kg * group >= 4096 else 4)
     for n in (14336, 3584):
         gp, kg = 128, triton.cdiv(n, 128)
         bg = max(1, min(triton.next_power_of_2(kg), 4096 // gp))
         build(f"silu n={n}", fp8_act._silu_quant_kernel,
               dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", xo_ptr="*bf16"),
-              dict(GROUP=128, GP=gp, BG=bg, WRITE_X=False, FMAX=FP8_MAX, AMIN=MIN_AMAX), (),
+              dict(GROUP=128, GP=gp, BG=bg, WRITE_X=False, FMAX=FP8_MAX, AMIN=MIN_AMAX, RECIP=True), (),
               4 if bg * gp <= 2048 else 8)
+    n = 14336  # one group a row (the row-wise path's per-token activations): the row padded to 16384 lanes
+    build(f"silu per-token n={n}", fp8_act._silu_quant_kernel,
+          dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", xo_ptr="*bf16"),
+          dict(GROUP=n, GP=triton.next_power_of_2(n), BG=1, WRITE_X=False, FMAX=FP8_MAX, AMIN=MIN_AMAX,
+               RECIP=True), (), 8)
     build("quantize", fp8_act._fp8_quantize_kernel,
           dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32", in_scale_ptr="*fp32"),
-          dict(GROUP=128, GP=128, BG=32, STATIC=False, FMAX=FP8_MAX, AMIN=MIN_AMAX), (), 8)
+          dict(GROUP=128, GP=128, BG=32, STATIC=False, FMAX=FP8_MAX, AMIN=MIN_AMAX, RECIP=True), (), 8)
     return out
 
 
 def test_quantization_kernels_compile_for_sm90_without_spills_and_with_16_byte_accesses():
     built = run_child(__file__, "cuobjdump")
-    assert len(built) == 7, sorted(built)
+    assert len(built) == 8, sorted(built)
     spilled = {case: r["stack"] for case, r in built.items() if r["stack"]}
     assert not spilled, spilled
     for case, r in built.items():
