@@ -305,7 +305,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, o_ptr
 def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.constexpr,
                   SPLITS_PAD: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr, q_ptr=None, qs_ptr=None,
                   stride_q=0, stride_qs=0, QUANT: tl.constexpr = False, FMAX: tl.constexpr = 448.0,
-                  AMIN: tl.constexpr = 1e-10):
+                  AMIN: tl.constexpr = 1e-10, RECIP: tl.constexpr = False):
     # QUANT: o_ptr only gives the dtype; the head's D values, rounded to it, go out as e4m3 with one scale (the
     # group of fp8_act's per-token quantization that o's e4m3 GEMM takes: a head) at q_ptr [B, H * D], qs_ptr [B, H]
     if PDL:  # o's GEMV may launch (and read its weights) while the splits finish; they are complete after
@@ -324,7 +324,7 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, stride_ot, stride_oh, H, SPLITS: tl.
         y = out.to(o_ptr.dtype.element_ty).to(tl.float32)[None, :]  # the value the unquantized merge writes
         g = tl.full([1], 0, tl.int32) + h
         _quantize_store(y, g, g[:, None] * D + d[None, :], d[None, :] < D, r.to(tl.int64), q_ptr, qs_ptr, stride_q,
-                        stride_qs, 1, D, H * D, FMAX, AMIN)
+                        stride_qs, 1, D, H * D, FMAX, AMIN, RECIP)
     else:
         tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty))
 
@@ -575,8 +575,9 @@ def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, split
     """The split-KV decode kernels' partial outputs (split_outputs' part [B, H, splits, D], lse [B, H, splits]) merged
     into out [B, H, D]: one program a (row, head); pdl: launched as a programmatic dependent (waits for the splits).
     quant: instead of out, -> a QuantizedActivation of the merged [B, H * D] rows (in out's dtype), quantized per
-    token and head (group D) as fp8_act.quantize_fp8_per_token_group quantizes them: q e4m3 [B, H * D], scale [B, H]
-    row-major, no padding rows (the skinny_mma path's operand, which reads its strides)."""
+    token and head (group D) as fp8_act.quantize_fp8_per_token_group quantizes them (on a GPU dividing through the
+    scale's reciprocal, fp8_act.div_by_scale: the same values): q e4m3 [B, H * D], scale [B, H] row-major, no padding
+    rows (the skinny_mma path's operand, which reads its strides)."""
     B, H, D = out.shape
     q = qs = None
     if quant:
@@ -586,5 +587,6 @@ def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, split
         _merge_kernel[(B, H)](part, lse, out, out.stride(0), out.stride(1), H, SPLITS=splits,
                               SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=D, PDL=pdl, q_ptr=q, qs_ptr=qs,
                               stride_q=q.stride(0) if quant else 0, stride_qs=qs.stride(0) if quant else 0,
-                              QUANT=quant, FMAX=FP8_MAX, AMIN=MIN_AMAX, num_warps=4, **launch_args(pdl))
+                              QUANT=quant, FMAX=FP8_MAX, AMIN=MIN_AMAX, RECIP=out.is_cuda, num_warps=4,
+                              **launch_args(pdl))
     return QuantizedActivation(q, qs, B, D, out.dtype) if quant else None

@@ -115,7 +115,7 @@ def _compile_all() -> dict:
             build(f"merge {tag}{' quant' if quant else ''}", decode_attention._merge_kernel,
                   dict(part_ptr="*fp32", lse_ptr="*fp32", o_ptr="*bf16", **(dict(q_ptr="*fp8e4nv", qs_ptr="*fp32")
                                                                            if quant else {})),
-                  dict(SPLITS=16, SPLITS_PAD=16, D=128, PDL=True, QUANT=quant, FMAX=448.0, AMIN=1e-10,
+                  dict(SPLITS=16, SPLITS_PAD=16, D=128, PDL=True, QUANT=quant, FMAX=448.0, AMIN=1e-10, RECIP=True,
                        **({} if quant else dict(q_ptr=None, qs_ptr=None))))
         # the graphs' launch at batch 1-2: metadata read and the first K / V tile prefetched into L2 before the wait
         build(f"decode {tag} prefetch", decode_attention._decode_kernel,
