@@ -11,7 +11,7 @@ done
 if grep -q H200 $OUT/gpus.txt; then
   timeout 150 taskset -c 0-15 python3 benchmarks/bench_fp8_kv.py --out $OUT/kv > $OUT/kv.log 2>&1
   echo "kv rc=$? $(date +%T)" >> $OUT/rc.txt
-  git apply benchmarks/results/session58/scripts/s57_fp8_gemv_mma.patch && echo "patch applied" >> $OUT/rc.txt
+  git apply benchmarks/results/session57/scripts/s57_fp8_gemv_mma.patch && echo "patch applied" >> $OUT/rc.txt
   timeout 150 python3 -m pytest -m cuda -q -rf --tb=short tests/kernels/test_fp8_gemv_cuda.py > $OUT/test.log 2>&1
   echo "test rc=$? $(date +%T)" >> $OUT/rc.txt
   V='{"mma":{"fp8_gemv_mma":true},"mma rs4":{"fp8_gemv_mma":true,"fp8_gemv_mma_round_steps":4},"mma rs4 mb1":{"fp8_gemv_mma":true,"fp8_gemv_mma_round_steps":4,"fp8_gemv_mma_minb":1}}'
